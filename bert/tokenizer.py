@@ -1,0 +1,373 @@
+"""BERT WordPiece tokenizer: a thin, torch-free wrapper over Hugging Face `tokenizers`.
+
+Token ids and character offsets are identical to transformers' `BertTokenizerFast`: the same
+normalizer, pre-tokenizer, WordPiece model and `[CLS] A [SEP] B [SEP]` template are used.
+The wrapper never truncates or pads behind the caller's back (a `tokenizer.json` saved with
+truncation or padding settings has them switched off on load); the task codecs in `bert.tasks`
+decide what happens to long inputs.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+from tokenizers.trainers import WordPieceTrainer
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+# Order matters for `train`: BERT's own vocabularies start [PAD]=0; the rest of the specials follow.
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+DEFAULT_MODEL_MAX_LENGTH = 512
+# transformers writes a huge sentinel (int(1e30)) when a tokenizer has no length limit.
+_NO_LIMIT_SENTINEL = 10**12
+
+TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
+
+
+class InputTooLong(ValueError):
+    """An input has more tokens than the model accepts and the caller did not ask to truncate it."""
+
+    def __init__(self, index: int, length: int, limit: int):
+        self.index = index
+        self.length = length
+        self.limit = limit
+        super().__init__(
+            f"input {index} has {length} tokens; the model accepts at most {limit} "
+            f'(send "truncate": true to cut it)'
+        )
+
+    def __reduce__(self):  # keep the exception picklable across process pools
+        return (type(self), (self.index, self.length, self.limit))
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _read_vocab(vocab_file) -> dict[str, int]:
+    # Like transformers' load_vocab: one token per line, the id is the line number.
+    with open(vocab_file, encoding="utf-8") as f:
+        return {line.rstrip("\n"): index for index, line in enumerate(f)}
+
+
+def _bert_pipeline(
+    tokenizer: Tokenizer, *, do_lower_case: bool, strip_accents: bool | None, tokenize_chinese_chars: bool
+) -> Tokenizer:
+    """Attach BERT's normalizer, pre-tokenizer, template and decoder (as transformers' BertTokenizer does)."""
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=tokenize_chinese_chars,
+        strip_accents=strip_accents,
+        lowercase=do_lower_case,
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    # Specials present in the vocab become added tokens, so "[MASK]" typed in a text stays one token.
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is not None]
+    )
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    if cls_id is None or sep_id is None:
+        raise ValueError(f"vocabulary lacks {CLS} or {SEP}")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+    return tokenizer
+
+
+def _normalizer_options(tokenizer: Tokenizer) -> dict:
+    """Read do_lower_case & co. back from a tokenizer.json's BertNormalizer (absent keys: BERT defaults)."""
+    state = json.loads(tokenizer.to_str()).get("normalizer") or {}
+    if state.get("type") == "Sequence":  # e.g. a Lowercase inside a Sequence
+        state = next((n for n in state.get("normalizers", []) if n.get("type") == "BertNormalizer"), {})
+    return {
+        "do_lower_case": bool(state.get("lowercase", True)),
+        "strip_accents": state.get("strip_accents"),
+        "tokenize_chinese_chars": bool(state.get("handle_chinese_chars", True)),
+    }
+
+
+def _model_max_length(value) -> int:
+    if value is None or int(value) >= _NO_LIMIT_SENTINEL:
+        return DEFAULT_MODEL_MAX_LENGTH
+    return int(value)
+
+
+class BertTokenizer:
+    """WordPiece tokenizer with BERT's special tokens, offsets and pair template."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        do_lower_case: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+    ):
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        self._tokenizer = tokenizer
+        self.do_lower_case = do_lower_case
+        self.strip_accents = strip_accents
+        self.tokenize_chinese_chars = tokenize_chinese_chars
+        self.model_max_length = _model_max_length(model_max_length)
+        for token in (PAD, UNK, CLS, SEP):
+            if tokenizer.token_to_id(token) is None:
+                raise ValueError(f"vocabulary lacks the special token {token}")
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dir(cls, path) -> "BertTokenizer":
+        """Load from a checkpoint/artifact dir: tokenizer.json if present, else vocab.txt + tokenizer_config.json."""
+        path = Path(path)
+        config = _read_json(path / "tokenizer_config.json")
+        max_length = _model_max_length(config.get("model_max_length"))
+        if (path / "tokenizer.json").is_file():
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+            options = _normalizer_options(tokenizer)
+            return cls(tokenizer, model_max_length=max_length, **options)
+        if not (path / "vocab.txt").is_file():
+            raise FileNotFoundError(f"{path} has neither tokenizer.json nor vocab.txt")
+        return cls.from_vocab(
+            path / "vocab.txt",
+            do_lower_case=config.get("do_lower_case", True),
+            strip_accents=config.get("strip_accents"),
+            tokenize_chinese_chars=config.get("tokenize_chinese_chars", True),
+            model_max_length=max_length,
+        )
+
+    @classmethod
+    def from_vocab(
+        cls,
+        vocab_file,
+        *,
+        do_lower_case: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+    ) -> "BertTokenizer":
+        """Build from a BERT vocab.txt, exactly as transformers' BertTokenizerFast does."""
+        model = WordPiece(_read_vocab(vocab_file), unk_token=UNK, max_input_chars_per_word=100)
+        tokenizer = _bert_pipeline(
+            Tokenizer(model),
+            do_lower_case=do_lower_case,
+            strip_accents=strip_accents,
+            tokenize_chinese_chars=tokenize_chinese_chars,
+        )
+        return cls(
+            tokenizer,
+            do_lower_case=do_lower_case,
+            strip_accents=strip_accents,
+            tokenize_chinese_chars=tokenize_chinese_chars,
+            model_max_length=model_max_length,
+        )
+
+    @classmethod
+    def train(
+        cls,
+        files: Iterable[str | os.PathLike],
+        *,
+        vocab_size: int = 30522,
+        do_lower_case: bool = True,
+        min_frequency: int = 2,
+        show_progress: bool = True,
+        model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+    ) -> "BertTokenizer":
+        """Learn a new WordPiece vocabulary from text files; ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK]."""
+        tokenizer = Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=do_lower_case, strip_accents=None)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),
+            continuing_subword_prefix="##",
+            show_progress=show_progress,
+        )
+        tokenizer.train([str(f) for f in files], trainer)
+        tokenizer = _bert_pipeline(
+            tokenizer, do_lower_case=do_lower_case, strip_accents=None, tokenize_chinese_chars=True
+        )
+        return cls(tokenizer, do_lower_case=do_lower_case, model_max_length=model_max_length)
+
+    def save(self, path) -> None:
+        """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        by_id = sorted(self.get_vocab().items(), key=lambda item: item[1])
+        if [index for _, index in by_id] != list(range(len(by_id))):
+            raise ValueError("vocabulary ids are not contiguous; cannot write vocab.txt")
+        with open(path / "vocab.txt", "w", encoding="utf-8") as f:
+            f.writelines(token + "\n" for token, _ in by_id)
+        self._tokenizer.save(str(path / "tokenizer.json"))
+        special_tokens = {
+            "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK,
+        }
+        config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.do_lower_case,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "do_basic_tokenize": True,
+            "model_max_length": self.model_max_length,
+            **special_tokens,
+        }
+        for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", special_tokens)):
+            with open(path / name, "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2, ensure_ascii=False)
+                f.write("\n")
+
+    # ---- vocabulary ---------------------------------------------------------------------
+    @property
+    def backend(self) -> Tokenizer:
+        """The underlying `tokenizers.Tokenizer` (truncation and padding off)."""
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._tokenizer.get_vocab(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+    @property
+    def pad_token_id(self) -> int:
+        return self._tokenizer.token_to_id(PAD)
+
+    @property
+    def cls_token_id(self) -> int:
+        return self._tokenizer.token_to_id(CLS)
+
+    @property
+    def sep_token_id(self) -> int:
+        return self._tokenizer.token_to_id(SEP)
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self._tokenizer.token_to_id(MASK)
+
+    @property
+    def unk_token_id(self) -> int:
+        return self._tokenizer.token_to_id(UNK)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [i for i in (self.token_to_id(t) for t in SPECIAL_TOKENS) if i is not None]
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        if isinstance(ids, (int, np.integer)):
+            ids = [ids]
+        return [self._tokenizer.id_to_token(int(i)) for i in ids]
+
+    def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
+        """Join word pieces back into text ("play", "##ing" -> "playing"), as transformers does."""
+        return self._tokenizer.decoder.decode(list(tokens))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    # ---- encoding -----------------------------------------------------------------------
+    def encode_batch(
+        self,
+        texts: list[str],
+        pairs: list[str] | None = None,
+        *,
+        max_length: int | None = None,
+        truncation: bool | str = False,
+        stride: int = 0,
+        return_overflowing: bool = False,
+        add_special_tokens: bool = True,
+        is_split_into_words: bool = False,
+    ) -> list[Encoding]:
+        """Unpadded encodings. With `return_overflowing` the cut-off windows stay in `encoding.overflowing`.
+
+        `truncation` is False, True (= "longest_first"), "longest_first", "only_first" or "only_second";
+        it needs `max_length` (default: model_max_length). Without truncation nothing is cut, whatever the length.
+        With `is_split_into_words`, each text is a list of words (transformers' semantics).
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode_batch takes a list of texts")
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
+        strategy = _truncation_strategy(truncation)
+        inputs = list(texts) if pairs is None else list(zip(texts, pairs))
+        if strategy is None:
+            return self._tokenizer.encode_batch(inputs, is_pretokenized=is_split_into_words,
+                                                add_special_tokens=add_special_tokens)
+        if max_length is None:
+            max_length = self.model_max_length
+        try:
+            self._tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy)
+            encodings = self._tokenizer.encode_batch(inputs, is_pretokenized=is_split_into_words,
+                                                     add_special_tokens=add_special_tokens)
+        finally:
+            # The backend is shared (e.g. by server threads): never leave truncation switched on.
+            self._tokenizer.no_truncation()
+        # tokenizers always computes the overflow windows; `return_overflowing` only documents that
+        # the caller wants them (they stay in `encoding.overflowing`, the first window is the encoding).
+        del return_overflowing
+        return encodings
+
+    def __call__(
+        self,
+        texts: str | list[str],
+        pairs: str | list[str] | None = None,
+        *,
+        max_length: int | None = None,
+        truncation: bool | str = False,
+        padding: bool = True,
+    ) -> dict[str, np.ndarray]:
+        """Encode and pad to the longest: input_ids, attention_mask, token_type_ids, special_tokens_mask
+        (int64, (B, T)) and offset_mapping (int64, (B, T, 2)). Padding: [PAD] ids, mask 0, special 1."""
+        if isinstance(texts, str):
+            texts = [texts]
+            pairs = [pairs] if isinstance(pairs, str) else pairs
+        encodings = self.encode_batch(texts, pairs, max_length=max_length, truncation=truncation)
+        lengths = [len(e.ids) for e in encodings]
+        if not padding and len(set(lengths)) > 1:
+            raise ValueError("inputs have different lengths; use padding=True")
+        width = max(lengths, default=0)
+        batch = {
+            "input_ids": np.full((len(encodings), width), self.pad_token_id, dtype=np.int64),
+            "attention_mask": np.zeros((len(encodings), width), dtype=np.int64),
+            "token_type_ids": np.zeros((len(encodings), width), dtype=np.int64),
+            # As in transformers, padding counts as special.
+            "special_tokens_mask": np.ones((len(encodings), width), dtype=np.int64),
+            "offset_mapping": np.zeros((len(encodings), width, 2), dtype=np.int64),
+        }
+        for row, encoding in enumerate(encodings):
+            n = len(encoding.ids)
+            batch["input_ids"][row, :n] = encoding.ids
+            batch["attention_mask"][row, :n] = encoding.attention_mask
+            batch["token_type_ids"][row, :n] = encoding.type_ids
+            batch["special_tokens_mask"][row, :n] = encoding.special_tokens_mask
+            if n:
+                batch["offset_mapping"][row, :n] = encoding.offsets
+        return batch
+
+    def __repr__(self) -> str:
+        return (f"BertTokenizer(vocab_size={self.vocab_size}, do_lower_case={self.do_lower_case}, "
+                f"model_max_length={self.model_max_length})")
+
+
+def _truncation_strategy(truncation: bool | str) -> str | None:
+    if truncation is False or truncation is None:
+        return None
+    if truncation is True:
+        return "longest_first"
+    if truncation in TRUNCATION_STRATEGIES:
+        return truncation
+    raise ValueError(f"truncation must be a bool or one of {TRUNCATION_STRATEGIES}, got {truncation!r}")
