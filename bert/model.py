@@ -1,0 +1,482 @@
+"""BERT in one file: embeddings, encoder, pooler and the task heads.
+
+Attribute paths equal transformers' `modeling_bert.py`, so a Hugging Face state dict loads key for
+key (see checkpoint.py). The forward pass has no `.item()` and no branch on tensor values, so the
+same module traces cleanly for ONNX export.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import BertConfig
+
+IGNORE_INDEX = -100  # label value that the losses skip (sub-tokens, padding, unmasked tokens)
+
+
+def activation(name: str):
+    if name == "gelu":
+        return F.gelu  # exact erf GELU, as the paper's TF code
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    raise ValueError(f"unsupported hidden_act {name!r}")
+
+
+def additive_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) 1/0 mask -> (B, 1, 1, T) bias: 0 where attended, the dtype's most negative value where padded.
+
+    finfo(dtype).min instead of -inf or -1e9: -1e9 overflows fp16, and -inf turns a fully padded
+    row into NaN. Adding it to a score can saturate to -inf in fp16, which softmax handles.
+    """
+    mask = attention_mask[:, None, None, :].to(dtype)
+    return (1.0 - mask) * torch.finfo(dtype).min
+
+
+# ----------------------------------------------------------------------------- encoder
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+        # "sdpa": PyTorch's fused kernels (training, torch serving). "eager": explicit
+        # matmul-softmax-matmul, the graph pattern onnxruntime's optimizer fuses into Attention.
+        self.implementation = "sdpa"
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.size()[:-1] + (self.num_heads, self.head_size)).transpose(1, 2)  # (B, nh, T, hs)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
+        dropout = self.dropout_p if self.training else 0.0
+        if self.implementation == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size) + mask  # (B, nh, T, T)
+            probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=self.training)
+            y = torch.matmul(probs, v)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous()
+        return y.view(y.size()[:-2] + (self.num_heads * self.head_size,))  # (B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig, in_features: int | None = None):
+        super().__init__()
+        self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LayerNorm block
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class BertOutput(BertSelfOutput):
+    """Feed-forward output: project 4H back to H, then the same residual + LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config, config.intermediate_size)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x, mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        for block in self.layer:
+            if self.gradient_checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, mask, use_reentrant=False)
+            else:
+                x = block(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # the [CLS] state
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: torch.Tensor  # (B, T, H)
+    pooler_output: torch.Tensor | None = None  # (B, H)
+
+
+class BertPreTrainedModel(nn.Module):
+    """Shared init and helpers. Subclasses set `base_model_prefix`-style attributes as transformers does."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+
+    def init_weights(self) -> None:
+        self.apply(self._init_module)
+        self.tie_weights()
+
+    def _init_module(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, BertLMPredictionHead):
+            nn.init.zeros_(module.bias)
+
+    def tie_weights(self) -> None:
+        """Heads that share parameters with the encoder override this."""
+
+    def set_attention_implementation(self, implementation: str) -> None:
+        if implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attention implementation must be 'sdpa' or 'eager', got {implementation!r}")
+        for module in self.modules():
+            if isinstance(module, BertSelfAttention):
+                module.implementation = implementation
+
+    def encoder_module(self) -> "BertModel":
+        return self if isinstance(self, BertModel) else self.bert
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+
+class BertModel(BertPreTrainedModel):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> EncoderOutput:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
+        x = self.encoder(x, additive_padding_mask(attention_mask, x.dtype))
+        return EncoderOutput(x, self.pooler(x) if self.pooler is not None else None)
+
+
+# ----------------------------------------------------------------------------- heads
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # weight tied to word embeddings
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder.bias = self.bias  # one output bias, saved once as cls.predictions.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x))
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+class BertPreTrainingHeads(BertOnlyMLMHead):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+@dataclass
+class PreTrainingOutput:
+    mlm_logits: torch.Tensor  # (B, T, V), or (N, V) over the labelled positions when mlm_labels is given
+    nsp_logits: torch.Tensor | None = None  # (B, 2)
+    loss: torch.Tensor | None = None  # mlm_loss + nsp_loss
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """MLM only (no NSP head, no pooler), as RoBERTa-style pretraining uses."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.init_weights()
+
+    def tie_weights(self) -> None:
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def mlm(self, hidden: torch.Tensor, mlm_labels: torch.Tensor | None):
+        """Logits and loss; with labels, the vocabulary projection runs only on labelled positions
+        (about 15 % of tokens), which is most of the head's cost."""
+        if mlm_labels is None:
+            return self.cls.predictions(hidden), None
+        selected = mlm_labels != IGNORE_INDEX
+        logits = self.cls.predictions(hidden[selected])  # (N, V)
+        return logits, F.cross_entropy(logits.float(), mlm_labels[selected])
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, mlm_labels=None) -> PreTrainingOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        logits, loss = self.mlm(hidden, mlm_labels)
+        return PreTrainingOutput(logits, None, loss, loss, None)
+
+
+class BertForPreTraining(BertForMaskedLM):
+    """Masked LM + next sentence prediction on the pooled [CLS] (the paper's objective)."""
+
+    def __init__(self, config: BertConfig):
+        BertPreTrainedModel.__init__(self, config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, mlm_labels=None,
+                nsp_labels=None) -> PreTrainingOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        mlm_logits, mlm_loss = self.mlm(out.last_hidden_state, mlm_labels)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)
+        nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels) if nsp_labels is not None else None
+        losses = [loss for loss in (mlm_loss, nsp_loss) if loss is not None]
+        return PreTrainingOutput(mlm_logits, nsp_logits, sum(losses) if losses else None, mlm_loss, nsp_loss)
+
+
+@dataclass
+class ClassifierOutput:
+    logits: torch.Tensor  # (B, L) per sequence, or (B, T, L) per token
+    loss: torch.Tensor | None = None
+
+
+def classifier_dropout(config: BertConfig) -> nn.Dropout:
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+def sequence_classification_loss(config: BertConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """transformers' rule: one output is regression (MSE); integer labels are single-label (CE);
+    float labels with several outputs are multi-label (BCE)."""
+    problem = config.problem_type
+    if problem is None:
+        if logits.shape[-1] == 1:
+            problem = "regression"
+        elif labels.dtype in (torch.long, torch.int, torch.int32, torch.int64):
+            problem = "single_label_classification"
+        else:
+            problem = "multi_label_classification"
+    logits = logits.float()
+    if problem == "regression":
+        return F.mse_loss(logits.squeeze(-1), labels.float().view(-1))
+    if problem == "single_label_classification":
+        return F.cross_entropy(logits, labels.view(-1))
+    return F.binary_cross_entropy_with_logits(logits, labels.float())
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> ClassifierOutput:
+        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        logits = self.classifier(self.dropout(pooled))
+        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
+        return ClassifierOutput(logits, loss)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> ClassifierOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        logits = self.classifier(self.dropout(hidden))  # (B, T, L)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return ClassifierOutput(logits, loss)
+
+
+@dataclass
+class SpanOutput:
+    start_logits: torch.Tensor  # (B, T)
+    end_logits: torch.Tensor  # (B, T)
+    loss: torch.Tensor | None = None
+
+
+def span_loss(start_logits, end_logits, start_positions, end_positions) -> torch.Tensor:
+    # Positions outside the sequence (answer cut off by a window) are ignored, as in transformers.
+    ignored = start_logits.shape[1]
+    start = start_positions.clamp(0, ignored)
+    end = end_positions.clamp(0, ignored)
+    return (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
+            + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)  # start and end vectors S, E
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
+                end_positions=None) -> SpanOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        start_logits, end_logits = self.qa_outputs(hidden).unbind(dim=-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
+        return SpanOutput(start_logits, end_logits, loss)
+
+
+@dataclass
+class MultiTaskOutput:
+    classify_logits: torch.Tensor | None = None  # (B, L_cls)
+    ner_logits: torch.Tensor | None = None  # (B, T, L_ner)
+    qa_start_logits: torch.Tensor | None = None  # (B, T)
+    qa_end_logits: torch.Tensor | None = None  # (B, T)
+
+
+class BertForMultiTask(BertPreTrainedModel):
+    """One shared encoder with a head per task (config.task_labels), so one forward pass answers any
+    mix of classify / ner / qa requests. Heads are the single-task heads under task names; the
+    encoder keeps transformers' names, so any BERT backbone loads into it."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        if not config.task_labels:
+            raise ValueError("BertForMultiTask needs config.task_labels, e.g. {'classify': [...], 'ner': [...], 'qa': []}")
+        tasks = config.task_labels
+        self.bert = BertModel(config, add_pooling_layer="classify" in tasks)
+        self.dropout = classifier_dropout(config)
+        if "classify" in tasks:
+            self.classifier = nn.Linear(config.hidden_size, len(tasks["classify"]))
+        if "ner" in tasks:
+            self.token_classifier = nn.Linear(config.hidden_size, len(tasks["ner"]))
+        if "qa" in tasks:
+            self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.config.task_labels)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> MultiTaskOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        result = MultiTaskOutput()
+        if hasattr(self, "classifier"):
+            result.classify_logits = self.classifier(self.dropout(out.pooler_output))
+        if hasattr(self, "token_classifier"):
+            result.ner_logits = self.token_classifier(self.dropout(out.last_hidden_state))
+        if hasattr(self, "qa_outputs"):
+            result.qa_start_logits, result.qa_end_logits = self.qa_outputs(out.last_hidden_state).unbind(dim=-1)
+        return result
+
+
+# Architecture name in config.json -> class. Names match transformers' where the class exists there.
+ARCHITECTURES: dict[str, type[BertPreTrainedModel]] = {
+    cls.__name__: cls
+    for cls in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
+                BertForTokenClassification, BertForQuestionAnswering, BertForMultiTask)
+}
+TASK_ARCHITECTURES = {
+    "classify": BertForSequenceClassification,
+    "ner": BertForTokenClassification,
+    "qa": BertForQuestionAnswering,
+}
