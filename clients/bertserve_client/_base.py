@@ -1,0 +1,302 @@
+"""What the sync and async clients share: configuration, the request plans for each endpoint,
+response parsing, error mapping and the retry schedule. Only sending and sleeping differ between
+`Client` and `AsyncClient`, so everything here is free of I/O.
+
+A *plan* is an SDK call written as the HTTP requests it needs plus a function that turns their
+JSON answers back into one typed result. A list longer than the server's per-request limit becomes
+several requests, answered in order and concatenated.
+"""
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import httpx
+import pydantic
+
+from ._exceptions import (
+    APIConnectionError,
+    APITimeoutError,
+    BertserveError,
+    OverloadedError,
+    ServerError,
+    error_class_for,
+)
+from ._version import __version__
+from .types import Answer, Entity, Info, Label, QAInput
+
+DEFAULT_BASE_URL = "http://localhost:8000"
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_MAX_RETRIES = 2
+INITIAL_RETRY_DELAY = 0.5  # seconds before the first retry when the server gives no Retry-After
+MAX_RETRY_DELAY = 8.0  # cap of the exponential schedule
+MAX_RETRY_AFTER = 60.0  # a server asking for a longer wait than this is not retried: we raise
+
+ClassifyInput = Union[str, Sequence[Union[str, Sequence[str]]]]
+NerInput = Union[str, Sequence[str]]
+QAItem = Union[QAInput, Mapping[str, str], Sequence[str]]
+NER_AGGREGATIONS = ("simple", "first", "average", "max", "none")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request of a plan."""
+
+    method: str
+    path: str
+    json: Any = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    calls: list[Call]
+    assemble: Callable[[list[Any]], Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans: request bodies and result parsing per endpoint
+
+
+def _chunks(items: list, size: int | None) -> list[list]:
+    # An empty list still makes one request, so the server answers it (400) as it would directly.
+    if not size or size <= 0 or len(items) <= size:
+        return [items]
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _parse(model: type[pydantic.BaseModel], data: Any) -> Any:
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise BertserveError(f"unexpected {model.__name__} in server response: {e}") from e
+
+
+def _parse_list(model: type[pydantic.BaseModel], data: Any) -> list:
+    if not isinstance(data, list):
+        raise BertserveError(f"expected a list of {model.__name__} from the server, got {type(data).__name__}")
+    return [_parse(model, item) for item in data]
+
+
+def _batched(path: str, bodies: list[dict], parse_one: Callable[[Any], Any]) -> Plan:
+    """Several requests whose answers are each a list with one entry per input, concatenated."""
+
+    def assemble(answers: list[Any]) -> list:
+        results = []
+        for body, answer in zip(bodies, answers):
+            sent = body["inputs"] if isinstance(body, dict) else body
+            if not isinstance(answer, list) or len(answer) != len(sent):
+                got = len(answer) if isinstance(answer, list) else type(answer).__name__
+                raise BertserveError(f"{path}: server answered {got} results for {len(sent)} inputs")
+            results.extend(parse_one(item) for item in answer)
+        return results
+
+    return Plan([Call("POST", path, body) for body in bodies], assemble)
+
+
+def is_many(inputs: Any) -> bool:
+    if isinstance(inputs, str):
+        return False
+    if isinstance(inputs, (list, tuple)):
+        return True
+    raise TypeError(f"inputs must be a str or a list, not {type(inputs).__name__}")
+
+
+def plan_classify(inputs: ClassifyInput, *, top_k: int, truncate: bool, batch_limit: int | None) -> Plan:
+    options = {"top_k": top_k, "truncate": truncate}
+    if not is_many(inputs):
+        return Plan([Call("POST", "/classify", {"inputs": inputs, **options})], lambda a: _parse_list(Label, a[0]))
+    # A text pair is sent as a two-item list, whatever sequence the caller used.
+    items = [item if isinstance(item, str) else list(item) for item in inputs]
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(items, batch_limit)]
+    return _batched("/classify", bodies, lambda labels: _parse_list(Label, labels))
+
+
+def plan_ner(inputs: NerInput, *, aggregation: str, truncate: bool, batch_limit: int | None) -> Plan:
+    if aggregation not in NER_AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {NER_AGGREGATIONS}, not {aggregation!r}")
+    options = {"aggregation": aggregation, "truncate": truncate}
+    if not is_many(inputs):
+        return Plan([Call("POST", "/ner", {"inputs": inputs, **options})], lambda a: _parse_list(Entity, a[0]))
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
+    return _batched("/ner", bodies, lambda entities: _parse_list(Entity, entities))
+
+
+def _qa_item(item: QAItem) -> dict:
+    if isinstance(item, QAInput):
+        return item.model_dump()
+    if isinstance(item, Mapping):
+        return {"question": item["question"], "context": item["context"]}
+    if isinstance(item, (list, tuple)) and len(item) == 2:
+        return {"question": item[0], "context": item[1]}
+    raise TypeError("each QA item must be a QAInput, a {'question', 'context'} dict or a (question, context) pair")
+
+
+def _answers(data: Any, top_k: int) -> Answer | list[Answer]:
+    """top_k == 1 gives one Answer, top_k > 1 a list, whichever of the two the server sent."""
+    if isinstance(data, dict):
+        answer = _parse(Answer, data)
+        return answer if top_k == 1 else [answer]
+    answers = _parse_list(Answer, data)
+    if top_k > 1:
+        return answers
+    if len(answers) != 1:
+        raise BertserveError(f"/qa: expected one answer for top_k=1, got {len(answers)}")
+    return answers[0]
+
+
+def plan_qa(
+    question: str | Sequence[QAItem],
+    context: str | None,
+    *,
+    top_k: int,
+    max_answer_len: int,
+    doc_stride: int,
+    batch_limit: int | None,
+) -> Plan:
+    options = {"top_k": top_k, "max_answer_len": max_answer_len, "doc_stride": doc_stride}
+    if isinstance(question, str):
+        if not isinstance(context, str):
+            raise TypeError("qa(question, context): context must be a str")
+        body = {"question": question, "context": context, **options}
+        return Plan([Call("POST", "/qa", body)], lambda a: _answers(a[0], top_k))
+    if context is not None:
+        raise TypeError("qa(items): pass the contexts inside the items, not as `context`")
+    if not isinstance(question, (list, tuple)):
+        raise TypeError(f"qa() takes a question str or a list of items, not {type(question).__name__}")
+    items = [{**_qa_item(item), **options} for item in question]
+    return _batched("/qa", _chunks(items, batch_limit), lambda data: _answers(data, top_k))
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses and retries
+
+
+def parse_retry_after(headers: httpx.Headers) -> float | None:
+    """Retry-After as seconds: a number of seconds or an HTTP date; None when absent or unreadable."""
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def error_from_response(response: httpx.Response) -> BertserveError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error_type = None
+    if isinstance(body, dict) and "error" in body:
+        message, error_type = str(body["error"]), body.get("error_type")
+    elif isinstance(body, dict) and "detail" in body:  # a plain FastAPI error, e.g. from a proxy app
+        message = str(body["detail"])
+    else:
+        message = response.text[:500] or response.reason_phrase
+    cls = error_class_for(response.status_code)
+    kwargs = dict(status_code=response.status_code, error_type=error_type, response=response)
+    if cls is OverloadedError:
+        return OverloadedError(message, retry_after=parse_retry_after(response.headers), **kwargs)
+    return cls(message, **kwargs)
+
+
+def json_or_raise(response: httpx.Response) -> Any:
+    if not response.is_success:
+        raise error_from_response(response)
+    try:
+        return response.json()
+    except ValueError as e:
+        raise BertserveError(
+            f"server answered {response.status_code} with a body that is not JSON",
+            status_code=response.status_code,
+            response=response,
+        ) from e
+
+
+def transport_error(exc: httpx.TransportError) -> APIConnectionError:
+    if isinstance(exc, httpx.TimeoutException):
+        return APITimeoutError(f"request timed out: {exc!r}")
+    return APIConnectionError(f"could not reach the server: {exc!r}")
+
+
+def retry_delay(error: BertserveError, attempt: int, max_retries: int) -> float | None:
+    """Seconds to wait before retry number `attempt + 1`, or None to give up and raise `error`.
+
+    Retried: 429, 5xx, timeouts and connection errors. A Retry-After header is a floor: we wait
+    at least that long (plus up to 25 % jitter so that clients told the same number spread out).
+    Otherwise the wait doubles from INITIAL_RETRY_DELAY up to MAX_RETRY_DELAY, less up to 25 %.
+    """
+    if attempt >= max_retries or not isinstance(error, (OverloadedError, ServerError, APIConnectionError)):
+        return None
+    retry_after = parse_retry_after(error.response.headers) if error.response is not None else None
+    if retry_after is not None:
+        if retry_after > MAX_RETRY_AFTER:
+            return None
+        return retry_after * (1 + 0.25 * random.random())
+    delay = min(INITIAL_RETRY_DELAY * 2**attempt, MAX_RETRY_DELAY)
+    return delay * (1 - 0.25 * random.random())
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration shared by both clients
+
+
+class BaseClient:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        batch_size: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self.base_url = (base_url or os.environ.get("BERTSERVE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.api_key = api_key if api_key is not None else os.environ.get("BERTSERVE_API_KEY")
+        self.timeout = timeout
+        self.max_retries = max_retries
+        # Inputs per request for list calls; None: ask the server's /info once, on the first list call.
+        self.batch_size = batch_size
+        self._headers = {"Accept": "application/json", "User-Agent": f"bertserve-client/{__version__}"}
+        if self.api_key:
+            self._headers["Authorization"] = f"Bearer {self.api_key}"
+        self._headers.update(headers or {})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    def _request_kwargs(self, call: Call) -> dict:
+        kwargs: dict[str, Any] = {"headers": self._headers, "timeout": self.timeout}
+        if call.json is not None:
+            kwargs["json"] = call.json
+        return kwargs
+
+    def _url(self, path: str) -> str:
+        return self.base_url + path
+
+    @staticmethod
+    def _limit_from_info(info: Info) -> int:
+        return info.client_batch_limit or 0  # 0: the server states no limit, send lists whole
+
+
+def probe_result(response: httpx.Response) -> bool:
+    """/health and /ready: True when up, False on 5xx (a server still loading answers 503)."""
+    if response.is_success:
+        return True
+    if response.status_code >= 500:
+        return False
+    raise error_from_response(response)

@@ -1,0 +1,69 @@
+"""Typed results. Field names are the server's; unknown fields are kept, so a newer server's
+additions reach the caller instead of breaking the parse."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class Label(_Result):
+    """One class of a /classify answer."""
+
+    label: str
+    score: float
+
+
+class Entity(_Result):
+    """One entity of a /ner answer: `entity_group` when aggregated, `entity` + `index` (the token's
+    position) when the request asked for aggregation "none". Offsets are characters of the input."""
+
+    score: float
+    word: str
+    start: int | None = None
+    end: int | None = None
+    entity_group: str | None = None
+    entity: str | None = None
+    index: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The entity's type whichever aggregation produced it."""
+        return self.entity_group if self.entity_group is not None else (self.entity or "")
+
+
+class Answer(_Result):
+    """One answer span of /qa; `start`/`end` are character offsets into the context."""
+
+    answer: str
+    score: float
+    start: int
+    end: int
+
+
+class QAInput(BaseModel):
+    """One question over one context, for `qa([...])`."""
+
+    question: str
+    context: str
+
+
+class Info(_Result):
+    """GET /info. Every field is optional so that a server reporting less still parses."""
+
+    model: str | None = None
+    tasks: list[str] = []
+    backend: str | None = None
+    precision: str | None = None
+    max_batch_requests: int | None = None
+    max_batch_tokens: int | None = None
+    max_input_length: int | None = None
+    max_client_batch_size: int | None = None
+    version: str | None = None
+
+    @property
+    def client_batch_limit(self) -> int | None:
+        """How many inputs one request may carry: `max_client_batch_size`, else `max_batch_requests`."""
+        return self.max_client_batch_size or self.max_batch_requests
