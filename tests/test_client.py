@@ -1,0 +1,405 @@
+"""bertserve-client against a real server process on a loopback port: no mocked transport.
+
+By default the server is tests/fake_bertserve_app.py, a stand-in that speaks the HTTP contract
+with toy answers and can be scripted to fail (429 + Retry-After, 5xx, 401, slow answers).
+The same tests run against the real server:
+
+    BERTSERVE_TEST_SERVER=real pytest tests/test_client.py    # starts `python -m serving` (demo model)
+    BERTSERVE_TEST_SERVER=http://host:8000 pytest ...          # a server already running
+
+Against a real server the tests that need scripted faults or the request log skip; the others
+check the contract (shapes, offsets, batched == single, error classes), not toy values.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+try:
+    import bertserve_client
+except ImportError:  # not pip-installed: use the checkout's copy
+    sys.path.insert(0, str(REPO / "clients"))
+    import bertserve_client
+
+from bertserve_client import (
+    Answer,
+    APIConnectionError,
+    APITimeoutError,
+    AsyncClient,
+    BertserveError,
+    Client,
+    Entity,
+    Info,
+    Label,
+    NotFoundError,
+    OverloadedError,
+    ServerError,
+    UnauthorizedError,
+    ValidationError,
+)
+
+SERVER = os.environ.get("BERTSERVE_TEST_SERVER", "fake")
+FAKE = SERVER == "fake"
+needs_fake = pytest.mark.skipif(not FAKE, reason="scripts faults / reads the request log of the fake server")
+FAKE_BATCH_LIMIT = 4
+API_KEY = "test-key"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(command: list[str], port: int, env: dict[str, str] | None = None):
+    proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + (300 if SERVER == "real" else 30)
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server on {url} not ready in time")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _launch(api_key: str | None = None):
+    port = _free_port()
+    if SERVER == "real":
+        env = {"BERTSERVE_HOST": "127.0.0.1", "BERTSERVE_PORT": str(port)}
+        if api_key:
+            env["BERTSERVE_API_KEY"] = api_key
+        return _start([sys.executable, "-m", "serving"], port, env)
+    command = [sys.executable, str(REPO / "tests" / "fake_bertserve_app.py"), "--port", str(port),
+               "--max-client-batch-size", str(FAKE_BATCH_LIMIT)]
+    if api_key:
+        command += ["--api-key", api_key]
+    return _start(command, port)
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    if SERVER not in ("fake", "real"):
+        yield SERVER.rstrip("/")
+        return
+    proc, url = _launch()
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def secured_server_url():
+    if SERVER not in ("fake", "real"):
+        pytest.skip("needs a server this test starts with an API key")
+    proc, url = _launch(api_key=API_KEY)
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture(autouse=True)
+def _clean_fake(request):
+    if FAKE and "server_url" in request.fixturenames:
+        httpx.post(request.getfixturevalue("server_url") + "/_fake/reset")
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch):
+    """Shrink the exponential schedule (Retry-After waits stay real) so retry tests take ms."""
+    monkeypatch.setattr(bertserve_client._base, "INITIAL_RETRY_DELAY", 0.01)
+
+
+def script(url: str, path: str, *entries: dict) -> None:
+    httpx.post(url + "/_fake/faults", json={path: list(entries)}).raise_for_status()
+
+
+def request_log(url: str, path: str | None = None) -> list[dict]:
+    return [r for r in httpx.get(url + "/_fake/log").json() if path is None or r["path"] == path]
+
+
+@pytest.fixture(params=["sync", "async"])
+def use(request, server_url):
+    """use(fn, **client_options): fn(client) on a fresh Client, or awaited on a fresh AsyncClient."""
+
+    def run(fn, url: str | None = None, **options):
+        url = url or server_url
+        if request.param == "sync":
+            with Client(url, **options) as client:
+                return fn(client)
+
+        async def main():
+            async with AsyncClient(url, **options) as client:
+                return await fn(client)
+
+        return asyncio.run(main())
+
+    run.flavour = request.param
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Every method, sync and async
+
+REVIEWS = ["a gripping, beautifully shot film", "dull and far too long", "fine", "I love it", "the worst",
+           "great fun", "not good", "so so", "best of the year", "meh"]
+
+
+def test_classify_single_and_many(use):
+    single = use(lambda c: c.classify(REVIEWS[0]))
+    assert len(single) == 1 and isinstance(single[0], Label) and 0 <= single[0].score <= 1
+    many = use(lambda c: c.classify(REVIEWS[:3], top_k=2))
+    assert len(many) == 3 and all(len(labels) == 2 for labels in many)
+    assert all(labels[0].score >= labels[1].score for labels in many)
+    assert many[0][0] == single[0] or many[0][0].label == single[0].label
+
+
+def test_classify_text_pairs(use):
+    result = use(lambda c: c.classify([("a man sleeps", "a person rests"), ["it rains", "it is sunny"]]))
+    assert len(result) == 2 and all(isinstance(labels[0], Label) for labels in result)
+
+
+def test_ner_single_many_and_token_level(use):
+    text = "Yesterday Alice flew from Paris to Bolivia"
+    entities = use(lambda c: c.ner(text))
+    assert entities and all(isinstance(e, Entity) and e.entity_group for e in entities)
+    for e in entities:
+        assert text[e.start : e.end].lower().replace(" ", "") == e.word.lower().replace(" ", "").replace("##", "")
+    many = use(lambda c: c.ner([text, "nothing here"]))
+    assert len(many) == 2 and many[0] == entities
+    tokens = use(lambda c: c.ner(text, aggregation="none"))
+    assert tokens and all(e.entity and e.index is not None and e.entity_group is None for e in tokens)
+    if FAKE:
+        assert [(e.label, e.word) for e in entities] == [("PER", "Alice"), ("LOC", "Paris"), ("LOC", "Bolivia")]
+
+
+def test_qa_single_top_k_and_many(use):
+    context = "Alice lives in Paris and works as a carpenter"
+    answer = use(lambda c: c.qa("Where does Alice live?", context))
+    assert isinstance(answer, Answer) and context[answer.start : answer.end] == answer.answer
+    top = use(lambda c: c.qa("Where does Alice live?", context, top_k=3))
+    assert isinstance(top, list) and 1 <= len(top) <= 3 and all(isinstance(a, Answer) for a in top)
+    items = [("Where does Alice live?", context), {"question": "What is Alice's job?", "context": context}]
+    many = use(lambda c: c.qa(items))
+    assert len(many) == 2 and many[0] == answer
+    many_top = use(lambda c: c.qa(items, top_k=2))
+    assert all(isinstance(per_item, list) for per_item in many_top)
+
+
+def test_health_ready_info(use):
+    assert use(lambda c: c.health()) is True
+    assert use(lambda c: c.ready()) is True
+    info = use(lambda c: c.info())
+    assert isinstance(info, Info) and info.model and info.tasks and info.version
+    assert info.client_batch_limit and info.client_batch_limit > 0
+
+
+@needs_fake
+def test_ready_is_false_while_server_answers_503(use, server_url):
+    script(server_url, "/ready", {"status": 503, "error": "model loading", "error_type": "unhealthy"})
+    assert use(lambda c: c.ready()) is False
+    assert len(request_log(server_url, "/ready")) == 1  # probes are not retried
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching: lists longer than max_client_batch_size
+
+
+def test_long_list_split_and_reassembled_in_order(use, server_url):
+    singles = [use(lambda c, t=t: c.classify(t)) for t in REVIEWS]
+    batched = use(lambda c: c.classify(REVIEWS))
+    assert batched == singles
+    if FAKE:
+        sizes = [len(json.loads(r["body"])["inputs"]) for r in request_log(server_url, "/classify")[len(REVIEWS):]]
+        assert sizes == [4, 4, 2]
+        assert len(request_log(server_url, "/info")) == 1  # the limit is read once per client
+
+
+def test_explicit_batch_size_skips_info(use, server_url):
+    texts = ["Alice", "Bob", "Carol went to Paris"]
+    result = use(lambda c: c.ner(texts, aggregation="simple"), batch_size=1)
+    assert len(result) == 3
+    if FAKE:
+        assert len(request_log(server_url, "/ner")) == 3 and not request_log(server_url, "/info")
+
+
+def test_qa_list_split(use, server_url):
+    items = [(f"Who is number {i}?", f"Number {i} is Alice{i}") for i in range(6)]
+    answers = use(lambda c: c.qa(items))
+    assert len(answers) == 6 and all(isinstance(a, Answer) for a in answers)
+    if FAKE:
+        assert len(request_log(server_url, "/qa")) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: one class per kind; what is and isn't retried
+
+
+def test_validation_errors_are_not_retried(use, server_url):
+    with pytest.raises(ValidationError) as too_long:
+        use(lambda c: c.classify("word " * 5000), max_retries=3)
+    assert too_long.value.status_code == 422 and too_long.value.message
+    if FAKE:
+        assert len(request_log(server_url, "/classify")) == 1
+    with pytest.raises(ValidationError) as empty:
+        use(lambda c: c.classify([]))
+    assert empty.value.status_code == 400
+    with pytest.raises(ValidationError) as too_large:  # more inputs per request than the server takes
+        use(lambda c: c.classify(["x"] * 1000), batch_size=1000)
+    assert too_large.value.status_code == 413
+
+
+def test_truncate_accepts_long_input(use):
+    assert use(lambda c: c.classify("word " * 5000, truncate=True))
+
+
+def test_unauthorized(use, secured_server_url):
+    with pytest.raises(UnauthorizedError) as e:
+        use(lambda c: c.classify("hello"), url=secured_server_url, api_key="wrong", max_retries=3)
+    assert e.value.status_code == 401 and e.value.error_type
+    assert use(lambda c: c.classify("hello"), url=secured_server_url, api_key=API_KEY)
+
+
+@needs_fake
+@pytest.mark.parametrize(
+    ("status", "error_class"),
+    [(400, ValidationError), (401, UnauthorizedError), (404, NotFoundError), (413, ValidationError),
+     (422, ValidationError), (429, OverloadedError), (500, ServerError), (503, ServerError), (418, BertserveError)],
+)
+def test_each_status_raises_its_class(use, server_url, status, error_class):
+    script(server_url, "/ner", {"status": status, "error": f"scripted {status}", "error_type": "kind"})
+    with pytest.raises(error_class) as e:
+        use(lambda c: c.ner("Alice"), max_retries=0)
+    err = e.value
+    assert type(err) is error_class and isinstance(err, BertserveError)
+    assert (err.status_code, err.message, err.error_type) == (status, f"scripted {status}", "kind")
+    assert isinstance(err.response, httpx.Response) and err.response.status_code == status
+
+
+@needs_fake
+def test_429_waits_retry_after(use, server_url):
+    script(server_url, "/classify", {"status": 429, "retry_after": "1", "error_type": "overloaded"})
+    started = time.monotonic()
+    assert use(lambda c: c.classify("good"), max_retries=2)
+    assert time.monotonic() - started >= 1.0
+    attempts = request_log(server_url, "/classify")
+    assert len(attempts) == 2 and attempts[1]["time"] - attempts[0]["time"] >= 1.0
+
+
+@needs_fake
+def test_overloaded_error_carries_retry_after_when_retries_run_out(use, server_url):
+    script(server_url, "/classify", {"status": 429, "retry_after": "0"}, {"status": 429, "retry_after": "0"})
+    with pytest.raises(OverloadedError) as e:
+        use(lambda c: c.classify("good"), max_retries=1)
+    assert e.value.retry_after == 0 and len(request_log(server_url, "/classify")) == 2
+
+
+@needs_fake
+def test_retry_after_beyond_cap_is_raised_not_waited(use, server_url):
+    script(server_url, "/classify", {"status": 429, "retry_after": "3600"})
+    started = time.monotonic()
+    with pytest.raises(OverloadedError) as e:
+        use(lambda c: c.classify("good"), max_retries=3)
+    assert e.value.retry_after == 3600 and time.monotonic() - started < 5
+
+
+@needs_fake
+def test_5xx_retried_then_succeeds_or_raises(use, server_url, fast_backoff):
+    script(server_url, "/qa", {"status": 500}, {"status": 503})
+    assert isinstance(use(lambda c: c.qa("who?", "Alice"), max_retries=2), Answer)
+    assert len(request_log(server_url, "/qa")) == 3
+    script(server_url, "/qa", *[{"status": 500, "error": "backend failed"}] * 3)
+    with pytest.raises(ServerError, match="backend failed"):
+        use(lambda c: c.qa("who?", "Alice"), max_retries=1)
+    assert len(request_log(server_url, "/qa")) == 3 + 2
+
+
+@needs_fake
+def test_timeout_raises_then_retry_recovers(use, server_url, fast_backoff):
+    script(server_url, "/classify", {"delay": 1.5})
+    with pytest.raises(APITimeoutError):
+        use(lambda c: c.classify("good"), timeout=0.3, max_retries=0)
+    time.sleep(1.3)  # let the slow answer drain before the next script
+    script(server_url, "/classify", {"delay": 1.5})
+    assert use(lambda c: c.classify("good"), timeout=0.5, max_retries=1)
+    assert len(request_log(server_url, "/classify")) == 3
+
+
+def test_connection_refused(use, fast_backoff):
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    with pytest.raises(APIConnectionError) as e:
+        use(lambda c: c.classify("good"), url=url, max_retries=1)
+    assert not isinstance(e.value, APITimeoutError) and e.value.status_code is None
+    with pytest.raises(APIConnectionError):
+        use(lambda c: c.health(), url=url)
+
+
+@needs_fake
+def test_api_key_sent_as_bearer(use, server_url):
+    use(lambda c: c.classify("good"), api_key="abc")
+    assert request_log(server_url, "/classify")[-1]["authorization"] == "Bearer abc"
+
+
+def test_bad_arguments_fail_before_any_request(use):
+    with pytest.raises(ValueError):
+        use(lambda c: c.ner("Alice", aggregation="bogus"))
+    with pytest.raises(TypeError):
+        use(lambda c: c.classify(42))
+    with pytest.raises(TypeError):
+        use(lambda c: c.qa("question without context"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle
+
+
+def test_context_managers_close(server_url):
+    with Client(server_url) as client:
+        assert client.health() and not client.is_closed
+    assert client.is_closed
+
+    async def main():
+        async with AsyncClient(server_url) as aclient:
+            assert await aclient.health() and not aclient.is_closed
+        return aclient
+
+    assert asyncio.run(main()).is_closed
+
+
+def test_own_http_client_left_open(server_url):
+    with httpx.Client() as http:
+        with Client(server_url, http_client=http) as client:
+            assert client.health()
+        assert not http.is_closed
+
+
+def test_async_calls_run_concurrently(server_url):
+    async def main():
+        async with AsyncClient(server_url) as client:
+            return await asyncio.gather(*(client.classify(t) for t in REVIEWS))
+
+    with Client(server_url) as client:
+        singles = [client.classify(t) for t in REVIEWS]
+    assert asyncio.run(main()) == singles
