@@ -1,0 +1,95 @@
+"""Sequence (and sequence-pair) classification: [CLS] a [SEP] (b [SEP]) in, ranked labels out."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from bert.tasks.common import Features, check_length, sigmoid, softmax
+
+FUNCTIONS = ("softmax", "sigmoid", "none")
+
+
+def _split_input(item) -> tuple[str, str | None]:
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(s, str) for s in item):
+        return item[0], item[1]
+    raise TypeError(f"expected a text or a [text, text_pair], got {item!r}")
+
+
+def _encode_rows(tokenizer, texts, pairs, rows, **truncation) -> dict:
+    """Encode the given rows; tokenizers wants a batch of all singles or all pairs, so split by kind."""
+    encoded = {}
+    for is_pair in (False, True):
+        kind_rows = [i for i in rows if (pairs[i] is not None) == is_pair]
+        if kind_rows:
+            kind_pairs = [pairs[i] for i in kind_rows] if is_pair else None
+            batch = tokenizer.encode_batch([texts[i] for i in kind_rows], kind_pairs, **truncation)
+            encoded.update(zip(kind_rows, batch))
+    return encoded
+
+
+def encode(
+    tokenizer, inputs: Sequence[str | tuple[str, str] | list[str]], *, max_length: int = 512, truncate: bool = False
+) -> list[Features]:
+    """Texts or text pairs -> Features. Too long: InputTooLong, or with `truncate` cut longest-first."""
+    split = [_split_input(item) for item in inputs]
+    texts = [text for text, _ in split]
+    pairs = [pair for _, pair in split]
+    encoded = _encode_rows(tokenizer, texts, pairs, range(len(split)))
+    too_long = [i for i in range(len(split)) if len(encoded[i].ids) > max_length]
+    if too_long and not truncate:
+        check_length(too_long[0], len(encoded[too_long[0]].ids), max_length)
+    if too_long:
+        encoded.update(_encode_rows(tokenizer, texts, pairs, too_long,
+                                    max_length=max_length, truncation="longest_first"))
+    return [Features(input_ids=list(encoded[i].ids), token_type_ids=list(encoded[i].type_ids))
+            for i in range(len(split))]
+
+
+def _label(id2label: dict, index: int) -> str:
+    # Configs read from JSON have string keys ("0"), in-memory ones int keys.
+    return id2label[index] if index in id2label else id2label[str(index)]
+
+
+def choose_function(num_labels: int, problem_type: str | None = None) -> str:
+    """The score function transformers' text-classification pipeline applies by default."""
+    if problem_type == "regression":
+        return "none"
+    if problem_type == "multi_label_classification" or num_labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def decode(
+    logits: np.ndarray,
+    id2label: dict[int, str],
+    *,
+    top_k: int | None = 1,
+    function: str | None = None,
+    problem_type: str | None = None,
+) -> list[list[dict]]:
+    """Logits (B, num_labels) -> per row [{"label", "score"}] by descending score; top_k None = all labels."""
+    logits = np.asarray(logits)
+    if logits.ndim == 1:
+        logits = logits[None, :]
+    if logits.dtype != np.float64:  # the pipeline scores in float32 (fp16/bf16 logits are upcast)
+        logits = logits.astype(np.float32)
+    function = function or choose_function(logits.shape[-1], problem_type)
+    if function == "softmax":
+        scores = softmax(logits, axis=-1)
+    elif function == "sigmoid":
+        scores = sigmoid(logits)
+    elif function == "none":
+        scores = logits
+    else:
+        raise ValueError(f"function must be one of {FUNCTIONS}, got {function!r}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+    results = []
+    for row in scores:
+        ranked = [{"label": _label(id2label, i), "score": float(s)} for i, s in enumerate(row)]
+        ranked.sort(key=lambda r: r["score"], reverse=True)  # stable: ties keep label order, as in transformers
+        results.append(ranked if top_k is None else ranked[:top_k])
+    return results

@@ -1,0 +1,59 @@
+"""Pieces every task codec shares: one unpadded model input, batching it, and a stable softmax."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bert.tokenizer import InputTooLong
+
+
+@dataclass
+class Features:
+    """One model input sequence, unpadded: ids and segment (token type) ids of equal length."""
+
+    input_ids: list[int]
+    token_type_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def pad_batch(
+    features: list[Features], pad_token_id: int = 0, pad_to_multiple_of: int | None = None
+) -> dict[str, np.ndarray]:
+    """Right-pad to the longest sequence (rounded up to `pad_to_multiple_of`): int64 arrays of shape (B, T)."""
+    width = max((len(f) for f in features), default=0)
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    input_ids = np.full((len(features), width), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((len(features), width), dtype=np.int64)
+    token_type_ids = np.zeros((len(features), width), dtype=np.int64)
+    for row, feature in enumerate(features):
+        n = len(feature)
+        input_ids[row, :n] = feature.input_ids
+        attention_mask[row, :n] = 1
+        token_type_ids[row, :n] = feature.token_type_ids
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+
+def softmax(x, axis: int = -1) -> np.ndarray:
+    """Softmax that cannot overflow (max subtracted first); float32 in, float32 out."""
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float64)
+    shifted = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return shifted / shifted.sum(axis=axis, keepdims=True)
+
+
+def sigmoid(x) -> np.ndarray:
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float64)
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def check_length(index: int, length: int, limit: int) -> None:
+    """Refuse an input the model cannot take whole (the caller may ask to truncate instead)."""
+    if length > limit:
+        raise InputTooLong(index, length, limit)

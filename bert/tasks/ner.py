@@ -1,0 +1,232 @@
+"""Token classification (NER): text in, labelled character spans out.
+
+`decode` reproduces transformers' TokenClassificationPipeline postprocessing (softmax per token,
+the "is this a sub-word" test, word aggregation none/simple/first/average/max, B-/I- grouping),
+so a served model answers exactly what the pipeline would for the same logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tokenizers import decoders
+
+from bert.tasks.common import Features, check_length, softmax
+from bert.tokenizer import UNK
+
+AGGREGATIONS = ("none", "simple", "first", "average", "max")
+WORD_AGGREGATIONS = ("first", "average", "max")  # these force one label per word
+# Joins word pieces back into text ("new", "##castle" -> "newcastle"), as BertTokenizerFast does.
+_PIECES_TO_TEXT = decoders.WordPiece(prefix="##")
+
+
+@dataclass
+class NerFeatures(Features):
+    offsets: list[tuple[int, int]]  # character span of each token in `text`; (0, 0) for special tokens
+    word_ids: list[int | None]  # index of the word each token belongs to; None for special tokens
+    special_tokens_mask: list[int]  # 1 for [CLS]/[SEP]
+    text: str  # the text the offsets index (for pre-split words: the words joined by single spaces)
+    tokens: list[str] = field(default_factory=list)  # the word pieces, so decoding needs no tokenizer
+
+
+# ---- encoding -----------------------------------------------------------------------------
+def _features(encoding, text: str, char_shift: list[int] | None = None) -> NerFeatures:
+    word_ids = list(encoding.word_ids)
+    offsets = [tuple(o) for o in encoding.offsets]
+    if char_shift is not None:  # pre-split words: offsets are relative to each word
+        offsets = [(s + char_shift[w], e + char_shift[w]) if w is not None else (s, e)
+                   for (s, e), w in zip(offsets, word_ids)]
+    return NerFeatures(
+        input_ids=list(encoding.ids),
+        token_type_ids=list(encoding.type_ids),
+        offsets=offsets,
+        word_ids=word_ids,
+        special_tokens_mask=list(encoding.special_tokens_mask),
+        text=text,
+        tokens=list(encoding.tokens),
+    )
+
+
+def _encode_checked(tokenizer, inputs, *, max_length: int, truncate: bool, is_split_into_words: bool = False):
+    encodings = list(tokenizer.encode_batch(inputs, is_split_into_words=is_split_into_words))
+    too_long = [i for i, e in enumerate(encodings) if len(e.ids) > max_length]
+    if too_long and not truncate:
+        check_length(too_long[0], len(encodings[too_long[0]].ids), max_length)
+    if too_long:
+        cut = tokenizer.encode_batch([inputs[i] for i in too_long], max_length=max_length, truncation=True,
+                                     is_split_into_words=is_split_into_words)
+        for i, encoding in zip(too_long, cut):
+            encodings[i] = encoding
+    return encodings
+
+
+def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False) -> list[NerFeatures]:
+    """Texts -> NerFeatures. Longer than max_length: InputTooLong, or with `truncate` the tail is cut."""
+    encodings = _encode_checked(tokenizer, list(texts), max_length=max_length, truncate=truncate)
+    return [_features(encoding, text) for encoding, text in zip(encodings, texts)]
+
+
+def encode_words(
+    tokenizer, words: list[list[str]], *, max_length: int = 512, truncate: bool = True
+) -> list[NerFeatures]:
+    """Pre-split words (CoNLL) -> NerFeatures; word_ids index the given words, offsets index " ".join(words).
+
+    Truncates by default (training data); pass truncate=False to get InputTooLong instead.
+    """
+    words = [list(w) for w in words]
+    encodings = _encode_checked(tokenizer, words, max_length=max_length, truncate=truncate, is_split_into_words=True)
+    features = []
+    for sentence, encoding in zip(words, encodings):
+        starts = np.cumsum([0] + [len(w) + 1 for w in sentence[:-1]]).tolist()
+        features.append(_features(encoding, " ".join(sentence), char_shift=starts))
+    return features
+
+
+def align_labels(
+    word_labels: list[int], word_ids: list[int | None], *, label_all_subtokens: bool = False, ignore_index: int = -100
+) -> list[int]:
+    """Per-token training labels: a word's label on its first sub-token, ignore_index on the rest
+    (or the word's label on every sub-token) and on special tokens."""
+    labels, previous = [], None
+    for word in word_ids:
+        if word is None:
+            labels.append(ignore_index)
+        elif word != previous or label_all_subtokens:
+            labels.append(word_labels[word])
+        else:
+            labels.append(ignore_index)
+        previous = word
+    return labels
+
+
+# ---- decoding -----------------------------------------------------------------------------
+def _label(id2label: dict, index) -> str:
+    index = int(index)
+    return id2label[index] if index in id2label else id2label[str(index)]
+
+
+def _pieces_to_text(pieces: list[str]) -> str:
+    return _PIECES_TO_TEXT.decode(pieces)
+
+
+def _pre_entities(features: NerFeatures, tokens: list[str], scores: np.ndarray) -> list[dict]:
+    """One record per non-special token: its piece, scores, span, and whether it continues a word."""
+    records = []
+    for index, token_scores in enumerate(scores):
+        if features.special_tokens_mask[index]:
+            continue
+        piece = tokens[index]
+        start, end = features.offsets[index]
+        original = features.text[start:end]
+        # transformers' test: a "##piece" is longer than the text it covers, a whole word is not.
+        is_subword = len(piece) != len(original)
+        if piece == UNK:  # show the text, not "[UNK]"
+            piece, is_subword = original, False
+        records.append({"word": piece, "scores": token_scores, "start": int(start), "end": int(end),
+                        "index": index, "is_subword": is_subword})
+    return records
+
+
+def _token_entities(records: list[dict], id2label: dict) -> list[dict]:
+    entities = []
+    for record in records:
+        best = record["scores"].argmax()
+        entities.append({"entity": _label(id2label, best), "score": record["scores"][best],
+                         "index": record["index"], "word": record["word"],
+                         "start": record["start"], "end": record["end"]})
+    return entities
+
+
+def _word_entity(pieces: list[dict], aggregation: str, id2label: dict) -> dict:
+    """One label for a whole word from its sub-token records."""
+    if aggregation == "first":
+        scores = pieces[0]["scores"]
+    elif aggregation == "max":
+        scores = max(pieces, key=lambda p: p["scores"].max())["scores"]
+    elif aggregation == "average":
+        scores = np.nanmean(np.stack([p["scores"] for p in pieces]), axis=0)
+    else:
+        raise ValueError(f"not a word aggregation: {aggregation!r}")
+    best = scores.argmax()
+    return {"entity": _label(id2label, best), "score": scores[best],
+            "word": _pieces_to_text([p["word"] for p in pieces]),
+            "start": pieces[0]["start"], "end": pieces[-1]["end"]}
+
+
+def _word_entities(records: list[dict], aggregation: str, id2label: dict) -> list[dict]:
+    words: list[list[dict]] = []
+    for record in records:
+        if words and record["is_subword"]:
+            words[-1].append(record)
+        else:
+            words.append([record])
+    return [_word_entity(pieces, aggregation, id2label) for pieces in words]
+
+
+def _split_tag(label: str) -> tuple[str, str]:
+    """'B-PER' -> ('B', 'PER'); a label without a B-/I- prefix counts as a continuation."""
+    if label.startswith("B-"):
+        return "B", label[2:]
+    if label.startswith("I-"):
+        return "I", label[2:]
+    return "I", label
+
+
+def _group(members: list[dict]) -> dict:
+    return {
+        "entity_group": members[0]["entity"].split("-", 1)[-1],
+        "score": np.mean(np.nanmean([m["score"] for m in members])),
+        "word": _pieces_to_text([m["word"] for m in members]),
+        "start": members[0]["start"],
+        "end": members[-1]["end"],
+    }
+
+
+def group_entities(entities: list[dict]) -> list[dict]:
+    """Merge neighbours with the same tag unless the later one starts a new entity (B-)."""
+    groups: list[list[dict]] = []
+    for entity in entities:
+        bi, tag = _split_tag(entity["entity"])
+        if groups and tag == _split_tag(groups[-1][-1]["entity"])[1] and bi != "B":
+            groups[-1].append(entity)
+        else:
+            groups.append([entity])
+    return [_group(members) for members in groups]
+
+
+def decode(
+    features: NerFeatures,
+    logits: np.ndarray,
+    id2label: dict[int, str],
+    *,
+    aggregation: str = "simple",
+    ignore_labels: tuple[str, ...] = ("O",),
+    tokenizer=None,
+) -> list[dict]:
+    """Logits (T, num_labels) of one sequence -> entities, exactly as transformers' pipeline returns them.
+
+    aggregation "none": [{"entity", "score", "index", "word", "start", "end"}] per token;
+    otherwise [{"entity_group", "score", "word", "start", "end"}]. Rows beyond len(features) (padding) are ignored.
+    `tokenizer` is needed only for features built by hand without `tokens`.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    logits = np.asarray(logits)[: len(features)]
+    if logits.dtype != np.float64:
+        logits = logits.astype(np.float32)  # the pipeline scores fp16/bf16 logits in float32
+    tokens = features.tokens
+    if not tokens:
+        if tokenizer is None:
+            raise ValueError("features carry no tokens; pass tokenizer= to decode them")
+        tokens = tokenizer.convert_ids_to_tokens(features.input_ids)
+    records = _pre_entities(features, tokens, softmax(logits, axis=-1))
+    if aggregation in ("none", "simple"):
+        entities = _token_entities(records, id2label)
+    else:
+        entities = _word_entities(records, aggregation, id2label)
+    if aggregation != "none":
+        entities = group_entities(entities)
+    kept = [e for e in entities if e.get("entity", e.get("entity_group")) not in ignore_labels]
+    for entity in kept:
+        entity["score"] = float(entity["score"])
+    return kept

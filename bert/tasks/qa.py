@@ -1,0 +1,256 @@
+"""Extractive question answering: question + (long) context in, character spans of the context out.
+
+Windows: the question is segment A (at most `max_query_length` tokens) and the context segment B,
+cut into overlapping windows of at most `max_length` tokens. `doc_stride` is the number of context
+tokens two neighbouring windows share (Hugging Face's meaning, not google's step size); the windows
+are exactly those of BertTokenizerFast(question, context, truncation="only_second", stride=doc_stride,
+return_overflowing_tokens=True). No context token is ever dropped.
+
+Decoding reproduces transformers' QuestionAnsweringPipeline (v4): per window a softmax over the
+logits with everything but [CLS] and the context masked, the start x end outer product limited to
+0 <= end - start < max_answer_len, a top-k search, answers widened to whole words, identical answer
+texts from different windows merged by adding their scores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bert.tasks.common import Features
+
+MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
+NO_ANSWER_SENTINEL = 1000000.0  # the pipeline's starting "minimum null score"
+
+
+@dataclass
+class QaWindow(Features):
+    offsets: list[tuple[int, int] | None]  # character span in the CONTEXT of each context token; None elsewhere
+    token_is_max_context: list[bool]  # True where this window gives the token its widest surroundings
+    window_index: int
+    word_ids: list[int | None] = field(default_factory=list)  # context word of each context token; None elsewhere
+    context_token_start: int = 0  # index, in the whole context's tokens, of this window's first context token
+
+    @property
+    def context_positions(self) -> range:
+        """Positions of the context tokens in this window's input_ids."""
+        first = next((i for i, o in enumerate(self.offsets) if o is not None), len(self.offsets))
+        count = sum(o is not None for o in self.offsets)
+        return range(first, first + count)
+
+
+# ---- windows ----------------------------------------------------------------------------------
+def window_ranges(num_tokens: int, capacity: int, doc_stride: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges over the context tokens; neighbours overlap by `doc_stride` tokens.
+
+    Same cut as `tokenizers` overflow: step = capacity - doc_stride; stop at the first window that
+    reaches the end of the context.
+    """
+    if num_tokens <= capacity:
+        return [(0, num_tokens)]
+    step = capacity - doc_stride
+    ranges = []
+    for start in range(0, num_tokens, step):
+        stop = min(start + capacity, num_tokens)
+        ranges.append((start, stop))
+        if stop == num_tokens:
+            break
+    return ranges
+
+
+def max_context_owner(ranges: list[tuple[int, int]], num_tokens: int) -> list[int]:
+    """For each context token, the window where it has the most context on its shorter side.
+
+    google-research/bert run_squad `_check_is_max_context`: score = min(tokens left, tokens right)
+    + 0.01 * window length; the first window wins a tie.
+    """
+    owner = [0] * num_tokens
+    best = [-1.0] * num_tokens
+    for index, (start, stop) in enumerate(ranges):
+        length = stop - start
+        for position in range(start, stop):
+            score = min(position - start, stop - 1 - position) + 0.01 * length
+            if score > best[position]:
+                best[position], owner[position] = score, index
+    return owner
+
+
+def _check_window_args(question_length: int, max_length: int, doc_stride: int) -> int:
+    capacity = max_length - question_length - 3  # [CLS] question [SEP] context [SEP]
+    if capacity <= 0:
+        raise ValueError(f"max_length {max_length} leaves no room for the context after a "
+                         f"{question_length}-token question")
+    if doc_stride >= capacity:
+        raise ValueError(f"doc_stride {doc_stride} must be smaller than the {capacity} context tokens "
+                         f"a window holds (max_length {max_length}, question {question_length} tokens)")
+    if doc_stride < 0:
+        raise ValueError(f"doc_stride must be >= 0, got {doc_stride}")
+    return capacity
+
+
+def encode(
+    tokenizer, question: str, context: str, *, max_length: int = 384, doc_stride: int = 128, max_query_length: int = 64
+) -> list[QaWindow]:
+    """One QaWindow per overlapping slice of the context: [CLS] question [SEP] slice [SEP]."""
+    question_encoding, context_encoding = tokenizer.encode_batch([question, context], add_special_tokens=False)
+    question_ids = list(question_encoding.ids[:max_query_length])
+    capacity = _check_window_args(len(question_ids), max_length, doc_stride)
+    context_ids = context_encoding.ids
+    context_offsets = [tuple(o) for o in context_encoding.offsets]
+    context_words = context_encoding.word_ids
+    ranges = window_ranges(len(context_ids), capacity, doc_stride)
+    owner = max_context_owner(ranges, len(context_ids))
+
+    head = [tokenizer.cls_token_id, *question_ids, tokenizer.sep_token_id]
+    windows = []
+    for index, (start, stop) in enumerate(ranges):
+        width = stop - start
+        outside = [None] * len(head)
+        windows.append(QaWindow(
+            input_ids=head + list(context_ids[start:stop]) + [tokenizer.sep_token_id],
+            token_type_ids=[0] * len(head) + [1] * (width + 1),
+            offsets=outside + context_offsets[start:stop] + [None],
+            token_is_max_context=[False] * len(head) + [owner[p] == index for p in range(start, stop)] + [False],
+            window_index=index,
+            word_ids=outside + list(context_words[start:stop]) + [None],
+            context_token_start=start,
+        ))
+    return windows
+
+
+def train_features(
+    tokenizer,
+    question: str,
+    context: str,
+    answer_start_char: int,
+    answer_text: str,
+    *,
+    max_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+) -> list[tuple[QaWindow, int, int]]:
+    """Windows with the answer's start/end token positions in each; (0, 0) = [CLS] where the window
+    does not hold the whole answer (the usual SQuAD v1 training target)."""
+    windows = encode(tokenizer, question, context, max_length=max_length, doc_stride=doc_stride,
+                     max_query_length=max_query_length)
+    answer_end_char = answer_start_char + len(answer_text)
+    if not answer_text or context[answer_start_char:answer_end_char] != answer_text:
+        raise ValueError(f"answer {answer_text!r} is not at character {answer_start_char} of the context")
+    # The answer's first and last token, counted over the whole context.
+    covering = [window.context_token_start + i
+                for window in windows
+                for i, p in enumerate(window.context_positions)
+                if window.offsets[p][0] < answer_end_char and window.offsets[p][1] > answer_start_char]
+    if not covering:
+        raise ValueError(f"answer {answer_text!r} covers no context token")
+    first_token, last_token = min(covering), max(covering)
+    examples = []
+    for window in windows:
+        positions = window.context_positions
+        lo, hi = window.context_token_start, window.context_token_start + len(positions) - 1
+        if lo <= first_token and last_token <= hi:
+            examples.append((window, positions[first_token - lo], positions[last_token - lo]))
+        else:
+            examples.append((window, 0, 0))
+    return examples
+
+
+# ---- decoding ---------------------------------------------------------------------------------
+def _probabilities(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Softmax over the allowed positions (others pushed to MASKED_LOGIT first), as the pipeline does."""
+    masked = np.where(allowed, logits, MASKED_LOGIT)
+    exp = np.exp(masked - masked.max(axis=-1, keepdims=True))
+    return exp / exp.sum()
+
+
+def best_spans(
+    start_probs: np.ndarray, end_probs: np.ndarray, top_k: int, max_answer_len: int, allowed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The top_k (start, end) token pairs by start_prob * end_prob, 0 <= end - start < max_answer_len,
+    keeping only pairs whose ends are both allowed. Returns starts, ends, scores (best first)."""
+    # (1, T, T) like the pipeline, so ties between equal scores are broken identically.
+    outer = np.matmul(start_probs[None, :, None], end_probs[None, None, :])
+    candidates = np.tril(np.triu(outer), max_answer_len - 1)
+    flat = candidates.flatten()
+    if top_k == 1:
+        order = [np.argmax(flat)]
+    elif len(flat) <= top_k:
+        order = np.argsort(-flat)
+    else:
+        chosen = np.argpartition(-flat, top_k)[0:top_k]
+        order = chosen[np.argsort(-flat[chosen])]
+    starts, ends = np.unravel_index(order, candidates.shape)[1:]
+    allowed_positions = np.flatnonzero(allowed)
+    keep = np.isin(starts, allowed_positions) & np.isin(ends, allowed_positions)
+    starts, ends = starts[keep], ends[keep]
+    return starts, ends, candidates[0, starts, ends]
+
+
+def _word_chars(window: QaWindow, position: int, side: int) -> int:
+    """Start (side 0) or end (side 1) character of the whole context word holding `position`,
+    as far as this window holds it."""
+    word = window.word_ids[position]
+    members = [p for p in window.context_positions if window.word_ids[p] == word]
+    return window.offsets[members[0]][0] if side == 0 else window.offsets[members[-1]][1]
+
+
+def span_to_chars(window: QaWindow, start: int, end: int) -> tuple[int, int]:
+    """Token span -> character span of the context, widened to whole words.
+
+    A span that begins at [CLS] (score 0 unless nothing better exists) keeps raw token offsets,
+    [CLS] counting as (0, 0): that is the pipeline's fallback when a token has no word.
+    """
+    if window.word_ids[start] is None or window.word_ids[end] is None:
+        raw = [o if o is not None else (0, 0) for o in (window.offsets[start], window.offsets[end])]
+        return raw[0][0], raw[1][1]
+    return _word_chars(window, start, 0), _word_chars(window, end, 1)
+
+
+def decode(
+    context: str,
+    windows: list[QaWindow],
+    start_logits: list[np.ndarray],
+    end_logits: list[np.ndarray],
+    *,
+    top_k: int = 1,
+    max_answer_len: int = 30,
+    handle_impossible_answer: bool = False,
+) -> list[dict]:
+    """Best answers over all windows: [{"answer", "score", "start", "end"}] (character offsets into
+    `context`), best first, at most top_k. Logits per window may be padded; rows beyond the window are ignored."""
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if max_answer_len < 1:
+        raise ValueError(f"max_answer_len must be >= 1, got {max_answer_len}")
+    if not (len(windows) == len(start_logits) == len(end_logits)):
+        raise ValueError(f"{len(windows)} windows but {len(start_logits)} start and {len(end_logits)} end logits")
+    # Extra candidates per window: some collapse into the same words or the same answer text.
+    candidates_per_window = top_k * 2 + 10
+    null_score = NO_ANSWER_SENTINEL
+    answers: list[dict] = []
+    for window, start, end in zip(windows, start_logits, end_logits):
+        allowed = np.array([o is not None for o in window.offsets])
+        allowed[0] = True  # [CLS] joins the softmax: its probability is the no-answer score
+        start_probs = _probabilities(_as_float(start)[: len(window)], allowed)
+        end_probs = _probabilities(_as_float(end)[: len(window)], allowed)
+        if handle_impossible_answer:
+            null_score = min(null_score, (start_probs[0] * end_probs[0]).item())
+        start_probs[0] = end_probs[0] = 0.0
+        for s, e, score in zip(*best_spans(start_probs, end_probs, candidates_per_window, max_answer_len, allowed)):
+            char_start, char_end = span_to_chars(window, int(s), int(e))
+            text = context[char_start:char_end]
+            same = next((a for a in answers if a["answer"].lower() == text.lower()), None)
+            if same is not None:
+                same["score"] += score.item()
+            else:
+                answers.append({"answer": text, "score": score.item(), "start": char_start, "end": char_end})
+    if handle_impossible_answer:
+        answers.append({"answer": "", "score": null_score, "start": 0, "end": 0})
+    return sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]
+
+
+def _as_float(logits) -> np.ndarray:
+    logits = np.asarray(logits)
+    if logits.ndim == 2 and logits.shape[0] == 1:
+        logits = logits[0]
+    return logits if logits.dtype in (np.float32, np.float64) else logits.astype(np.float32)
