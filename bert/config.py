@@ -122,7 +122,7 @@ class BertConfig:
     def from_dict(cls, data: dict[str, Any]) -> "BertConfig":
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         args = {k: v for k, v in data.items() if k in known}
-        extra = {k: v for k, v in data.items() if k not in known and k != "label2id"}
+        extra = {k: v for k, v in data.items() if k not in known and k not in ("label2id", "model_type")}
         if "num_labels" in extra and "id2label" not in args:
             args["id2label"] = {i: f"LABEL_{i}" for i in range(int(extra["num_labels"]))}
         extra.pop("num_labels", None)
