@@ -1,0 +1,152 @@
+"""Typed run configurations and the command line that fills them.
+
+Every field of a config dataclass is one `--flag` (underscores become dashes); argparse rejects
+unknown flags, and `validate()` rejects contradictory ones, both before any data is read.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    """Options that cannot work together (raised before any work starts)."""
+
+
+@dataclass
+class TrainConfig:
+    """What every training run shares: optimisation, schedule, batching, checkpoints, logging."""
+
+    output_dir: str = "runs/out"  # checkpoints (best/, last/), log.jsonl and metrics go here
+    seed: int = 42  # one seed for data order, masking, dropout and head initialisation
+    learning_rate: float = 5e-5  # peak learning rate (after warmup)
+    weight_decay: float = 0.01  # AdamW decay; never applied to biases or LayerNorm weights
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    warmup_ratio: float = 0.1  # fraction of total steps spent warming up (ignored if warmup_steps > 0)
+    warmup_steps: int = 0  # warmup length in optimizer steps; 0 = use warmup_ratio
+    num_epochs: float = 3.0  # passes over the training data (fractions allowed)
+    max_steps: int = 0  # stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length
+    batch_size: int = 32  # examples per optimizer step (across accumulation and processes)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step; batch_size must divide by it x processes
+    max_grad_norm: float = 1.0  # gradient clipping (0 = off)
+    eval_every: int = 0  # evaluate every N optimizer steps (0 = at the end of each epoch)
+    save_every: int = 0  # write last/ (resumable) every N steps (0 = with each evaluation)
+    log_every: int = 10  # write a log.jsonl line every N steps
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 adds a GradScaler; GPU only)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    torch_threads: int = 0  # torch.set_num_threads (0 = torch's default)
+    group_by_length: bool = True  # batches of similar length (less padding, same examples per epoch)
+    resume: str = ""  # a last/ checkpoint directory written by an earlier run of the same config
+    progress: bool = True  # tqdm progress bar (rank 0)
+    gradient_checkpointing: bool = False  # trade compute for activation memory
+
+    def validate(self) -> None:
+        problems = []
+        if self.learning_rate <= 0:
+            problems.append(f"learning_rate must be positive, got {self.learning_rate}")
+        if not 0 <= self.warmup_ratio < 1:
+            problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.num_epochs <= 0 and self.max_steps <= 0:
+            problems.append("set num_epochs > 0 or max_steps > 0")
+        if self.batch_size <= 0 or self.grad_accum_steps <= 0:
+            problems.append("batch_size and grad_accum_steps must be positive")
+        elif self.batch_size % self.grad_accum_steps:
+            problems.append(f"batch_size {self.batch_size} is not divisible by grad_accum_steps {self.grad_accum_steps}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision == "fp16" and self.device == "cpu":
+            problems.append("precision fp16 needs a GPU (use fp32 or bf16 on CPU)")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            problems.append(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.resume and not (Path(self.resume) / "trainer_state.json").is_file():
+            problems.append(f"--resume {self.resume}: no trainer_state.json there (pass a last/ directory)")
+        for name in ("eval_every", "save_every", "log_every", "max_steps", "warmup_steps", "torch_threads"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0")
+        problems += self.task_problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def task_problems(self) -> list[str]:
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _field_type(cls, f: dataclasses.Field):
+    hint = typing.get_type_hints(cls)[f.name]
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in args if a is not type(None))
+    return hint
+
+
+def build_parser(cls, description: str, defaults: dict | None = None) -> argparse.ArgumentParser:
+    """One flag per dataclass field; the comment after each field (its help) comes from `HELP`."""
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    help_text = field_help(cls)
+    for f in dataclasses.fields(cls):
+        kind = _field_type(cls, f)
+        flag = "--" + f.name.replace("_", "-")
+        default = (defaults or {}).get(f.name, f.default if f.default is not dataclasses.MISSING else None)
+        h = help_text.get(f.name, "") or " "
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=h)
+        elif typing.get_origin(kind) is list:
+            parser.add_argument(flag, dest=f.name, default=default, help=h + " (comma-separated)",
+                                type=lambda s: [x for x in s.split(",") if x])
+        else:
+            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=h)
+    return parser
+
+
+def field_help(cls) -> dict[str, str]:
+    """The trailing comment of each field in the class source: the single source of the CLI help."""
+    import inspect
+
+    out = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            lines = inspect.getsource(klass).splitlines()
+        except (OSError, TypeError):
+            continue
+        for line in lines:
+            stripped = line.strip()
+            if ":" in stripped and "#" in stripped and not stripped.startswith(("#", "def", "\"")):
+                name = stripped.split(":", 1)[0].strip()
+                if name.isidentifier():
+                    out[name] = stripped.split("#", 1)[1].strip()
+    return out
+
+
+def parse_config(cls, argv=None, description: str = ""):
+    """argv -> a validated config; exits with a clear message (status 2) on bad or contradictory flags."""
+    parser = build_parser(cls, description)
+    args = parser.parse_args(argv)
+    config = cls(**vars(args))
+    try:
+        config.validate()
+    except ConfigError as e:
+        parser.error(str(e))
+    return config
+
+
+def save_config(config, path: Path) -> None:
+    path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")

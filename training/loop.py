@@ -1,0 +1,342 @@
+"""The training loop every run shares (nanoGPT style: one function you can read top to bottom).
+
+AdamW without decay on biases/LayerNorm, linear warmup + linear decay, gradient accumulation,
+clipping, autocast (bf16/fp16, GradScaler for fp16), periodic evaluation, best/ and last/ checkpoints,
+exact resume from last/ (weights, optimizer, schedule position, RNG states, data position), a tqdm
+bar with loss / lr / tokens/s, a JSONL log, and DistributedDataParallel under torchrun.
+
+The data side is a `TrainData`: `batches(epoch)` returns the epoch's global batches (lists of example
+indices, a pure function of seed and epoch), and `collate(indices, rng)` builds tensors; `rng` is a
+numpy Generator seeded from (seed, epoch, batch) so dynamic masking is reproducible and resumable.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from bert.checkpoint import read_state_dict
+
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_STATE = "optimizer.pt"
+
+
+class TrainData(Protocol):
+    def batches(self, epoch: int) -> list[list[int]]: ...
+    def collate(self, indices: list[int], rng: np.random.Generator) -> dict[str, torch.Tensor]: ...
+
+
+# ----------------------------------------------------------------------------- schedule and optimizer
+
+
+def learning_rate_at(step: int, *, peak: float, warmup_steps: int, total_steps: int) -> float:
+    """Linear warmup from 0 to `peak` over warmup_steps, then linear decay to 0 at total_steps.
+    `step` counts optimizer steps already taken (the lr used for step number step + 1)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    remaining = total_steps - step
+    return peak * max(0.0, remaining / max(1, total_steps - warmup_steps))
+
+
+def no_decay(name: str) -> bool:
+    return name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name
+
+
+def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.AdamW:
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and not no_decay(n)]
+    plain = [p for n, p in model.named_parameters() if p.requires_grad and no_decay(n)]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                             eps=cfg.adam_epsilon)
+
+
+# ----------------------------------------------------------------------------- processes and devices
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device_name: str) -> tuple[Dist, torch.device]:
+    """Under torchrun (WORLD_SIZE > 1): init the process group (nccl on GPU, gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if device_name == "auto":
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_name == "cuda":
+        device_name = f"cuda:{local}"
+    device = torch.device(device_name)
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+    return Dist(rank, world, local), device
+
+
+def _mean_across(value: float, dist: Dist) -> float:
+    if dist.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return float(t.item()) / dist.world_size
+
+
+def _sum_across(value: int, dist: Dist) -> int:
+    if dist.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return int(t.item())
+
+
+def _barrier(dist: Dist) -> None:
+    if dist.world_size > 1:
+        torch.distributed.barrier()
+
+
+# ----------------------------------------------------------------------------- checkpoint + resume
+
+
+def save_trainer_state(directory: Path, *, optimizer, scaler, state: dict) -> None:
+    """Everything besides the weights that exact resume needs. Tensors go to optimizer.pt (loadable
+    with weights_only=True); counters and the Python/numpy RNG states to trainer_state.json."""
+    torch.save({"optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+               directory / OPTIMIZER_STATE)
+    payload = dict(state, python_rng=_jsonable(random.getstate()),
+                   numpy_rng=_jsonable(np.random.get_state()))
+    (directory / TRAINER_STATE).write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def _jsonable(value):
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _from_json(value):
+    if isinstance(value, dict) and "__ndarray__" in value:
+        return np.asarray(value["__ndarray__"], dtype=value["dtype"])
+    if isinstance(value, list):
+        return tuple(_from_json(v) for v in value)
+    return value
+
+
+def load_trainer_state(directory: Path, *, model, optimizer, scaler, device) -> dict:
+    state = json.loads((directory / TRAINER_STATE).read_text())
+    weights = read_state_dict(directory)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.startswith("cls.predictions.decoder")]  # tied to embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"--resume {directory}: weights do not match the model (missing {missing}, "
+                           f"unexpected {unexpected})")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    blob = torch.load(directory / OPTIMIZER_STATE, map_location=device, weights_only=True)
+    optimizer.load_state_dict(blob["optimizer"])
+    if scaler is not None and blob.get("scaler"):
+        scaler.load_state_dict(blob["scaler"])
+    torch.set_rng_state(blob["torch_rng"].cpu())
+    if blob.get("cuda_rng") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in blob["cuda_rng"]])
+    random.setstate(_from_json(state.pop("python_rng")))
+    np.random.set_state(_from_json(state.pop("numpy_rng")))
+    return state
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def batch_rng(seed: int, epoch: int, batch: int) -> np.random.Generator:
+    """The RNG a batch's collate uses (dynamic masking): a pure function of its position."""
+    return np.random.default_rng([seed, epoch, batch])
+
+
+def _to(batch: dict, device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def train(
+    cfg,
+    model: torch.nn.Module,
+    data: TrainData,
+    *,
+    save_model: Callable[[torch.nn.Module, Path], None],
+    evaluate: Callable[[torch.nn.Module], dict] | None = None,
+    best_metric: str | None = None,
+    dist: Dist | None = None,
+    device: torch.device | None = None,
+    stop_at_step: int = 0,
+) -> dict:
+    """Train `model` on `data` as `cfg` says; returns {"step", "best", "last_eval"}.
+
+    Writes <output_dir>/log.jsonl, last/ (weights + tokenizer + trainer state, resumable) and, when
+    `evaluate` and `best_metric` are given, best/ with metrics.json. `stop_at_step` stops early as if
+    interrupted (the schedule still spans the whole run), so a later --resume continues exactly.
+    """
+    dist = dist or Dist()
+    device = device or torch.device("cpu")
+    out = Path(cfg.output_dir)
+    if dist.main:
+        out.mkdir(parents=True, exist_ok=True)
+    model.to(device)
+    if cfg.gradient_checkpointing:
+        model.encoder_module().encoder.gradient_checkpointing = True
+    optimizer = make_optimizer(model, cfg)
+    use_autocast = cfg.precision in ("bf16", "fp16")
+    amp_dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+
+    steps_per_epoch = len(data.batches(0))
+    if steps_per_epoch == 0:
+        raise ValueError(f"no full batch of {cfg.batch_size} examples in the training data")
+    total_steps = cfg.max_steps or math.ceil(cfg.num_epochs * steps_per_epoch)
+    warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_steps)
+
+    step, epoch, position = 0, 0, 0
+    best = None
+    last_eval: dict = {}
+    if cfg.resume:
+        state = load_trainer_state(Path(cfg.resume), model=model, optimizer=optimizer, scaler=scaler, device=device)
+        step, epoch, position = state["step"], state["epoch"], state["position"]
+        best, last_eval = state.get("best"), state.get("last_eval", {})
+        if state.get("total_steps") != total_steps:
+            raise ValueError(f"--resume {cfg.resume}: that run planned {state.get('total_steps')} steps, "
+                             f"this config plans {total_steps}; resume with the same options")
+
+    train_model = model
+    if dist.world_size > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    micro_per_rank = cfg.grad_accum_steps
+
+    def log(record: dict) -> None:
+        if dist.main:
+            with open(out / "log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def save_last(reason: str) -> None:
+        if dist.main:
+            directory = out / "last"
+            save_model(model, directory)
+            save_trainer_state(directory, optimizer=optimizer, scaler=scaler, state={
+                "step": step, "epoch": epoch, "position": position, "total_steps": total_steps,
+                "best": best, "last_eval": last_eval, "reason": reason, "config": cfg.to_dict()})
+        _barrier(dist)
+
+    def run_eval() -> None:
+        nonlocal best, last_eval
+        if evaluate is not None and dist.main:
+            model.eval()
+            metrics = evaluate(model)
+            model.train()
+            last_eval = metrics
+            log({"step": step, "epoch": epoch, "eval": metrics})
+            if best_metric is not None:
+                value = metrics[best_metric]
+                if best is None or value > best["value"]:
+                    best = {"value": value, "step": step, "metric": best_metric}
+                    save_model(model, out / "best")
+                    (out / "best" / "metrics.json").write_text(json.dumps(
+                        dict(metrics, step=step, epoch=epoch), indent=2, sort_keys=True) + "\n")
+                    if bar is not None:
+                        bar.write(f"step {step}: new best {best_metric} = {value:.4f}")
+        _barrier(dist)
+
+    bar = None
+    if dist.main and cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total_steps, initial=step, dynamic_ncols=True, desc="train")
+
+    model.train()
+    window_losses, window_tokens, window_start = [], 0, time.perf_counter()
+    started = time.perf_counter()
+    finished = False
+    while not finished and step < total_steps:
+        batches = data.batches(epoch)
+        while position < len(batches):
+            global_batch = batches[position]
+            rank_part = global_batch[dist.rank::dist.world_size]
+            micro_batches = [rank_part[i::micro_per_rank] for i in range(micro_per_rank)]
+            lr = learning_rate_at(step, peak=cfg.learning_rate, warmup_steps=warmup, total_steps=total_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            rng = batch_rng(cfg.seed, epoch, position)
+            loss_sum, tokens = 0.0, 0
+            for m, indices in enumerate(micro_batches):
+                batch = _to(data.collate(sorted(indices), rng), device)
+                tokens += int(batch["attention_mask"].sum())
+                sync = m == len(micro_batches) - 1 or dist.world_size == 1
+                context = contextlib.nullcontext() if sync else train_model.no_sync()
+                with context:
+                    with torch.autocast(device.type, dtype=amp_dtype, enabled=use_autocast):
+                        loss = train_model(**batch).loss / len(micro_batches)
+                    (scaler.scale(loss) if scaler else loss).backward()
+                loss_sum += float(loss.detach())
+            if scaler:
+                scaler.unscale_(optimizer)
+            if cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            position += 1
+
+            loss_value = _mean_across(loss_sum, dist)
+            window_losses.append(loss_value)
+            window_tokens += _sum_across(tokens, dist)
+            if bar is not None:
+                elapsed = time.perf_counter() - window_start
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}",
+                                tok_s=f"{window_tokens / max(elapsed, 1e-9):.0f}", epoch=epoch)
+            if step % cfg.log_every == 0 or step == total_steps:
+                elapsed = time.perf_counter() - window_start
+                log({"step": step, "epoch": epoch, "loss": loss_value,
+                     "loss_avg": sum(window_losses) / len(window_losses), "lr": lr,
+                     "tokens_per_s": window_tokens / max(elapsed, 1e-9),
+                     "elapsed_s": time.perf_counter() - started})
+                window_losses, window_tokens, window_start = [], 0, time.perf_counter()
+
+            end_of_epoch = position == len(batches)
+            if end_of_epoch:  # the saved position must point at the next batch to run
+                epoch, position = epoch + 1, 0
+            eval_due = (cfg.eval_every and step % cfg.eval_every == 0) or (not cfg.eval_every and end_of_epoch)
+            if eval_due or step == total_steps:
+                run_eval()
+            save_due = (cfg.save_every and step % cfg.save_every == 0) or (not cfg.save_every and eval_due)
+            if step == total_steps or (stop_at_step and step == stop_at_step):
+                save_last("end" if step == total_steps else "stopped")
+                finished = True
+                break
+            if save_due:
+                save_last("periodic")
+            if end_of_epoch:
+                break
+    if bar is not None:
+        bar.close()
+    return {"step": step, "total_steps": total_steps, "best": best, "last_eval": last_eval}
