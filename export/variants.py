@@ -1,0 +1,115 @@
+"""The ONNX files of an artifact: the portable graph (standard ONNX ops, TensorRT's input) and the
+onnxruntime variants made from it: fused fp32, fused fp16, fused + dynamically quantised int8.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+from bert.config import BertConfig
+
+DEFAULT_OPSET = 17  # LayerNormalization is a standard op from 17 on; TensorRT 10 parses up to 20+
+# Fused operators we count; Attention must appear once per layer or the export fails.
+FUSED_OPERATORS = ("Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu",
+                   "Gelu", "LayerNormalization", "MultiHeadAttention")
+# Kept in fp32 when converting to fp16: reductions whose range or accumulation fp16 cannot hold.
+# (The fused SkipLayerNormalization/EmbedLayerNormalization/Attention kernels accumulate in fp32.)
+FP16_OP_BLOCK_LIST = ("LayerNormalization", "SimplifiedLayerNormalization", "Softmax", "Pow", "ReduceMean",
+                      "Range", "CumSum", "TopK")
+
+
+class FusionError(RuntimeError):
+    """onnxruntime's optimizer did not fuse the graph as a BERT graph must be fused."""
+
+
+def export_portable(wrapper, example_inputs, path: Path, *, input_names, output_names, dynamic_axes,
+                    opset: int = DEFAULT_OPSET) -> Path:
+    """torch -> ONNX with the TorchScript-based exporter (`dynamo=False`).
+
+    Why not the default torch.export-based exporter: its graphs (torch 2.13, onnxruntime 1.31)
+    do not match onnxruntime's BERT Attention fusion pattern, and that fusion is the point of
+    the onnxruntime variant. The TorchScript exporter is deprecated but still shipped; the
+    fusion check below fails loudly if a future exporter changes the graph.
+    """
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
+        with torch.no_grad():
+            torch.onnx.export(wrapper, tuple(example_inputs), str(path), dynamo=False,
+                              input_names=list(input_names), output_names=list(output_names),
+                              dynamic_axes=dynamic_axes, opset_version=opset, do_constant_folding=True)
+    return path
+
+
+def op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    return dict(Counter(node.op_type for node in model.graph.node))
+
+
+def fused_operator_counts(model: onnx.ModelProto) -> dict[str, int]:
+    counts = op_counts(model)
+    return {op: counts.get(op, 0) for op in FUSED_OPERATORS}
+
+
+def fuse(portable: Path, config: BertConfig):
+    """onnxruntime's transformer optimizer, Python fusions only (opt_level=0), so the result is not
+    tied to one execution provider. Returns the OnnxModel; raises FusionError if attention did not fuse."""
+    from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import FusionOptions
+
+    options = FusionOptions("bert")
+    options.enable_gelu_approximation = False  # keep exact erf GELU: parity with torch
+    optimized = optimizer.optimize_model(str(portable), model_type="bert", num_heads=config.num_attention_heads,
+                                         hidden_size=config.hidden_size, optimization_options=options,
+                                         opt_level=0)
+    check_fusion(fused_operator_counts(optimized.model), config)
+    return optimized
+
+
+def check_fusion(counts: dict[str, int], config: BertConfig) -> None:
+    layers = config.num_hidden_layers
+    expected = {"Attention": layers, "SkipLayerNormalization": 2 * layers, "EmbedLayerNormalization": 1}
+    wrong = {op: (counts.get(op, 0), n) for op, n in expected.items() if counts.get(op, 0) != n}
+    if wrong:
+        detail = ", ".join(f"{op} {got} (expected {want})" for op, (got, want) in wrong.items())
+        raise FusionError(f"onnxruntime did not fuse the graph as a {layers}-layer BERT: {detail}; "
+                          f"all counts {counts}. The exported attention or embedding pattern changed "
+                          "(see export/wrapper.py prepare_for_export).")
+
+
+def to_fp16(fused):
+    """Fused fp32 OnnxModel -> fp16 weights and compute, inputs/outputs unchanged (int64 in, fp32 out)."""
+    fused.convert_float_to_float16(use_symbolic_shape_infer=True, keep_io_types=True,
+                                   op_block_list=list(FP16_OP_BLOCK_LIST))
+    return fused
+
+
+def quantize_int8(fused_path: Path, out_path: Path) -> Path:
+    """Dynamic quantisation (int8 weights, activations quantised per batch at run time) for CPU.
+    Runs on the fused graph: Attention and EmbedLayerNormalization have integer kernels."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(fused_path), str(out_path), weight_type=QuantType.QInt8, per_channel=False)
+    return out_path
+
+
+def save(model_or_onnx_model, path: Path) -> Path:
+    """Save a ModelProto or OnnxModel; weights over 2 GB go to one external data file next to it."""
+    proto = getattr(model_or_onnx_model, "model", model_or_onnx_model)
+    large = proto.ByteSize() > 1_800_000_000 if _byte_size_ok(proto) else True
+    onnx.save_model(proto, str(path), save_as_external_data=large, all_tensors_to_one_file=True,
+                    location=path.name + ".data" if large else None)
+    return path
+
+
+def _byte_size_ok(proto) -> bool:
+    try:
+        proto.ByteSize()
+        return True
+    except Exception:  # protobuf refuses to size messages over 2 GB
+        return False

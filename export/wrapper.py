@@ -1,0 +1,108 @@
+"""The graph we export: named int64 inputs, outputs named by task, dynamic batch and sequence axes.
+
+`ExportWrapper` turns a bert model's small result object into a tuple in a fixed order, so the
+ONNX graph has one output per name. `prepare_for_export` switches the model to the graph shapes
+onnxruntime's BERT fusion recognises (explicit attention, Hugging Face's position-id slice).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bert.model import BertForMultiTask, BertModel, BertPreTrainedModel
+
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+TASKS = ("classify", "ner", "qa", "encoder", "multi")
+
+# output name -> (attribute of the model's result, which axes are dynamic)
+_OUTPUTS = {
+    "classify": {"logits": ("logits", ("batch",))},
+    "ner": {"logits": ("logits", ("batch", "sequence"))},
+    "qa": {"start_logits": ("start_logits", ("batch", "sequence")),
+           "end_logits": ("end_logits", ("batch", "sequence"))},
+    "encoder": {"last_hidden_state": ("last_hidden_state", ("batch", "sequence")),
+                "pooler_output": ("pooler_output", ("batch",))},
+    "multi": {"classify_logits": ("classify_logits", ("batch",)),
+              "ner_logits": ("ner_logits", ("batch", "sequence")),
+              "qa_start_logits": ("qa_start_logits", ("batch", "sequence")),
+              "qa_end_logits": ("qa_end_logits", ("batch", "sequence"))},
+}
+# Outputs with one value per token: parity compares them on real (unpadded) tokens only.
+TOKEN_LEVEL_AXES = ("batch", "sequence")
+
+
+def output_spec(model: BertPreTrainedModel, task: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Output name -> (result attribute, dynamic axis names) for the heads this model has."""
+    spec = dict(_OUTPUTS[task])
+    if task == "encoder" and getattr(model, "pooler", None) is None:
+        spec.pop("pooler_output")
+    if task == "multi":
+        tasks = model.config.task_labels or {}
+        present = {"classify_logits": "classify", "ner_logits": "ner",
+                   "qa_start_logits": "qa", "qa_end_logits": "qa"}
+        spec = {name: v for name, v in spec.items() if present[name] in tasks}
+    return spec
+
+
+def dynamic_axes(spec: dict) -> dict[str, dict[int, str]]:
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
+    for name, (_, dims) in spec.items():
+        axes[name] = dict(enumerate(dims))
+    return axes
+
+
+class ExportWrapper(nn.Module):
+    """model(input_ids, attention_mask, token_type_ids) -> tuple of outputs in `output_names` order."""
+
+    def __init__(self, model: BertPreTrainedModel, task: str):
+        super().__init__()
+        if task == "multi" and not isinstance(model, BertForMultiTask):
+            raise ValueError("task 'multi' needs a multi-task model")
+        if task == "encoder" and not isinstance(model, BertModel):
+            raise ValueError("task 'encoder' needs a BertModel")
+        self.model = model
+        self.task = task
+        self.spec = output_spec(model, task)
+        self.output_names = list(self.spec)
+        self.eval()  # the TorchScript exporter restores the wrapper's mode afterwards: keep it eval
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
+        result = self.model(input_ids, attention_mask, token_type_ids)
+        return tuple(getattr(result, attr) for attr, _ in self.spec.values())
+
+
+def _sliced_position_ids_forward(embeddings: nn.Module):
+    """BertEmbeddings.forward with Hugging Face's `position_ids[:, :T]` buffer slice instead of
+    `arange(T)`: the same numbers, but the Shape-Gather-Unsqueeze-Slice-Gather pattern that
+    onnxruntime's EmbedLayerNormalization fusion matches."""
+    max_positions = embeddings.position_embeddings.num_embeddings
+    embeddings.register_buffer("position_ids", torch.arange(max_positions)[None, :], persistent=False)
+
+    def forward(input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        positions = embeddings.position_ids[:, : input_ids.shape[1]]  # (1, T)
+        x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
+        x = x + embeddings.position_embeddings(positions)
+        return embeddings.dropout(embeddings.LayerNorm(x))
+
+    return forward
+
+
+def prepare_for_export(model: BertPreTrainedModel) -> BertPreTrainedModel:
+    """Eval mode, explicit (fusable) attention, sliced position ids. Numerically the same model."""
+    model.eval()
+    model.set_attention_implementation("eager")
+    embeddings = model.encoder_module().embeddings
+    embeddings.forward = _sliced_position_ids_forward(embeddings)
+    return model
+
+
+def dummy_inputs(config, batch: int = 2, seq: int = 8) -> tuple[torch.Tensor, ...]:
+    """Tracing inputs: a padded row, so the mask path is traced with real values."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(min(5, config.vocab_size - 1), config.vocab_size, (batch, seq), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    if batch > 1:
+        attention_mask[-1, seq // 2:] = 0
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, seq // 2:] = min(1, config.type_vocab_size - 1)
+    return input_ids, attention_mask, token_type_ids
