@@ -1,0 +1,67 @@
+"""`create_app(settings)`: the FastAPI app factory (vLLM style). The lifespan loads the engine (unless
+one is handed in already loaded), starts its batchers, warms the models up in a thread and only
+then reports /ready; shared state lives on `app.state`."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from serving.engine import Engine, version
+from serving.errors import install_error_handlers
+from serving.metrics import Metrics
+from serving.middleware import RequestMiddleware, ServerState
+from serving.routes.api import router
+from serving.settings import Settings
+
+log = logging.getLogger("bertserve")
+
+
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = engine.metrics if engine is not None and engine.metrics is not None else Metrics()
+    state = ServerState()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        nonlocal engine
+        if engine is None:
+            engine = Engine(settings, metrics)
+            await asyncio.to_thread(engine.load)
+        app.state.engine = engine
+        metrics.build_info.labels(engine.model_name, engine.backend_name, engine.precision).set(1)
+        engine.start()
+
+        async def warm_up():
+            try:
+                await asyncio.to_thread(engine.warmup)
+                state.ready = True
+                log.info("ready: %s on %s (%s)", engine.tasks, engine.backend_name, engine.precision)
+            except Exception as e:  # noqa: BLE001 - reported by /health and /ready
+                log.exception("warm-up failed")
+                state.failed = f"{type(e).__name__}: {e}"
+
+        warming = asyncio.create_task(warm_up())
+        try:
+            yield
+        finally:
+            warming.cancel()
+            await engine.stop()
+
+    app = FastAPI(
+        title="bertserve",
+        version=version(),
+        description="BERT classification, NER and question answering behind a dynamically batched HTTP API. "
+                    "Errors are JSON {error, error_type}.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.server = state
+    app.state.engine = engine
+    install_error_handlers(app)
+    app.include_router(router)
+    app.add_middleware(RequestMiddleware, settings=settings, state=state, metrics=metrics)
+    return app

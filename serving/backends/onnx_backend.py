@@ -1,0 +1,51 @@
+"""onnxruntime backend for an exported artifact dir (model.onnx). Imports no torch.
+
+CPU by default; with --device cuda it uses the TensorRT and CUDA execution providers that the
+installed onnxruntime offers (onnxruntime-gpu), falling back to CPU for what they cannot run."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from serving.backends.base import Backend, ModelError, ModelSpec, task_outputs
+
+log = logging.getLogger("bertserve")
+_NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+
+
+class OnnxBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self, spec: ModelSpec, settings):
+        super().__init__(spec)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if settings.threads:
+            options.intra_op_num_threads = settings.threads
+            options.inter_op_num_threads = 1
+        available = ort.get_available_providers()
+        if settings.device == "cuda":
+            wanted = ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
+            providers = [p for p in wanted if p in available]
+            if not providers:
+                raise ModelError(f"--device cuda: this onnxruntime offers only {available}; "
+                                 "install onnxruntime-gpu")
+            providers.append("CPUExecutionProvider")
+        else:
+            providers = ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(str(spec.path / "model.onnx"), options, providers=providers)
+        self.providers = self.session.get_providers()
+        self.inputs = {i.name: _NUMPY_TYPES.get(i.type, np.int64) for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.precision = str(spec.manifest.get("precision", "fp32"))
+        log.info("onnxruntime session on %s; inputs %s; outputs %s", self.providers, list(self.inputs),
+                 self.output_names)
+
+    def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {name: np.ascontiguousarray(batch[name], dtype=dtype) for name, dtype in self.inputs.items()}
+        values = self.session.run(self.output_names, feed)
+        return task_outputs(dict(zip(self.output_names, values)), self.tasks,
+                            self.tasks[0] if len(self.tasks) == 1 else None)

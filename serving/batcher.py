@@ -1,0 +1,212 @@
+"""Token-budget dynamic batching (text-embeddings-inference's queue, Ray Serve's failure semantics).
+
+Requests are tokenised before they get here; every model input sequence (a text, a text pair, one
+window of a QA context) is one queue entry with its own future. ONE owner task builds batches:
+it starts from the oldest sequence, adds the queued sequences closest to it in length while the
+padded batch stays within `max_batch_tokens` (padded length x count) and `max_batch_requests`, and
+waits at most `max_wait_ms` (from the oldest sequence's arrival) for a batch to fill. Inference runs
+in a thread; while it runs the owner already builds and pads the next batch, so exactly one batch is
+ready when the model frees up. Callers that have gone are dropped before their sequences are batched.
+A batch that fails fails every sequence in it and nothing else; a backend that returns a number of
+rows other than the number of sequences is a failure too, never a silent mismatch.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bert.tasks import Features, pad_batch
+from serving.errors import BackendFailure
+
+log = logging.getLogger("bertserve")
+PER_TOKEN_OUTPUTS = ("ner", "qa_start", "qa_end")
+
+
+class Ticket:
+    """Shared by the sequences of one request: lets the batcher skip a caller that has gone."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+
+@dataclass(eq=False)
+class Entry:
+    features: Features
+    ticket: Ticket
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.monotonic)
+
+    @property
+    def length(self) -> int:
+        return len(self.features)
+
+
+@dataclass
+class SequenceResult:
+    outputs: dict[str, np.ndarray]  # this sequence's rows: (L,) for classify, (T, L) / (T,) per token, unpadded
+    queue_s: float
+    inference_s: float
+    batch_size: int
+
+
+class Batcher:
+    def __init__(self, backend, *, max_batch_tokens: int, max_batch_requests: int, max_wait_ms: float,
+                 pad_token_id: int = 0, pad_to_multiple_of: int | None = None, metrics=None, name: str = "model"):
+        self.backend = backend
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_requests = max_batch_requests
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.metrics = metrics
+        self.queue: list[Entry] = []
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
+        self._owner: asyncio.Task | None = None
+        self._inflight: asyncio.Task | None = None
+        self.batches_run = 0
+        self._depth_reported = 0
+
+    # ---- public ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._owner = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
+
+    async def stop(self) -> None:
+        if self._owner is not None:
+            self._owner.cancel()
+            try:
+                await self._owner
+            except asyncio.CancelledError:
+                pass
+        if self._inflight is not None:
+            await asyncio.gather(self._inflight, return_exceptions=True)
+        for entry in self.queue:
+            if not entry.future.done():
+                entry.future.set_exception(BackendFailure("the server stopped before this input ran"))
+        self.queue.clear()
+        self._set_depth()
+        self._executor.shutdown(wait=False)
+
+    def submit(self, features: list[Features], ticket: Ticket) -> list[asyncio.Future]:
+        loop = asyncio.get_running_loop()
+        entries = [Entry(f, ticket, loop.create_future()) for f in features]
+        self.queue.extend(entries)
+        self._set_depth()
+        self._wakeup.set()
+        return [e.future for e in entries]
+
+    # ---- the owner task -------------------------------------------------------------------
+    async def _run_forever(self) -> None:
+        while True:
+            try:
+                batch = await self._next_batch()
+                arrays = pad_batch([e.features for e in batch], self.pad_token_id, self.pad_to_multiple_of)
+                if self._inflight is not None:
+                    await asyncio.gather(self._inflight, return_exceptions=True)  # the model is free again
+                self._inflight = asyncio.get_running_loop().create_task(self._execute(batch, arrays))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the owner must never die: log and keep serving
+                log.exception("batcher loop error")
+                await asyncio.sleep(0.01)
+
+    async def _next_batch(self) -> list[Entry]:
+        while True:
+            self._drop_gone()
+            if not self.queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            wait = self.queue[0].enqueued + self.max_wait_s - time.monotonic()
+            if wait <= 0 or self._can_fill():
+                batch = self._take()
+                if batch:
+                    return batch
+                continue
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+
+    def _can_fill(self) -> bool:
+        if len(self.queue) >= self.max_batch_requests:
+            return True
+        return sum(e.length for e in self.queue) >= self.max_batch_tokens
+
+    def _drop_gone(self) -> None:
+        if any(e.ticket.cancelled for e in self.queue):
+            for e in self.queue:
+                if e.ticket.cancelled and not e.future.done():
+                    e.future.cancel()
+            self.queue = [e for e in self.queue if not e.ticket.cancelled]
+            self._set_depth()
+
+    def _take(self) -> list[Entry]:
+        """The oldest sequence plus those nearest to it in length that fit the budget."""
+        anchor = self.queue[0]
+        window = self.queue[: max(4 * self.max_batch_requests, 64)]  # bounded search keeps order roughly FIFO
+        candidates = sorted(window, key=lambda e: (abs(e.length - anchor.length), e.enqueued))
+        chosen: list[Entry] = []
+        width = 0
+        for entry in candidates:
+            if len(chosen) >= self.max_batch_requests:
+                break
+            new_width = self._padded(max(width, entry.length))
+            if chosen and new_width * (len(chosen) + 1) > self.max_batch_tokens:
+                continue
+            chosen.append(entry)
+            width = new_width
+        taken = set(map(id, chosen))
+        self.queue = [e for e in self.queue if id(e) not in taken]
+        self._set_depth()
+        return chosen
+
+    def _padded(self, width: int) -> int:
+        m = self.pad_to_multiple_of
+        return -(-width // m) * m if m else width
+
+    async def _execute(self, batch: list[Entry], arrays: dict[str, np.ndarray]) -> None:
+        started = time.monotonic()
+        rows, width = arrays["input_ids"].shape
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, arrays)
+            for key, value in outputs.items():
+                if len(value) != rows:
+                    raise BackendFailure(f"backend returned {len(value)} rows of {key!r} for {rows} sequences")
+        except Exception as exc:  # noqa: BLE001 - every error fails exactly this batch
+            log.error("batch of %d sequences failed: %s: %s", rows, type(exc).__name__, exc)
+            failure = exc if isinstance(exc, BackendFailure) else BackendFailure(
+                f"inference failed: {type(exc).__name__}: {str(exc)[:200]}")
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(failure)
+            return
+        finally:
+            self.batches_run += 1
+        elapsed = time.monotonic() - started
+        if self.metrics is not None:
+            self.metrics.inference_duration.observe(elapsed)
+            self.metrics.batch_size.observe(rows)
+            self.metrics.batch_tokens.observe(rows * width)
+        for index, entry in enumerate(batch):
+            if entry.future.done():  # cancelled meanwhile
+                continue
+            result = {k: (v[index, : entry.length] if k in PER_TOKEN_OUTPUTS else v[index]) for k, v in outputs.items()}
+            queue_s = started - entry.enqueued
+            if self.metrics is not None:
+                self.metrics.queue_duration.observe(queue_s)
+            entry.future.set_result(SequenceResult(result, queue_s, elapsed, rows))
+
+    def _set_depth(self) -> None:
+        # inc/dec, not set: several batchers (one per model) share the gauge
+        if self.metrics is not None and len(self.queue) != self._depth_reported:
+            self.metrics.queue_depth.inc(len(self.queue) - self._depth_reported)
+            self._depth_reported = len(self.queue)

@@ -1,0 +1,115 @@
+"""One error type, mapped to HTTP in one place: every failure leaves the server as
+`{"error": message, "error_type": kind}` with the status below — never HTML, never a stack trace."""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("bertserve")
+
+
+class ServingError(Exception):
+    status = 500
+    error_type = "internal"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.headers = headers
+
+
+class ValidationFailed(ServingError):
+    status, error_type = 422, "validation"
+
+
+class EmptyInput(ServingError):
+    status, error_type = 400, "empty"
+
+
+class PayloadTooLarge(ServingError):
+    status, error_type = 413, "payload_too_large"
+
+
+class Unauthorized(ServingError):
+    status, error_type = 401, "unauthorized"
+
+
+class Overloaded(ServingError):
+    status, error_type = 429, "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class BackendFailure(ServingError):
+    status, error_type = 500, "backend"
+
+
+class Unavailable(ServingError):
+    status, error_type = 503, "unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+HTTP_KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+              413: "payload_too_large", 415: "unsupported_media_type", 422: "validation", 429: "overloaded",
+              500: "internal", 503: "unavailable"}
+
+
+def error_body(message: str, error_type: str) -> dict:
+    return {"error": message, "error_type": error_type}
+
+
+def error_response(status: int, message: str, error_type: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, error_type), status_code=status, headers=headers)
+
+
+def _field(loc) -> str:
+    # ("body", "inputs", 0) -> "inputs[0]": name the field the way the caller wrote it
+    parts = [str(p) for p in loc if p != "body"]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "body"
+
+
+def validation_message(exc: RequestValidationError) -> str:
+    messages = []
+    for error in exc.errors()[:5]:
+        if error.get("type") == "json_invalid":
+            messages.append(f"body is not valid JSON: {error.get('ctx', {}).get('error', error.get('msg'))}")
+        elif error.get("type") == "missing" and tuple(error.get("loc", ())) == ("body",):
+            messages.append("body: a JSON object is required")
+        else:
+            messages.append(f"{_field(error.get('loc', ()))}: {error.get('msg')}")
+    return "; ".join(dict.fromkeys(messages)) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServingError)
+    async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.error_type, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, validation_message(exc), "validation")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            detail = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            detail = f"method {request.method} not allowed on {request.url.path}"
+        return error_response(exc.status_code, detail, HTTP_KINDS.get(exc.status_code, "error"),
+                              getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal server error", "internal")

@@ -1,0 +1,140 @@
+"""Everything every request goes through, as one plain ASGI middleware (no BaseHTTPMiddleware, so
+the route can still hear the client disconnect): request id, auth, body size, admission (429 at
+once beyond max_concurrent_requests), refusal while warming up or draining, timing headers, metrics."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import re
+import time
+import uuid
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException
+
+from serving.errors import error_response
+
+INFERENCE_PATHS = frozenset({"/classify", "/ner", "/qa"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+
+
+class ServerState:
+    """Shared between the middleware, the routes and the shutdown logic."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.failed: str | None = None
+        self.draining = False
+        self.in_flight = 0  # admitted inference requests not yet answered
+
+
+class _BodyTooLarge(HTTPException):
+    """Raised from receive() while the route reads the body; FastAPI re-raises HTTPExceptions as they are,
+    and the HTTPException handler turns it into the JSON 413."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body larger than {limit} bytes")
+
+
+class RequestMiddleware:
+    def __init__(self, app, *, settings, state: ServerState, metrics):
+        self.app = app
+        self.settings = settings
+        self.state = state
+        self.metrics = metrics
+        self._api_key = settings.api_key.encode() if settings.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = Headers(scope=scope)
+        given_id = headers.get("x-request-id", "")
+        request_id = given_id if _REQUEST_ID.match(given_id) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        path = scope["path"]
+        endpoint = self.metrics.endpoint_label(path)
+        status = [500]
+        response_started = [False]
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                response_started[0] = True
+                out = MutableHeaders(scope=message)
+                out["x-request-id"] = request_id
+                out["x-total-time-ms"] = f"{(time.perf_counter() - started) * 1000:.2f}"
+            await send(message)
+
+        admitted = False
+        try:
+            refusal = self._refuse(scope, headers, path)
+            if refusal is not None:
+                await refusal(scope, receive, send_with_headers)
+                return
+            if path in INFERENCE_PATHS and scope["method"] == "POST":
+                if self.state.in_flight >= self.settings.max_concurrent_requests:
+                    await error_response(429, f"overloaded: {self.settings.max_concurrent_requests} requests "
+                                              "in flight; retry later", "overloaded",
+                                         {"Retry-After": "1"})(scope, receive, send_with_headers)
+                    return
+                admitted = True
+                self.state.in_flight += 1
+            try:
+                await self.app(scope, self._limited(receive), send_with_headers)
+            except _BodyTooLarge:
+                if not response_started[0]:
+                    await self._too_large()(scope, receive, send_with_headers)
+        finally:
+            if admitted:
+                self.state.in_flight -= 1
+            self.metrics.requests.labels(endpoint, str(status[0])).inc()
+            self.metrics.request_duration.labels(endpoint).observe(time.perf_counter() - started)
+
+    def _too_large(self):
+        return error_response(413, f"request body larger than {self.settings.max_body_bytes} bytes",
+                              "payload_too_large")
+
+    def _refuse(self, scope, headers: Headers, path: str):
+        if self._api_key is not None and path not in OPEN_PATHS:
+            given = headers.get("authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._api_key):
+                return error_response(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
+                                      "unauthorized", {"WWW-Authenticate": "Bearer"})
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
+            return self._too_large()
+        if path in INFERENCE_PATHS or path == "/info":
+            if self.state.draining:
+                return error_response(503, "the server is shutting down", "unavailable", {"Retry-After": "1"})
+            if self.state.failed:
+                return error_response(503, f"the model failed to start: {self.state.failed}", "unavailable")
+            if not self.state.ready and path != "/info":
+                return error_response(503, "the model is warming up", "unavailable", {"Retry-After": "1"})
+        return None
+
+    def _limited(self, receive):
+        limit = self.settings.max_body_bytes
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _BodyTooLarge(limit)
+            return message
+
+        return limited_receive
+
+
+async def wait_for_idle(state: ServerState, timeout_s: float) -> bool:
+    """After draining starts: wait until every admitted request has been answered (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while state.in_flight > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return state.in_flight == 0

@@ -1,0 +1,160 @@
+"""The HTTP routes: validate, hand to the engine, await. No model work happens here."""
+from __future__ import annotations
+
+import asyncio
+from typing import Union
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from serving.batcher import Ticket
+from serving.engine import Timing, check_batch, version
+from serving.errors import ServingError, error_response
+from serving.routes.schemas import (Answer, ClassifyRequest, ClassifyResponse, ErrorBody, Info, NerRequest,
+                                    NerResponse, QARequest, QAResponse, Status)
+
+router = APIRouter()
+_ERRORS = {
+    400: {"model": ErrorBody, "description": "empty inputs"},
+    401: {"model": ErrorBody, "description": "missing or wrong API key"},
+    404: {"model": ErrorBody, "description": "the server does not serve this task"},
+    413: {"model": ErrorBody, "description": "too many inputs or body too large"},
+    422: {"model": ErrorBody, "description": "invalid request (the field is named) or input too long"},
+    429: {"model": ErrorBody, "description": "overloaded; see Retry-After"},
+    500: {"model": ErrorBody, "description": "inference failed"},
+    503: {"model": ErrorBody, "description": "warming up or shutting down"},
+}
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _answer(request: Request, work) -> JSONResponse:
+    """Run `work(ticket, timing)`; if the caller hangs up first, drop its queued sequences."""
+    ticket, timing = Ticket(), Timing()
+    job = asyncio.ensure_future(work(ticket, timing))
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        ticket.cancelled = True
+        job.cancel()
+        watcher.cancel()
+        raise
+    if job not in done:  # the client went away: nobody to answer
+        ticket.cancelled = True
+        job.cancel()
+        return error_response(499, "client closed the request", "client_closed")
+    watcher.cancel()
+    content = job.result()
+    return JSONResponse(content, headers={
+        "x-queue-time-ms": f"{timing.queue_s * 1000:.2f}",
+        "x-inference-time-ms": f"{timing.inference_s * 1000:.2f}",
+    })
+
+
+@router.post("/classify", response_model=ClassifyResponse, responses=_ERRORS, tags=["inference"],
+             summary="Classify texts or text pairs")
+async def classify(body: ClassifyRequest, request: Request):
+    """`inputs` a string: a list of {label, score}, best first. A list: one such list per input."""
+    engine, settings = request.app.state.engine, request.app.state.settings
+    single = isinstance(body.inputs, str)
+    inputs = [body.inputs] if single else body.inputs
+    check_batch(inputs, settings.max_client_batch_size)
+
+    async def work(ticket, timing):
+        results = await engine.classify(inputs, top_k=body.top_k, function=body.function_to_apply,
+                                        truncate=body.truncate, ticket=ticket, timing=timing)
+        return results[0] if single else results
+
+    return await _answer(request, work)
+
+
+@router.post("/ner", response_model=NerResponse, responses=_ERRORS, tags=["inference"],
+             summary="Find named entities")
+async def ner(body: NerRequest, request: Request):
+    """`inputs` a string: a list of entities {entity_group, score, word, start, end} (character offsets).
+    A list: one list of entities per input. With aggregation "none": per token {entity, score, index, word, start, end}."""
+    engine, settings = request.app.state.engine, request.app.state.settings
+    single = isinstance(body.inputs, str)
+    inputs = [body.inputs] if single else body.inputs
+    check_batch(inputs, settings.max_client_batch_size)
+
+    async def work(ticket, timing):
+        results = await engine.ner(inputs, aggregation=body.aggregation, truncate=body.truncate,
+                                   ticket=ticket, timing=timing)
+        return results[0] if single else results
+
+    return await _answer(request, work)
+
+
+@router.post("/qa", response_model=QAResponse, responses=_ERRORS, tags=["inference"],
+             summary="Answer questions from a context")
+async def qa(body: Union[QARequest, list[QARequest]], request: Request):
+    """One {question, context}: an answer {answer, score, start, end} (a list of answers when top_k > 1).
+    A list of them: one entry per item, each as above. Long contexts are windowed (doc_stride), never cut."""
+    engine, settings = request.app.state.engine, request.app.state.settings
+    single = isinstance(body, QARequest)
+    items = [body] if single else body
+    check_batch(items, settings.max_client_batch_size)
+
+    async def work(ticket, timing):
+        answers = await engine.qa([item.model_dump() for item in items], ticket=ticket, timing=timing)
+        shaped = [a[0] if item.top_k == 1 else a for item, a in zip(items, answers)]
+        return shaped[0] if single else shaped
+
+    return await _answer(request, work)
+
+
+@router.get("/health", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
+async def health(request: Request):
+    """Liveness: the process is up and its event loop answers."""
+    failed = request.app.state.server.failed
+    if failed:
+        return error_response(503, f"the model failed to start: {failed}", "unavailable")
+    return {"status": "ok"}
+
+
+@router.get("/ready", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
+async def ready(request: Request):
+    """Readiness: the model is loaded and warmed up, and the server is not shutting down."""
+    state = request.app.state.server
+    if state.failed:
+        return error_response(503, f"the model failed to start: {state.failed}", "unavailable")
+    if state.draining:
+        return error_response(503, "the server is shutting down", "unavailable")
+    if not state.ready:
+        return error_response(503, "the model is warming up", "unavailable", {"Retry-After": "1"})
+    return {"status": "ready"}
+
+
+@router.get("/info", response_model=Info, tags=["status"], responses={401: {"model": ErrorBody}})
+async def info(request: Request):
+    """The model, its tasks and labels, the backend and the batching limits."""
+    engine, settings = request.app.state.engine, request.app.state.settings
+    return Info(model=engine.model_name, tasks=engine.tasks, backend=engine.backend_name,
+                precision=engine.precision, device=settings.device,
+                max_batch_requests=min(engine.max_batch_requests(u) for u in engine.units),
+                max_batch_tokens=settings.max_batch_tokens, max_input_length=engine.max_input_length,
+                max_client_batch_size=settings.max_client_batch_size,
+                max_concurrent_requests=settings.max_concurrent_requests, version=version(),
+                labels=engine.labels())
+
+
+@router.get("/metrics", tags=["status"], response_class=Response,
+            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+async def metrics(request: Request):
+    """Prometheus metrics."""
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+__all__ = ["router", "Answer", "ServingError"]

@@ -1,0 +1,97 @@
+"""Request and response bodies. Field names follow Hugging Face pipelines.
+
+Shapes (the client SDK relies on them):
+- /classify: `inputs` a str -> a list of {label, score}; a list -> one such list per input.
+- /ner: `inputs` a str -> a list of entities; a list -> one list of entities per input.
+- /qa: one {question, context} object -> one answer object (a list of answers when top_k > 1);
+  a list of objects -> one entry per object, each an answer (or a list of them when top_k > 1).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TextPair = Annotated[list[str], Field(min_length=2, max_length=2, description="[text, text_pair]")]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt option is an error, not silently ignored
+
+
+class ClassifyRequest(_Body):
+    inputs: Union[str, list[Union[str, TextPair]]] = Field(
+        ..., description="a text, a list of texts, or a list of [text, text_pair]",
+        examples=["I loved this film.", ["great plot", ["A man is eating.", "Someone eats."]]])
+    top_k: Optional[int] = Field(1, ge=1, description="labels per input, best first; null for all labels")
+    function_to_apply: Optional[Literal["softmax", "sigmoid", "none"]] = Field(
+        None, description="score function (default: the model's, as in transformers' pipeline)")
+    truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
+
+
+class NerRequest(_Body):
+    inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts",
+                                          examples=["My name is Wolfgang and I live in Berlin."])
+    aggregation: Literal["simple", "first", "average", "max", "none"] = Field(
+        "simple", description="how word pieces are merged into entities (transformers' aggregation_strategy)")
+    truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
+
+
+class QARequest(_Body):
+    question: str = Field(..., min_length=1, examples=["Where do I live?"])
+    context: str = Field(..., examples=["My name is Wolfgang and I live in Berlin."])
+    top_k: int = Field(1, ge=1, le=100, description="answers to return; more than 1 gives a list")
+    max_answer_len: int = Field(30, ge=1, le=512, description="longest answer in tokens")
+    doc_stride: int = Field(128, ge=0, le=512,
+                            description="context tokens shared by neighbouring windows of a long context")
+
+
+class Label(BaseModel):
+    label: str
+    score: float
+
+
+class Entity(BaseModel):
+    entity_group: Optional[str] = Field(None, description="the entity type (aggregation other than none)")
+    entity: Optional[str] = Field(None, description="the token's label (aggregation none)")
+    index: Optional[int] = Field(None, description="token position (aggregation none)")
+    score: float
+    word: str
+    start: int = Field(..., description="character offset of the first character")
+    end: int = Field(..., description="character offset one past the last character")
+
+
+class Answer(BaseModel):
+    answer: str
+    score: float
+    start: int = Field(..., description="character offset into the context")
+    end: int
+
+
+class ErrorBody(BaseModel):
+    error: str
+    error_type: str
+
+
+ClassifyResponse = Union[list[Label], list[list[Label]]]
+NerResponse = Union[list[Entity], list[list[Entity]]]
+QAResponse = Union[Answer, list[Answer], list[list[Answer]]]
+
+
+class Status(BaseModel):
+    status: str
+
+
+class Info(BaseModel):
+    model: str
+    tasks: list[str]
+    backend: str
+    precision: str
+    device: str
+    max_batch_requests: int
+    max_batch_tokens: int
+    max_input_length: int
+    max_client_batch_size: int
+    max_concurrent_requests: int
+    version: str
+    labels: dict[str, list[str]] = Field(..., description="labels per task (qa has none)")

@@ -1,0 +1,72 @@
+"""Server settings: one pydantic-settings model read from `BERTSERVE_*` env vars, overridable by flags.
+
+Every field's description is also its `--help` line (see `serving/__main__.py`), so the two never drift.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BACKENDS = ("auto", "torch", "onnxruntime", "tensorrt")
+DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BERTSERVE_", extra="ignore", protected_namespaces=())
+
+    # ---- what to serve
+    model: Optional[str] = Field(
+        None, description="checkpoint or artifact dir (or checkpoint store name) serving every task it has; "
+                          "default: the built-in demo model")
+    classify_model: Optional[str] = Field(None, description="model for /classify (overrides --model for that task)")
+    ner_model: Optional[str] = Field(None, description="model for /ner (overrides --model for that task)")
+    qa_model: Optional[str] = Field(None, description="model for /qa (overrides --model for that task)")
+    backend: str = Field(
+        "auto", description="auto | torch | onnxruntime | tensorrt (auto: onnxruntime for an artifact dir with "
+                            "model.onnx, tensorrt for one with only model.plan, torch for a checkpoint); "
+                            "or 'package.module:factory' for a custom backend")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu | cuda")
+    precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
+        None, description="fp32 | fp16 | bf16 for the torch backend (default fp32 on cpu, fp16 on cuda); "
+                          "an artifact's precision is fixed at export time")
+    threads: Optional[int] = Field(None, ge=1, description="CPU threads for inference (default: the runtime's choice)")
+
+    # ---- network
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 for all interfaces)")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on")
+    api_key: Optional[str] = Field(None, description="require 'Authorization: Bearer KEY' on every inference "
+                                                     "and /info request")
+    max_body_bytes: int = Field(2_000_000, ge=1024, description="largest request body accepted (413 beyond)")
+
+    # ---- batching and admission
+    max_concurrent_requests: int = Field(512, ge=1, description="requests admitted at once; more get 429 at once")
+    max_batch_tokens: int = Field(16384, ge=1, description="token budget of one batch: padded length x sequences")
+    max_batch_requests: int = Field(32, ge=1, description="most sequences in one batch")
+    max_wait_ms: float = Field(5.0, ge=0, description="longest a sequence waits for a batch to fill before it runs")
+    max_input_length: Optional[int] = Field(
+        None, ge=8, description="longest input in tokens (default: the model's max_position_embeddings); "
+                                "longer inputs get 422 unless the request sends \"truncate\": true")
+    max_client_batch_size: int = Field(32, ge=1, description="most inputs in one request (413 beyond)")
+    qa_max_length: int = Field(384, ge=16, description="tokens per QA window (question + context piece)")
+    qa_max_question_length: int = Field(64, ge=1, description="question tokens kept in each QA window")
+    shutdown_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take "
+                                                             "to finish before the server stops anyway")
+    log_level: str = Field("info", description="uvicorn log level (debug, info, warning, error)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.backend not in BACKENDS and ":" not in self.backend:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or 'module:factory', got {self.backend!r}")
+        return self
+
+    # ------------------------------------------------------------------ derived
+    def model_paths(self) -> dict[str, str | None]:
+        """Task -> the model asked for it (None: whatever --model / the demo model offers)."""
+        return {"classify": self.classify_model, "ner": self.ner_model, "qa": self.qa_model}
+
+    @property
+    def effective_precision(self) -> str:
+        return self.precision or ("fp16" if self.device == "cuda" else "fp32")
