@@ -212,13 +212,16 @@ def expand_paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
 def read_squad_articles(paths: PathLike | Sequence[PathLike]) -> list[dict]:
     """The `data` articles of one or several SQuAD files (plain or .gz), in file order."""
     articles = []
+    given = {str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)}
     for path in expand_paths(paths):
         with open_text(path) as f:
             try:
                 blob = json.load(f)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path} is not SQuAD JSON: {e}") from None
-        if "data" not in blob:
+        if not isinstance(blob, dict) or "data" not in blob:
+            if str(path) not in given and not any(str(path) in g.split(",") for g in given):
+                continue  # found by listing a directory (e.g. a side file of ids): not a SQuAD file, skip
             raise DataError(f"{path} has no 'data' list; not a SQuAD file")
         articles.extend(blob["data"])
     return articles
