@@ -7,8 +7,8 @@
 #        BERTSERVE_BACKEND=tensorrt the entrypoint builds the engine for the GPU it runs on
 #        docker build --target gpu -t bertserve:gpu .
 # Configuration is by BERTSERVE_* environment variables (the server's pydantic-settings), e.g.
-#   docker run -p 8000:8000 -v $PWD/artifacts/sst2:/models/sst2:ro \
-#     -e BERTSERVE_MODEL=/models/sst2 bertserve:cpu
+#   docker run -p 8000:8000 -v "$PWD/artifacts/sst2:/models/sst2:ro" -e BERTSERVE_MODEL=/models/sst2 bertserve:cpu
+# The image holds no model: BERTSERVE_MODEL must name a mounted artifact (or checkpoint) directory.
 #
 # Keep TENSORRT_IMAGE and ONNXRUNTIME_GPU_VERSION in step: onnxruntime-gpu 1.22 is built against
 # TensorRT 10.9 and CUDA 12.x, which the 25.03 TensorRT container ships.
@@ -68,6 +68,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_BREAK_SYSTEM_PACKAGES=1 \
+    BERTSERVE_DEVICE=cuda \
     BERTSERVE_HOST=0.0.0.0 \
     BERTSERVE_PORT=8000 \
     BERTSERVE_ENGINE_CACHE=/cache

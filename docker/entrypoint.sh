@@ -58,9 +58,18 @@ prepare_tensorrt_engine() {
         log "cached engine for $gpu / TensorRT $trt: $engine_dir/model.plan"
     else
         log "building TensorRT engine for $gpu / TensorRT $trt (this takes minutes) ..."
+        # Built beside the cache entry and moved in whole, so a killed build leaves no half engine.
+        # --out may name the plan file or a directory that receives model.plan: both are handled.
+        partial="$engine_dir/.partial"
+        rm -rf "$partial"
         # shellcheck disable=SC2086  # BERTSERVE_TRT_BUILD_ARGS is a list of flags
-        "$PYTHON" -m export.tensorrt --onnx "$onnx" --out "$engine_dir/model.plan.partial" ${BERTSERVE_TRT_BUILD_ARGS:-}
-        mv "$engine_dir/model.plan.partial" "$engine_dir/model.plan"
+        "$PYTHON" -m export.tensorrt --onnx "$onnx" --out "$partial" ${BERTSERVE_TRT_BUILD_ARGS:-}
+        if [ -d "$partial" ]; then
+            mv "$partial/model.plan" "$engine_dir/model.plan"
+            rm -rf "$partial"
+        else
+            mv "$partial" "$engine_dir/model.plan"
+        fi
         log "engine written to $engine_dir/model.plan"
     fi
     exec 9>&-

@@ -162,6 +162,7 @@ case "$1" in
     if [ "$2" = export.tensorrt ]; then
       shift 2
       while [ "$#" -gt 0 ]; do case "$1" in --out) out="$2"; shift ;; esac; shift; done
+      if [ -n "$FAKE_OUT_IS_DIR" ]; then mkdir "$out"; out="$out/model.plan"; fi
       echo "engine" > "$out"; echo build >> "$FAKE_LOG"
     else
       shift 2; echo "serving model=$BERTSERVE_MODEL args=$*"
@@ -218,11 +219,15 @@ def test_entrypoint_builds_engine_once_per_gpu_and_trt_version(entrypoint_env):
     assert other_gpu.returncode == 0 and other_trt.returncode == 0 and builds(tmp_path) == 3
     (model / "model.onnx").write_text("onnx-v2")  # a new export is a new engine
     assert run_entrypoint(env).returncode == 0 and builds(tmp_path) == 4
+    (model / "model.onnx").write_text("onnx-v3")  # an export CLI whose --out is a directory
+    as_dir = run_entrypoint({**env, "FAKE_OUT_IS_DIR": "1"})
+    served = Path(re.search(r"serving model=(\S+)", as_dir.stdout).group(1))
+    assert (served / "model.plan").read_text() == "engine\n" and not (served / ".partial").exists()
 
 
 def test_entrypoint_without_tensorrt_serves_directly(entrypoint_env):
     env, model, _ = entrypoint_env
-    result = run_entrypoint({**env, "BERTSERVE_BACKEND": "onnx"}, "--port", "9000")
+    result = run_entrypoint({**env, "BERTSERVE_BACKEND": "onnxruntime"}, "--port", "9000")
     assert result.returncode == 0 and result.stdout.strip() == f"serving model={model} args=--port 9000"
     assert run_entrypoint(env, "echo", "a shell instead").stdout == "a shell instead\n"
 
@@ -299,7 +304,8 @@ def test_deployment_probes_gpu_config_and_volumes():
     assert startup["httpGet"]["path"] == "/health"
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60, "room for a TensorRT engine build"
     config = resources[("ConfigMap", container["envFrom"][0]["configMapRef"]["name"])]["data"]
-    assert config["BERTSERVE_BACKEND"] == "tensorrt" and int(config["BERTSERVE_PORT"]) == port
+    assert config["BERTSERVE_BACKEND"] == "tensorrt" and config["BERTSERVE_DEVICE"] == "cuda"
+    assert int(config["BERTSERVE_PORT"]) == port
     assert all(key.startswith("BERTSERVE_") for key in config)
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["engine-cache"] == config["BERTSERVE_ENGINE_CACHE"]
