@@ -1,0 +1,243 @@
+"""python -m training.pretrain: BERT pretraining (masked LM 15 % 80/10/10 + next-sentence prediction).
+
+    python -m training.pretrain --corpus corpus.txt --vocab-size 16000 --preset mini \
+        --output-dir runs/pretrain --max-steps 2000 --batch-size 64 --learning-rate 5e-4
+
+The corpus (one sentence per line, blank line between documents) becomes NSP pairs in sharded numpy
+files under <output-dir>/data (built once, reused when the settings match); masks are drawn anew
+each time a batch is built. Writes best/ (by held-out MLM accuracy) and last/ (resumable) checkpoint
+directories with the tokenizer, log.jsonl and metrics.json.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from training.config import TrainConfig, parse_config
+
+
+@dataclass
+class PretrainConfig(TrainConfig):
+    corpus: list[str] = field(default_factory=list)  # corpus files: one sentence per line, blank line between documents
+    data_dir: str = ""  # where the instance shards go (default: <output-dir>/data); reused when settings match
+    tokenizer: str = ""  # an existing tokenizer directory (vocab.txt / tokenizer.json)
+    vocab_size: int = 0  # instead of --tokenizer: train a WordPiece vocabulary of this size on the corpus
+    do_lower_case: bool = True  # lower-case when training a new vocabulary
+    preset: str = "mini"  # architecture, randomly initialised (tiny | mini | small | medium | base | large)
+    ckpt: str = ""  # instead of --preset: continue pretraining this checkpoint
+    max_seq_length: int = 128  # tokens per instance, [CLS] A [SEP] B [SEP] included
+    short_seq_prob: float = 0.1  # probability of a shorter target length for an instance
+    masked_lm_prob: float = 0.15  # fraction of tokens chosen for prediction
+    max_predictions_per_seq: int = 20  # cap on predicted tokens per sequence
+    whole_word_mask: bool = False  # choose whole words (a word piece and its ## continuations)
+    dupe_factor: int = 5  # copies of the corpus with different pairings and truncations
+    nsp: bool = True  # next-sentence prediction (off: MLM only, B is always the real continuation)
+    heldout_percent: float = 5.0  # percent of documents (stable hash of the first line) held out for evaluation
+    data_seed: int = 12345  # seed of instance creation and of the fixed evaluation masks
+    max_eval_instances: int = 2000  # held-out instances scored per evaluation
+    eval_batch_size: int = 64  # instances per evaluation batch
+    instances_per_shard: int = 20000  # instances per shard file
+    documents_per_buffer: int = 2000  # documents tokenized together (NotNext partners come from the same buffer)
+    stop_at_step: int = 0  # stop as if interrupted after this step (schedule unchanged; then --resume)
+
+    def task_problems(self) -> list[str]:
+        from bert.config import PRESETS
+        problems = []
+        has_data = bool(self.data_dir) and (Path(self.data_dir) / "index.json").is_file()
+        if not self.corpus and not has_data:
+            problems.append("--corpus is required (or --data-dir holding built shards)")
+        for path in self.corpus:
+            if not Path(path).is_file():
+                problems.append(f"corpus file {path} does not exist")
+        if bool(self.tokenizer) + bool(self.vocab_size) + bool(self.ckpt) > 1 and not (self.ckpt and not self.vocab_size):
+            problems.append("give one of --tokenizer, --vocab-size (train a new vocabulary), or --ckpt (its tokenizer)")
+        if not self.tokenizer and not self.vocab_size and not self.ckpt:
+            problems.append("give --tokenizer DIR or --vocab-size N (or --ckpt)")
+        if self.vocab_size and not 100 <= self.vocab_size <= 65535:
+            problems.append(f"vocab_size must be in [100, 65535], got {self.vocab_size}")
+        if not self.ckpt and self.preset not in PRESETS:
+            problems.append(f"--preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        if not 8 <= self.max_seq_length <= 512:
+            problems.append(f"max_seq_length must be in [8, 512], got {self.max_seq_length}")
+        if not 0 < self.masked_lm_prob < 1:
+            problems.append(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.max_predictions_per_seq < 1:
+            problems.append("max_predictions_per_seq must be >= 1")
+        elif self.max_predictions_per_seq > self.max_seq_length - 3:
+            problems.append(f"max_predictions_per_seq ({self.max_predictions_per_seq}) cannot exceed the "
+                            f"maskable tokens of a sequence ({self.max_seq_length - 3})")
+        if not 0 <= self.short_seq_prob <= 1:
+            problems.append(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+        if self.dupe_factor < 1:
+            problems.append("dupe_factor must be >= 1")
+        if not 0 < self.heldout_percent < 100:
+            problems.append("heldout_percent must be in (0, 100): evaluation needs held-out documents")
+        return problems
+
+
+class PretrainData:
+    """training.loop.TrainData over memory-mapped instance shards, masked at batch time."""
+
+    def __init__(self, shards, masking, batch_size: int, seed: int, pad_token_id: int, group_by_length: bool = True):
+        self.shards, self.masking = shards, masking
+        self.batch_size, self.seed, self.pad_token_id = batch_size, seed, pad_token_id
+        self.group_by_length = group_by_length
+        self.lengths = np.concatenate([np.diff(p[1]) for p in shards.parts]) if shards.parts else np.zeros(0, int)
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        from training.task_data import length_grouped_batches
+        rng = np.random.default_rng([self.seed, epoch, 2])
+        return length_grouped_batches(self.lengths, self.batch_size, rng, group_by_length=self.group_by_length)
+
+    def collate(self, indices, rng: np.random.Generator):
+        return collate_instances(self.shards, indices, self.masking, rng, self.pad_token_id)
+
+
+def collate_instances(shards, indices, masking, rng, pad_token_id: int):
+    import torch
+    from training.data.pretraining import mask_tokens
+
+    rows = [shards[i] for i in indices]
+    width = max(len(ids) for ids, _, _ in rows)
+    input_ids = np.full((len(rows), width), pad_token_id, dtype=np.int64)
+    token_type_ids = np.zeros_like(input_ids)
+    attention_mask = np.zeros_like(input_ids)
+    mlm_labels = np.full_like(input_ids, -100)
+    nsp_labels = np.zeros(len(rows), dtype=np.int64)
+    for r, (ids, a_length, nsp) in enumerate(rows):
+        masked, labels = mask_tokens(ids, masking, rng)
+        n = len(ids)
+        input_ids[r, :n], mlm_labels[r, :n], attention_mask[r, :n] = masked, labels, 1
+        token_type_ids[r, a_length:n] = 1
+        nsp_labels[r] = nsp
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+             "mlm_labels": mlm_labels, "nsp_labels": nsp_labels}
+    return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+def evaluate_pretraining(model, shards, masking, *, seed: int, max_instances: int, batch_size: int,
+                         pad_token_id: int, nsp: bool) -> dict:
+    """Held-out MLM accuracy/loss and NSP accuracy with fixed masks (the same every evaluation)."""
+    import torch
+
+    device = next(model.parameters()).device
+    n = min(len(shards), max_instances)
+    correct = total = nsp_correct = 0
+    loss_sum = 0.0
+    with torch.no_grad():
+        for start in range(0, n, batch_size):
+            indices = list(range(start, min(n, start + batch_size)))
+            batch = collate_instances(shards, indices, masking, np.random.default_rng([seed, 7, start]), pad_token_id)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            nsp_labels = batch.pop("nsp_labels")
+            out = model(**batch, **({"nsp_labels": nsp_labels} if nsp else {}))
+            selected = batch["mlm_labels"][batch["mlm_labels"] != -100]
+            correct += int((out.mlm_logits.argmax(-1) == selected).sum())
+            total += int(selected.numel())
+            loss_sum += float(out.mlm_loss) * int(selected.numel())
+            if nsp:
+                nsp_correct += int((out.nsp_logits.argmax(-1) == nsp_labels).sum())
+    metrics = {"mlm_accuracy": correct / max(total, 1), "mlm_loss": loss_sum / max(total, 1),
+               "masked_tokens": total, "instances": n}
+    if nsp:
+        metrics["nsp_accuracy"] = nsp_correct / max(n, 1)
+    return metrics
+
+
+def _data_matches(index: dict, cfg: PretrainConfig, vocab_size: int) -> bool:
+    wanted = {"max_seq_length": cfg.max_seq_length, "short_seq_prob": cfg.short_seq_prob,
+              "dupe_factor": cfg.dupe_factor, "nsp": cfg.nsp, "heldout_percent": cfg.heldout_percent,
+              "seed": cfg.data_seed, "vocab_size": vocab_size, "corpus": [str(p) for p in cfg.corpus]}
+    return all(index.get(k) == v for k, v in wanted.items()) or not cfg.corpus
+
+
+def main(argv=None) -> int:
+    cfg = parse_config(PretrainConfig, argv, description=__doc__.split("\n")[0])
+    import torch
+    from bert.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+    from bert.config import BertConfig
+    from bert.model import BertForMaskedLM, BertForPreTraining
+    from bert.tokenizer import BertTokenizer
+    from training.data.pretraining import (MaskingConfig, PretrainingShards, continuation_flags,
+                                           create_pretraining_data)
+    from training.loop import _barrier, setup_distributed, train
+
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    dist, device = setup_distributed(cfg.device)
+    out = Path(cfg.output_dir)
+    tokenizer_dir = out / "tokenizer"
+    if dist.main:
+        out.mkdir(parents=True, exist_ok=True)
+        if cfg.vocab_size and not (tokenizer_dir / "vocab.txt").is_file():
+            print(f"training a {cfg.vocab_size}-piece WordPiece vocabulary on {cfg.corpus}", file=sys.stderr)
+            BertTokenizer.train(cfg.corpus, vocab_size=cfg.vocab_size, do_lower_case=cfg.do_lower_case,
+                                show_progress=False, model_max_length=cfg.max_seq_length).save(tokenizer_dir)
+    _barrier(dist)
+    source = tokenizer_dir if cfg.vocab_size else Path(cfg.tokenizer or resolve_checkpoint(cfg.ckpt))
+    tokenizer = BertTokenizer.from_dir(source)
+
+    data_dir = Path(cfg.data_dir or out / "data")
+    if dist.main:
+        index_path = data_dir / "index.json"
+        if not (index_path.is_file() and _data_matches(json.loads(index_path.read_text()), cfg, tokenizer.vocab_size)):
+            print(f"building pretraining instances in {data_dir}", file=sys.stderr)
+            index = create_pretraining_data(cfg.corpus, tokenizer, data_dir, max_seq_length=cfg.max_seq_length,
+                                            short_seq_prob=cfg.short_seq_prob, dupe_factor=cfg.dupe_factor,
+                                            nsp=cfg.nsp, heldout_percent=cfg.heldout_percent, seed=cfg.data_seed,
+                                            documents_per_buffer=cfg.documents_per_buffer,
+                                            instances_per_shard=cfg.instances_per_shard)
+            print(f"instances: {json.dumps(index['counts'])}", file=sys.stderr)
+    _barrier(dist)
+    train_shards, heldout_shards = PretrainingShards(data_dir, "train"), PretrainingShards(data_dir, "heldout")
+    if len(heldout_shards) == 0:
+        raise SystemExit(f"no held-out instances: raise --heldout-percent (now {cfg.heldout_percent})")
+
+    masking = MaskingConfig(mask_token_id=tokenizer.mask_token_id, vocab_size=tokenizer.vocab_size,
+                            special_ids=tuple(tokenizer.all_special_ids), masked_lm_prob=cfg.masked_lm_prob,
+                            max_predictions_per_seq=cfg.max_predictions_per_seq, whole_word_mask=cfg.whole_word_mask,
+                            continuation=continuation_flags(tokenizer) if cfg.whole_word_mask else None)
+    model_cls = BertForPreTraining if cfg.nsp else BertForMaskedLM
+    torch.manual_seed(cfg.seed)
+    if cfg.ckpt:
+        model, _ = load_checkpoint(cfg.ckpt, model_cls, from_backbone=True)
+    else:
+        config = BertConfig.preset(cfg.preset, vocab_size=tokenizer.vocab_size,
+                                   max_position_embeddings=max(512, cfg.max_seq_length))
+        model = model_cls(config)
+    model.train()
+    data = PretrainData(train_shards, masking, cfg.batch_size, cfg.seed, tokenizer.pad_token_id, cfg.group_by_length)
+    if dist.main:
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"pretrain: {len(train_shards)} train / {len(heldout_shards)} held-out instances, "
+              f"{len(data.batches(0))} steps/epoch, {n_params / 1e6:.1f}M parameters, device {device}", file=sys.stderr)
+
+    def evaluate(m):
+        return evaluate_pretraining(m, heldout_shards, masking, seed=cfg.data_seed, max_instances=cfg.max_eval_instances,
+                                    batch_size=cfg.eval_batch_size, pad_token_id=tokenizer.pad_token_id, nsp=cfg.nsp)
+
+    def save_model(m, directory: Path) -> None:
+        save_checkpoint(m, directory, tokenizer=tokenizer,
+                        extra_files={"pretrain_config.json": json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"})
+
+    result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric="mlm_accuracy",
+                   dist=dist, device=device, stop_at_step=cfg.stop_at_step)
+    if dist.main:
+        summary = {"steps": result["step"], "total_steps": result["total_steps"], "best": result["best"],
+                   "last_eval": result["last_eval"]}
+        (out / "metrics.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        print(json.dumps(summary, sort_keys=True))
+    if dist.world_size > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
