@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -69,9 +70,13 @@ def error_response(status: int, message: str, error_type: str, headers: dict | N
     return JSONResponse(error_body(message, error_type), status_code=status, headers=headers)
 
 
+# Union members show up in pydantic's error locations ("str", "list[QARequest]", "QARequest"): not fields.
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|\w*\[.*\]|[A-Z]\w*(Request|Item))$")
+
+
 def _field(loc) -> str:
     # ("body", "inputs", 0) -> "inputs[0]": name the field the way the caller wrote it
-    parts = [str(p) for p in loc if p != "body"]
+    parts = [str(p) for p in loc if p != "body" and not _TYPE_TAG.match(str(p))]
     out = ""
     for p in parts:
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)

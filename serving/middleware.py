@@ -75,6 +75,7 @@ class RequestMiddleware:
                 await refusal(scope, receive, send_with_headers)
                 return
             if path in INFERENCE_PATHS and scope["method"] == "POST":
+                _default_to_json(scope, headers)
                 if self.state.in_flight >= self.settings.max_concurrent_requests:
                     await error_response(429, f"overloaded: {self.settings.max_concurrent_requests} requests "
                                               "in flight; retry later", "overloaded",
@@ -130,6 +131,15 @@ class RequestMiddleware:
             return message
 
         return limited_receive
+
+
+def _default_to_json(scope, headers: Headers) -> None:
+    """The inference routes take JSON only: a body sent without a content type, or with curl -d's
+    form default, is read as JSON rather than refused."""
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in ("", "application/x-www-form-urlencoded"):
+        scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"] + [
+            (b"content-type", b"application/json")]
 
 
 async def wait_for_idle(state: ServerState, timeout_s: float) -> bool:
