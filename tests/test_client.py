@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import subprocess
@@ -160,6 +161,16 @@ def use(request, server_url):
     return run
 
 
+def same(a, b) -> bool:
+    """Equal results, scores up to float noise: a real model's batched scores differ from single
+    ones in the last bits (padding changes the reduction order)."""
+    if isinstance(a, list) or isinstance(b, list):
+        return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
+    da, db = a.model_dump(), b.model_dump()
+    score_a, score_b = da.pop("score"), db.pop("score")
+    return da == db and math.isclose(score_a, score_b, rel_tol=1e-3, abs_tol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------
 # Every method, sync and async
 
@@ -173,7 +184,7 @@ def test_classify_single_and_many(use):
     many = use(lambda c: c.classify(REVIEWS[:3], top_k=2))
     assert len(many) == 3 and all(len(labels) == 2 for labels in many)
     assert all(labels[0].score >= labels[1].score for labels in many)
-    assert many[0][0] == single[0] or many[0][0].label == single[0].label
+    assert many[0][0].label == single[0].label
 
 
 def test_classify_text_pairs(use):
@@ -188,7 +199,7 @@ def test_ner_single_many_and_token_level(use):
     for e in entities:
         assert text[e.start : e.end].lower().replace(" ", "") == e.word.lower().replace(" ", "").replace("##", "")
     many = use(lambda c: c.ner([text, "nothing here"]))
-    assert len(many) == 2 and many[0] == entities
+    assert len(many) == 2 and same(many[0], entities)
     tokens = use(lambda c: c.ner(text, aggregation="none"))
     assert tokens and all(e.entity and e.index is not None and e.entity_group is None for e in tokens)
     if FAKE:
@@ -203,7 +214,7 @@ def test_qa_single_top_k_and_many(use):
     assert isinstance(top, list) and 1 <= len(top) <= 3 and all(isinstance(a, Answer) for a in top)
     items = [("Where does Alice live?", context), {"question": "What is Alice's job?", "context": context}]
     many = use(lambda c: c.qa(items))
-    assert len(many) == 2 and many[0] == answer
+    assert len(many) == 2 and same(many[0], answer)
     many_top = use(lambda c: c.qa(items, top_k=2))
     assert all(isinstance(per_item, list) for per_item in many_top)
 
@@ -230,7 +241,7 @@ def test_ready_is_false_while_server_answers_503(use, server_url):
 def test_long_list_split_and_reassembled_in_order(use, server_url):
     singles = [use(lambda c, t=t: c.classify(t)) for t in REVIEWS]
     batched = use(lambda c: c.classify(REVIEWS))
-    assert batched == singles
+    assert same(batched, singles)
     if FAKE:
         sizes = [len(json.loads(r["body"])["inputs"]) for r in request_log(server_url, "/classify")[len(REVIEWS):]]
         assert sizes == [4, 4, 2]
@@ -402,4 +413,4 @@ def test_async_calls_run_concurrently(server_url):
 
     with Client(server_url) as client:
         singles = [client.classify(t) for t in REVIEWS]
-    assert asyncio.run(main()) == singles
+    assert same(asyncio.run(main()), singles)
