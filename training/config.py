@@ -150,3 +150,22 @@ def parse_config(cls, argv=None, description: str = ""):
 
 def save_config(config, path: Path) -> None:
     path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def model_config(preset_or_path: str, **overrides):
+    """A BertConfig from a preset name (tiny ... large) or a config.json path / directory holding one
+    (e.g. a hidden-32 test model), with overrides (vocab_size, labels ...) applied."""
+    import dataclasses as dc
+
+    from bert.config import PRESETS, BertConfig
+
+    if preset_or_path in PRESETS:
+        return BertConfig.preset(preset_or_path, **overrides)
+    config = BertConfig.from_json_file(preset_or_path)
+    return dc.replace(config, **overrides)
+
+
+def is_model_spec(value: str) -> bool:
+    from bert.config import PRESETS
+
+    return value in PRESETS or Path(value).is_file() or (Path(value) / "config.json").is_file()

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.config import ConfigError, TrainConfig, parse_config
+from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config
 
 TASKS = ("classify", "ner", "qa")
 BEST_METRIC = {"classify": "accuracy", "regression": "pearson", "ner": "f1", "qa": "f1"}
@@ -24,7 +24,7 @@ BEST_METRIC = {"classify": "accuracy", "regression": "pearson", "ner": "f1", "qa
 class FinetuneConfig(TrainConfig):
     task: str = ""  # classify | ner | qa
     ckpt: str = ""  # checkpoint path or store name to start from (its encoder; heads start fresh if absent)
-    init_preset: str = ""  # instead of --ckpt: a randomly initialised preset (tests, benchmarks; needs --tokenizer)
+    init_preset: str = ""  # instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)
     tokenizer: str = ""  # tokenizer directory (default: the checkpoint's)
     train_data: str = ""  # TSV (classify), CoNLL (ner), SQuAD JSON / .gz / comma-separated parts (qa)
     eval_data: str = ""  # same format; for qa it may be empty when --heldout-articles > 0
@@ -57,6 +57,8 @@ class FinetuneConfig(TrainConfig):
             problems.append(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if bool(self.ckpt) == bool(self.init_preset):
             problems.append("give exactly one of --ckpt (pretrained weights) and --init-preset (random weights)")
+        if self.init_preset and not is_model_spec(self.init_preset):
+            problems.append(f"--init-preset {self.init_preset!r} is neither a preset nor a config.json")
         if self.init_preset and not self.tokenizer:
             problems.append("--init-preset needs --tokenizer (a directory with vocab.txt or tokenizer.json)")
         if not self.train_data:
@@ -174,10 +176,9 @@ def build_model(cfg: FinetuneConfig, labels, kind):
     torch.manual_seed(cfg.seed)  # fresh heads start the same way every run
     overrides = {"problem_type": "regression"} if kind == "regression" else None
     if cfg.init_preset:
-        from bert.config import BertConfig
         from bert.tokenizer import BertTokenizer
         vocab = BertTokenizer.from_dir(cfg.tokenizer).vocab_size
-        config = BertConfig.preset(cfg.init_preset, vocab_size=vocab, **(overrides or {}))
+        config = model_config(cfg.init_preset, vocab_size=vocab, **(overrides or {}))
         if labels is not None:
             config = config.with_labels(labels)
         model = init_model(config, cfg.task, seed=cfg.seed)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.config import TrainConfig, parse_config
+from training.config import TrainConfig, is_model_spec, model_config, parse_config
 
 
 @dataclass
@@ -27,7 +27,7 @@ class PretrainConfig(TrainConfig):
     tokenizer: str = ""  # an existing tokenizer directory (vocab.txt / tokenizer.json)
     vocab_size: int = 0  # instead of --tokenizer: train a WordPiece vocabulary of this size on the corpus
     do_lower_case: bool = True  # lower-case when training a new vocabulary
-    preset: str = "mini"  # architecture, randomly initialised (tiny | mini | small | medium | base | large)
+    preset: str = "mini"  # architecture, randomly initialised: tiny | mini | small | medium | base | large, or a config.json
     ckpt: str = ""  # instead of --preset: continue pretraining this checkpoint
     max_seq_length: int = 128  # tokens per instance, [CLS] A [SEP] B [SEP] included
     short_seq_prob: float = 0.1  # probability of a shorter target length for an instance
@@ -53,14 +53,16 @@ class PretrainConfig(TrainConfig):
         for path in self.corpus:
             if not Path(path).is_file():
                 problems.append(f"corpus file {path} does not exist")
-        if bool(self.tokenizer) + bool(self.vocab_size) + bool(self.ckpt) > 1 and not (self.ckpt and not self.vocab_size):
-            problems.append("give one of --tokenizer, --vocab-size (train a new vocabulary), or --ckpt (its tokenizer)")
+        if self.tokenizer and self.vocab_size:
+            problems.append("--tokenizer and --vocab-size contradict each other (use a vocabulary, or train one)")
+        if self.ckpt and self.vocab_size:
+            problems.append("--ckpt brings its own vocabulary; --vocab-size would not match its embeddings")
         if not self.tokenizer and not self.vocab_size and not self.ckpt:
             problems.append("give --tokenizer DIR or --vocab-size N (or --ckpt)")
         if self.vocab_size and not 100 <= self.vocab_size <= 65535:
             problems.append(f"vocab_size must be in [100, 65535], got {self.vocab_size}")
-        if not self.ckpt and self.preset not in PRESETS:
-            problems.append(f"--preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        if not self.ckpt and not is_model_spec(self.preset):
+            problems.append(f"--preset must be one of {', '.join(PRESETS)} or a config.json, got {self.preset!r}")
         if not 8 <= self.max_seq_length <= 512:
             problems.append(f"max_seq_length must be in [8, 512], got {self.max_seq_length}")
         if not 0 < self.masked_lm_prob < 1:
@@ -162,7 +164,6 @@ def main(argv=None) -> int:
     cfg = parse_config(PretrainConfig, argv, description=__doc__.split("\n")[0])
     import torch
     from bert.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
-    from bert.config import BertConfig
     from bert.model import BertForMaskedLM, BertForPreTraining
     from bert.tokenizer import BertTokenizer
     from training.data.pretraining import (MaskingConfig, PretrainingShards, continuation_flags,
@@ -182,6 +183,8 @@ def main(argv=None) -> int:
                                 show_progress=False, model_max_length=cfg.max_seq_length).save(tokenizer_dir)
     _barrier(dist)
     source = tokenizer_dir if cfg.vocab_size else Path(cfg.tokenizer or resolve_checkpoint(cfg.ckpt))
+    if dist.main and not cfg.vocab_size:
+        BertTokenizer.from_dir(source).save(tokenizer_dir)  # the run keeps the vocabulary it was trained with
     tokenizer = BertTokenizer.from_dir(source)
 
     data_dir = Path(cfg.data_dir or out / "data")
@@ -209,8 +212,7 @@ def main(argv=None) -> int:
     if cfg.ckpt:
         model, _ = load_checkpoint(cfg.ckpt, model_cls, from_backbone=True)
     else:
-        config = BertConfig.preset(cfg.preset, vocab_size=tokenizer.vocab_size,
-                                   max_position_embeddings=max(512, cfg.max_seq_length))
+        config = model_config(cfg.preset, vocab_size=tokenizer.vocab_size)
         model = model_cls(config)
     model.train()
     data = PretrainData(train_shards, masking, cfg.batch_size, cfg.seed, tokenizer.pad_token_id, cfg.group_by_length)
