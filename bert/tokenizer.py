@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -117,6 +118,11 @@ class BertTokenizer:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self._tokenizer = tokenizer
+        # Truncation is a setting of a tokenizers.Tokenizer, not an argument of encode. Calls that
+        # truncate use their own copy under a lock, so a thread encoding without truncation on the
+        # main backend never sees another thread's setting.
+        self._truncating: Tokenizer | None = None
+        self._truncating_lock = threading.Lock()
         self.do_lower_case = do_lower_case
         self.strip_accents = strip_accents
         self.tokenize_chinese_chars = tokenize_chinese_chars
@@ -124,6 +130,15 @@ class BertTokenizer:
         for token in (PAD, UNK, CLS, SEP):
             if tokenizer.token_to_id(token) is None:
                 raise ValueError(f"vocabulary lacks the special token {token}")
+
+    def __getstate__(self) -> dict:  # picklable (DataLoader workers, process pools): drop the lock & copy
+        state = dict(self.__dict__)
+        state["_truncating"], state["_truncating_lock"] = None, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._truncating_lock = threading.Lock()
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -309,15 +324,14 @@ class BertTokenizer:
                                                 add_special_tokens=add_special_tokens)
         if max_length is None:
             max_length = self.model_max_length
-        try:
-            self._tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy)
-            encodings = self._tokenizer.encode_batch(inputs, is_pretokenized=is_split_into_words,
-                                                     add_special_tokens=add_special_tokens)
-        finally:
-            # The backend is shared (e.g. by server threads): never leave truncation switched on.
-            self._tokenizer.no_truncation()
-        # tokenizers always computes the overflow windows; `return_overflowing` only documents that
-        # the caller wants them (they stay in `encoding.overflowing`, the first window is the encoding).
+        with self._truncating_lock:
+            if self._truncating is None:
+                self._truncating = Tokenizer.from_str(self._tokenizer.to_str())
+            self._truncating.enable_truncation(max_length, stride=stride, strategy=strategy)
+            encodings = self._truncating.encode_batch(inputs, is_pretokenized=is_split_into_words,
+                                                      add_special_tokens=add_special_tokens)
+        # tokenizers always computes the overflow windows; `return_overflowing` only says that the
+        # caller will read them (they stay in `encoding.overflowing`; the first window is the encoding).
         del return_overflowing
         return encodings
 

@@ -193,3 +193,19 @@ def test_truncation_does_not_stick_to_the_shared_backend(minilm_dir):
     tokenizer = BertTokenizer.from_dir(minilm_dir)
     assert len(tokenizer.encode_batch(["a b c d e f"], max_length=4, truncation=True)[0].ids) == 4
     assert len(tokenizer.encode_batch(["a b c d e f"])[0].ids) == 8
+
+
+def test_pickles_and_threads_do_not_share_truncation(minilm_dir):
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    tokenizer = pickle.loads(pickle.dumps(BertTokenizer.from_dir(minilm_dir)))
+    text = "a b c d e f g h"
+
+    def encode(truncate: bool) -> int:
+        kwargs = {"max_length": 4, "truncation": True} if truncate else {}
+        return len(tokenizer.encode_batch([text] * 50, **kwargs)[0].ids)
+
+    with ThreadPoolExecutor(4) as pool:
+        lengths = list(pool.map(encode, [True, False] * 40))
+    assert lengths == [4, 10] * 40
