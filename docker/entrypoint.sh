@@ -34,9 +34,14 @@ PY
 
 prepare_tensorrt_engine() {
     model="${BERTSERVE_MODEL:?BERTSERVE_BACKEND=tensorrt needs BERTSERVE_MODEL: an artifact directory with model.onnx}"
-    onnx="$model/model.onnx"
+    # export.onnx writes model.portable.onnx (standard ops only) for TensorRT beside the
+    # onnxruntime-fused model.onnx; older or hand-made artifacts have model.onnx alone.
+    onnx="$model/model.portable.onnx"
     if [ ! -f "$onnx" ]; then
-        log "no $onnx: serving $model as it is"
+        onnx="$model/model.onnx"
+    fi
+    if [ ! -f "$onnx" ]; then
+        log "no model.portable.onnx or model.onnx in $model: serving it as it is"
         return
     fi
     gpu="$(gpu_name)"

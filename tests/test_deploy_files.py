@@ -161,9 +161,9 @@ case "$1" in
   -m)
     if [ "$2" = export.tensorrt ]; then
       shift 2
-      while [ "$#" -gt 0 ]; do case "$1" in --out) out="$2"; shift ;; esac; shift; done
+      while [ "$#" -gt 0 ]; do case "$1" in --out) out="$2"; shift ;; --onnx) onnx="$2"; shift ;; esac; shift; done
       if [ -n "$FAKE_OUT_IS_DIR" ]; then mkdir "$out"; out="$out/model.plan"; fi
-      echo "engine" > "$out"; echo build >> "$FAKE_LOG"
+      echo "engine" > "$out"; echo "$onnx" >> "$FAKE_LOG"
     else
       shift 2; echo "serving model=$BERTSERVE_MODEL args=$*"
     fi ;;
@@ -195,9 +195,14 @@ def run_entrypoint(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["sh", str(ENTRYPOINT), *args], env=env, capture_output=True, text=True, timeout=30)
 
 
-def builds(tmp_path: Path) -> int:
+def built_from(tmp_path: Path) -> list[str]:
+    """The --onnx of every engine build so far."""
     log = tmp_path / "builds.log"
-    return len(log.read_text().split()) if log.exists() else 0
+    return log.read_text().split() if log.exists() else []
+
+
+def builds(tmp_path: Path) -> int:
+    return len(built_from(tmp_path))
 
 
 def test_entrypoint_builds_engine_once_per_gpu_and_trt_version(entrypoint_env):
@@ -209,7 +214,7 @@ def test_entrypoint_builds_engine_once_per_gpu_and_trt_version(entrypoint_env):
     assert served.is_relative_to(tmp_path / "cache" / "engines") and "NVIDIA_H100_80GB_HBM3-trt10.9.0.34" in str(served)
     assert (served / "model.plan").read_text() == "engine\n"
     assert (served / "config.json").resolve() == (model / "config.json").resolve()
-    assert (served / "model.onnx").is_symlink() and builds(tmp_path) == 1
+    assert (served / "model.onnx").is_symlink() and built_from(tmp_path) == [str(model / "model.onnx")]
 
     again = run_entrypoint(env)
     assert again.returncode == 0 and "cached engine" in again.stderr and builds(tmp_path) == 1
@@ -223,6 +228,9 @@ def test_entrypoint_builds_engine_once_per_gpu_and_trt_version(entrypoint_env):
     as_dir = run_entrypoint({**env, "FAKE_OUT_IS_DIR": "1"})
     served = Path(re.search(r"serving model=(\S+)", as_dir.stdout).group(1))
     assert (served / "model.plan").read_text() == "engine\n" and not (served / ".partial").exists()
+    # TensorRT gets the portable graph when the export wrote one, not the onnxruntime-fused one.
+    (model / "model.portable.onnx").write_text("portable")
+    assert run_entrypoint(env).returncode == 0 and built_from(tmp_path)[-1] == str(model / "model.portable.onnx")
 
 
 def test_entrypoint_without_tensorrt_serves_directly(entrypoint_env):
