@@ -88,7 +88,7 @@ def _bert_pipeline(
 def _normalizer_options(tokenizer: Tokenizer) -> dict:
     """Read do_lower_case & co. back from a tokenizer.json's BertNormalizer (absent keys: BERT defaults)."""
     state = json.loads(tokenizer.to_str()).get("normalizer") or {}
-    if state.get("type") == "Sequence":  # e.g. a Lowercase inside a Sequence
+    if state.get("type") == "Sequence":  # a BertNormalizer wrapped in a Sequence
         state = next((n for n in state.get("normalizers", []) if n.get("type") == "BertNormalizer"), {})
     return {
         "do_lower_case": bool(state.get("lowercase", True)),
