@@ -217,7 +217,7 @@ def test_schemathesis_fuzz(server, tmp_path):
     har = tmp_path / "run.har"
     command = [str(Path(sys.executable).with_name("st")), "run", server.url + "/openapi.json",
                "--checks", "not_a_server_error,content_type_conformance,response_schema_conformance",
-               "--max-examples", "120", "--max-time", "75", "--workers", "2", "--seed", "7", "--no-shrink",
+               "--max-examples", "120", "--max-time", "60", "--workers", "2", "--seed", "7", "--no-shrink",
                "--generation-database", "none", "--suppress-health-check", "all", "--request-timeout", "30",
                "--report", "har", "--report-har-path", str(har), "--no-color"]
     started = time.perf_counter()

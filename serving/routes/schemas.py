@@ -75,7 +75,8 @@ class ErrorBody(BaseModel):
 
 ClassifyResponse = Union[list[Label], list[list[Label]]]
 NerResponse = Union[list[Entity], list[list[Entity]]]
-QAResponse = Union[Answer, list[Answer], list[list[Answer]]]
+# a list request may mix items with top_k 1 (an answer) and top_k > 1 (a list of answers)
+QAResponse = Union[Answer, list[Union[Answer, list[Answer]]]]
 
 
 class Status(BaseModel):
