@@ -20,7 +20,8 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
+
+yaml = pytest.importorskip("yaml", reason="pip install pyyaml")
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
