@@ -126,13 +126,13 @@ def free_port() -> int:
 class Server:
     """`python -m serving ...` in a subprocess on a free loopback port."""
 
-    def __init__(self, *args: str, env: dict | None = None, python_args: tuple[str, ...] = ()):
+    def __init__(self, *args: str, env: dict | None = None, python_args: tuple[str, ...] = ("-m", "serving")):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = tempfile.NamedTemporaryFile("w+", prefix="bertserve-", suffix=".log", delete=False)
         full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
                     "OMP_NUM_THREADS": "1", **(env or {})}
-        command = [PYTHON, *python_args, "-m", "serving", "--port", str(self.port), "--threads", "1",
+        command = [PYTHON, *python_args, "--port", str(self.port), "--threads", "1",
                    "--log-level", "warning", *args]
         self.process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=self.log_file,
                                         stderr=subprocess.STDOUT)
