@@ -200,11 +200,10 @@ def test_pretrain_interrupted_and_resumed_matches_uninterrupted(assets, tmp_path
     assert (whole / "best" / "vocab.txt").is_file()
 
 
-@pytest.mark.slow
 def test_torchrun_two_processes_gloo(assets, tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "training.finetune", *classify_args(assets, out, "--max-steps", "6", "--eval-every", "3")]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
