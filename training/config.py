@@ -29,20 +29,20 @@ class TrainConfig:
     seed: int = 42  # one seed for data order, masking, dropout and head initialisation
     learning_rate: float = 5e-5  # peak learning rate (after warmup)
     weight_decay: float = 0.01  # AdamW decay; never applied to biases or LayerNorm weights
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-6
+    adam_beta1: float = 0.9  # AdamW beta1
+    adam_beta2: float = 0.999  # AdamW beta2
+    adam_epsilon: float = 1e-6  # AdamW epsilon
     warmup_ratio: float = 0.1  # fraction of total steps spent warming up (ignored if warmup_steps > 0)
     warmup_steps: int = 0  # warmup length in optimizer steps; 0 = use warmup_ratio
     num_epochs: float = 3.0  # passes over the training data (fractions allowed)
     max_steps: int = 0  # stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length
     batch_size: int = 32  # examples per optimizer step (across accumulation and processes)
-    grad_accum_steps: int = 1  # micro-batches per optimizer step; batch_size must divide by it x processes
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (per process); batch_size must divide by it
     max_grad_norm: float = 1.0  # gradient clipping (0 = off)
     eval_every: int = 0  # evaluate every N optimizer steps (0 = at the end of each epoch)
     save_every: int = 0  # write last/ (resumable) every N steps (0 = with each evaluation)
     log_every: int = 10  # write a log.jsonl line every N steps
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 adds a GradScaler; GPU only)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 autocast (fp16: GPU only, with a GradScaler)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     torch_threads: int = 0  # torch.set_num_threads (0 = torch's default)
     group_by_length: bool = True  # batches of similar length (less padding, same examples per epoch)
