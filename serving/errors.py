@@ -83,9 +83,33 @@ def _field(loc) -> str:
     return out or "body"
 
 
+def _wrong_branch(loc, body) -> bool:
+    """True when the error is about a union member that the sent value plainly is not (a list sent where
+    the error explains what an object would need): such errors only add noise."""
+    value = {"body": body}
+    for part in loc:
+        part_s = str(part)
+        if _TYPE_TAG.match(part_s):
+            if part_s.startswith("list[") and not isinstance(value, list):
+                return True
+            if part_s[:1].isupper() and not isinstance(value, dict):
+                return True
+            if part_s == "str" and isinstance(value, (list, dict)):
+                return True
+            continue
+        try:
+            value = value[part] if not isinstance(value, list) or isinstance(part, int) else None
+        except (KeyError, IndexError, TypeError):
+            return False
+    return False
+
+
 def validation_message(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    body = getattr(exc, "body", None)
+    relevant = [e for e in errors if not _wrong_branch(e.get("loc", ()), body)]
     messages = []
-    for error in exc.errors()[:5]:
+    for error in (relevant or errors)[:5]:
         if error.get("type") == "json_invalid":
             messages.append(f"body is not valid JSON: {error.get('ctx', {}).get('error', error.get('msg'))}")
         elif error.get("type") == "missing" and tuple(error.get("loc", ())) == ("body",):

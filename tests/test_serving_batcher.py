@@ -1,0 +1,159 @@
+"""The token-budget batcher in-process with a fake backend (fast; no model, no server)."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from bert.tasks import Features
+from serving.batcher import Batcher, Ticket
+from serving.errors import BackendFailure
+
+
+class RecordingBackend:
+    """Echoes each row's length as its 'classify' output; records the batch shapes it saw."""
+
+    def __init__(self, fail_when=None, rows_off=0):
+        self.shapes: list[tuple[int, int]] = []
+        self.fail_when = fail_when
+        self.rows_off = rows_off
+
+    def run(self, batch):
+        ids = batch["input_ids"]
+        self.shapes.append(ids.shape)
+        if self.fail_when is not None and np.any(ids == self.fail_when):
+            raise RuntimeError("boom")
+        lengths = batch["attention_mask"].sum(axis=1).astype(np.float32)
+        rows = len(ids) + self.rows_off
+        return {"classify": np.repeat(lengths[:, None], 2, axis=1)[:rows], "ner": np.zeros((rows, ids.shape[1], 3),
+                                                                                           np.float32)}
+
+
+def seq(length: int, token: int = 5) -> Features:
+    return Features([token] * length, [0] * length)
+
+
+async def submit_all(batcher, lengths, token=5):
+    futures = [batcher.submit([seq(n, token)], Ticket())[0] for n in lengths]
+    return await asyncio.gather(*futures, return_exceptions=True)
+
+
+def run(coro_fn, backend, **kw):
+    async def main():
+        batcher = Batcher(backend, **{"max_batch_tokens": 64, "max_batch_requests": 4, "max_wait_ms": 20, **kw})
+        batcher.start()
+        try:
+            return await coro_fn(batcher)
+        finally:
+            await batcher.stop()
+    return asyncio.run(main())
+
+
+def test_budget_and_request_cap_are_respected():
+    backend = RecordingBackend()
+    lengths = [3, 30, 4, 31, 5, 29, 2, 6, 28, 7]
+    results = run(lambda b: submit_all(b, lengths), backend)
+    assert [r.outputs["classify"][0] for r in results] == lengths  # every caller gets its own row back
+    assert sum(rows for rows, _ in backend.shapes) == len(lengths)
+    for rows, width in backend.shapes:
+        assert rows <= 4 and rows * width <= 64
+    # similar lengths were grouped: no batch mixes a 2-7 token sequence with a 28-31 token one
+    assert all(width <= 7 or rows * width > 4 * 7 for rows, width in backend.shapes)
+
+
+def test_per_token_outputs_are_unpadded():
+    results = run(lambda b: submit_all(b, [3, 9]), RecordingBackend())
+    assert [r.outputs["ner"].shape for r in results] == [(3, 3), (9, 3)]
+
+
+def test_failing_batch_fails_exactly_its_sequences():
+    backend = RecordingBackend(fail_when=7)
+
+    async def scenario(batcher):
+        first = await submit_all(batcher, [4, 4], token=7)  # one batch, poisoned
+        second = await submit_all(batcher, [4, 4])
+        return first, second
+
+    first, second = run(scenario, backend)
+    assert all(isinstance(r, BackendFailure) and "boom" in str(r) for r in first)
+    assert all(not isinstance(r, Exception) for r in second)
+
+
+def test_row_mismatch_is_an_error_not_silence():
+    results = run(lambda b: submit_all(b, [4, 4, 4]), RecordingBackend(rows_off=-1))
+    assert all(isinstance(r, BackendFailure) and "rows" in str(r) for r in results)
+
+
+def test_cancelled_callers_are_skipped():
+    backend = RecordingBackend()
+
+    async def scenario(batcher):
+        gone = Ticket()
+        gone_future = batcher.submit([seq(10), seq(10)], gone)
+        gone.cancelled = True
+        kept = await submit_all(batcher, [10])
+        return gone_future, kept
+
+    gone_future, kept = run(scenario, backend, max_wait_ms=50)
+    assert all(f.cancelled() for f in gone_future)
+    assert sum(rows for rows, _ in backend.shapes) == 1 and kept[0].outputs["classify"][0] == 10
+
+
+def test_waits_at_most_max_wait_for_a_batch_to_fill():
+    import time
+
+    async def scenario(batcher):
+        started = time.monotonic()
+        await submit_all(batcher, [5])
+        return time.monotonic() - started
+
+    elapsed = run(scenario, RecordingBackend(), max_wait_ms=100)
+    assert 0.09 <= elapsed < 1.0
+
+
+def test_one_batch_is_prepared_while_the_previous_runs():
+    import threading
+    import time
+
+    class SlowBackend(RecordingBackend):
+        def __init__(self):
+            super().__init__()
+            self.concurrent = 0
+            self.max_concurrent = 0
+            self.lock = threading.Lock()
+
+        def run(self, batch):
+            with self.lock:
+                self.concurrent += 1
+                self.max_concurrent = max(self.max_concurrent, self.concurrent)
+            time.sleep(0.05)
+            with self.lock:
+                self.concurrent -= 1
+            return super().run(batch)
+
+    backend = SlowBackend()
+    results = run(lambda b: submit_all(b, [5] * 12), backend, max_wait_ms=0)
+    assert len(results) == 12 and backend.max_concurrent == 1  # one model call at a time
+    assert len(backend.shapes) <= 5  # while one ran, the rest queued into full batches
+
+
+@pytest.mark.parametrize("args", [["--help"]])
+def test_help_names_every_setting_and_env_var(args, capsys):
+    from serving.__main__ import build_parser
+    from serving.settings import Settings
+
+    text = build_parser().format_help()
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in text and f"BERTSERVE_{name.upper()}" in text
+
+
+def test_settings_from_env(monkeypatch):
+    from serving.settings import Settings
+
+    monkeypatch.setenv("BERTSERVE_MAX_BATCH_TOKENS", "999")
+    monkeypatch.setenv("BERTSERVE_BACKEND", "onnxruntime")
+    settings = Settings(max_wait_ms=1)
+    assert settings.max_batch_tokens == 999 and settings.backend == "onnxruntime" and settings.max_wait_ms == 1
+    with pytest.raises(ValueError):
+        Settings(backend="bogus")
