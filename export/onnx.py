@@ -107,6 +107,10 @@ def main(argv=None) -> None:
     from .source import load_source
     from .wrapper import INPUT_NAMES, ExportWrapper, dummy_inputs, dynamic_axes, prepare_for_export
 
+    if not args.random_init:
+        from bert.checkpoint import resolve_checkpoint
+
+        resolve_checkpoint(args.ckpt)  # an unknown name fails here, in one line, before any progress output
     progress = Progress(total=6 if args.no_verify else 8)
     with progress(f"loading {'random-init preset' if args.random_init else 'checkpoint'} {args.ckpt}"):
         source = load_source(args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer)
