@@ -209,3 +209,27 @@ def test_torchrun_two_processes_gloo(assets, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "best" / "metrics.json").is_file() and (out / "last" / "trainer_state.json").is_file()
     assert max(losses(out)) == 6
+
+
+def test_ctrl_c_mid_step_saves_last_and_resume_is_exact(assets, tmp_path, monkeypatch):
+    from training import task_data
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    args = ("--max-steps", "20", "--eval-every", "100", "--save-every", "100")
+    finetune.main(classify_args(assets, whole, *args))
+    original, calls = task_data.FeatureData.collate, {"n": 0}
+
+    def interrupting(self, indices, rng=None):
+        calls["n"] += 1
+        if calls["n"] == 9:  # inside step 9, after step 8 completed (and no periodic save so far)
+            raise KeyboardInterrupt
+        return original(self, indices, rng)
+
+    monkeypatch.setattr(task_data.FeatureData, "collate", interrupting)
+    finetune.main(classify_args(assets, parts, *args))
+    state = json.loads((parts / "last" / "trainer_state.json").read_text())
+    assert state["step"] == 8 and state["reason"] == "interrupted"
+    monkeypatch.setattr(task_data.FeatureData, "collate", original)
+    finetune.main(classify_args(assets, parts, *args, "--resume", str(parts / "last")))
+    a, b = losses(whole), losses(parts)
+    assert [a[s] for s in range(9, 21)] == [b[s] for s in range(9, 21)]

@@ -272,71 +272,84 @@ def train(
     window_losses, window_tokens, window_start = [], 0, time.perf_counter()
     started = time.perf_counter()
     finished = False
-    while not finished and step < total_steps:
-        batches = data.batches(epoch)
-        while position < len(batches):
-            global_batch = batches[position]
-            rank_part = global_batch[dist.rank::dist.world_size]
-            micro_batches = [rank_part[i::micro_per_rank] for i in range(micro_per_rank)]
-            lr = learning_rate_at(step, peak=cfg.learning_rate, warmup_steps=warmup, total_steps=total_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            rng = batch_rng(cfg.seed, epoch, position)
-            loss_sum, tokens = 0.0, 0
-            for m, indices in enumerate(micro_batches):
-                batch = _to(data.collate(sorted(indices), rng), device)
-                tokens += int(batch["attention_mask"].sum())
-                sync = m == len(micro_batches) - 1 or dist.world_size == 1
-                context = contextlib.nullcontext() if sync else train_model.no_sync()
-                with context:
-                    with torch.autocast(device.type, dtype=amp_dtype, enabled=use_autocast):
-                        loss = train_model(**batch).loss / len(micro_batches)
-                    (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += float(loss.detach())
-            if scaler:
-                scaler.unscale_(optimizer)
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            position += 1
+    step_rng = torch.get_rng_state()
+    interrupted = False
+    try:
+        while not finished and step < total_steps:
+            batches = data.batches(epoch)
+            while position < len(batches):
+                global_batch = batches[position]
+                rank_part = global_batch[dist.rank::dist.world_size]
+                micro_batches = [rank_part[i::micro_per_rank] for i in range(micro_per_rank)]
+                lr = learning_rate_at(step, peak=cfg.learning_rate, warmup_steps=warmup, total_steps=total_steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                rng = batch_rng(cfg.seed, epoch, position)
+                step_rng = torch.get_rng_state()  # restored if Ctrl-C lands mid-step, so last/ stays exact
+                loss_sum, tokens = 0.0, 0
+                for m, indices in enumerate(micro_batches):
+                    batch = _to(data.collate(sorted(indices), rng), device)
+                    tokens += int(batch["attention_mask"].sum())
+                    sync = m == len(micro_batches) - 1 or dist.world_size == 1
+                    context = contextlib.nullcontext() if sync else train_model.no_sync()
+                    with context:
+                        with torch.autocast(device.type, dtype=amp_dtype, enabled=use_autocast):
+                            loss = train_model(**batch).loss / len(micro_batches)
+                        (scaler.scale(loss) if scaler else loss).backward()
+                    loss_sum += float(loss.detach())
+                if scaler:
+                    scaler.unscale_(optimizer)
+                if cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                position += 1
 
-            loss_value = _mean_across(loss_sum, dist)
-            window_losses.append(loss_value)
-            window_tokens += _sum_across(tokens, dist)
-            if bar is not None:
-                elapsed = time.perf_counter() - window_start
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}",
-                                tok_s=f"{window_tokens / max(elapsed, 1e-9):.0f}", epoch=epoch)
-            if step % cfg.log_every == 0 or step == total_steps:
-                elapsed = time.perf_counter() - window_start
-                log({"step": step, "epoch": epoch, "loss": loss_value,
-                     "loss_avg": sum(window_losses) / len(window_losses), "lr": lr,
-                     "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                     "elapsed_s": time.perf_counter() - started})
-                window_losses, window_tokens, window_start = [], 0, time.perf_counter()
+                loss_value = _mean_across(loss_sum, dist)
+                window_losses.append(loss_value)
+                window_tokens += _sum_across(tokens, dist)
+                if bar is not None:
+                    elapsed = time.perf_counter() - window_start
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}",
+                                    tok_s=f"{window_tokens / max(elapsed, 1e-9):.0f}", epoch=epoch)
+                if step % cfg.log_every == 0 or step == total_steps:
+                    elapsed = time.perf_counter() - window_start
+                    log({"step": step, "epoch": epoch, "loss": loss_value,
+                         "loss_avg": sum(window_losses) / len(window_losses), "lr": lr,
+                         "tokens_per_s": window_tokens / max(elapsed, 1e-9),
+                         "elapsed_s": time.perf_counter() - started})
+                    window_losses, window_tokens, window_start = [], 0, time.perf_counter()
 
-            end_of_epoch = position == len(batches)
-            if end_of_epoch:  # the saved position must point at the next batch to run
-                epoch, position = epoch + 1, 0
-            eval_due = (cfg.eval_every and step % cfg.eval_every == 0) or (not cfg.eval_every and end_of_epoch)
-            if eval_due or step == total_steps:
-                run_eval()
-            save_due = (cfg.save_every and step % cfg.save_every == 0) or (not cfg.save_every and eval_due)
-            if step == total_steps or (stop_at_step and step == stop_at_step):
-                save_last("end" if step == total_steps else "stopped")
-                finished = True
-                break
-            if save_due:
-                save_last("periodic")
-            if end_of_epoch:
-                break
+                end_of_epoch = position == len(batches)
+                if end_of_epoch:  # the saved position must point at the next batch to run
+                    epoch, position = epoch + 1, 0
+                eval_due = (cfg.eval_every and step % cfg.eval_every == 0) or (not cfg.eval_every and end_of_epoch)
+                if eval_due or step == total_steps:
+                    run_eval()
+                save_due = (cfg.save_every and step % cfg.save_every == 0) or (not cfg.save_every and eval_due)
+                if step == total_steps or (stop_at_step and step == stop_at_step):
+                    save_last("end" if step == total_steps else "stopped")
+                    finished = True
+                    break
+                if save_due:
+                    save_last("periodic")
+                if end_of_epoch:
+                    break
+    except KeyboardInterrupt:
+        if dist.world_size > 1:
+            raise
+        interrupted = True  # Ctrl-C: keep everything up to the last completed step in last/
+        optimizer.zero_grad(set_to_none=True)
+        torch.set_rng_state(step_rng)
+        save_last("interrupted")
     if bar is not None:
         bar.close()
+    if interrupted:
+        print(f"interrupted after step {step}; continue with --resume {out / 'last'}")
     return {"step": step, "total_steps": total_steps, "best": best, "last_eval": last_eval}
