@@ -233,3 +233,40 @@ def test_ctrl_c_mid_step_saves_last_and_resume_is_exact(assets, tmp_path, monkey
     finetune.main(classify_args(assets, parts, *args, "--resume", str(parts / "last")))
     a, b = losses(whole), losses(parts)
     assert [a[s] for s in range(9, 21)] == [b[s] for s in range(9, 21)]
+
+
+def test_tiny_qa_run_with_heldout_articles_and_evaluate_reproduces(assets, tmp_path, capsys):
+    import gzip
+    rng = random.Random(5)
+    articles = []
+    for a in range(12):
+        paragraphs = []
+        for p in range(3):
+            name = rng.choice(["john", "paris", "london", "acme"])
+            context = " ".join(rng.choice(FILLER[:20]) for _ in range(rng.randint(20, 40)))
+            start = len(context) + 1
+            context = f"{context} {name} " + " ".join(rng.choice(FILLER[:20]) for _ in range(10))
+            paragraphs.append({"context": context, "qas": [
+                {"id": f"{a}-{p}", "question": "who is it ?", "answers": [{"text": name, "answer_start": start}]}]})
+        articles.append({"title": f"article {a}", "paragraphs": paragraphs})
+    for part, chunk in ((1, articles[:6]), (2, articles[6:])):
+        with gzip.open(tmp_path / f"train.part-0{part}.json.gz", "wt") as f:
+            json.dump({"version": "1.1", "data": chunk}, f)
+    out = tmp_path / "qa"
+    argv = ["--task", "qa", "--init-preset", str(assets / "tiny.json"), "--tokenizer", str(assets / "tokenizer"),
+            "--train-data", str(tmp_path), "--heldout-articles", "2", "--output-dir", str(out),
+            "--max-seq-length", "32", "--doc-stride", "8", "--max-query-length", "8", "--batch-size", "8",
+            "--learning-rate", "3e-3", "--max-steps", "10", "--no-progress", "--device", "cpu", "--torch-threads", "1"]
+    assert finetune.main(argv) == 0
+    saved = json.loads((out / "best" / "metrics.json").read_text())
+    assert saved["total"] == 6  # the 2 held-out articles x 3 questions
+    capsys.readouterr()
+    evaluate_cli.main(["--task", "qa", "--ckpt", str(out / "best"), "--data", str(tmp_path)])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["f1"] == saved["f1"] and printed["exact_match"] == saved["exact_match"]
+
+
+def test_bf16_autocast_runs_on_cpu(assets, tmp_path):
+    out = tmp_path / "bf16"
+    assert finetune.main(classify_args(assets, out, "--max-steps", "2", "--precision", "bf16")) == 0
+    assert max(losses(out)) == 2
