@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from test_serving_api import assert_close
-from test_serving_support import QA_ITEMS, REPO, TEXTS, Server, build_checkpoint, export_onnx
+from test_serving_support import QA_ITEMS, REPO, TEXTS, Server, build_checkpoint, export_artifact
 
 # Runs `python -m serving` with an import hook that makes every torch import fail (and say so in the log).
 NO_TORCH = r"""
@@ -37,7 +37,7 @@ class NoTorchServer(Server):
 def artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("onnx")
     checkpoint = build_checkpoint(root / "multi")
-    return checkpoint, export_onnx(checkpoint, root / "artifact")
+    return checkpoint, export_artifact(checkpoint, root / "artifact")
 
 
 def torch_reference(checkpoint):
