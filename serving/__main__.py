@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - e.g. a checkpoint whose weights do not fit its config
+        print(f"error: cannot load the model: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     app = create_app(settings, engine=engine)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s)), access_log=False)

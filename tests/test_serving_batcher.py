@@ -157,3 +157,40 @@ def test_settings_from_env(monkeypatch):
     assert settings.max_batch_tokens == 999 and settings.backend == "onnxruntime" and settings.max_wait_ms == 1
     with pytest.raises(ValueError):
         Settings(backend="bogus")
+
+
+def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
+    """classify, ner and qa requests arriving together share forward passes of the multi-task model."""
+    from serving.engine import Engine, Timing
+    from serving.metrics import Metrics
+    from serving.settings import Settings
+    from test_serving_support import QA_ITEMS, TEXTS, build_checkpoint
+
+    checkpoint = build_checkpoint(tmp_path / "multi")
+    engine = Engine(Settings(model=str(checkpoint), max_wait_ms=50, threads=1), Metrics())
+    engine.load()
+    assert len(engine.units) == 1
+    backend = engine.units[0].backend
+    seen: list[int] = []
+    original = backend.run
+
+    def recording_run(batch):
+        seen.append(len(batch["input_ids"]))
+        return original(batch)
+
+    backend.run = recording_run
+
+    async def scenario():
+        engine.start()
+        try:
+            return await asyncio.gather(
+                engine.classify(TEXTS[:2], top_k=1, function=None, truncate=False, ticket=Ticket(), timing=Timing()),
+                engine.ner(TEXTS[2:4], aggregation="simple", truncate=False, ticket=Ticket(), timing=Timing()),
+                engine.qa([{**QA_ITEMS[1], "top_k": 1, "max_answer_len": 30, "doc_stride": 128}], ticket=Ticket(),
+                          timing=Timing()))
+        finally:
+            await engine.stop()
+
+    classified, entities, answers = asyncio.run(scenario())
+    assert len(classified) == 2 and len(entities) == 2 and len(answers) == 1
+    assert seen == [5], seen  # 2 classify + 2 ner + 1 qa window: one forward pass
