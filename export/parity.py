@@ -18,7 +18,7 @@ from .samples import QUESTION_CONTEXTS, SENTENCES
 TOLERANCES = {
     "fp32": {"max_abs_diff": 1e-4},
     "fp16": {"relative_rms": 0.02, "label_agreement": 0.95},
-    "int8": {"relative_rms": 0.15, "label_agreement": 0.90},
+    "int8": {"relative_rms": 0.25, "label_agreement": 0.90},
 }
 
 

@@ -1,0 +1,186 @@
+"""python -m export.tensorrt: an artifact's portable ONNX -> a serialized FP16 TensorRT engine (model.plan).
+
+Precision lives in the graph (strongly typed network): the portable fp32 graph is converted to fp16
+with fp32 inputs/outputs and fp32 LayerNormalization/Softmax, then built with the STRONGLY_TYPED
+flag. That is the only way on TensorRT 11 (weak-typing flags such as BuilderFlag.FP16 are gone)
+and the recommended one on 10.12+. One optimisation profile spans the manifest's shape range
+(min/opt/max batch and sequence for every input). A timing cache file makes rebuilds fast.
+After the build the engine is checked against onnxruntime on the shipped sample text.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from .cli import Progress, ResultError, UsageError, run
+from .manifest import PLAN_FILE, PORTABLE_FILE, file_entry, read_manifest, write_manifest
+
+INSTALL_HINT = ("TensorRT is not installed: `pip install bertserve[gpu]` (or `pip install tensorrt`) on a machine "
+                "with an NVIDIA GPU and driver, or run inside the NVIDIA TensorRT container "
+                "(nvcr.io/nvidia/tensorrt)")
+# Engine outputs vs onnxruntime fp32 on the sample text (fp16 engine).
+TRT_TOLERANCE = {"relative_rms": 0.02, "label_agreement": 0.95}
+
+
+def import_tensorrt():
+    try:
+        import tensorrt
+    except ImportError:
+        raise UsageError(INSTALL_HINT) from None
+    return tensorrt
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m export.tensorrt",
+        description="Build a serialized FP16 TensorRT engine from an artifact directory's model.portable.onnx, "
+                    "with one optimisation profile over the manifest's shape range, and check it against "
+                    "onnxruntime. Needs the tensorrt package and an NVIDIA GPU.",
+        epilog="Exit status: 0 built and verified; 1 build failed or outputs out of tolerance; 2 bad request "
+               "or TensorRT not installed.")
+    p.add_argument("--artifact", required=True, metavar="DIR",
+                   help="artifact directory written by python -m export.onnx")
+    p.add_argument("--out", metavar="PLAN", help="engine file to write (default: DIR/model.plan; the manifest is "
+                                                  "updated only when the plan is written into the artifact)")
+    p.add_argument("--workspace-gb", type=float, default=4.0, metavar="GB",
+                   help="largest GPU scratch memory TensorRT may use while building and running (default 4)")
+    p.add_argument("--timing-cache", metavar="FILE",
+                   help="timing cache to read if present and write back after the build "
+                        "(default: DIR/timing.cache); reuse it across builds on the same GPU")
+    p.add_argument("--no-verify", action="store_true", help="skip the parity check against onnxruntime")
+    return p
+
+
+def fp16_onnx(portable: Path, out: Path) -> Path:
+    """Portable fp32 graph -> mixed fp16 graph (standard ops, fp32 I/O, fp32 norms and softmax)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from .variants import FP16_OP_BLOCK_LIST
+
+    model = onnx.load(str(portable))
+    model = convert_float_to_float16(model, keep_io_types=True, op_block_list=list(FP16_OP_BLOCK_LIST))
+    onnx.save_model(model, str(out))
+    return out
+
+
+def profile_shapes(manifest: dict) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    r = manifest["shape_range"]
+    return (r["min_batch"], r["min_seq"]), (r["opt_batch"], r["opt_seq"]), (r["max_batch"], r["max_seq"])
+
+
+def build_engine(onnx_path: Path, manifest: dict, *, workspace_gb: float, timing_cache: Path | None,
+                 progress: Progress | None = None) -> bytes:
+    trt = import_tensorrt()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)  # required 10.x, ignored 11.x
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise ResultError(f"TensorRT could not parse {onnx_path}: {errors}")
+
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
+    minimum, optimum, maximum = profile_shapes(manifest)
+    profile = builder.create_optimization_profile()
+    for spec in manifest["inputs"]:
+        profile.set_shape(spec["name"], minimum, optimum, maximum)
+    config.add_optimization_profile(profile)
+
+    cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
+    cache = config.create_timing_cache(cache_bytes)
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    if progress:
+        progress.note(f"profile min {minimum} opt {optimum} max {maximum}; workspace {workspace_gb} GB; "
+                      f"timing cache {'reused' if cache_bytes else 'new'}")
+
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise ResultError("TensorRT failed to build the engine (see the TensorRT log above)")
+    if timing_cache:
+        timing_cache.write_bytes(bytes(memoryview(config.get_timing_cache().serialize())))
+    return bytes(memoryview(serialized))
+
+
+def verify_engine(plan: Path, artifact: Path, manifest: dict) -> dict:
+    """Engine (fp16) vs onnxruntime running the portable fp32 graph, on the sample text."""
+    from bert.tokenizer import BertTokenizer
+
+    from . import parity
+    from .tensorrt_runtime import TrtEngine
+
+    tokenizer = BertTokenizer.from_dir(artifact)
+    max_batch, max_seq = manifest["shape_range"]["max_batch"], manifest["shape_range"]["max_seq"]
+    batches = parity.sample_batches(tokenizer, max_seq, batch_size=min(8, max_batch))
+    batches = [{k: v[:max_batch] for k, v in b.items()} for b in batches]
+    names = [o["name"] for o in manifest["outputs"]]
+    sess = parity.session(artifact / PORTABLE_FILE)
+    reference = parity.onnx_outputs(sess, batches, names)
+    engine = TrtEngine(plan)
+    candidate = [{n: engine.run(b)[n].astype("float32") for n in names} for b in batches]
+    token_level = {o["name"]: "sequence" in o["shape"] for o in manifest["outputs"]}
+    scores = {n: ("positions" if n.endswith(("start_logits", "end_logits")) else
+                  "none" if manifest["task"] == "encoder" else "labels") for n in names}
+    figures = parity.compare(reference, candidate, batches, token_level, scores)
+    problems = []
+    for name, f in figures.items():
+        if f.relative_rms > TRT_TOLERANCE["relative_rms"]:
+            problems.append(f"{name}: relative RMS error {f.relative_rms:.3g} > {TRT_TOLERANCE['relative_rms']}")
+        if f.label_agreement is not None and f.label_agreement < TRT_TOLERANCE["label_agreement"]:
+            problems.append(f"{name}: label agreement {f.label_agreement:.3f} < {TRT_TOLERANCE['label_agreement']}")
+    return {"reference": "onnxruntime fp32, model.portable.onnx", "precision": "fp16", "tolerance": TRT_TOLERANCE,
+            "passed": not problems, "problems": problems, "outputs": {n: vars(f) for n, f in figures.items()},
+            "max_abs_diff": max(f.max_abs_diff for f in figures.values())}
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    artifact = Path(args.artifact)
+    manifest = read_manifest(artifact)
+    if not (artifact / PORTABLE_FILE).is_file():
+        raise UsageError(f"{artifact} has no {PORTABLE_FILE}; re-export it with python -m export.onnx")
+    if args.workspace_gb <= 0:
+        raise UsageError(f"--workspace-gb must be positive, got {args.workspace_gb}")
+    trt = import_tensorrt()
+    plan = Path(args.out) if args.out else artifact / PLAN_FILE
+    timing_cache = Path(args.timing_cache) if args.timing_cache else artifact / "timing.cache"
+
+    progress = Progress(total=2 if args.no_verify else 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        with progress(f"building the FP16 engine with TensorRT {trt.__version__} (minutes for large models)"):
+            onnx_fp16 = fp16_onnx(artifact / PORTABLE_FILE, Path(tmp) / "model.fp16.onnx")
+            plan.parent.mkdir(parents=True, exist_ok=True)
+            plan.write_bytes(build_engine(onnx_fp16, manifest, workspace_gb=args.workspace_gb,
+                                          timing_cache=timing_cache, progress=progress))
+            progress.note(f"{plan} ({plan.stat().st_size / 2**20:.1f} MiB)")
+    figures = None
+    if not args.no_verify:
+        with progress("checking the engine against onnxruntime on the sample text"):
+            figures = verify_engine(plan, artifact, manifest)
+            progress.note(json.dumps({n: round(o["max_abs_diff"], 5) for n, o in figures["outputs"].items()}))
+    with progress("recording the engine in manifest.json"):
+        if plan.resolve().parent == artifact.resolve():
+            manifest.pop("format_version", None)
+            manifest.setdefault("files", {})["plan"] = file_entry(plan)
+            manifest["tensorrt"] = {"version": trt.__version__, "precision": "fp16", "strongly_typed": True,
+                                    "workspace_gb": args.workspace_gb, "parity": figures,
+                                    "profile": dict(zip(("min", "opt", "max"), profile_shapes(manifest)))}
+            write_manifest(artifact, manifest)
+    if figures and not figures["passed"]:
+        raise ResultError("TensorRT engine out of tolerance vs onnxruntime: " + "; ".join(figures["problems"]))
+    print(f"engine: {plan}")
+
+
+def cli(argv=None) -> int:
+    return run(main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
