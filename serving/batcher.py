@@ -4,9 +4,10 @@ Requests are tokenised before they get here; every model input sequence (a text,
 window of a QA context) is one queue entry with its own future. ONE owner task builds batches:
 it starts from the oldest sequence, adds the queued sequences closest to it in length while the
 padded batch stays within `max_batch_tokens` (padded length x count) and `max_batch_requests`, and
-waits at most `max_wait_ms` (from the oldest sequence's arrival) for a batch to fill. Inference runs
-in a thread; while it runs the owner already builds and pads the next batch, so exactly one batch is
-ready when the model frees up. Callers that have gone are dropped before their sequences are batched.
+waits at most `max_wait_ms` (from the oldest sequence's arrival) for a batch to fill — longer only while
+the model is busy anyway, so the batch keeps growing until it can run. Inference runs in a thread;
+while it runs the owner already builds and pads the next batch (as soon as the queue can fill one),
+so a batch is ready when the model frees up. Callers that have gone are dropped before their sequences are batched.
 A batch that fails fails every sequence in it and nothing else; a backend that returns a number of
 rows other than the number of sequences is a failure too, never a silent mismatch.
 """
@@ -125,16 +126,22 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             wait = self.queue[0].enqueued + self.max_wait_s - time.monotonic()
-            if wait <= 0 or self._can_fill():
+            busy = self._inflight is not None and not self._inflight.done()
+            if self._can_fill() or (wait <= 0 and not busy):
                 batch = self._take()
                 if batch:
                     return batch
                 continue
             self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
+            else:  # past the deadline but the model is busy anyway: grow the batch until it frees up
+                woken = asyncio.ensure_future(self._wakeup.wait())
+                await asyncio.wait({woken, self._inflight}, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
 
     def _can_fill(self) -> bool:
         if len(self.queue) >= self.max_batch_requests:

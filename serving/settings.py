@@ -45,7 +45,9 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(512, ge=1, description="requests admitted at once; more get 429 at once")
     max_batch_tokens: int = Field(16384, ge=1, description="token budget of one batch: padded length x sequences")
     max_batch_requests: int = Field(32, ge=1, description="most sequences in one batch")
-    max_wait_ms: float = Field(5.0, ge=0, description="longest a sequence waits for a batch to fill before it runs")
+    max_wait_ms: float = Field(
+        0.0, ge=0, description="longest a sequence waits for more to join its batch while the model is idle "
+                               "(0: run at once; batches still form from what queues while the model is busy)")
     max_input_length: Optional[int] = Field(
         None, ge=8, description="longest input in tokens (default: the model's max_position_embeddings); "
                                 "longer inputs get 422 unless the request sends \"truncate\": true")
