@@ -71,3 +71,41 @@ def test_failing_batch_fails_its_requests_only(server):
     assert httpx.get(url + "/ready").status_code == 200
     metrics = httpx.get(url + "/metrics").text
     assert 'bertserve_requests_total{endpoint="/classify",status="500"}' in metrics
+
+
+def slow_warmup_backend(spec, settings):
+    """The torch backend with a warm-up that takes a while, to watch /ready."""
+    import time
+
+    from serving.backends.torch_backend import TorchBackend
+
+    class SlowWarmup(TorchBackend):
+        def warmup(self, **kwargs):
+            time.sleep(2.0)
+            super().warmup(**kwargs)
+
+    return SlowWarmup(spec, settings)
+
+
+def test_ready_only_after_warmup(tmp_path):
+    import time
+
+    checkpoint = build_checkpoint(tmp_path / "multi")
+    server = Server("--model", str(checkpoint), "--backend", "test_serving_failures:slow_warmup_backend")
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # wait for the port to answer at all
+            try:
+                first = httpx.get(server.url + "/ready", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and server.process.poll() is None, server.log()
+                time.sleep(0.05)
+        assert first.status_code == 503 and first.json()["error_type"] == "unavailable", first.text
+        assert httpx.get(server.url + "/health").status_code == 200
+        early = httpx.post(server.url + "/classify", json={"inputs": "too early"})
+        assert early.status_code == 503 and "warming up" in early.json()["error"]
+        server.wait_ready(30)
+        assert httpx.post(server.url + "/classify", json={"inputs": "now"}).status_code == 200
+    finally:
+        assert server.stop() == 0
