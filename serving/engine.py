@@ -20,10 +20,10 @@ from bert.tasks import classify as classify_codec
 from bert.tasks import ner as ner_codec
 from bert.tasks import qa as qa_codec
 from bert.tokenizer import BertTokenizer, InputTooLong
-from serving.backends.base import TASKS, Backend, ModelError, ModelSpec, create_backend, read_model_spec, \
-    resolve_model_path
+from serving.backends.base import (TASKS, Backend, ModelError, ModelSpec, create_backend, read_model_spec,
+                                   resolve_model_path)
 from serving.batcher import Batcher, SequenceResult, Ticket
-from serving.errors import BackendFailure, EmptyInput, ServingError, ValidationFailed
+from serving.errors import BackendFailure, EmptyInput, PayloadTooLarge, ServingError, ValidationFailed
 from serving.settings import DEMO_MODEL_DIR, Settings
 
 log = logging.getLogger("bertserve")
@@ -257,5 +257,4 @@ def check_batch(inputs: list, limit: int) -> None:
     if not inputs:
         raise EmptyInput("inputs is empty")
     if len(inputs) > limit:
-        from serving.errors import PayloadTooLarge
         raise PayloadTooLarge(f"{len(inputs)} inputs in one request; the limit is {limit} (max_client_batch_size)")

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import httpx
-import numpy as np
 import pytest
 
 from test_serving_api import assert_close

@@ -10,8 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.batcher import Ticket
 from serving.engine import Timing, check_batch, version
-from serving.errors import ServingError, error_response
-from serving.routes.schemas import (Answer, ClassifyRequest, ClassifyResponse, ErrorBody, Info, NerRequest,
+from serving.errors import error_response
+from serving.routes.schemas import (ClassifyRequest, ClassifyResponse, ErrorBody, Info, NerRequest,
                                     NerResponse, QARequest, QAResponse, Status)
 
 router = APIRouter()
@@ -25,10 +25,6 @@ _ERRORS = {
     500: {"model": ErrorBody, "description": "inference failed"},
     503: {"model": ErrorBody, "description": "warming up or shutting down"},
 }
-
-
-class ClientGone(Exception):
-    pass
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -157,4 +153,4 @@ async def metrics(request: Request):
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-__all__ = ["router", "Answer", "ServingError"]
+__all__ = ["router"]
