@@ -93,6 +93,7 @@ def check_args(args, config) -> dict:
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if not 14 <= args.opset <= 20:
         raise UsageError(f"--opset must be between 14 and 20, got {args.opset}")
     if args.atol is not None and args.atol <= 0:
@@ -256,8 +257,7 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
             **results,
         },
         "exporter": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
-                     "python": platform.python_version(), "command": "python -m export.onnx " + " ".join(
-                         sys.argv[1:] if args is not None else [])},
+                     "python": platform.python_version(), "command": "python -m export.onnx " + " ".join(args.argv)},
     }
 
 
