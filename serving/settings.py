@@ -37,8 +37,8 @@ class Settings(BaseSettings):
     # ---- network
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 for all interfaces)")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
-    api_key: Optional[str] = Field(None, description="require 'Authorization: Bearer KEY' on every inference "
-                                                     "and /info request")
+    api_key: Optional[str] = Field(None, description="require 'Authorization: Bearer KEY' on every request but "
+                                                     "/health, /ready, /metrics and the API docs")
     max_body_bytes: int = Field(2_000_000, ge=1024, description="largest request body accepted (413 beyond)")
 
     # ---- batching and admission
