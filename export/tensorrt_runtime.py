@@ -32,7 +32,7 @@ class TrtEngine:
         is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in names}
         self.input_names = [n for n in names if is_input[n]]
         self.output_names = [n for n in names if not is_input[n]]
-        self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        self.dtypes = {n: _numpy_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
         # (min, opt, max) shapes of profile 0 per input
         self.profile = {n: tuple(tuple(s) for s in self.engine.get_tensor_profile_shape(n, 0)) for n in self.input_names}
 
@@ -78,6 +78,14 @@ class TrtEngine:
         for buffer in keep + [b for _, b in outputs.values()]:
             memory.free(buffer)
         return result
+
+
+def _numpy_dtype(trt, dtype) -> np.dtype:
+    if hasattr(trt, "nptype"):
+        return np.dtype(trt.nptype(dtype))
+    table = {trt.float32: np.float32, trt.float16: np.float16, trt.int64: np.int64, trt.int32: np.int32,
+             trt.int8: np.int8, trt.bool: np.bool_}
+    return np.dtype(table[dtype])
 
 
 def _cuda_memory(device: int):
