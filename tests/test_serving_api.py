@@ -222,7 +222,7 @@ def test_schemathesis_fuzz(server, tmp_path):
                "--generation-database", "none", "--suppress-health-check", "all", "--request-timeout", "30",
                "--report", "har", "--report-har-path", str(har), "--no-color"]
     started = time.perf_counter()
-    run = subprocess.run(command, capture_output=True, text=True, timeout=150)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=150, cwd=tmp_path)  # its cache dir lands there
     elapsed = time.perf_counter() - started
     entries = json.loads(har.read_text())["log"]["entries"]
     statuses = [e["response"]["status"] for e in entries]
