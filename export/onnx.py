@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="precision of model.onnx. fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights "
                         "and compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused "
                         "+ dynamic int8 quantisation (for CPUs). model.portable.onnx is always fp32. Default fp32.")
+    p.add_argument("--int8-scope", choices=("skip-ffn-output", "all"), default="skip-ffn-output",
+                   help="with --precision int8: which MatMuls to quantise. skip-ffn-output (default) keeps each "
+                        "layer's feed-forward output projection in fp32 (MiniLM SST-2: 99.3%% label agreement with "
+                        "fp32, 1.4x faster than fp32 on CPU); all quantises every one (98.6%%, 1.8x)")
     p.add_argument("--out", metavar="DIR",
                    help="artifact directory to write (created; files of the same name are replaced). "
                         "Default: artifacts/NAME-TASK-PRECISION")
@@ -177,6 +181,7 @@ def main(argv=None) -> None:
         counts = variants.fused_operator_counts(fused.model)
         progress.note("fused operators: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
 
+    quantization = None
     with progress(f"writing model.onnx ({args.precision})"):
         model_path = out / MODEL_FILE
         if args.precision == "fp32":
@@ -186,7 +191,8 @@ def main(argv=None) -> None:
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 fused_path = variants.save(fused, Path(tmp) / "fused.onnx")
-                variants.quantize_int8(fused_path, model_path)
+                quantization = variants.quantize_int8(fused_path, model_path, args.int8_scope)
+                progress.note(f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} MatMuls kept fp32")
         del fused
     if not args.no_verify:
         with progress(f"verifying model.onnx ({args.precision}) against torch"):
@@ -197,6 +203,9 @@ def main(argv=None) -> None:
         config.save(out)
         save_tokenizer_files(source.tokenizer_dir, out)
         manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, out)
+        if quantization:
+            manifest["quantization"] = {k: v for k, v in quantization.items() if k != "fp32_nodes"} | {
+                "fp32_matmuls": len(quantization["fp32_nodes"])}
         write_manifest(out, manifest)
 
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")

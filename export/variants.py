@@ -89,24 +89,46 @@ def to_fp16(fused):
     return fused
 
 
-def quantize_int8(fused_path: Path, out_path: Path) -> Path:
+INT8_SCOPES = ("skip-ffn-output", "all")
+GELU_OPS = ("BiasGelu", "FastGelu", "Gelu")  # as fused by onnxruntime
+
+
+def ffn_output_matmuls(model: onnx.ModelProto) -> list[str]:
+    """Each layer's feed-forward output projection in a fused graph: the MatMul fed by the GELU. Its input (GELU
+    activations, a long positive tail) loses most under per-tensor activation quantisation."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    return [n.name for n in model.graph.node
+            if n.op_type == "MatMul" and n.input[0] in producer and producer[n.input[0]].op_type in GELU_OPS]
+
+
+def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-output") -> dict:
     """Dynamic quantisation (int8 weights per output channel, activations quantised per batch at run
-    time) for CPU. Per-channel weights cut MiniLM's relative logit error from 0.40 to 0.15.
-    Runs on the fused graph: Attention and EmbedLayerNormalization have integer kernels."""
+    time) for CPU, on the fused graph (Attention and EmbedLayerNormalization have integer kernels).
+
+    Measured on MiniLM-L6 fine-tuned on SST-2 (872 dev sentences, label agreement with fp32):
+    scope "all" 98.6 %, 1.8x faster than fp32 on 2 CPU cores; "skip-ffn-output" (each layer's FFN
+    output projection stays fp32) 99.3 %, 1.4x. Per-channel weights: relative error 0.40 -> 0.15.
+    Returns what was done, for the manifest."""
     import logging
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    if scope not in INT8_SCOPES:
+        raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
+    excluded = ffn_output_matmuls(onnx.load(str(fused_path), load_external_data=False)) \
+        if scope == "skip-ffn-output" else []
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # it warns on the root logger about pre-processing that BERT does not need
     try:
         # Shape inference cannot type the outputs of com.microsoft ops; they are all float here.
         quantize_dynamic(str(fused_path), str(out_path), weight_type=QuantType.QInt8, per_channel=True,
+                         nodes_to_exclude=excluded,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         root.setLevel(level)
-    return out_path
+    return {"method": "dynamic", "weights": "int8 per channel", "activations": "uint8 per tensor, per batch",
+            "scope": scope, "fp32_nodes": excluded}
 
 
 def save(model_or_onnx_model, path: Path) -> Path:

@@ -3,9 +3,10 @@
 With BERTSERVE_TEST_SST2_CKPT set to a fine-tuned SST-2 classify checkpoint, that checkpoint is used
 and int8 must agree with fp32 on >= 99 % of labels. Without it the head is a ridge-regression
 linear probe on pooled features of 600 SST-2 *train* sentences (closed form, seconds): a seeded
-random head has logit margins so small (median 0.013) that any int8 noise flips labels. On the
-probe the 99 % bar is an expected failure (measured 94 %, see the report) and 90 % is the floor.
-fp32 parity does not depend on the head.
+random head has logit margins so small (median 0.013) that any int8 noise flips labels. The probe
+(71 % accurate) still has small margins (median 0.5 vs 3.4 fine-tuned), so on it the 99 % bar is an
+expected failure and 90 % the floor. Measured with the colleague's fine-tuned MiniLM (87.6 % dev
+accuracy): int8 agreement 99.31 % (6 of 872 differ). fp32 parity does not depend on the head.
 """
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def test_int8_agrees_with_fp32_on_sst2_dev(dev_figures, record_property):
     accuracy = {k: float((dev_figures[k].argmax(1) == dev_figures["labels"]).mean()) for k in ("fused", "int8")}
     record_property("int8_label_agreement", agreement)
     print(f"int8 vs fp32 label agreement on {len(fp32)} SST-2 dev sentences: {agreement:.4f} "
-          f"({int((fp32 != int8).sum())} differ); probe accuracy fp32 {accuracy['fused']:.3f}, int8 {accuracy['int8']:.3f}")
+          f"({int((fp32 != int8).sum())} differ); accuracy fp32 {accuracy['fused']:.3f}, int8 {accuracy['int8']:.3f}")
     if agreement < 0.99 and not FINE_TUNED:
         assert agreement >= 0.90
         pytest.xfail(f"int8 label agreement {agreement:.4f} < 0.99 with the linear-probe head "
