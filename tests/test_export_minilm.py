@@ -4,7 +4,7 @@ With BERTSERVE_TEST_SST2_CKPT set to a fine-tuned SST-2 classify checkpoint, tha
 and int8 must agree with fp32 on >= 99 % of labels. Without it the head is a ridge-regression
 linear probe on pooled features of 600 SST-2 *train* sentences (closed form, seconds): a seeded
 random head has logit margins so small (median 0.013) that any int8 noise flips labels. The probe
-(71 % accurate) still has small margins (median 0.5 vs 3.4 fine-tuned), so on it the 99 % bar is an
+(65-71 % accurate) still has small margins (median 0.5 vs 3.4 fine-tuned), so on it the 99 % bar is an
 expected failure and 90 % the floor. Measured with the colleague's fine-tuned MiniLM (87.6 % dev
 accuracy): int8 agreement 99.31 % (6 of 872 differ). fp32 parity does not depend on the head.
 """
@@ -80,9 +80,12 @@ def int8_artifact(probe_checkpoint, tmp_path_factory):
     return out
 
 
+TORCH_SUBSET = 256  # torch and fp16 comparisons on the first 256 dev sentences (2 CPU cores); int8 on all 872
+
+
 @pytest.fixture(scope="module")
 def dev_figures(probe_checkpoint, int8_artifact, sst2_dev, tmp_path_factory):
-    """torch, fused fp32, int8 and fp16 (CPU) logits on all SST-2 dev sentences."""
+    """Logits on SST-2 dev: fused fp32 and int8 on all sentences; torch, portable, fp16 (CPU) on a subset."""
     from bert.checkpoint import load_checkpoint
     from bert.config import BertConfig
     from bert.tokenizer import BertTokenizer
@@ -90,23 +93,25 @@ def dev_figures(probe_checkpoint, int8_artifact, sst2_dev, tmp_path_factory):
 
     tokenizer = BertTokenizer.from_dir(int8_artifact)
     batches = batches_of(tokenizer, [s for s, _ in sst2_dev])
+    subset = batches_of(tokenizer, [s for s, _ in sst2_dev[:TORCH_SUBSET]])
     model, _ = load_checkpoint(probe_checkpoint)
     with torch.inference_mode():
         torch_logits = np.concatenate([model(*(torch.from_numpy(b[k]) for k in KEYS)).logits.numpy()
-                                       for b in batches])
+                                       for b in subset])
     config = BertConfig.from_json_file(int8_artifact)
     tmp = tmp_path_factory.mktemp("variants")
     fused = variants.fuse(int8_artifact / "model.portable.onnx", config)
     fused_path = variants.save(fused, tmp / "fused.onnx")
     fp16_path = variants.save(variants.to_fp16(fused), tmp / "fp16.onnx")
 
-    def run(path):
+    def run(path, feeds):
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return np.concatenate([sess.run(["logits"], b)[0] for b in batches]).astype(np.float32)
+        return np.concatenate([sess.run(["logits"], b)[0] for b in feeds]).astype(np.float32)
 
-    return {"torch": torch_logits, "portable": run(int8_artifact / "model.portable.onnx"),
-            "fused": run(fused_path), "int8": run(int8_artifact / "model.onnx"), "fp16": run(fp16_path),
-            "labels": np.array([y for _, y in sst2_dev])}
+    fused_all = run(fused_path, batches)
+    return {"torch": torch_logits, "portable": run(int8_artifact / "model.portable.onnx", subset),
+            "fused": fused_all[:TORCH_SUBSET], "fused_all": fused_all, "int8": run(int8_artifact / "model.onnx", batches),
+            "fp16": run(fp16_path, subset), "labels": np.array([y for _, y in sst2_dev])}
 
 
 def test_manifest_records_fp32_and_int8_parity(int8_artifact):
@@ -123,17 +128,17 @@ def test_fp32_onnx_matches_torch_on_sst2_dev(dev_figures, record_property):
     for variant in ("portable", "fused"):
         diff = float(np.abs(dev_figures[variant] - dev_figures["torch"]).max())
         record_property(f"{variant}_max_abs_diff", diff)
-        print(f"{variant} fp32 vs torch, 872 SST-2 dev: max abs diff {diff:.2e}")
+        print(f"{variant} fp32 vs torch, first {TORCH_SUBSET} SST-2 dev sentences: max abs diff {diff:.2e}")
         assert diff <= 1e-4
 
 
 def test_int8_agrees_with_fp32_on_sst2_dev(dev_figures, record_property):
-    fp32, int8 = dev_figures["fused"].argmax(1), dev_figures["int8"].argmax(1)
+    fp32, int8 = dev_figures["fused_all"].argmax(1), dev_figures["int8"].argmax(1)
     agreement = float((fp32 == int8).mean())
-    accuracy = {k: float((dev_figures[k].argmax(1) == dev_figures["labels"]).mean()) for k in ("fused", "int8")}
+    accuracy = {k: float((dev_figures[k].argmax(1) == dev_figures["labels"]).mean()) for k in ("fused_all", "int8")}
     record_property("int8_label_agreement", agreement)
     print(f"int8 vs fp32 label agreement on {len(fp32)} SST-2 dev sentences: {agreement:.4f} "
-          f"({int((fp32 != int8).sum())} differ); accuracy fp32 {accuracy['fused']:.3f}, int8 {accuracy['int8']:.3f}")
+          f"({int((fp32 != int8).sum())} differ); accuracy fp32 {accuracy['fused_all']:.3f}, int8 {accuracy['int8']:.3f}")
     if agreement < 0.99 and not FINE_TUNED:
         assert agreement >= 0.90
         pytest.xfail(f"int8 label agreement {agreement:.4f} < 0.99 with the linear-probe head "
@@ -145,5 +150,5 @@ def test_fp16_runs_on_cpu_provider(dev_figures, record_property):
     diff = float(np.abs(dev_figures["fp16"] - dev_figures["torch"]).max())
     agreement = float((dev_figures["fp16"].argmax(1) == dev_figures["fused"].argmax(1)).mean())
     record_property("fp16_cpu_max_abs_diff", diff)
-    print(f"fp16 (CPU provider) vs torch: max abs diff {diff:.2e}, label agreement {agreement:.4f}")
+    print(f"fp16 (CPU provider) vs torch, first {TORCH_SUBSET} SST-2 dev sentences: max abs diff {diff:.2e}, label agreement {agreement:.4f}")
     assert diff < 5e-2 and agreement >= 0.99
