@@ -139,7 +139,7 @@ def test_bad_flags_exit_2(tmp_path):
 def test_help_explains_every_flag():
     text = build_parser().format_help()
     for flag in ("--ckpt", "--task", "--precision", "--out", "--max-batch", "--max-seq", "--opset", "--random-init",
-                 "--no-verify", "--tokenizer", "--atol"):
+                 "--no-verify", "--tokenizer", "--atol", "--int8-scope", "--opt-batch", "--opt-seq"):
         assert flag in text
 
 
