@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from bert.checkpoint import TOKENIZER_FILES, CheckpointError, load_checkpoint, resolve_checkpoint
+from bert.checkpoint import TOKENIZER_FILES, load_checkpoint, resolve_checkpoint
 from bert.config import PRESETS, BertConfig
 
 from .manifest import checkpoint_files, sha256_files
@@ -132,4 +132,4 @@ def _random_source(name: str, task: str, seed: int) -> Source:
                   checkpoint_dir=None, checkpoint_sha256=None, random_init=True, seed=seed)
 
 
-__all__ = ["CheckpointError", "Source", "SourceError", "load_source", "checkpoint_task"]
+__all__ = ["Source", "SourceError", "load_source", "checkpoint_task"]
