@@ -41,10 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "onnxruntime. Needs the tensorrt package and an NVIDIA GPU.",
         epilog="Exit status: 0 built and verified; 1 build failed or outputs out of tolerance; 2 bad request "
                "or TensorRT not installed.")
-    p.add_argument("--artifact", required=True, metavar="DIR",
-                   help="artifact directory written by python -m export.onnx")
-    p.add_argument("--out", metavar="PLAN", help="engine file to write (default: DIR/model.plan; the manifest is "
-                                                  "updated only when the plan is written into the artifact)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--artifact", metavar="DIR", help="artifact directory written by python -m export.onnx "
+                                                          "(its model.portable.onnx is built)")
+    source.add_argument("--onnx", metavar="FILE",
+                        help="an ONNX file with standard ops only (e.g. DIR/model.portable.onnx); the manifest next "
+                             "to it, if any, gives the shape range and the parity check")
+    p.add_argument("--out", metavar="PLAN",
+                   help="engine file to write, or an existing directory that receives model.plan (default: "
+                        "DIR/model.plan; the manifest is updated only when the plan lands in the artifact)")
+    p.add_argument("--max-batch", type=int, metavar="N", help="profile max batch (default: the manifest's, else 32)")
+    p.add_argument("--max-seq", type=int, metavar="N", help="profile max sequence (default: the manifest's, else 512)")
+    p.add_argument("--opt-batch", type=int, metavar="N", help="profile opt batch (default: the manifest's, else 8)")
+    p.add_argument("--opt-seq", type=int, metavar="N", help="profile opt sequence (default: the manifest's, else 128)")
     p.add_argument("--workspace-gb", type=float, default=4.0, metavar="GB",
                    help="largest GPU scratch memory TensorRT may use while building and running (default 4)")
     p.add_argument("--timing-cache", metavar="FILE",
@@ -140,39 +149,81 @@ def verify_engine(plan: Path, artifact: Path, manifest: dict) -> dict:
             "max_abs_diff": max(f.max_abs_diff for f in figures.values())}
 
 
+def resolve_request(args) -> tuple[Path, Path, dict, bool]:
+    """(onnx file, artifact dir, manifest with the effective shape range, whether a real manifest exists)."""
+    import onnx
+
+    if args.artifact:
+        artifact = Path(args.artifact)
+        manifest = read_manifest(artifact)
+        onnx_path = artifact / PORTABLE_FILE
+        if not onnx_path.is_file():
+            raise UsageError(f"{artifact} has no {PORTABLE_FILE}; re-export it with python -m export.onnx")
+        has_manifest = True
+    else:
+        onnx_path = Path(args.onnx)
+        if not onnx_path.is_file():
+            raise UsageError(f"--onnx {onnx_path}: no such file")
+        artifact = onnx_path.parent
+        has_manifest = (artifact / "manifest.json").is_file()
+        if has_manifest:
+            manifest = read_manifest(artifact)
+        else:
+            graph = onnx.load(str(onnx_path), load_external_data=False).graph
+            manifest = {"task": None, "inputs": [{"name": i.name} for i in graph.input], "outputs": [],
+                        "shape_range": {"min_batch": 1, "opt_batch": 8, "max_batch": 32, "min_seq": 1,
+                                        "opt_seq": 128, "max_seq": 512}}
+    domains = {n.domain for n in onnx.load(str(onnx_path), load_external_data=False).graph.node} - {"", "ai.onnx"}
+    if domains:
+        raise UsageError(f"{onnx_path} uses onnxruntime-only operators ({', '.join(sorted(domains))}); TensorRT needs "
+                         f"the portable graph: --onnx DIR/{PORTABLE_FILE} or --artifact DIR")
+    r = dict(manifest["shape_range"])
+    for key in ("max_batch", "max_seq", "opt_batch", "opt_seq"):
+        if getattr(args, key) is not None:
+            r[key] = getattr(args, key)
+    if not (1 <= r["opt_batch"] <= r["max_batch"] and 1 <= r["opt_seq"] <= r["max_seq"]):
+        raise UsageError(f"shape range must satisfy 1 <= opt <= max: batch {r['opt_batch']}/{r['max_batch']}, "
+                         f"sequence {r['opt_seq']}/{r['max_seq']}")
+    manifest["shape_range"] = r
+    return onnx_path, artifact, manifest, has_manifest
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
-    artifact = Path(args.artifact)
-    manifest = read_manifest(artifact)
-    if not (artifact / PORTABLE_FILE).is_file():
-        raise UsageError(f"{artifact} has no {PORTABLE_FILE}; re-export it with python -m export.onnx")
     if args.workspace_gb <= 0:
         raise UsageError(f"--workspace-gb must be positive, got {args.workspace_gb}")
+    onnx_path, artifact, manifest, has_manifest = resolve_request(args)
     trt = import_tensorrt()
     plan = Path(args.out) if args.out else artifact / PLAN_FILE
+    if plan.is_dir():
+        plan = plan / PLAN_FILE
     timing_cache = Path(args.timing_cache) if args.timing_cache else artifact / "timing.cache"
+    verify = has_manifest and not args.no_verify and bool(manifest["outputs"])
 
-    progress = Progress(total=2 if args.no_verify else 3)
+    progress = Progress(total=3 if verify else 2)
     with tempfile.TemporaryDirectory() as tmp:
-        with progress(f"building the FP16 engine with TensorRT {trt.__version__} (minutes for large models)"):
-            onnx_fp16 = fp16_onnx(artifact / PORTABLE_FILE, Path(tmp) / "model.fp16.onnx")
+        with progress(f"building the FP16 engine with TensorRT {trt.__version__} from {onnx_path.name} "
+                      "(minutes for large models)"):
+            onnx_fp16 = fp16_onnx(onnx_path, Path(tmp) / "model.fp16.onnx")
             plan.parent.mkdir(parents=True, exist_ok=True)
             plan.write_bytes(build_engine(onnx_fp16, manifest, workspace_gb=args.workspace_gb,
                                           timing_cache=timing_cache, progress=progress))
             progress.note(f"{plan} ({plan.stat().st_size / 2**20:.1f} MiB)")
     figures = None
-    if not args.no_verify:
+    if verify:
         with progress("checking the engine against onnxruntime on the sample text"):
             figures = verify_engine(plan, artifact, manifest)
             progress.note(json.dumps({n: round(o["max_abs_diff"], 5) for n, o in figures["outputs"].items()}))
     with progress("recording the engine in manifest.json"):
-        if plan.resolve().parent == artifact.resolve():
+        if has_manifest and plan.resolve().parent == artifact.resolve():
             manifest.pop("format_version", None)
             manifest.setdefault("files", {})["plan"] = file_entry(plan)
             manifest["tensorrt"] = {"version": trt.__version__, "precision": "fp16", "strongly_typed": True,
                                     "workspace_gb": args.workspace_gb, "parity": figures,
                                     "profile": dict(zip(("min", "opt", "max"), profile_shapes(manifest)))}
             write_manifest(artifact, manifest)
+        else:
+            progress.note("engine written outside the artifact: manifest.json left as it is")
     if figures and not figures["passed"]:
         raise ResultError("TensorRT engine out of tolerance vs onnxruntime: " + "; ".join(figures["problems"]))
     print(f"engine: {plan}")

@@ -59,6 +59,13 @@ def test_without_tensorrt_one_line_exit_2(artifact):
     assert "pip install bertserve[gpu]" in lines[0] and "container" in lines[0]
 
 
+def test_fused_graph_is_refused_before_anything_else(artifact):
+    from export.tensorrt import cli
+
+    assert cli(["--onnx", str(artifact / "model.onnx")]) == 2  # com.microsoft ops: TensorRT cannot parse them
+    assert cli(["--artifact", str(artifact), "--max-batch", "2", "--opt-batch", "4"]) == 2  # opt > max
+
+
 def test_fp16_graph_for_tensorrt_keeps_io_and_runs(artifact, tmp_path):
     """The graph TensorRT builds from: fp16 inside, int64 in, fp32 out, fp32 LayerNorm/Softmax."""
     import onnx
@@ -141,3 +148,8 @@ def test_rebuild_reuses_timing_cache(engine_artifact, tmp_path):
     assert cli(["--artifact", str(engine_artifact), "--out", str(tmp_path / "again.plan"),
                 "--timing-cache", str(engine_artifact / "timing.cache"), "--no-verify"]) == 0
     assert (tmp_path / "again.plan").stat().st_size > 0
+    # The docker entrypoint's form: --onnx FILE, --out an existing directory.
+    (tmp_path / "dir").mkdir()
+    assert cli(["--onnx", str(engine_artifact / "model.portable.onnx"), "--out", str(tmp_path / "dir"),
+                "--timing-cache", str(engine_artifact / "timing.cache")]) == 0
+    assert (tmp_path / "dir" / "model.plan").stat().st_size > 0
