@@ -200,6 +200,8 @@ def main(argv=None) -> None:
 
     with progress("writing config.json, tokenizer files and manifest.json"):
         config.architectures = [type(source.model).__name__]
+        if source.task == "encoder":
+            config.task = None  # the graph has no head: a server must not mistake it for the checkpoint's task
         config.save(out)
         save_tokenizer_files(source.tokenizer_dir, out)
         manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, out)
