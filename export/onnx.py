@@ -8,6 +8,7 @@ tokenizer and manifest. See docs/export.md.
 from __future__ import annotations
 
 import argparse
+import gc
 import platform
 import sys
 import tempfile
@@ -172,6 +173,12 @@ def main(argv=None) -> None:
             input_names=INPUT_NAMES, output_names=wrapper.output_names, dynamic_axes=dynamic_axes(wrapper.spec),
             opset=args.opset)
         onnx.checker.check_model(str(portable))
+        # torch is done (reference outputs taken, graph exported): free its weights before onnxruntime
+        # loads two more copies (BERT-large: 1.3 GB each).
+        model_class = type(source.model).__name__
+        del wrapper.model
+        source.model = None
+        gc.collect()
     if not args.no_verify:
         with progress("verifying model.portable.onnx against torch"):
             verify("portable", portable, "fp32")
@@ -199,7 +206,7 @@ def main(argv=None) -> None:
             verify("model", model_path, args.precision)
 
     with progress("writing config.json, tokenizer files and manifest.json"):
-        config.architectures = [type(source.model).__name__]
+        config.architectures = [model_class]
         if source.task == "encoder":
             config.task = None  # the graph has no head: a server must not mistake it for the checkpoint's task
         config.save(out)
