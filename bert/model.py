@@ -51,9 +51,12 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # Sliced per call rather than arange(T): the same numbers, but the graph pattern
+        # (Shape-Slice-Gather) onnxruntime's EmbedLayerNormalization fusion matches. Not saved.
+        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None, :], persistent=False)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
+        positions = self.position_ids[:, : input_ids.shape[1]]  # (1, T)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))

@@ -1,8 +1,8 @@
 """The graph we export: named int64 inputs, outputs named by task, dynamic batch and sequence axes.
 
 `ExportWrapper` turns a bert model's small result object into a tuple in a fixed order, so the
-ONNX graph has one output per name. `prepare_for_export` switches the model to the graph shapes
-onnxruntime's BERT fusion recognises (explicit attention, Hugging Face's position-id slice).
+ONNX graph has one output per name. `prepare_for_export` switches the model to the explicit
+attention graph onnxruntime's BERT fusion recognises.
 """
 from __future__ import annotations
 
@@ -71,28 +71,10 @@ class ExportWrapper(nn.Module):
         return tuple(getattr(result, attr) for attr, _ in self.spec.values())
 
 
-def _sliced_position_ids_forward(embeddings: nn.Module):
-    """BertEmbeddings.forward with Hugging Face's `position_ids[:, :T]` buffer slice instead of
-    `arange(T)`: the same numbers, but the Shape-Gather-Unsqueeze-Slice-Gather pattern that
-    onnxruntime's EmbedLayerNormalization fusion matches."""
-    max_positions = embeddings.position_embeddings.num_embeddings
-    embeddings.register_buffer("position_ids", torch.arange(max_positions)[None, :], persistent=False)
-
-    def forward(input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        positions = embeddings.position_ids[:, : input_ids.shape[1]]  # (1, T)
-        x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
-        x = x + embeddings.position_embeddings(positions)
-        return embeddings.dropout(embeddings.LayerNorm(x))
-
-    return forward
-
-
 def prepare_for_export(model: BertPreTrainedModel) -> BertPreTrainedModel:
-    """Eval mode, explicit (fusable) attention, sliced position ids. Numerically the same model."""
+    """Eval mode and explicit (fusable) attention. Numerically the same model."""
     model.eval()
     model.set_attention_implementation("eager")
-    embeddings = model.encoder_module().embeddings
-    embeddings.forward = _sliced_position_ids_forward(embeddings)
     return model
 
 
