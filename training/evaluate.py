@@ -16,7 +16,7 @@ from training.config import ConfigError, build_parser
 
 FALLBACKS = {"max_seq_length": 128, "eval_batch_size": 64, "text_column": "0", "pair_column": "",
              "label_column": "-1", "header": "auto", "scheme": "auto", "doc_stride": 128, "max_query_length": 64,
-             "max_answer_length": 30, "n_best": 20, "heldout_articles": 0}
+             "max_answer_length": 30, "heldout_articles": 0}
 
 
 @dataclass
@@ -36,7 +36,6 @@ class EvaluateConfig:
     doc_stride: int | None = None  # qa: tokens shared by neighbouring windows
     max_query_length: int | None = None  # qa
     max_answer_length: int | None = None  # qa: longest answer in tokens
-    n_best: int | None = None  # qa
     heldout_articles: int | None = None  # qa: evaluate on the last N articles of --data (the held-out split)
     device: str = "cpu"  # cpu | cuda | cuda:N
     torch_threads: int = 0  # torch.set_num_threads (0 = default)
@@ -104,7 +103,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     examples = limit(readers.squad_examples(articles))
     return Q.evaluate_qa(model, tokenizer, examples, max_seq_length=cfg.max_seq_length, doc_stride=cfg.doc_stride,
                          max_query_length=cfg.max_query_length, max_answer_length=cfg.max_answer_length,
-                         n_best=cfg.n_best, batch_size=cfg.eval_batch_size)
+                         batch_size=cfg.eval_batch_size)
 
 
 def main(argv=None) -> int:

@@ -47,7 +47,6 @@ class FinetuneConfig(TrainConfig):
     doc_stride: int = 128  # tokens between the starts of consecutive context windows
     max_query_length: int = 64  # questions are cut to this many tokens
     max_answer_length: int = 30  # longest predicted answer, in tokens
-    n_best: int = 20  # start/end candidates searched per window
     heldout_articles: int = 0  # qa: hold out the last N articles of --train-data for evaluation (never trained on)
     stop_at_step: int = 0  # stop as if interrupted after this step (schedule unchanged; then --resume)
 
@@ -164,8 +163,7 @@ def prepare(cfg: FinetuneConfig, tokenizer):
     def evaluate(model):
         return Q.evaluate_qa(model, tokenizer, dev_examples, max_seq_length=cfg.max_seq_length,
                              doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length,
-                             max_answer_length=cfg.max_answer_length, n_best=cfg.n_best,
-                             batch_size=cfg.eval_batch_size)
+                             max_answer_length=cfg.max_answer_length, batch_size=cfg.eval_batch_size)
     return data, evaluate, None, "qa", {}
 
 

@@ -56,7 +56,7 @@ def train_features(tokenizer, examples: list[QAExample], *, max_seq_length: int,
 
 
 def predict_qa(model, tokenizer, examples: list[QAExample], *, max_seq_length: int, doc_stride: int,
-               max_query_length: int, max_answer_length: int, n_best: int = 20, batch_size: int = 64,
+               max_query_length: int, max_answer_length: int, batch_size: int = 64,
                handle_impossible_answer: bool = False) -> dict[str, str]:
     from training.task_data import run_model
 
@@ -73,7 +73,6 @@ def predict_qa(model, tokenizer, examples: list[QAExample], *, max_seq_length: i
                                   top_k=1, max_answer_len=max_answer_length,
                                   handle_impossible_answer=handle_impossible_answer)
         predictions[example.id] = answers[0]["answer"] if answers else ""
-    del n_best  # decode searches top_k * 2 + 10 candidates per window
     return predictions
 
 
