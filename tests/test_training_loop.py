@@ -200,15 +200,24 @@ def test_pretrain_interrupted_and_resumed_matches_uninterrupted(assets, tmp_path
     assert (whole / "best" / "vocab.txt").is_file()
 
 
-def test_torchrun_two_processes_gloo(assets, tmp_path):
-    out = tmp_path / "ddp"
+def _torchrun(assets, out, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "training.finetune", *classify_args(assets, out, "--max-steps", "6", "--eval-every", "3")]
+           "-m", "training.finetune", *classify_args(assets, out, "--max-steps", "8", "--eval-every", "4", *extra)]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (out / "best" / "metrics.json").is_file() and (out / "last" / "trainer_state.json").is_file()
-    assert max(losses(out)) == 6
+
+
+def test_torchrun_two_processes_gloo_and_exact_resume(assets, tmp_path):
+    whole, parts = tmp_path / "ddp", tmp_path / "ddp-parts"
+    _torchrun(assets, whole)
+    assert (whole / "best" / "metrics.json").is_file() and (whole / "last" / "trainer_state.json").is_file()
+    assert max(losses(whole)) == 8
+    _torchrun(assets, parts, "--stop-at-step", "4")
+    assert (parts / "last" / "rng_rank1.pt").is_file()
+    _torchrun(assets, parts, "--resume", str(parts / "last"))
+    a, b = losses(whole), losses(parts)
+    assert [a[s] for s in range(5, 9)] == [b[s] for s in range(5, 9)]
 
 
 def test_ctrl_c_mid_step_saves_last_and_resume_is_exact(assets, tmp_path, monkeypatch):

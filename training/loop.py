@@ -220,6 +220,12 @@ def train(
         state = load_trainer_state(Path(cfg.resume), model=model, optimizer=optimizer, scaler=scaler, device=device)
         step, epoch, position = state["step"], state["epoch"], state["position"]
         best, last_eval = state.get("best"), state.get("last_eval", {})
+        rank_rng = Path(cfg.resume) / f"rng_rank{dist.rank}.pt"
+        if dist.world_size > 1 and rank_rng.is_file() and state.get("world_size") == dist.world_size:
+            blob = torch.load(rank_rng, map_location="cpu", weights_only=True)
+            torch.set_rng_state(blob["torch_rng"])
+            if blob.get("cuda_rng") is not None and device.type == "cuda":
+                torch.cuda.set_rng_state(blob["cuda_rng"], device)
         if state.get("total_steps") != total_steps:
             raise ValueError(f"--resume {cfg.resume}: that run planned {state.get('total_steps')} steps, "
                              f"this config plans {total_steps}; resume with the same options")
@@ -236,13 +242,19 @@ def train(
                 f.write(json.dumps(record) + "\n")
 
     def save_last(reason: str) -> None:
+        directory = out / "last"
         if dist.main:
-            directory = out / "last"
             save_model(model, directory)
             save_trainer_state(directory, optimizer=optimizer, scaler=scaler, state={
                 "step": step, "epoch": epoch, "position": position, "total_steps": total_steps,
-                "best": best, "last_eval": last_eval, "reason": reason, "config": cfg.to_dict()})
+                "best": best, "last_eval": last_eval, "reason": reason, "config": cfg.to_dict(),
+                "world_size": dist.world_size})
         _barrier(dist)
+        if dist.world_size > 1:  # every process has its own dropout RNG stream
+            torch.save({"torch_rng": torch.get_rng_state(),
+                        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
+                       directory / f"rng_rank{dist.rank}.pt")
+            _barrier(dist)
 
     def run_eval() -> None:
         nonlocal best, last_eval
