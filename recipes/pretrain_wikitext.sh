@@ -13,4 +13,4 @@ $PY -m training.data.wikitext "$DATA/wikitext-2-raw/wiki.test.raw" "$OUT/wiki.te
 nice -n 5 $PY -m training.pretrain --corpus "$OUT/wiki.test.corpus.txt" --vocab-size ${VOCAB:-8000} \
   --preset mini --output-dir "$OUT" --max-seq-length ${SEQ:-128} --max-predictions-per-seq 20 \
   --dupe-factor 5 --heldout-percent 10 --batch-size ${BATCH:-32} --learning-rate ${LR:-1e-3} --warmup-steps 100 \
-  --max-steps ${STEPS:-1200} --eval-every 200 --log-every 20 --max-eval-instances 1000 --torch-threads ${THREADS:-2} "$@"
+  --max-steps ${STEPS:-1400} --eval-every 200 --log-every 20 --max-eval-instances 1000 --torch-threads ${THREADS:-2} "$@"
