@@ -1,4 +1,4 @@
-# Two commands on a fresh machine:  `make serve`  (set up + start the server on the demo model)
+# Two commands on a fresh machine:  `make serve`  (set up + start the server on the demo model; MODEL=DIR for another)
 #                                   `make test`   (set up + run the test suite)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup setup-dev demo bench clean
+.PHONY: serve test setup setup-dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,13 +29,10 @@ setup: $(VENV)/.setup-serve
 setup-dev: $(VENV)/.setup-dev
 
 serve: setup
-	$(PY) -m serving
+	$(PY) -m serving $(if $(MODEL),--model $(MODEL))
 
 test: setup-dev
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
-
-demo: setup-dev
-	bash recipes/demo.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -77,12 +77,11 @@ def runner(variant: str, ckpt: Path, workdir: Path, threads: int):
 
 
 def padded(tokenizer, sentences: list[str], seq: int) -> dict[str, np.ndarray]:
-    enc = tokenizer(sentences, max_length=seq, truncation=True, padding=False)
+    """Exactly (len(sentences), seq): the measured shape, whatever the sentences' lengths."""
+    enc = tokenizer(sentences, max_length=seq, truncation=True, padding=True)
     batch = {k: np.zeros((len(sentences), seq), dtype=np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
-    for i in range(len(sentences)):
-        n = int(enc["attention_mask"][i].sum())
-        for k in batch:
-            batch[k][i, :n] = enc[k][i, :n]
+    for k in batch:
+        batch[k][:, : enc[k].shape[1]] = enc[k]
     return batch
 
 

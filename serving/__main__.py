@@ -16,7 +16,7 @@ import typing
 import uvicorn
 from pydantic import ValidationError
 
-from serving.settings import DEMO_MODEL_DIR, Settings
+from serving.settings import Settings
 
 log = logging.getLogger("bertserve")
 
@@ -85,10 +85,6 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(x) for x in error["loc"]) or "settings"
             print(f"error: --{where.replace('_', '-')}: {error['msg']}", file=sys.stderr)
         return 2
-    if settings.model is None and not any(settings.model_paths().values()) and not DEMO_MODEL_DIR.is_dir():
-        print("error: the built-in demo model is not built; run `make demo` or pass --model PATH", file=sys.stderr)
-        return 2
-
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from serving.app import create_app
     from serving.backends.base import ModelError

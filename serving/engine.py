@@ -80,7 +80,8 @@ class Engine:
         default = settings.model
         if default is None and not any(wanted.values()):
             if not DEMO_MODEL_DIR.is_dir():
-                raise ModelError("the built-in demo model is not built; run `make demo` or pass --model PATH")
+                raise ModelError("the built-in demo model is not in this build (serving/demo_model/, see the "
+                                 "README's \"Demo model\"); pass --model PATH")
             default = str(DEMO_MODEL_DIR)
         paths: dict[Path, list[str]] = {}
         if default is not None:

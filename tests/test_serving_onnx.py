@@ -115,4 +115,4 @@ def test_missing_demo_model_is_one_clear_line(tmp_path):
                          env=env)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "error: the built-in demo model is not built; run `make demo` or pass --model PATH"]
+        "error: the built-in demo model is not in this build (serving/demo_model/, see the README's \"Demo model\"); pass --model PATH"]
