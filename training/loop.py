@@ -187,12 +187,17 @@ def train(
     dist: Dist | None = None,
     device: torch.device | None = None,
     stop_at_step: int = 0,
+    compute_loss: Callable[[torch.nn.Module, dict], torch.Tensor] | None = None,
+    find_unused_parameters: bool = False,
 ) -> dict:
     """Train `model` on `data` as `cfg` says; returns {"step", "best", "last_eval"}.
 
     Writes <output_dir>/log.jsonl, last/ (weights + tokenizer + trainer state, resumable) and, when
     `evaluate` and `best_metric` are given, best/ with metrics.json. `stop_at_step` stops early as if
     interrupted (the schedule still spans the whole run), so a later --resume continues exactly.
+    `compute_loss(model, batch)` replaces the default `model(**batch).loss` (multi-task: the batch
+    names its task and the loss picks that head); `find_unused_parameters` goes to
+    DistributedDataParallel (heads that a single-task batch leaves unused).
     """
     dist = dist or Dist()
     device = device or torch.device("cpu")
@@ -233,7 +238,8 @@ def train(
     train_model = model
     if dist.world_size > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=find_unused_parameters)
     micro_per_rank = cfg.grad_accum_steps
 
     def log(record: dict) -> None:
@@ -306,7 +312,8 @@ def train(
                     context = contextlib.nullcontext() if sync else train_model.no_sync()
                     with context:
                         with torch.autocast(device.type, dtype=amp_dtype, enabled=use_autocast):
-                            loss = train_model(**batch).loss / len(micro_batches)
+                            loss = (compute_loss(train_model, batch) if compute_loss is not None
+                                    else train_model(**batch).loss) / len(micro_batches)
                         (scaler.scale(loss) if scaler else loss).backward()
                     loss_sum += float(loss.detach())
                 if scaler:

@@ -1,0 +1,345 @@
+"""python -m training.multitask: one encoder, three heads (classify, ner, qa) fine-tuned together.
+
+    python -m training.multitask --ckpt PATH \
+        --classify-train SST-2/train.tsv --classify-eval SST-2/dev.tsv --classify-label-names negative,positive \
+        --ner-train conll2003/train.txt --ner-eval conll2003/valid.txt \
+        --qa-train squad-train/ --heldout-articles 10 \
+        --output-dir runs/demo --save-dtype fp16 --max-shard-mb 15
+
+Give any subset of the tasks (a task takes part when its --X-train is given). Each task's data is read
+and encoded exactly as `training.finetune` does; each batch holds one task, and the tasks' batches are
+interleaved in proportion to their sizes (or to --task-weights). The loss of a batch is its task's head
+on the shared BertForMultiTask forward pass. Evaluation runs each task's own metrics; best/ is the
+step with the highest mean of the main metrics (classify accuracy in %, ner entity F1, qa F1).
+
+Writes <output-dir>/best (checkpoint in --save-dtype, sharded by --max-shard-mb, + metrics.json),
+<output-dir>/last (full precision + trainer state for --resume), log.jsonl and metrics.json (with the
+scores of best/ re-measured after loading it back from disk).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from training.config import TrainConfig, is_model_spec, model_config, parse_config
+from training.finetune import BEST_METRIC, FinetuneConfig, prepare
+
+TASKS = ("classify", "ner", "qa")
+SAVE_DTYPES = ("fp32", "fp16", "bf16")
+
+
+@dataclass
+class MultiTaskConfig(TrainConfig):
+    ckpt: str = ""  # checkpoint path or store name whose encoder all heads share (heads start fresh if absent)
+    init_preset: str = ""  # instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)
+    tokenizer: str = ""  # tokenizer directory (default: the checkpoint's)
+    classify_train: str = ""  # TSV (text, label) for the classify head; empty = no classify head
+    classify_eval: str = ""  # TSV to evaluate classify on
+    classify_labels: list[str] = field(default_factory=list)  # label values as written in the TSV (default: sorted unique)
+    classify_label_names: list[str] = field(default_factory=list)  # names the checkpoint shows (default: the values)
+    ner_train: str = ""  # CoNLL file for the ner head (IOB1 or IOB2); empty = no ner head
+    ner_eval: str = ""  # CoNLL file to evaluate ner on
+    qa_train: str = ""  # SQuAD JSON / .gz / directory / comma-separated parts for the qa head; empty = no qa head
+    qa_eval: str = ""  # SQuAD files to evaluate qa on (or use --heldout-articles)
+    heldout_articles: int = 0  # qa: hold out the last N articles of --qa-train for evaluation (never trained on)
+    task_weights: list[str] = field(default_factory=list)  # e.g. classify=1,ner=1,qa=2: share of batches per task (default: by dataset size)
+    classify_max_seq_length: int = 128  # longest classify input (longer ones are truncated)
+    ner_max_seq_length: int = 128  # longest ner input (longer ones are truncated)
+    qa_max_seq_length: int = 384  # qa window length (contexts are windowed by --doc-stride)
+    doc_stride: int = 128  # qa: tokens between the starts of consecutive context windows
+    max_query_length: int = 64  # qa: questions are cut to this many tokens
+    max_answer_length: int = 30  # qa: longest predicted answer, in tokens
+    scheme: str = "auto"  # ner: auto | iob1 | iob2 tag scheme of the CoNLL files
+    eval_batch_size: int = 64  # examples per evaluation batch
+    max_train_examples: int = 0  # per task: use only the first N training examples (0 = all)
+    max_eval_examples: int = 0  # per task: evaluate on only the first N examples (0 = all)
+    save_dtype: str = "fp32"  # fp32 | fp16 | bf16 weights of best/ (last/ keeps full precision for exact resume)
+    max_shard_mb: float = 0.0  # shard the weights into files of at most this many MB (+ index); 0 = one file
+    stop_at_step: int = 0  # stop as if interrupted after this step (schedule unchanged; then --resume)
+
+    def tasks(self) -> list[str]:
+        return [t for t in TASKS if getattr(self, f"{t}_train")]
+
+    def weights(self) -> dict[str, float] | None:
+        if not self.task_weights:
+            return None
+        out = {}
+        for item in self.task_weights:
+            name, _, value = item.partition("=")
+            out[name.strip()] = float(value)
+        return out
+
+    def task_config(self, task: str) -> FinetuneConfig:
+        """The single-task fine-tuning config whose data reading and evaluation this task reuses."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
+        return FinetuneConfig(
+            **shared, task=task, ckpt=self.ckpt, init_preset=self.init_preset, tokenizer=self.tokenizer,
+            train_data=getattr(self, f"{task}_train"), eval_data=getattr(self, f"{task}_eval"),
+            max_seq_length=getattr(self, f"{task}_max_seq_length"), eval_batch_size=self.eval_batch_size,
+            max_train_examples=self.max_train_examples, max_eval_examples=self.max_eval_examples,
+            labels=list(self.classify_labels or []) if task == "classify" else [],
+            label_names=list(self.classify_label_names or []) if task == "classify" else [],
+            scheme=self.scheme, doc_stride=self.doc_stride, max_query_length=self.max_query_length,
+            max_answer_length=self.max_answer_length, heldout_articles=self.heldout_articles if task == "qa" else 0)
+
+    def task_problems(self) -> list[str]:
+        problems = []
+        if not self.tasks():
+            return ["give at least one of --classify-train, --ner-train, --qa-train"]
+        if bool(self.ckpt) == bool(self.init_preset):
+            return ["give exactly one of --ckpt (pretrained weights) and --init-preset (random weights)"]
+        if self.init_preset and not is_model_spec(self.init_preset):
+            return [f"--init-preset {self.init_preset!r} is neither a preset nor a config.json"]
+        for task in TASKS:
+            if not getattr(self, f"{task}_train") and (getattr(self, f"{task}_eval")
+                                                       or (task == "qa" and self.heldout_articles)):
+                problems.append(f"--{task}-eval/--heldout-articles given without --{task}-train")
+        if (self.classify_labels or self.classify_label_names) and not self.classify_train:
+            problems.append("--classify-labels/--classify-label-names need --classify-train")
+        for task in self.tasks():
+            for p in self.task_config(task).task_problems():
+                p = p.replace("--train-data", f"--{task}-train").replace("--eval-data", f"--{task}-eval")
+                p = p.replace("max_seq_length", f"{task}_max_seq_length").replace("--labels", "--classify-labels")
+                p = p.replace("--label-names", "--classify-label-names")
+                problems.append(p if p.startswith("--") else f"{task}: {p}")
+        try:
+            weights = self.weights()
+        except ValueError:
+            problems.append(f"--task-weights must look like classify=1,ner=1,qa=2, got {self.task_weights}")
+        else:
+            if weights is not None:
+                if set(weights) != set(self.tasks()):
+                    problems.append(f"--task-weights must name each trained task ({', '.join(self.tasks())}) "
+                                    f"once, got {sorted(weights)}")
+                elif any(w <= 0 for w in weights.values()):
+                    problems.append("--task-weights must be positive")
+        if self.save_dtype not in SAVE_DTYPES:
+            problems.append(f"--save-dtype must be one of {', '.join(SAVE_DTYPES)}, got {self.save_dtype!r}")
+        if self.max_shard_mb < 0:
+            problems.append("max_shard_mb must be >= 0")
+        return list(dict.fromkeys(problems))
+
+
+# ----------------------------------------------------------------------------- data
+
+
+class MultiTaskData:
+    """Several tasks' FeatureData behind one index space; implements training.loop.TrainData.
+
+    Example i of task t has global index offsets[t] + i. An epoch's batches are each task's own
+    length-grouped batches (one task per batch), interleaved in a seeded random order. Without weights
+    every task contributes its natural number of batches; with weights, the epoch keeps the same total
+    and task t gets a share w_t / sum(w), cycling through its data (fresh order each pass) or cutting it.
+    """
+
+    def __init__(self, parts: dict, *, seed: int, weights: dict[str, float] | None = None):
+        self.parts = dict(parts)
+        self.tasks = list(self.parts)
+        self.seed = seed
+        self.weights = weights
+        self.offsets, total = [], 0
+        for task in self.tasks:
+            self.offsets.append(total)
+            total += len(self.parts[task])
+        self.size = total
+        empty = [t for t in self.tasks if not self.parts[t].batches(0)]
+        if empty:
+            raise ValueError(f"no full batch of {self.parts[empty[0]].batch_size} examples in the "
+                             f"training data of {', '.join(empty)}")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def quotas(self, natural: dict[str, int]) -> dict[str, int]:
+        if self.weights is None:
+            return dict(natural)
+        total, weight_sum = sum(natural.values()), sum(self.weights[t] for t in self.tasks)
+        return {t: max(1, round(total * self.weights[t] / weight_sum)) for t in self.tasks}
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        own = {t: self.parts[t].batches(epoch) for t in self.tasks}
+        quotas = self.quotas({t: len(b) for t, b in own.items()})
+        queues = {}
+        for k, task in enumerate(self.tasks):
+            queue, repeat = list(own[task]), 0
+            while len(queue) < quotas[task]:  # weighted up: further passes, each in a fresh order
+                repeat += 1
+                queue += self.parts[task].batches(1_000_000 * repeat + epoch)
+            queues[task] = [[self.offsets[k] + i for i in b] for b in queue[:quotas[task]]]
+        slots = np.concatenate([np.full(quotas[t], k) for k, t in enumerate(self.tasks)])
+        slots = slots[np.random.default_rng([self.seed, epoch, 2]).permutation(len(slots))]
+        cursor = dict.fromkeys(range(len(self.tasks)), 0)
+        out = []
+        for k in slots.tolist():
+            out.append(queues[self.tasks[k]][cursor[k]])
+            cursor[k] += 1
+        return out
+
+    def task_of(self, index: int) -> tuple[str, int]:
+        k = bisect.bisect_right(self.offsets, index) - 1
+        return self.tasks[k], self.offsets[k]
+
+    def collate(self, indices: list[int], rng=None) -> dict:
+        task, offset = self.task_of(indices[0])
+        if self.task_of(indices[-1])[0] != task:
+            raise ValueError("a batch mixes tasks")
+        batch = self.parts[task].collate([i - offset for i in indices], rng)
+        batch["task"] = task
+        return batch
+
+
+# ----------------------------------------------------------------------------- losses and evaluation
+
+
+def compute_loss(model, batch: dict):
+    """The loss of a single-task batch: its head's logits from the shared forward pass."""
+    import torch.nn.functional as F
+
+    from bert.model import IGNORE_INDEX, span_loss
+
+    task = batch["task"]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"])
+    if task == "classify":
+        return F.cross_entropy(out.classify_logits.float(), batch["labels"].view(-1))
+    if task == "ner":
+        return F.cross_entropy(out.ner_logits.float().flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=IGNORE_INDEX)
+    if task == "qa":
+        return span_loss(out.qa_start_logits, out.qa_end_logits, batch["start_positions"], batch["end_positions"])
+    raise ValueError(f"unknown task {task!r}")
+
+
+def task_view(model, task: str):
+    """`model` seen as a single-task model (outputs named logits / start_logits, end_logits), so the
+    single-task evaluation code in training.task_data and training.qa_data runs on it unchanged."""
+    import torch
+
+    class TaskView(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            out = self.model(input_ids, attention_mask, token_type_ids)
+            if task == "classify":
+                return SimpleNamespace(logits=out.classify_logits)
+            if task == "ner":
+                return SimpleNamespace(logits=out.ner_logits)
+            return SimpleNamespace(start_logits=out.qa_start_logits, end_logits=out.qa_end_logits)
+
+    return TaskView()
+
+
+def main_score(task: str, metrics: dict) -> float:
+    """A task's main metric on a 0-100 scale (classify accuracy is a fraction in task metrics)."""
+    value = float(metrics[BEST_METRIC[task]])
+    return 100.0 * value if task == "classify" else value
+
+
+def make_evaluate(evaluators: dict):
+    def evaluate(model) -> dict:
+        results = {task: fn(task_view(model, task)) for task, fn in evaluators.items()}
+        results["mean_score"] = sum(main_score(t, results[t]) for t in evaluators) / len(evaluators)
+        return results
+    return evaluate
+
+
+def summary_line(metrics: dict) -> str:
+    parts = []
+    if "classify" in metrics:
+        parts.append(f"classify accuracy {100 * metrics['classify']['accuracy']:.2f} %")
+    if "ner" in metrics:
+        parts.append(f"ner entity F1 {metrics['ner']['f1']:.2f}")
+    if "qa" in metrics:
+        parts.append(f"qa EM {metrics['qa']['exact_match']:.2f} / F1 {metrics['qa']['f1']:.2f}")
+    return "; ".join(parts) + f"; mean {metrics['mean_score']:.2f}"
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def build_model(cfg: MultiTaskConfig, task_labels: dict, tokenizer):
+    import torch
+
+    from bert.checkpoint import load_checkpoint
+    from bert.model import BertForMultiTask
+
+    torch.manual_seed(cfg.seed)  # fresh heads start the same way every run
+    if cfg.init_preset:
+        model = BertForMultiTask(model_config(cfg.init_preset, vocab_size=tokenizer.vocab_size,
+                                              task_labels=task_labels))
+    else:
+        model, _ = load_checkpoint(cfg.ckpt, model_cls=BertForMultiTask, from_backbone=True,
+                                   config_overrides={"task_labels": task_labels})
+    model.train()
+    return model
+
+
+def main(argv=None) -> int:
+    cfg = parse_config(MultiTaskConfig, argv, description=__doc__.split("\n")[0])
+    import torch
+
+    from bert.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+    from bert.model import BertForMultiTask
+    from bert.tokenizer import BertTokenizer
+    from training.loop import setup_distributed, train
+
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    dist, device = setup_distributed(cfg.device)
+    tokenizer = BertTokenizer.from_dir(cfg.tokenizer or resolve_checkpoint(cfg.ckpt))
+    parts, evaluators, task_labels, extra = {}, {}, {}, {}
+    for k, task in enumerate(cfg.tasks()):
+        data, evaluate, names, kind, settings = prepare(cfg.task_config(task), tokenizer)
+        data.seed = cfg.seed + k  # each task its own batch order
+        parts[task], evaluators[task], task_labels[task] = data, evaluate, list(names or [])
+        extra[task] = settings
+    data = MultiTaskData(parts, seed=cfg.seed, weights=cfg.weights())
+    model = build_model(cfg, task_labels, tokenizer)
+    if dist.main:
+        counts = ", ".join(f"{t} {len(d)}" for t, d in parts.items())
+        print(f"multitask: training features {counts}; {len(data.batches(0))} steps/epoch, device {device}, "
+              f"{dist.world_size} process(es)", file=sys.stderr)
+
+    run_settings = dict(cfg.to_dict(), task_labels=task_labels, task_settings=extra)
+    best_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg.save_dtype]
+    shard_bytes = int(cfg.max_shard_mb * 1_000_000) or None
+
+    def save_model(m, directory: Path) -> None:
+        save_checkpoint(m, directory, tokenizer=tokenizer, dtype=None if directory.name == "last" else best_dtype,
+                        max_shard_bytes=shard_bytes,
+                        extra_files={"multitask_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"})
+
+    evaluate = make_evaluate(evaluators)
+    result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric="mean_score",
+                   dist=dist, device=device, stop_at_step=cfg.stop_at_step, compute_loss=compute_loss,
+                   find_unused_parameters=dist.world_size > 1)
+    if dist.main:
+        summary = {"tasks": list(parts), "steps": result["step"], "total_steps": result["total_steps"],
+                   "best": result["best"], "last_eval": result["last_eval"]}
+        best_dir = Path(cfg.output_dir) / "best"
+        if result["step"] == result["total_steps"] and result["best"] is not None:
+            # The weights as saved (e.g. fp16), loaded back as a server would load them, then measured.
+            saved, _ = load_checkpoint(best_dir, model_cls=BertForMultiTask, device=device)
+            summary["best_checkpoint_eval"] = evaluate(saved.float())
+            print(f"held-out scores of {best_dir} (step {result['best']['step']}): "
+                  f"{summary_line(summary['best_checkpoint_eval'])}", file=sys.stderr)
+        (Path(cfg.output_dir) / "metrics.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        final = summary.get("best_checkpoint_eval") or summary["last_eval"]
+        print(json.dumps({"steps": result["step"], "best": result["best"],
+                          "scores": {t: main_score(t, final[t]) for t in parts} if final else {}}, sort_keys=True))
+    if dist.world_size > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
