@@ -103,7 +103,13 @@ def build_parser(cls, description: str, defaults: dict | None = None) -> argpars
     for f in dataclasses.fields(cls):
         kind = _field_type(cls, f)
         flag = "--" + f.name.replace("_", "-")
-        default = (defaults or {}).get(f.name, f.default if f.default is not dataclasses.MISSING else None)
+        if f.default is not dataclasses.MISSING:
+            field_default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # e.g. lists: [] rather than None
+            field_default = f.default_factory()
+        else:
+            field_default = None
+        default = (defaults or {}).get(f.name, field_default)
         h = help_text.get(f.name, "") or " "
         if kind is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=h)
