@@ -10,7 +10,7 @@ import dataclasses
 import json
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from training.config import ConfigError, build_parser
 

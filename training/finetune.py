@@ -8,7 +8,6 @@ Writes <output-dir>/best (checkpoint + metrics.json + finetune_config.json), <ou
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
@@ -193,7 +192,7 @@ def main(argv=None) -> int:
     import torch
     from bert.checkpoint import resolve_checkpoint, save_checkpoint
     from bert.tokenizer import BertTokenizer
-    from training.loop import setup_distributed, train
+    from training.loop import finish_run, setup_distributed, train
 
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -213,14 +212,9 @@ def main(argv=None) -> int:
 
     result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric=BEST_METRIC[kind],
                    dist=dist, device=device, stop_at_step=cfg.stop_at_step)
-    if dist.main:
-        summary = {"task": cfg.task, "steps": result["step"], "total_steps": result["total_steps"],
-                   "best": result["best"], "last_eval": result["last_eval"]}
-        (Path(cfg.output_dir) / "metrics.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        print(json.dumps(summary, sort_keys=True))
-    if dist.world_size > 1:
-        torch.distributed.destroy_process_group()
-    return 0
+    summary = {"task": cfg.task, "steps": result["step"], "total_steps": result["total_steps"],
+               "best": result["best"], "last_eval": result["last_eval"]}
+    return finish_run(dist, cfg.output_dir, summary)
 
 
 if __name__ == "__main__":

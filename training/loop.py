@@ -113,6 +113,17 @@ def _barrier(dist: Dist) -> None:
 # ----------------------------------------------------------------------------- checkpoint + resume
 
 
+def finish_run(dist: "Dist", output_dir: str | Path, summary: dict | None, printed: dict | None = None) -> int:
+    """The last step of every training CLI: metrics.json and one JSON line on stdout from the main
+    process (`printed`, default the summary itself), then leave the process group. Returns exit code 0."""
+    if dist.main and summary is not None:
+        (Path(output_dir) / "metrics.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        print(json.dumps(summary if printed is None else printed, sort_keys=True))
+    if dist.world_size > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
 def save_trainer_state(directory: Path, *, optimizer, scaler, state: dict) -> None:
     """Everything besides the weights that exact resume needs. Tensors go to optimizer.pt (loadable
     with weights_only=True); counters and the Python/numpy RNG states to trainer_state.json."""

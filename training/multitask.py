@@ -290,7 +290,7 @@ def main(argv=None) -> int:
     from bert.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
     from bert.model import BertForMultiTask
     from bert.tokenizer import BertTokenizer
-    from training.loop import setup_distributed, train
+    from training.loop import finish_run, setup_distributed, train
 
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -322,23 +322,19 @@ def main(argv=None) -> int:
     result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric="mean_score",
                    dist=dist, device=device, stop_at_step=cfg.stop_at_step, compute_loss=compute_loss,
                    find_unused_parameters=dist.world_size > 1)
-    if dist.main:
-        summary = {"tasks": list(parts), "steps": result["step"], "total_steps": result["total_steps"],
-                   "best": result["best"], "last_eval": result["last_eval"]}
-        best_dir = Path(cfg.output_dir) / "best"
-        if result["step"] == result["total_steps"] and result["best"] is not None:
-            # The weights as saved (e.g. fp16), loaded back as a server would load them, then measured.
-            saved, _ = load_checkpoint(best_dir, model_cls=BertForMultiTask, device=device)
-            summary["best_checkpoint_eval"] = evaluate(saved.float())
-            print(f"held-out scores of {best_dir} (step {result['best']['step']}): "
-                  f"{summary_line(summary['best_checkpoint_eval'])}", file=sys.stderr)
-        (Path(cfg.output_dir) / "metrics.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        final = summary.get("best_checkpoint_eval") or summary["last_eval"]
-        print(json.dumps({"steps": result["step"], "best": result["best"],
-                          "scores": {t: main_score(t, final[t]) for t in parts} if final else {}}, sort_keys=True))
-    if dist.world_size > 1:
-        torch.distributed.destroy_process_group()
-    return 0
+    summary = {"tasks": list(parts), "steps": result["step"], "total_steps": result["total_steps"],
+               "best": result["best"], "last_eval": result["last_eval"]}
+    best_dir = Path(cfg.output_dir) / "best"
+    if dist.main and result["step"] == result["total_steps"] and result["best"] is not None:
+        # The weights as saved (e.g. fp16), loaded back as a server would load them, then measured.
+        saved, _ = load_checkpoint(best_dir, model_cls=BertForMultiTask, device=device)
+        summary["best_checkpoint_eval"] = evaluate(saved.float())
+        print(f"held-out scores of {best_dir} (step {result['best']['step']}): "
+              f"{summary_line(summary['best_checkpoint_eval'])}", file=sys.stderr)
+    final = summary.get("best_checkpoint_eval") or summary["last_eval"]
+    printed = {"steps": result["step"], "best": result["best"],
+               "scores": {t: main_score(t, final[t]) for t in parts} if final else {}}
+    return finish_run(dist, cfg.output_dir, summary, printed)
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     from bert.tokenizer import BertTokenizer
     from training.data.pretraining import (MaskingConfig, PretrainingShards, continuation_flags,
                                            create_pretraining_data)
-    from training.loop import _barrier, setup_distributed, train
+    from training.loop import _barrier, finish_run, setup_distributed, train
 
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -231,14 +231,9 @@ def main(argv=None) -> int:
 
     result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric="mlm_accuracy",
                    dist=dist, device=device, stop_at_step=cfg.stop_at_step)
-    if dist.main:
-        summary = {"steps": result["step"], "total_steps": result["total_steps"], "best": result["best"],
-                   "last_eval": result["last_eval"]}
-        (out / "metrics.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        print(json.dumps(summary, sort_keys=True))
-    if dist.world_size > 1:
-        torch.distributed.destroy_process_group()
-    return 0
+    summary = {"steps": result["step"], "total_steps": result["total_steps"], "best": result["best"],
+               "last_eval": result["last_eval"]}
+    return finish_run(dist, out, summary)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 
 from bert.tasks import qa as qa_codec
 from training import metrics as M
