@@ -1,0 +1,98 @@
+"""The SDK against the real bertserve server (`python -m serving` on a tiny multi-task checkpoint):
+every method, sync and async, gives what the raw HTTP API gives, and the real server's error
+answers map to the SDK's exception classes. (tests/test_client.py covers retries and scripted
+faults against a stand-in server.)"""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from bertserve_client import AsyncClient, Client, UnauthorizedError, ValidationError
+
+from test_serving_support import Server, build_checkpoint
+
+KEY = "s3cret"
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+TEXTS = ["A gripping, beautifully shot film.", "Alice moved from Paris to Berlin in 2019.", "dull"]
+CONTEXT = "Alice lives in Paris. She works at the Louvre as a restorer of old paintings."
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    checkpoint = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "multi")
+    with Server("--model", str(checkpoint), "--api-key", KEY, "--max-client-batch-size", "2") as running:
+        yield running
+
+
+def raw(server, path: str, body: dict):
+    response = httpx.post(server.url + path, json=body, headers=HEADERS, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def dumped(result):
+    if isinstance(result, list):
+        return [dumped(r) for r in result]
+    return result.model_dump(exclude_none=True)
+
+
+def close(a, b) -> bool:
+    """Equal answers, scores up to float noise (batched vs single forward passes)."""
+    if isinstance(a, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(
+            abs(a[k] - b[k]) < 1e-4 if k == "score" else a[k] == b[k] for k in a)
+    return a == b
+
+
+def test_every_sync_method_matches_the_http_api(server):
+    with Client(server.url, api_key=KEY) as client:
+        assert client.health() and client.ready()
+        info = client.info()
+        assert set(info.tasks) == {"classify", "ner", "qa"} and info.max_client_batch_size == 2
+        assert close(dumped(client.classify(TEXTS[0])), raw(server, "/classify", {"inputs": TEXTS[0]}))
+        # three inputs with a server limit of two: split into two requests, reassembled in order
+        assert close(dumped(client.classify(TEXTS, top_k=2)), raw(server, "/classify", {"inputs": TEXTS[:2], "top_k": 2})
+                     + raw(server, "/classify", {"inputs": TEXTS[2:], "top_k": 2}))
+        assert close(dumped(client.classify([["a man eats", "someone eats"]])),
+                     raw(server, "/classify", {"inputs": [["a man eats", "someone eats"]]}))
+        for aggregation in ("simple", "none"):
+            assert close(dumped(client.ner(TEXTS[1], aggregation=aggregation)),
+                         raw(server, "/ner", {"inputs": TEXTS[1], "aggregation": aggregation}))
+        answer = client.qa("Where does Alice live?", CONTEXT)
+        assert close(dumped(answer), raw(server, "/qa", {"question": "Where does Alice live?", "context": CONTEXT}))
+        assert CONTEXT[answer.start:answer.end] == answer.answer
+        many = client.qa([("Where does Alice live?", CONTEXT), ("Where does she work?", CONTEXT)], top_k=2)
+        assert len(many) == 2 and all(len(m) == 2 for m in many)
+
+
+def test_every_async_method_matches_the_sync_client(server):
+    async def run():
+        async with AsyncClient(server.url, api_key=KEY) as client:
+            assert await client.health() and await client.ready()
+            return (await client.info(), await client.classify(TEXTS), await client.ner(TEXTS),
+                    await client.qa("Where does Alice live?", CONTEXT))
+
+    info, labels, entities, answer = asyncio.run(run())
+    with Client(server.url, api_key=KEY) as client:
+        assert info == client.info()
+        assert close(dumped(labels), dumped(client.classify(TEXTS)))
+        assert close(dumped(entities), dumped(client.ner(TEXTS)))
+        assert close(dumped(answer), dumped(client.qa("Where does Alice live?", CONTEXT)))
+
+
+def test_the_real_servers_errors_map_to_sdk_exceptions(server):
+    with Client(server.url, api_key="wrong", max_retries=0) as client:
+        with pytest.raises(UnauthorizedError) as e:
+            client.classify("hello")
+        assert e.value.status_code == 401 and e.value.error_type == "unauthorized"
+    with Client(server.url, api_key=KEY, max_retries=0) as client:
+        with pytest.raises(ValidationError) as e:
+            client.classify("word " * 2000)  # longer than the model accepts, no truncate
+        assert e.value.status_code == 422 and "512" in e.value.message
+        assert client.classify("word " * 2000, truncate=True)[0].label in {"negative", "positive"}
+        with pytest.raises(ValidationError) as e:
+            client.classify([])
+        assert e.value.status_code == 400
