@@ -189,15 +189,10 @@ def build_model(cfg: FinetuneConfig, labels, kind):
 
 def main(argv=None) -> int:
     cfg = parse_config(FinetuneConfig, argv, description=__doc__.split("\n")[0])
-    import torch
-    from bert.checkpoint import resolve_checkpoint, save_checkpoint
-    from bert.tokenizer import BertTokenizer
-    from training.loop import finish_run, setup_distributed, train
+    from bert.checkpoint import save_checkpoint
+    from training.loop import finish_run, start_run, train
 
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    dist, device = setup_distributed(cfg.device)
-    tokenizer = BertTokenizer.from_dir(cfg.tokenizer or resolve_checkpoint(cfg.ckpt))
+    dist, device, tokenizer = start_run(cfg)
     data, evaluate, labels, kind, extra = prepare(cfg, tokenizer)
     model = build_model(cfg, labels, kind)
     if dist.main:

@@ -19,12 +19,15 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 import torch
 
 from bert.checkpoint import read_state_dict
+
+if TYPE_CHECKING:
+    from bert.tokenizer import BertTokenizer
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.pt"
@@ -111,6 +114,18 @@ def _barrier(dist: Dist) -> None:
 
 
 # ----------------------------------------------------------------------------- checkpoint + resume
+
+
+def start_run(cfg) -> tuple["Dist", torch.device, "BertTokenizer"]:
+    """The first steps of the fine-tuning CLIs: torch threads, the process group, and the tokenizer
+    (--tokenizer, else the checkpoint's own)."""
+    from bert.checkpoint import resolve_checkpoint
+    from bert.tokenizer import BertTokenizer
+
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    dist, device = setup_distributed(cfg.device)
+    return dist, device, BertTokenizer.from_dir(cfg.tokenizer or resolve_checkpoint(cfg.ckpt))
 
 
 def finish_run(dist: "Dist", output_dir: str | Path, summary: dict | None, printed: dict | None = None) -> int:

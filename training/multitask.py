@@ -287,15 +287,11 @@ def main(argv=None) -> int:
     cfg = parse_config(MultiTaskConfig, argv, description=__doc__.split("\n")[0])
     import torch
 
-    from bert.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+    from bert.checkpoint import load_checkpoint, save_checkpoint
     from bert.model import BertForMultiTask
-    from bert.tokenizer import BertTokenizer
-    from training.loop import finish_run, setup_distributed, train
+    from training.loop import finish_run, start_run, train
 
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    dist, device = setup_distributed(cfg.device)
-    tokenizer = BertTokenizer.from_dir(cfg.tokenizer or resolve_checkpoint(cfg.ckpt))
+    dist, device, tokenizer = start_run(cfg)
     parts, evaluators, task_labels, extra = {}, {}, {}, {}
     for k, task in enumerate(cfg.tasks()):
         data, evaluate, names, kind, settings = prepare(cfg.task_config(task), tokenizer)
