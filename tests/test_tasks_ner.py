@@ -58,6 +58,11 @@ def test_align_labels_first_subtoken_only():
     assert ner.align_labels([5, 0, 3], word_ids) == [-100, 5, -100, -100, 0, 3, -100, -100]
     assert ner.align_labels([5, 0, 3], word_ids, label_all_subtokens=True) == [-100, 5, 5, 5, 0, 3, 3, -100]
     assert ner.align_labels([1], [None, 0, None], ignore_index=-1) == [-1, 1, -1]
+    # B- on a word's first sub-token, I- on the rest: "W." = "w" "." must stay one entity when served.
+    labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    assert ner.continuation_labels(labels) == {1: 2, 3: 4}
+    assert ner.align_labels([1, 2, 0], [None, 0, 0, 1, 1, 2, None], label_all_subtokens=True,
+                            continuation=ner.continuation_labels(labels)) == [-100, 1, 2, 2, 2, 0, -100]
 
 
 def test_align_labels_on_real_conll_words(tokenizer):

@@ -41,7 +41,7 @@ class FinetuneConfig(TrainConfig):
     regression: bool = False  # one output, MSE loss, Pearson/Spearman (e.g. STS-B)
     # ner
     scheme: str = "auto"  # auto | iob1 | iob2: tag scheme of the CoNLL files (IOB1 is converted to IOB2)
-    label_all_subtokens: bool = False  # train every sub-token with its word's label (default: first only)
+    label_all_subtokens: bool = False  # ner: train every sub-token (B- becomes I- after a word's first; default: first only)
     # qa
     doc_stride: int = 128  # tokens between the starts of consecutive context windows
     max_query_length: int = 64  # questions are cut to this many tokens

@@ -57,6 +57,7 @@ class MultiTaskConfig(TrainConfig):
     max_query_length: int = 64  # qa: questions are cut to this many tokens
     max_answer_length: int = 30  # qa: longest predicted answer, in tokens
     scheme: str = "auto"  # ner: auto | iob1 | iob2 tag scheme of the CoNLL files
+    label_all_subtokens: bool = False  # ner: train every sub-token (B- becomes I- after a word's first)
     eval_batch_size: int = 64  # examples per evaluation batch
     max_train_examples: int = 0  # per task: use only the first N training examples (0 = all)
     max_eval_examples: int = 0  # per task: evaluate on only the first N examples (0 = all)
@@ -86,7 +87,7 @@ class MultiTaskConfig(TrainConfig):
             max_train_examples=self.max_train_examples, max_eval_examples=self.max_eval_examples,
             labels=list(self.classify_labels or []) if task == "classify" else [],
             label_names=list(self.classify_label_names or []) if task == "classify" else [],
-            scheme=self.scheme, doc_stride=self.doc_stride, max_query_length=self.max_query_length,
+            scheme=self.scheme, label_all_subtokens=self.label_all_subtokens, doc_stride=self.doc_stride, max_query_length=self.max_query_length,
             max_answer_length=self.max_answer_length, heldout_articles=self.heldout_articles if task == "qa" else 0)
 
     def task_problems(self) -> list[str]:

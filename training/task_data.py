@@ -153,11 +153,11 @@ def encode_ner(tokenizer, sentences: list[TaggedSentence], labels: list[str], ma
     features = ner_codec.encode_words(tokenizer, [s.words for s in sentences], max_length=max_seq_length,
                                       truncate=True)
     index = {label: i for i, label in enumerate(labels)}
-    targets = []
+    targets, continuation = [], ner_codec.continuation_labels(labels)
     for sentence, feature in zip(sentences, features):
         word_labels = [index[t] for t in sentence.tags]
         targets.append(ner_codec.align_labels(word_labels, feature.word_ids,
-                                              label_all_subtokens=label_all_subtokens))
+                                              label_all_subtokens=label_all_subtokens, continuation=continuation))
     return features, targets
 
 

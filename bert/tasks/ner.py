@@ -83,20 +83,36 @@ def encode_words(
 
 
 def align_labels(
-    word_labels: list[int], word_ids: list[int | None], *, label_all_subtokens: bool = False, ignore_index: int = -100
+    word_labels: list[int], word_ids: list[int | None], *, label_all_subtokens: bool = False,
+    continuation: dict[int, int] | None = None, ignore_index: int = -100
 ) -> list[int]:
     """Per-token training labels: a word's label on its first sub-token, ignore_index on the rest
-    (or the word's label on every sub-token) and on special tokens."""
+    (or, with label_all_subtokens, a label on every sub-token: the word's, mapped through
+    `continuation` (e.g. B-PER -> I-PER) after the first) and ignore_index on special tokens.
+
+    Labelling every sub-token matters when text is served: the server's words are the tokenizer's
+    (punctuation splits "W." into "w" and "."), so a sub-token the model was never taught to label
+    would break "W. Athey" into two entities."""
+    continuation = continuation or {}
     labels, previous = [], None
     for word in word_ids:
         if word is None:
             labels.append(ignore_index)
-        elif word != previous or label_all_subtokens:
+        elif word != previous:
             labels.append(word_labels[word])
+        elif label_all_subtokens:
+            labels.append(continuation.get(word_labels[word], word_labels[word]))
         else:
             labels.append(ignore_index)
         previous = word
     return labels
+
+
+def continuation_labels(labels: list[str]) -> dict[int, int]:
+    """Label index of each B-X -> that of I-X, for the sub-tokens after a word's first (IOB2 labels)."""
+    index = {label: i for i, label in enumerate(labels)}
+    return {i: index["I-" + label[2:]] for i, label in enumerate(labels)
+            if label.startswith("B-") and "I-" + label[2:] in index}
 
 
 # ---- decoding -----------------------------------------------------------------------------
