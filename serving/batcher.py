@@ -5,9 +5,11 @@ window of a QA context) is one queue entry with its own future. ONE owner task b
 it starts from the oldest sequence, adds the queued sequences closest to it in length while the
 padded batch stays within `max_batch_tokens` (padded length x count) and `max_batch_requests`, and
 waits at most `max_wait_ms` (from the oldest sequence's arrival) for a batch to fill — longer only while
-the model is busy anyway, so the batch keeps growing until it can run. Inference runs in a thread;
-while it runs the owner already builds and pads the next batch (as soon as the queue can fill one),
-so a batch is ready when the model frees up. Callers that have gone are dropped before their sequences are batched.
+the model is busy anyway, so the batch keeps growing until it can run. Inference runs in a thread
+(`workers` batches at once, each in its own thread, when the backend allows it: on CPU two
+single-threaded runs do more than one two-threaded run); while they run the owner already builds and
+pads the next batch (as soon as the queue can fill one), so a batch is ready when a worker frees up.
+Callers that have gone are dropped before their sequences are batched.
 A batch that fails fails every sequence in it and nothing else; a backend that returns a number of
 rows other than the number of sequences is a failure too, never a silent mismatch.
 """
@@ -59,7 +61,8 @@ class SequenceResult:
 
 class Batcher:
     def __init__(self, backend, *, max_batch_tokens: int, max_batch_requests: int, max_wait_ms: float,
-                 pad_token_id: int = 0, pad_to_multiple_of: int | None = None, metrics=None, name: str = "model"):
+                 workers: int = 1, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, metrics=None,
+                 name: str = "model"):
         self.backend = backend
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
@@ -69,9 +72,10 @@ class Batcher:
         self.metrics = metrics
         self.queue: list[Entry] = []
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
+        self.workers = workers
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"infer-{name}")
         self._owner: asyncio.Task | None = None
-        self._inflight: asyncio.Task | None = None
+        self._inflight: set[asyncio.Task] = set()  # batches running now, at most `workers`
         self.batches_run = 0
         self._depth_reported = 0
 
@@ -86,8 +90,8 @@ class Batcher:
                 await self._owner
             except asyncio.CancelledError:
                 pass
-        if self._inflight is not None:
-            await asyncio.gather(self._inflight, return_exceptions=True)
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
         for entry in self.queue:
             if not entry.future.done():
                 entry.future.set_exception(BackendFailure("the server stopped before this input ran"))
@@ -109,9 +113,11 @@ class Batcher:
             try:
                 batch = await self._next_batch()
                 arrays = pad_batch([e.features for e in batch], self.pad_token_id, self.pad_to_multiple_of)
-                if self._inflight is not None:
-                    await asyncio.gather(self._inflight, return_exceptions=True)  # the model is free again
-                self._inflight = asyncio.get_running_loop().create_task(self._execute(batch, arrays))
+                while self._busy():  # wait for a free worker
+                    await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
+                task = asyncio.get_running_loop().create_task(self._execute(batch, arrays))
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the owner must never die: log and keep serving
@@ -126,8 +132,7 @@ class Batcher:
                 await self._wakeup.wait()
                 continue
             wait = self.queue[0].enqueued + self.max_wait_s - time.monotonic()
-            busy = self._inflight is not None and not self._inflight.done()
-            if self._can_fill() or (wait <= 0 and not busy):
+            if self._can_fill() or (wait <= 0 and not self._busy()):
                 batch = self._take()
                 if batch:
                     return batch
@@ -138,10 +143,13 @@ class Batcher:
                     await asyncio.wait_for(self._wakeup.wait(), wait)
                 except asyncio.TimeoutError:
                     pass
-            else:  # past the deadline but the model is busy anyway: grow the batch until it frees up
+            else:  # past the deadline but every worker is busy anyway: grow the batch until one frees up
                 woken = asyncio.ensure_future(self._wakeup.wait())
-                await asyncio.wait({woken, self._inflight}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({woken, *self._inflight}, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
+
+    def _busy(self) -> bool:
+        return sum(not t.done() for t in self._inflight) >= self.workers
 
     def _can_fill(self) -> bool:
         if len(self.queue) >= self.max_batch_requests:

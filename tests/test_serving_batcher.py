@@ -138,6 +138,36 @@ def test_one_batch_is_prepared_while_the_previous_runs():
     assert len(backend.shapes) <= 5  # while one ran, the rest queued into full batches
 
 
+def test_workers_run_that_many_batches_at_once_and_no_more():
+    import threading
+
+    class OverlapBackend(RecordingBackend):
+        """Each run waits (up to 5 s) for a second run to be inside run() at the same time."""
+
+        def __init__(self):
+            super().__init__()
+            self.barrier = threading.Barrier(2, timeout=5)
+            self.inside = self.most_inside = 0
+            self.lock = threading.Lock()
+
+        def run(self, batch):
+            with self.lock:
+                self.inside += 1
+                self.most_inside = max(self.most_inside, self.inside)
+            try:
+                self.barrier.wait()  # BrokenBarrierError (a failed batch) unless two runs overlap
+            finally:
+                with self.lock:
+                    self.inside -= 1
+            return super().run(batch)
+
+    backend = OverlapBackend()
+    results = run(lambda b: submit_all(b, [5] * 16), backend, max_wait_ms=0, workers=2)
+    assert all(not isinstance(r, BaseException) for r in results), results
+    assert [r.outputs["classify"][0] for r in results] == [5] * 16
+    assert backend.most_inside == 2 and len(backend.shapes) % 2 == 0
+
+
 @pytest.mark.parametrize("args", [["--help"]])
 def test_help_names_every_setting_and_env_var(args, capsys):
     from serving.__main__ import build_parser

@@ -3,7 +3,8 @@
 A backend turns one padded batch into task-named arrays:
   run({"input_ids", "attention_mask", "token_type_ids"}: int64 (B, T))
     -> {"classify": (B, L), "ner": (B, T, L), "qa_start": (B, T), "qa_end": (B, T)} (the tasks it has), float32.
-It knows its `tasks`, runs a `warmup()`, and is called from one inference thread at a time.
+It knows its `tasks`, runs a `warmup()`, and is called from one inference thread at a time unless it
+sets `concurrent_runs = True` (then from up to --inference-workers threads at once).
 """
 from __future__ import annotations
 
@@ -162,6 +163,7 @@ class Backend:
     """Base class; subclasses set name, tasks, precision and implement run()."""
 
     name = "base"
+    concurrent_runs = False  # True: run() may be called from several threads at once
 
     def __init__(self, spec: ModelSpec):
         self.spec = spec
@@ -182,6 +184,15 @@ class Backend:
 
     def close(self) -> None:
         pass
+
+
+def threads_per_run(settings, available: int) -> int | None:
+    """CPU threads for one run: --threads (default: all `available`) shared by the inference workers;
+    None when neither is set (the runtime's own choice)."""
+    workers = settings.effective_inference_workers
+    if workers == 1:
+        return settings.threads
+    return max(1, (settings.threads or available) // workers)
 
 
 def create_backend(spec: ModelSpec, settings) -> Backend:

@@ -5,10 +5,11 @@ installed onnxruntime offers (onnxruntime-gpu), falling back to CPU for what the
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
-from serving.backends.base import Backend, ModelError, ModelSpec, task_outputs
+from serving.backends.base import Backend, ModelError, ModelSpec, task_outputs, threads_per_run
 
 log = logging.getLogger("bertserve")
 _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
@@ -16,6 +17,7 @@ _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 class OnnxBackend(Backend):
     name = "onnxruntime"
+    concurrent_runs = True  # InferenceSession.run is thread-safe; each call computes on its own thread(s)
 
     def __init__(self, spec: ModelSpec, settings):
         super().__init__(spec)
@@ -23,9 +25,14 @@ class OnnxBackend(Backend):
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if settings.threads:
-            options.intra_op_num_threads = settings.threads
+        threads = threads_per_run(settings, os.cpu_count() or 1)
+        if threads:
+            options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
+        # Idle intra-op threads sleep instead of spinning: in a server they share the cores with the event
+        # loop that parses the next requests. Measured on 2 cores, 32 clients, MiniLM int8, 2 threads:
+        # 156 req/s spinning, 214 req/s not (docs/benchmarks.md).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         available = ort.get_available_providers()
         if settings.device == "cuda":
             wanted = ["TensorrtExecutionProvider", "CUDAExecutionProvider"]

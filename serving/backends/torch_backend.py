@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import torch
 
-from serving.backends.base import Backend, ModelError, ModelSpec
+from serving.backends.base import Backend, ModelError, ModelSpec, threads_per_run
 
 log = logging.getLogger("bertserve")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -16,6 +16,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 class TorchBackend(Backend):
     name = "torch"
+    concurrent_runs = True  # inference under no_grad keeps no state between calls
 
     def __init__(self, spec: ModelSpec, settings):
         super().__init__(spec)
@@ -23,8 +24,9 @@ class TorchBackend(Backend):
 
         if settings.device == "cuda" and not torch.cuda.is_available():
             raise ModelError("--device cuda was asked for, but torch sees no CUDA device")
-        if settings.threads:
-            torch.set_num_threads(settings.threads)
+        threads = threads_per_run(settings, torch.get_num_threads())
+        if threads:
+            torch.set_num_threads(threads)
         self.precision = settings.effective_precision
         self.device = torch.device(settings.device)
         task = spec.tasks[0] if len(spec.tasks) == 1 and not spec.config.get("task_labels") else None
