@@ -4,7 +4,8 @@
     python -m bench.server_bench --ckpt runs/sst2/best --task classify --bertserve-args "--backend onnxruntime"
 
 Starts each server in turn on a free loopback port (never both at once: they would share the CPU),
-then sweeps concurrency with an asyncio + httpx load generator sending real texts (SST-2
+then sweeps concurrency with an asyncio load generator (raw keep-alive HTTP/1.1 by default, httpx with
+--client httpx) sending real texts (SST-2
 sentences; SQuAD questions with their contexts for qa; CoNLL sentences for ner). Each level runs
 for --seconds after a warm-up. Reports requests/s, p50/p95/p99 latency and errors; prints a table,
 writes JSON, and with matplotlib installed draws throughput and p99 against concurrency (PNG).
@@ -76,23 +77,60 @@ def start(cmd: list[str], port: int, timeout: float = 300.0) -> subprocess.Popen
     raise RuntimeError(f"server on port {port} not ready after {timeout:.0f} s")
 
 
-async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float) -> dict:
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection that POSTs JSON: the load generator's default transport.
+
+    The load generator shares the machine with the server it measures, so it must be cheap: measured
+    here at 32 clients, httpx spends 2.5 ms of CPU per request and this 0.09 ms (docs/benchmarks.md),
+    CPU that both servers would otherwise lose to the client. Responses must carry Content-Length
+    (uvicorn's do for JSON bodies)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader = self.writer = None
+
+    async def post(self, path: str, body: dict) -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        data = json.dumps(body).encode()
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in lines[1:]
+                       if line.lower().startswith(b"content-length:")), None)
+        if length is None:
+            raise ConnectionError("response without Content-Length")
+        await self.reader.readexactly(length)
+        if any(line.lower() == b"connection: close" for line in lines[1:]):
+            await self.close()
+        return int(lines[0].split()[1])
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+
+async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
+               client: str = "raw") -> dict:
+    """`concurrency` closed-loop clients, each sending its next request when the last is answered."""
     latencies: list[float] = []
     errors = 0
     status: dict[int, int] = {}
     stop_at = time.perf_counter() + warmup + seconds
     measure_from = time.perf_counter() + warmup
     counter = iter(range(10**9))
+    parsed = httpx.URL(url)
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(send) -> None:
         nonlocal errors
         while time.perf_counter() < stop_at:
             body = bodies[next(counter) % len(bodies)]
             t0 = time.perf_counter()
             try:
-                r = await client.post(url, json=body)
-                code = r.status_code
-            except httpx.HTTPError:
+                code = await send(body)
+            except (httpx.HTTPError, OSError, asyncio.IncompleteReadError, ValueError):
                 code = 0
             if t0 >= measure_from:
                 status[code] = status.get(code, 0) + 1
@@ -101,9 +139,28 @@ async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, w
                 else:
                     errors += 1
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    async def raw_worker() -> None:
+        conn = RawConnection(parsed.host, parsed.port)
+
+        async def send(body):
+            try:
+                return await conn.post(parsed.path, body)
+            except BaseException:
+                await conn.close()  # a fresh connection for the next request
+                raise
+        try:
+            await worker(send)
+        finally:
+            await conn.close()
+
+    if client == "raw":
+        await asyncio.gather(*(raw_worker() for _ in range(concurrency)))
+    else:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            async def send(body):
+                return (await http.post(url, json=body)).status_code
+            await asyncio.gather(*(worker(send) for _ in range(concurrency)))
     ok = len(latencies)
     return {"requests_per_s": ok / seconds, "ok": ok, "errors": errors, "status": status,
             "p50_ms": percentile(latencies, 50) * 1e3 if ok else None,
@@ -111,15 +168,38 @@ async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, w
             "p99_ms": percentile(latencies, 99) * 1e3 if ok else None}
 
 
-def sweep(name: str, cmd: list[str], port: int, task: str, bodies, levels, seconds, warmup) -> list[dict]:
+def server_counters(port: int) -> dict[str, float]:
+    """bertserve's batch counters from /metrics (sum and count of batch sizes, model seconds); {} elsewhere."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    wanted = ("bertserve_batch_size_sum", "bertserve_batch_size_count", "bertserve_inference_duration_seconds_sum")
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.split(" ")[0] in wanted}
+
+
+def sweep(name: str, cmd: list[str], port: int, task: str, bodies, levels, seconds, warmup,
+          client: str = "raw") -> list[dict]:
     proc = start(cmd, port)
     rows = []
     try:
         for c in levels:
-            r = asyncio.run(load(f"http://127.0.0.1:{port}/{task}", bodies, c, seconds, warmup))
+            before, cpu0 = server_counters(port), time.process_time()
+            r = asyncio.run(load(f"http://127.0.0.1:{port}/{task}", bodies, c, seconds, warmup, client))
+            # The load generator shares the machine: its own CPU use is part of the picture.
+            r["client_cpu_share"] = (time.process_time() - cpu0) / (seconds + warmup)
+            after = server_counters(port)
+            if after.get("bertserve_batch_size_count", 0) > before.get("bertserve_batch_size_count", 0):
+                batches = after["bertserve_batch_size_count"] - before["bertserve_batch_size_count"]
+                r["mean_batch"] = (after["bertserve_batch_size_sum"] - before["bertserve_batch_size_sum"]) / batches
+                r["model_busy_share"] = (after["bertserve_inference_duration_seconds_sum"]
+                                         - before["bertserve_inference_duration_seconds_sum"]) / (seconds + warmup)
             rows.append({"server": name, "concurrency": c, **r})
+            extra = (f"  batch {r['mean_batch']:5.1f}  model busy {100 * r['model_busy_share']:3.0f} %"
+                     if "mean_batch" in r else "")
             print(f"{name:10s} c={c:<4d} {r['requests_per_s']:8.1f} req/s  p50 {r['p50_ms'] or 0:8.1f}  "
-                  f"p99 {r['p99_ms'] or 0:8.1f} ms  errors {r['errors']}", flush=True)
+                  f"p99 {r['p99_ms'] or 0:8.1f} ms  errors {r['errors']}  load-generator CPU "
+                  f"{100 * r['client_cpu_share']:3.0f} %{extra}", flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -163,6 +243,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each level")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                   help="load generator transport: raw asyncio HTTP/1.1 (cheap) or httpx (2.5 ms CPU per request)")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "server_bench.json"))
     args = p.parse_args(argv)
 
@@ -172,12 +254,12 @@ def main(argv=None) -> int:
     port = free_port()
     ours = [sys.executable, "-m", "serving", "--model", args.bertserve_model or args.ckpt, "--port", str(port),
             "--threads", str(args.threads), *shlex.split(args.bertserve_args)]
-    rows += sweep("bertserve", ours, port, args.task, bodies, levels, args.seconds, args.warmup)
+    rows += sweep("bertserve", ours, port, args.task, bodies, levels, args.seconds, args.warmup, args.client)
     if not args.skip_baseline:
         port = free_port()
         base = [sys.executable, "-m", "bench.baseline_server", "--ckpt", str(args.ckpt), "--task", args.task,
                 "--port", str(port), "--threads", str(args.threads)]
-        rows += sweep("baseline", base, port, args.task, bodies, levels, args.seconds, args.warmup)
+        rows += sweep("baseline", base, port, args.task, bodies, levels, args.seconds, args.warmup, args.client)
         by = {(r["server"], r["concurrency"]): r for r in rows}
         for c in levels:
             b = by[("baseline", c)]["requests_per_s"]
@@ -185,11 +267,11 @@ def main(argv=None) -> int:
     print()
     print_table(rows, [("server", "server"), ("concurrency", "clients"), ("requests_per_s", "req/s"),
                        ("p50_ms", "p50 ms"), ("p95_ms", "p95 ms"), ("p99_ms", "p99 ms"), ("errors", "errors"),
-                       ("speedup", "speedup")])
+                       ("speedup", "speedup"), ("mean_batch", "batch"), ("client_cpu_share", "client CPU")])
     out = Path(args.out)
     plots = plot(rows, out)
     write_json(out, {"machine": machine(), "task": args.task, "ckpt": str(args.ckpt), "seconds": args.seconds,
-                     "bertserve_args": args.bertserve_args, "rows": rows, "plots": plots})
+                     "bertserve_args": args.bertserve_args, "client": args.client, "rows": rows, "plots": plots})
     print(f"\nwrote {out} {' '.join(plots)}")
     return 0
 
