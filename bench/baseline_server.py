@@ -5,10 +5,15 @@
 Same request and response shapes as bertserve's /classify, /ner and /qa for single inputs, so the
 load generator drives both alike. The handler is `async def` calling the pipeline directly, the
 way the transformers and FastAPI quickstarts combine: each request runs alone, on the event loop.
+
+A bertserve multi-task checkpoint (the demo model) is served as the transformers model of the one
+task asked for: the same encoder weights plus that task's head, in fp32.
 """
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 import uvicorn
@@ -18,9 +23,45 @@ from transformers import pipeline
 PIPELINES = {"classify": "text-classification", "ner": "token-classification", "qa": "question-answering"}
 
 
+HEADS = {"classify": "classifier", "ner": "token_classifier", "qa": "qa_outputs"}  # bertserve multi-task names
+
+
+def task_model(ckpt: str, task: str):
+    """The transformers model for `task`: loaded as it is, or cut from a multi-task checkpoint."""
+    from safetensors.torch import load_file
+    from transformers import (AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
+
+    classes = {"classify": AutoModelForSequenceClassification, "ner": AutoModelForTokenClassification,
+               "qa": AutoModelForQuestionAnswering}
+    config = json.loads((Path(ckpt) / "config.json").read_text())
+    if "task_labels" not in config:
+        return classes[task].from_pretrained(ckpt, dtype=torch.float32)
+    labels = config["task_labels"].get(task)
+    if labels is None:
+        raise SystemExit(f"{ckpt} has no {task} head (it has {', '.join(config['task_labels'])})")
+    kwargs = {} if task == "qa" else {"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+    model = classes[task].from_config(AutoConfig.from_pretrained(ckpt, **kwargs), dtype=torch.float32)
+    index = Path(ckpt) / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    state = {}
+    for name in files:
+        state.update(load_file(str(Path(ckpt) / name)))
+    own = HEADS[task] + "."
+    target = {"classify": "classifier.", "ner": "classifier.", "qa": "qa_outputs."}[task]
+    state = {(target + k[len(own):] if k.startswith(own) else k): v.float() for k, v in state.items()
+             if k.startswith(("bert.", own))}
+    expected = model.state_dict()
+    state = {k: v for k, v in state.items() if k in expected or not k.startswith("bert.pooler.")}  # ner/qa: no pooler
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if "position_ids" not in k]:
+        raise SystemExit(f"cannot cut the {task} model from {ckpt}: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
 def create_app(ckpt: str, task: str, threads: int) -> FastAPI:
     torch.set_num_threads(threads)
-    pipe = pipeline(PIPELINES[task], model=ckpt, tokenizer=ckpt, device="cpu")
+    pipe = pipeline(PIPELINES[task], model=task_model(ckpt, task), tokenizer=ckpt, device="cpu")
     app = FastAPI()
 
     @app.get("/health")
