@@ -239,6 +239,10 @@ class Engine:
 
         windows = await self._off_loop(encode_all)
         flat = [w for item_windows in windows for w in item_windows]
+        if len(flat) > self.settings.qa_max_windows:
+            raise PayloadTooLarge(f"the contexts of this request need {len(flat)} windows of {max_length} tokens; "
+                                  f"the limit is {self.settings.qa_max_windows} (qa_max_windows): send shorter "
+                                  "contexts or fewer items")
         results = await self._infer(unit, flat, ticket, timing)
 
         def decode_all():

@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     max_client_batch_size: int = Field(32, ge=1, description="most inputs in one request (413 beyond)")
     qa_max_length: int = Field(384, ge=16, description="tokens per QA window (question + context piece)")
     qa_max_question_length: int = Field(64, ge=1, description="question tokens kept in each QA window")
+    qa_max_windows: int = Field(256, ge=1, description="most QA windows one request may need, over all its items "
+                                                      "(413 beyond): contexts are windowed, never cut")
     shutdown_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take "
                                                              "to finish before the server stops anyway")
     log_level: str = Field("info", description="uvicorn log level (debug, info, warning, error)")

@@ -23,7 +23,8 @@ FIGURES: dict = {}
 def server(tmp_path_factory):
     checkpoint = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "multi")
     srv = Server("--model", str(checkpoint), "--max-concurrent-requests", "64", "--max-wait-ms", "10",
-                 "--max-batch-requests", "16", "--max-batch-tokens", "4096", "--max-client-batch-size", "16")
+                 "--max-batch-requests", "16", "--max-batch-tokens", "4096", "--max-client-batch-size", "16",
+                 "--qa-max-windows", "8")
     with srv:
         yield srv
     print(srv.log()[-3000:])
@@ -146,6 +147,7 @@ def test_response_shapes_and_headers(server):
     ("/ner", {"inputs": "x", "aggregation": "bogus"}, 422, "validation", "aggregation"),
     ("/qa", {"question": "q"}, 422, "validation", "context"),
     ("/qa", [], 400, "empty", "empty"),
+    ("/qa", {"question": "Where?", "context": "filler text here. " * 3000}, 413, "payload_too_large", "qa_max_windows"),
     ("/classify", "not json{", 422, "validation", "JSON"),
 ])
 def test_errors_are_json(server, path, body, status, kind, mention):
