@@ -127,8 +127,48 @@ def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-outpu
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         root.setLevel(level)
+    quantized = onnx.load(str(out_path))
+    split = split_skip_layer_norm(quantized)
+    if split:
+        save(quantized, out_path)
     return {"method": "dynamic", "weights": "int8 per channel", "activations": "uint8 per tensor, per batch",
-            "scope": scope, "fp32_nodes": excluded}
+            "scope": scope, "fp32_nodes": excluded, "skip_layer_norms_split": split}
+
+
+def split_skip_layer_norm(model: onnx.ModelProto) -> int:
+    """Replace each fused SkipLayerNormalization by Add (+ Add for its bias) and the standard
+    LayerNormalization (opset >= 17; otherwise the graph is left as it is). On CPU, onnxruntime 1.31
+    runs the pair faster than its fused kernel: MiniLM int8 on our 2-core AMD EPYC, 13-20 % less time
+    per batch from 1x24 to 32x32 tokens, on 1 and 2 threads (docs/export.md). Returns how many were split."""
+    from onnx import helper
+
+    if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) < 17:
+        return 0
+    nodes, split = [], 0
+    for node in model.graph.node:
+        if node.op_type != "SkipLayerNormalization" or node.domain != "com.microsoft":
+            nodes.append(node)
+            continue
+        split += 1
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
+        inputs = list(node.input) + [""] * (5 - len(node.input))
+        x, skip, gamma, beta, bias = inputs[:5]
+        total = f"{node.name}/sum"
+        nodes.append(helper.make_node("Add", [x, skip], [total], name=f"{node.name}/add"))
+        if bias:
+            nodes.append(helper.make_node("Add", [total, bias], [f"{total}_bias"], name=f"{node.name}/add_bias"))
+            total = f"{total}_bias"
+        outputs = list(node.output) + [""] * (4 - len(node.output))
+        norm_outputs = outputs[:3]
+        while not norm_outputs[-1]:
+            norm_outputs.pop()
+        nodes.append(helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []),
+                                      norm_outputs, name=f"{node.name}/layer_norm", axis=-1, epsilon=eps))
+        if outputs[3]:  # the optional input + skip (+ bias) sum
+            nodes.append(helper.make_node("Identity", [total], [outputs[3]], name=f"{node.name}/sum_out"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return split
 
 
 def save(model_or_onnx_model, path: Path) -> Path:

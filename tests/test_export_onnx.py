@@ -170,3 +170,35 @@ def test_fusion_failure_is_loud():
     with pytest.raises(FusionError, match="Attention 0 \\(expected 12\\)"):
         check_fusion({"Attention": 0, "SkipLayerNormalization": 24, "EmbedLayerNormalization": 1},
                      BertConfig.preset("base"))
+
+
+def test_int8_graph_splits_skip_layer_norm_into_add_and_layer_norm(tmp_path, minilm_dir):
+    """The int8 CPU graph runs Add + LayerNormalization instead of the fused SkipLayerNormalization (faster on
+    onnxruntime's CPU kernels); the split is exact maths, so the split graph matches an unsplit copy."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from bert.config import BertConfig
+    from export import variants
+
+    assert cli(["--ckpt", "tiny", "--random-init", "--task", "classify", "--precision", "int8",
+                "--out", str(tmp_path), "--max-seq", "64"]) == 0
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["parity"]["model"]["passed"] is True
+    graph = onnx.load(str(tmp_path / "model.onnx"))
+    ops = [n.op_type for n in graph.graph.node]
+    assert "SkipLayerNormalization" not in ops and ops.count("LayerNormalization") == 2 * 2  # tiny: 2 layers
+
+    # The same split on a fused fp32 graph changes nothing but rounding.
+    config = BertConfig.from_json_file(str(tmp_path))
+    fused = variants.fuse(tmp_path / "model.portable.onnx", config).model
+    variants.save(fused, tmp_path / "fused.onnx")
+    split = onnx.load(str(tmp_path / "fused.onnx"))
+    assert variants.split_skip_layer_norm(split) == 4
+    variants.save(split, tmp_path / "split.onnx")
+    ids = np.random.default_rng(0).integers(1000, 2000, (3, 17))
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    a = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    b = ort.InferenceSession(str(tmp_path / "split.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_allclose(a, b, atol=1e-5)
