@@ -209,3 +209,22 @@ def test_pickles_and_threads_do_not_share_truncation(minilm_dir):
     with ThreadPoolExecutor(4) as pool:
         lengths = list(pool.map(encode, [True, False] * 40))
     assert lengths == [4, 10] * 40
+
+
+def test_small_batches_encoded_one_by_one_equal_the_batched_path(minilm_dir, squad_examples):
+    """Up to SERIAL_ENCODE_MAX inputs skip tokenizers' thread pool; the encodings must not change."""
+    from bert import tokenizer as T
+
+    tok = T.BertTokenizer.from_dir(minilm_dir)
+    pairs = squad_examples[:T.SERIAL_ENCODE_MAX]
+    questions, contexts = [q for q, _ in pairs], [c for _, c in pairs]
+    cases = [dict(texts=questions), dict(texts=questions, pairs=contexts),
+             dict(texts=questions, pairs=contexts, max_length=96, truncation="only_second", stride=32),
+             dict(texts=[q.split() for q in questions], is_split_into_words=True)]
+    for case in cases:
+        small = tok.encode_batch(**case)
+        padded = {k: (v + v[:1] if k in ("texts", "pairs") else v) for k, v in case.items()}  # one more: batched
+        large = tok.encode_batch(**padded)[:len(small)]
+        for a, b in zip(small, large):
+            assert (a.ids, a.type_ids, a.offsets) == (b.ids, b.type_ids, b.offsets)
+            assert [o.ids for o in a.overflowing] == [o.ids for o in b.overflowing]
