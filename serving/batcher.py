@@ -3,7 +3,8 @@
 Requests are tokenised before they get here; every model input sequence (a text, a text pair, one
 window of a QA context) is one queue entry with its own future. ONE owner task builds batches:
 it starts from the oldest sequence, adds the queued sequences closest to it in length while the
-padded batch stays within `max_batch_tokens` (padded length x count) and `max_batch_requests`, and
+padded batch stays within `max_batch_tokens` (padded length x count), `max_batch_requests` and
+`max_padding` (the share of padding in the batch: on CPU a pad token costs as much as a real one), and
 waits at most `max_wait_ms` (from the oldest sequence's arrival) for a batch to fill — longer only while
 the model is busy anyway, so the batch keeps growing until it can run. Inference runs in a thread
 (`workers` batches at once, each in its own thread, when the backend allows it: on CPU two
@@ -61,8 +62,8 @@ class SequenceResult:
 
 class Batcher:
     def __init__(self, backend, *, max_batch_tokens: int, max_batch_requests: int, max_wait_ms: float,
-                 workers: int = 1, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, metrics=None,
-                 name: str = "model"):
+                 workers: int = 1, max_padding: float | None = None, pad_token_id: int = 0,
+                 pad_to_multiple_of: int | None = None, metrics=None, name: str = "model"):
         self.backend = backend
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
@@ -73,6 +74,7 @@ class Batcher:
         self.queue: list[Entry] = []
         self._wakeup = asyncio.Event()
         self.workers = workers
+        self.max_padding = max_padding  # most padding a batch may carry, as a share of its padded tokens
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"infer-{name}")
         self._owner: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # batches running now, at most `workers`
@@ -170,15 +172,18 @@ class Batcher:
         window = self.queue[: max(4 * self.max_batch_requests, 64)]  # bounded search keeps order roughly FIFO
         candidates = sorted(window, key=lambda e: (abs(e.length - anchor.length), e.enqueued))
         chosen: list[Entry] = []
-        width = 0
+        width = real = 0
         for entry in candidates:
             if len(chosen) >= self.max_batch_requests:
                 break
             new_width = self._padded(max(width, entry.length))
-            if chosen and new_width * (len(chosen) + 1) > self.max_batch_tokens:
+            padded = new_width * (len(chosen) + 1)
+            if chosen and padded > self.max_batch_tokens:
                 continue
+            if chosen and self.max_padding is not None and real + entry.length < (1 - self.max_padding) * padded:
+                continue  # too different in length: it waits for a batch of its own size
             chosen.append(entry)
-            width = new_width
+            width, real = new_width, real + entry.length
         taken = set(map(id, chosen))
         self.queue = [e for e in self.queue if id(e) not in taken]
         self._set_depth()

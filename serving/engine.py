@@ -126,6 +126,7 @@ class Engine:
                 unit.backend, max_batch_tokens=self.settings.max_batch_tokens,
                 max_batch_requests=self.max_batch_requests(unit), max_wait_ms=self.settings.max_wait_ms,
                 workers=self.settings.effective_inference_workers if unit.backend.concurrent_runs else 1,
+                max_padding=self.settings.effective_max_padding,
                 pad_token_id=unit.tokenizer.pad_token_id,
                 pad_to_multiple_of=8 if self.settings.device == "cuda" else None,
                 metrics=self.metrics, name=unit.spec.path.name)

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     max_concurrent_requests: int = Field(512, ge=1, description="requests admitted at once; more get 429 at once")
     max_batch_tokens: int = Field(16384, ge=1, description="token budget of one batch: padded length x sequences")
     max_batch_requests: int = Field(32, ge=1, description="most sequences in one batch")
+    max_padding: Optional[float] = Field(
+        None, ge=0, le=1, description="most padding a batch may carry, as a share of its padded tokens; longer or "
+                                      "shorter sequences wait for a batch of their own (default 0.25 on cpu, where a "
+                                      "pad token costs as much as a real one; none on cuda)")
     max_wait_ms: float = Field(
         0.0, ge=0, description="longest a sequence waits for more to join its batch while the model is idle "
                                "(0: run at once; batches still form from what queues while the model is busy)")
@@ -79,6 +83,12 @@ class Settings(BaseSettings):
         # Two single-threaded runs at once beat one run on two threads: measured with MiniLM int8 on 2 cores,
         # batches of 1-8 x 32 tokens, 493-596 vs 241-403 sequences/s (docs/benchmarks.md).
         return self.inference_workers or (1 if self.device == "cuda" else 2)
+
+    @property
+    def effective_max_padding(self) -> float | None:
+        if self.max_padding is not None:
+            return self.max_padding
+        return None if self.device == "cuda" else 0.25
 
     @property
     def effective_precision(self) -> str:

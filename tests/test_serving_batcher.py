@@ -197,7 +197,8 @@ def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
     from test_serving_support import QA_ITEMS, TEXTS, build_checkpoint
 
     checkpoint = build_checkpoint(tmp_path / "multi")
-    engine = Engine(Settings(model=str(checkpoint), max_wait_ms=50, threads=1), Metrics())
+    # max_padding=1: any lengths may share a batch (the QA window is much longer than the texts)
+    engine = Engine(Settings(model=str(checkpoint), max_wait_ms=50, threads=1, max_padding=1.0), Metrics())
     engine.load()
     assert len(engine.units) == 1
     backend = engine.units[0].backend
@@ -224,3 +225,16 @@ def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
     classified, entities, answers = asyncio.run(scenario())
     assert len(classified) == 2 and len(entities) == 2 and len(answers) == 1
     assert seen == [5], seen  # 2 classify + 2 ner + 1 qa window: one forward pass
+
+
+def test_max_padding_keeps_very_different_lengths_apart():
+    backend = RecordingBackend()
+    lengths = [10, 40, 11, 39, 12, 41, 10, 40]
+    results = run(lambda b: submit_all(b, lengths), backend, max_batch_tokens=1000, max_batch_requests=8,
+                  max_padding=0.25)
+    assert [r.outputs["classify"][0] for r in results] == lengths
+    assert sorted(rows for rows, _ in backend.shapes) == [4, 4]  # the short ones together, the long ones together
+    assert sorted(width for _, width in backend.shapes) == [12, 41]
+    unlimited = RecordingBackend()
+    run(lambda b: submit_all(b, lengths), unlimited, max_batch_tokens=1000, max_batch_requests=8)
+    assert unlimited.shapes == [(8, 41)]
