@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: serve test setup setup-dev clean
+.PHONY: serve test demo setup setup-dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ serve: setup
 
 test: setup-dev
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# Rebuild serving/demo_model/ from ../shared/data: `make demo` on a GPU, `make demo CPU=1` on 2 CPU cores (1 h 47 min).
+demo: setup-dev
+	bash recipes/demo.sh $(if $(CPU),--cpu)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,7 +4,7 @@
 # and SQuAD v1.1 at once (one encoder, three heads), saved in fp16 safetensors shards + index.
 #
 #   recipes/demo.sh            # GPU (bf16 autocast): 2 epochs, batch 32; writes serving/demo_model/
-#   recipes/demo.sh --cpu      # 2-core CPU, bf16 autocast, ~1.5 h: 1 epoch SST-2, 2 of CoNLL, 0.6 of SQuAD
+#   recipes/demo.sh --cpu      # 2-core CPU, bf16 autocast, 1 h 47 min: 1 epoch SST-2, 2 of CoNLL, 0.6 of SQuAD
 #   recipes/demo.sh --smoke    # CPU: a few steps on small subsets; writes runs/demo-smoke/ only
 #   recipes/demo.sh --learning-rate 5e-5   # any further flag goes to python -m training.multitask
 #
