@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from serving.docs import install_docs
 from serving.engine import Engine, version
 from serving.errors import install_error_handlers
 from serving.metrics import Metrics
@@ -56,6 +57,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         description="BERT classification, NER and question answering behind a dynamically batched HTTP API. "
                     "Errors are JSON {error, error_type}.",
         lifespan=lifespan,
+        docs_url=None,  # serving.docs serves /docs and /redoc without a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -63,5 +66,6 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.engine = engine
     install_error_handlers(app)
     app.include_router(router)
+    install_docs(app)
     app.add_middleware(RequestMiddleware, settings=settings, state=state, metrics=metrics)
     return app
