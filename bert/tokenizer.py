@@ -32,12 +32,13 @@ TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 class InputTooLong(ValueError):
     """An input has more tokens than the model accepts and the caller did not ask to truncate it."""
 
-    def __init__(self, index: int, length: int, limit: int):
+    def __init__(self, index: int, length: int | None, limit: int):
         self.index = index
-        self.length = length
+        self.length = length  # None: more than `limit`, not counted further (a huge input is never tokenised whole)
         self.limit = limit
+        has = f"more than {limit}" if length is None else str(length)
         super().__init__(
-            f"input {index} has {length} tokens; the model accepts at most {limit} "
+            f"input {index} has {has} tokens; the model accepts at most {limit} "
             f'(send "truncate": true to cut it)'
         )
 

@@ -2,19 +2,23 @@
 
 Every setting is a flag and an env var (BERTSERVE_<NAME>); flags win. With no model given it serves
 the built-in demo model (serving/demo_model/). On SIGTERM/SIGINT it stops admitting requests (503),
-answers every admitted one, then exits 0.
+answers every admitted one (those still running after --shutdown-timeout-s get a JSON 503), then exits 0;
+a second signal exits at once.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import sys
+import threading
 import typing
 
 import uvicorn
 from pydantic import ValidationError
 
+from serving.middleware import wait_for_idle
 from serving.settings import Settings
 
 log = logging.getLogger("bertserve")
@@ -43,36 +47,73 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn, but the first SIGTERM/SIGINT drains: new requests get 503, admitted ones finish,
-    then the server stops (and the process exits 0). A second signal stops at once."""
+    """uvicorn, with a shutdown that is right under every orchestrator.
+
+    First SIGTERM/SIGINT: stop admitting (new requests get a JSON 503), give admitted requests up to
+    `timeout_s` to finish, answer any still running with a JSON 503, then stop: exit 0 within about
+    timeout_s + 2 s. A second signal: every admitted request gets its JSON 503 at once and the process
+    exits within a second (exit 128 + signal). A model that fails warm-up stops the server (exit 2).
+    """
 
     def __init__(self, config: uvicorn.Config, app, timeout_s: float):
         super().__init__(config)
         self.app_state = app.state.server
         self.timeout_s = timeout_s
+        self.exit_code = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._draining = False
+        self._signals = 0
+        self.app_state.on_fatal = self._fatal
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
-        if self._draining or self._loop is None:
-            super().handle_exit(sig, frame)
-            return
-        self._draining = True
-        self.app_state.draining = True
-        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+        # Not uvicorn's handler: it re-raises the signal after shutdown (exit 143, not 0), and its second
+        # SIGTERM waits for connections all over again.
+        self._signals += 1
+        if self._loop is None:
+            self.should_exit = True
+        elif self._signals == 1:
+            self.app_state.draining = True
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+        else:
+            self.exit_code = 128 + sig
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._abort(grace_s=0.5)))
 
     async def _drain(self) -> None:
-        from serving.middleware import wait_for_idle
-
-        log.info("shutting down: answering %d admitted requests first", self.app_state.in_flight)
-        idle = await wait_for_idle(self.app_state, self.timeout_s)
-        if not idle:
-            log.warning("shutdown timeout: %d requests still running", self.app_state.in_flight)
+        log.info("shutting down: answering %d admitted requests first (at most %gs)", self.app_state.in_flight,
+                 self.timeout_s)
+        if not await wait_for_idle(self.app_state, self.timeout_s):
+            log.warning("shutdown timeout (%gs): %d requests unfinished get a 503", self.timeout_s,
+                        self.app_state.in_flight)
+            await self._abort(grace_s=1.0)
         self.should_exit = True
+
+    async def _abort(self, grace_s: float) -> None:
+        """Answer every admitted request with a JSON 503 now, give the answers `grace_s` to be written, stop."""
+        self.app_state.aborted.set()
+        await wait_for_idle(self.app_state, grace_s)
+        self.should_exit = True
+        if self.exit_code:
+            self.force_exit = True  # second signal: no more waiting for connections or the lifespan
+
+    def _fatal(self, reason: str) -> None:
+        print(f"error: {reason}", file=sys.stderr, flush=True)
+        self.exit_code = 2
+        self.should_exit = True
+
+
+def _exit_if_threads_linger(code: int) -> None:
+    """Inference threads (a batch mid-run) would hold the interpreter's exit until they finish: after a
+    forced or timed-out shutdown nobody waits for their results, so leave without joining them."""
+    lingering = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
+                 and not t.daemon]
+    if lingering:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:
         for error in e.errors():
             where = ".".join(str(x) for x in error["loc"]) or "settings"
-            print(f"error: --{where.replace('_', '-')}: {error['msg']}", file=sys.stderr)
+            message = str(error["msg"]).removeprefix("Value error, ")
+            print(f"error: --{where.replace('_', '-')}: {message}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from serving.app import create_app
     from serving.backends.base import ModelError
     from serving.engine import Engine
     from serving.metrics import Metrics
+    from serving.protocol import http_protocol
 
     engine = Engine(settings, Metrics())
     try:  # load before uvicorn starts, so a bad model is one clear line and exit 2, not a traceback
@@ -100,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot load the model: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     app = create_app(settings, engine=engine)
+    # What is left after the drain (responses being written, idle keep-alive connections) gets 2 s more.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s)), access_log=False)
+                            http=http_protocol(settings.header_timeout_s), timeout_graceful_shutdown=2,
+                            access_log=False)
     server = GracefulServer(config, app, settings.shutdown_timeout_s)
     server.run()
-    return 0 if server.started else 3
+    code = server.exit_code if server.started else 3
+    _exit_if_threads_linger(code)
+    return code
 
 
 if __name__ == "__main__":

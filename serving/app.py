@@ -15,6 +15,7 @@ from serving.errors import install_error_handlers
 from serving.metrics import Metrics
 from serving.middleware import RequestMiddleware, ServerState
 from serving.routes.api import router
+from serving.routes.schemas import declare_limits
 from serving.settings import Settings
 
 log = logging.getLogger("bertserve")
@@ -40,9 +41,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                 await asyncio.to_thread(engine.warmup)
                 state.ready = True
                 log.info("ready: %s on %s (%s)", engine.tasks, engine.backend_name, engine.precision)
-            except Exception as e:  # noqa: BLE001 - reported by /health and /ready
-                log.exception("warm-up failed")
-                state.failed = f"{type(e).__name__}: {e}"
+            except Exception as e:  # noqa: BLE001 - a model that cannot run a batch cannot serve: the process exits
+                state.fail(f"warm-up failed: {type(e).__name__}: {str(e)[:300]}")
 
         warming = asyncio.create_task(warm_up())
         try:
@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         lifespan=lifespan,
         docs_url=None,  # serving.docs serves /docs and /redoc without a CDN
         redoc_url=None,
+        redirect_slashes=False,  # a redirect's Location would come from the client's Host header
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -66,6 +67,20 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.engine = engine
     install_error_handlers(app)
     app.include_router(router)
+    _declare_limits_in_openapi(app, settings)
     install_docs(app)
     app.add_middleware(RequestMiddleware, settings=settings, state=state, metrics=metrics)
     return app
+
+
+def _declare_limits_in_openapi(app: FastAPI, settings: Settings) -> None:
+    """The schema FastAPI generates, plus the limits this server's settings enforce (see declare_limits)."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = declare_limits(generate(), max_inputs=settings.max_client_batch_size,
+                                                max_doc_stride=settings.qa_max_doc_stride)
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -78,6 +78,7 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"infer-{name}")
         self._owner: asyncio.Task | None = None
         self._inflight: set[asyncio.Task] = set()  # batches running now, at most `workers`
+        self._running: dict[asyncio.Task, list[Entry]] = {}  # each running batch's entries, for stop()
         self.batches_run = 0
         self._depth_reported = 0
 
@@ -85,21 +86,26 @@ class Batcher:
     def start(self) -> None:
         self._owner = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = 2.0) -> bool:
+        """Stop batching; every sequence not answered yet gets a failure. Running batches get `timeout_s`
+        to finish. Returns False when some were still running (their threads are left behind)."""
         if self._owner is not None:
             self._owner.cancel()
             try:
                 await self._owner
             except asyncio.CancelledError:
                 pass
+        finished = True
         if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-        for entry in self.queue:
-            if not entry.future.done():
-                entry.future.set_exception(BackendFailure("the server stopped before this input ran"))
+            _, running = await asyncio.wait(self._inflight, timeout=timeout_s)
+            finished = not running
+        stopped = BackendFailure("the server stopped before this input ran")
+        for entry in [*self.queue, *self._running_entries()]:
+            _fail(entry, stopped)
         self.queue.clear()
         self._set_depth()
-        self._executor.shutdown(wait=False)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        return finished
 
     def submit(self, features: list[Features], ticket: Ticket) -> list[asyncio.Future]:
         loop = asyncio.get_running_loop()
@@ -112,19 +118,32 @@ class Batcher:
     # ---- the owner task -------------------------------------------------------------------
     async def _run_forever(self) -> None:
         while True:
+            batch: list[Entry] = []
             try:
                 batch = await self._next_batch()
                 arrays = pad_batch([e.features for e in batch], self.pad_token_id, self.pad_to_multiple_of)
                 while self._busy():  # wait for a free worker
                     await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
                 task = asyncio.get_running_loop().create_task(self._execute(batch, arrays))
+                self._running[task] = batch
                 self._inflight.add(task)
-                task.add_done_callback(self._inflight.discard)
-            except asyncio.CancelledError:
+                task.add_done_callback(self._finished)
+            except asyncio.CancelledError:  # stop(): a batch taken from the queue but not started fails too
+                for entry in batch:
+                    _fail(entry, BackendFailure("the server stopped before this input ran"))
                 raise
-            except Exception:  # the owner must never die: log and keep serving
+            except Exception as exc:  # the owner must never die: fail the batch in hand, log, keep serving
                 log.exception("batcher loop error")
+                for entry in batch:
+                    _fail(entry, BackendFailure(f"could not run the batch: {type(exc).__name__}"))
                 await asyncio.sleep(0.01)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._inflight.discard(task)
+        self._running.pop(task, None)
+
+    def _running_entries(self) -> list[Entry]:
+        return [entry for batch in self._running.values() for entry in batch]
 
     async def _next_batch(self) -> list[Entry]:
         while True:
@@ -198,35 +217,47 @@ class Batcher:
         rows, width = arrays["input_ids"].shape
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, arrays)
-            for key, value in outputs.items():
-                if len(value) != rows:
-                    raise BackendFailure(f"backend returned {len(value)} rows of {key!r} for {rows} sequences")
+            elapsed = time.monotonic() - started
+            results = self._split(outputs, batch, rows)
         except Exception as exc:  # noqa: BLE001 - every error fails exactly this batch
             log.error("batch of %d sequences failed: %s: %s", rows, type(exc).__name__, exc)
             failure = exc if isinstance(exc, BackendFailure) else BackendFailure(
                 f"inference failed: {type(exc).__name__}: {str(exc)[:200]}")
             for entry in batch:
-                if not entry.future.done():
-                    entry.future.set_exception(failure)
+                _fail(entry, failure)
             return
         finally:
             self.batches_run += 1
-        elapsed = time.monotonic() - started
         if self.metrics is not None:
             self.metrics.inference_duration.observe(elapsed)
             self.metrics.batch_size.observe(rows)
             self.metrics.batch_tokens.observe(rows * width)
-        for index, entry in enumerate(batch):
+        for entry, result in zip(batch, results):
             if entry.future.done():  # cancelled meanwhile
                 continue
-            result = {k: (v[index, : entry.length] if k in PER_TOKEN_OUTPUTS else v[index]) for k, v in outputs.items()}
             queue_s = started - entry.enqueued
             if self.metrics is not None:
                 self.metrics.queue_duration.observe(queue_s)
             entry.future.set_result(SequenceResult(result, queue_s, elapsed, rows))
+
+    @staticmethod
+    def _split(outputs: dict[str, np.ndarray], batch: list[Entry], rows: int) -> list[dict[str, np.ndarray]]:
+        """Each sequence's rows of every output; a backend that returns other shapes fails the batch."""
+        for key, value in outputs.items():
+            per_token = key in PER_TOKEN_OUTPUTS
+            if np.ndim(value) < (2 if per_token else 1) or len(value) != rows:
+                raise BackendFailure(f"backend returned {len(value) if np.ndim(value) else 0} rows of {key!r} (shape "
+                                     f"{np.shape(value)}) for {rows} sequences")
+        return [{k: (v[i, : entry.length] if k in PER_TOKEN_OUTPUTS else v[i]) for k, v in outputs.items()}
+                for i, entry in enumerate(batch)]
 
     def _set_depth(self) -> None:
         # inc/dec, not set: several batchers (one per model) share the gauge
         if self.metrics is not None and len(self.queue) != self._depth_reported:
             self.metrics.queue_depth.inc(len(self.queue) - self._depth_reported)
             self._depth_reported = len(self.queue)
+
+
+def _fail(entry: Entry, error: Exception) -> None:
+    if not entry.future.done():
+        entry.future.set_exception(error)

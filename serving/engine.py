@@ -27,6 +27,9 @@ from serving.errors import BackendFailure, EmptyInput, PayloadTooLarge, ServingE
 from serving.settings import DEMO_MODEL_DIR, Settings
 
 log = logging.getLogger("bertserve")
+# A request whose texts add up to more than this goes to the long lane (see Engine.__init__).
+LIGHT_REQUEST_CHARS = 8192
+DEFAULT_DOC_STRIDE = 128  # transformers' default (at 384-token windows)
 
 
 def version() -> str:
@@ -39,6 +42,10 @@ def version() -> str:
 
 class TaskNotServed(ServingError):
     status, error_type = 404, "not_found"
+
+
+class CallerGone(Exception):
+    """Raised in a codec thread when the request it works for has been abandoned; nobody reads it."""
 
 
 @dataclass
@@ -70,7 +77,11 @@ class Engine:
         self.metrics = metrics
         self.units: list[ModelUnit] = []
         self.by_task: dict[str, ModelUnit] = {}
-        self._codec_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="codec")
+        # Two lanes for tokenising and decoding: a request with long texts (QA contexts, big batches) waits
+        # behind other long ones only, never in front of a one-line /classify. Work per request is bounded
+        # anyway (tokens, windows, inputs), so one thread is enough for the long lane.
+        self._light_lane = ThreadPoolExecutor(max_workers=2, thread_name_prefix="codec")
+        self._heavy_lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codec-long")
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -137,7 +148,8 @@ class Engine:
             if unit.batcher is not None:
                 await unit.batcher.stop()
             unit.backend.close()
-        self._codec_pool.shutdown(wait=False)
+        self._light_lane.shutdown(wait=False, cancel_futures=True)
+        self._heavy_lane.shutdown(wait=False, cancel_futures=True)
 
     # ---- description ----------------------------------------------------------------------
     @property
@@ -171,11 +183,15 @@ class Engine:
             raise TaskNotServed(f"this server does not serve {task}; it serves {', '.join(self.tasks)}")
         return unit
 
-    async def _off_loop(self, fn: Callable[[], Any]) -> Any:
-        """Tokenising and decoding are CPU work: never on the event loop."""
+    async def _off_loop(self, fn: Callable[[], Any], chars: int = 0) -> Any:
+        """Tokenising and decoding are CPU work: never on the event loop. `chars`, the request's text size,
+        picks the lane."""
+        lane = self._heavy_lane if chars > LIGHT_REQUEST_CHARS else self._light_lane
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._codec_pool, fn)
+            return await asyncio.get_running_loop().run_in_executor(lane, fn)
         except InputTooLong as e:
+            raise ValidationFailed(str(e)) from None
+        except qa_codec.QuestionTooLong as e:
             raise ValidationFailed(str(e)) from None
         except ServingError:
             raise
@@ -205,45 +221,73 @@ class Engine:
     async def classify(self, inputs: list, *, top_k: int | None, function: str | None, truncate: bool,
                        ticket: Ticket, timing: Timing) -> list[list[dict]]:
         unit = self._unit("classify")
+        chars = _chars(inputs)
         features = await self._off_loop(lambda: classify_codec.encode(
             unit.tokenizer, [tuple(x) if isinstance(x, list) else x for x in inputs],
-            max_length=unit.max_length, truncate=truncate))
+            max_length=unit.max_length, truncate=truncate), chars)
         results = await self._infer(unit, features, ticket, timing)
         logits = np.stack([r.outputs["classify"] for r in results])
         return await self._off_loop(lambda: classify_codec.decode(
             logits, unit.spec.labels["classify"], top_k=top_k, function=function,
-            problem_type=unit.spec.problem_type))
+            problem_type=unit.spec.problem_type), chars)
 
     async def ner(self, texts: list[str], *, aggregation: str, truncate: bool, ticket: Ticket,
                   timing: Timing) -> list[list[dict]]:
         unit = self._unit("ner")
+        chars = _chars(texts)
         features = await self._off_loop(lambda: ner_codec.encode(
-            unit.tokenizer, texts, max_length=unit.max_length, truncate=truncate))
+            unit.tokenizer, texts, max_length=unit.max_length, truncate=truncate), chars)
         results = await self._infer(unit, features, ticket, timing)
         id2label = unit.spec.labels["ner"]
         return await self._off_loop(lambda: [
-            ner_codec.decode(f, r.outputs["ner"], id2label, aggregation=aggregation)
-            for f, r in zip(features, results)])
+            ner_codec.decode(f, r.outputs["ner"], id2label, aggregation=aggregation, word_from_text=True)
+            for f, r in zip(features, results)], chars)
 
-    async def qa(self, items: list[dict], *, ticket: Ticket, timing: Timing) -> list[list[dict]]:
-        """items: {question, context, top_k, max_answer_len, doc_stride} -> per item its answers, best first."""
-        unit = self._unit("qa")
+    def qa_limits(self, unit: ModelUnit | None = None) -> tuple[int, int, int]:
+        """(tokens per window, question tokens kept, largest doc_stride) for the QA model."""
+        unit = unit or self._unit("qa")
         max_length = min(self.settings.qa_max_length, unit.max_length)
         max_query = min(self.settings.qa_max_question_length, max_length // 2)
-        # A window must keep room for context: the stride is capped to what the smallest window holds.
-        stride_cap = max(0, max_length - max_query - 3 - 1)
+        # Neighbours share at most half of the narrowest window, so each window advances by at least half a
+        # window: the window count stays within 2x of the unshared count, and is known before any is built.
+        return max_length, max_query, (max_length - max_query - 3) // 2
+
+    async def qa(self, items: list[dict], *, truncate: bool = False, ticket: Ticket,
+                 timing: Timing) -> list[list[dict]]:
+        """items: {question, context, top_k, max_answer_len, doc_stride} -> per item its answers, best first."""
+        unit = self._unit("qa")
+        max_length, max_query, max_stride = self.qa_limits(unit)
+        strides = []
+        for index, item in enumerate(items):
+            stride = item.get("doc_stride")
+            if stride is not None and stride > max_stride:
+                raise ValidationFailed(f"[{index}].doc_stride: {stride} is more than half a window; at most "
+                                       f"{max_stride} with {max_length}-token windows")
+            strides.append(min(DEFAULT_DOC_STRIDE, max_stride) if stride is None else stride)
+        limit = self.settings.qa_max_windows
 
         def encode_all():
-            return [qa_codec.encode(unit.tokenizer, item["question"], item["context"], max_length=max_length,
-                                    doc_stride=min(item["doc_stride"], stride_cap), max_query_length=max_query)
-                    for item in items]
+            windows, used = [], 0
+            for item, stride in zip(items, strides):
+                if ticket.cancelled:  # the caller has gone (its route has stopped waiting): stop working for it
+                    raise CallerGone()
+                try:
+                    item_windows = qa_codec.encode(
+                        unit.tokenizer, item["question"], item["context"], max_length=max_length, doc_stride=stride,
+                        max_query_length=max_query, truncate_question=item.get("truncate", truncate),
+                        max_windows=limit - used)
+                except qa_codec.TooManyWindows as e:
+                    needed = "more than " + str(limit) if e.needed is None else str(used + e.needed)
+                    raise PayloadTooLarge(
+                        f"the contexts of this request need {needed} windows of {max_length} tokens; the limit is "
+                        f"{limit} (qa_max_windows): send shorter contexts or fewer items") from None
+                used += len(item_windows)
+                windows.append(item_windows)
+            return windows
 
-        windows = await self._off_loop(encode_all)
+        chars = sum(len(item["context"]) + len(item["question"]) for item in items)
+        windows = await self._off_loop(encode_all, chars)
         flat = [w for item_windows in windows for w in item_windows]
-        if len(flat) > self.settings.qa_max_windows:
-            raise PayloadTooLarge(f"the contexts of this request need {len(flat)} windows of {max_length} tokens; "
-                                  f"the limit is {self.settings.qa_max_windows} (qa_max_windows): send shorter "
-                                  "contexts or fewer items")
         results = await self._infer(unit, flat, ticket, timing)
 
         def decode_all():
@@ -257,11 +301,25 @@ class Engine:
                 answers.append(found or [{"answer": "", "score": 0.0, "start": 0, "end": 0}])
             return answers
 
-        return await self._off_loop(decode_all)
+        return await self._off_loop(decode_all, chars)
 
 
-def check_batch(inputs: list, limit: int) -> None:
+def _chars(inputs: list) -> int:
+    return sum(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
+
+
+def check_batch(inputs: list, limit: int, field: str = "inputs") -> None:
+    """Refuse an empty request, or one with more inputs than a request may carry, before any work."""
     if not inputs:
-        raise EmptyInput("inputs is empty")
+        raise EmptyInput(f"{field} is empty")
     if len(inputs) > limit:
         raise PayloadTooLarge(f"{len(inputs)} inputs in one request; the limit is {limit} (max_client_batch_size)")
+
+
+def check_texts(texts: list, field: str = "inputs[{}]") -> None:
+    """An empty or blank text has nothing to classify, tag or embed: 400, not a confident answer about nothing.
+    `field` names the text in the message ("{}" takes its index)."""
+    for index, text in enumerate(texts):
+        parts = [text] if isinstance(text, str) else text
+        if any(not part.strip() for part in parts):
+            raise EmptyInput(f"{field.format(index)} is empty")

@@ -58,7 +58,7 @@ class Unavailable(ServingError):
 
 
 HTTP_KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-              413: "payload_too_large", 415: "unsupported_media_type", 422: "validation", 429: "overloaded",
+              408: "timeout", 413: "payload_too_large", 415: "unsupported_media_type", 422: "validation", 429: "overloaded",
               500: "internal", 503: "unavailable"}
 
 
@@ -132,7 +132,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
+            # No redirect for a trailing slash: its Location would be built from the client's Host header.
             detail = f"no route {request.method} {request.url.path}"
+            stripped = request.url.path.rstrip("/")
+            if stripped != request.url.path and any(getattr(r, "path", None) == stripped for r in request.app.routes):
+                detail += f" (did you mean {stripped}?)"
         elif exc.status_code == 405:
             detail = f"method {request.method} not allowed on {request.url.path}"
         return error_response(exc.status_code, detail, HTTP_KINDS.get(exc.status_code, "error"),

@@ -8,11 +8,12 @@ import hmac
 import re
 import time
 import uuid
+from typing import Callable
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 
-from serving.errors import error_response
+from serving.errors import HTTP_KINDS, error_response
 
 INFERENCE_PATHS = frozenset({"/classify", "/ner", "/qa"})
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
@@ -27,6 +28,16 @@ class ServerState:
         self.failed: str | None = None
         self.draining = False
         self.in_flight = 0  # admitted inference requests not yet answered
+        # Set when the server gives up on admitted work (shutdown past its timeout, or a second signal):
+        # every waiting route answers a JSON 503 at once instead of being cut off by the ASGI server.
+        self.aborted = asyncio.Event()
+        # Called with the reason when the model cannot serve at all (warm-up failed): the process then exits.
+        self.on_fatal: Callable[[str], None] | None = None
+
+    def fail(self, reason: str) -> None:
+        self.failed = reason
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
 
 class _BodyTooLarge(HTTPException):
@@ -35,6 +46,13 @@ class _BodyTooLarge(HTTPException):
 
     def __init__(self, limit: int):
         super().__init__(413, f"request body larger than {limit} bytes")
+
+
+class _BodyTooSlow(HTTPException):
+    """Raised from receive() when the body has not fully arrived in time (a slow-send client holding a slot)."""
+
+    def __init__(self, limit_s: float):
+        super().__init__(408, f"the request body did not arrive within {limit_s:g} s (body_timeout_s)")
 
 
 class RequestMiddleware:
@@ -85,9 +103,10 @@ class RequestMiddleware:
                 self.state.in_flight += 1
             try:
                 await self.app(scope, self._limited(receive), send_with_headers)
-            except _BodyTooLarge:
+            except (_BodyTooLarge, _BodyTooSlow) as e:
                 if not response_started[0]:
-                    await self._too_large()(scope, receive, send_with_headers)
+                    await error_response(e.status_code, e.detail, HTTP_KINDS[e.status_code])(
+                        scope, receive, send_with_headers)
         finally:
             if admitted:
                 self.state.in_flight -= 1
@@ -118,16 +137,24 @@ class RequestMiddleware:
         return None
 
     def _limited(self, receive):
-        limit = self.settings.max_body_bytes
-        seen = 0
+        """receive() bounded while the body arrives: in size (413) and in time (408). Once the body is in,
+        receive() waits unbounded again (the route listens for the client's disconnect with it)."""
+        limit, timeout_s = self.settings.max_body_bytes, self.settings.body_timeout_s
+        seen, deadline, body_done = 0, time.monotonic() + timeout_s, False
 
         async def limited_receive():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise _BodyTooSlow(timeout_s) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise _BodyTooLarge(limit)
+                body_done = not message.get("more_body", False)
             return message
 
         return limited_receive

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BACKENDS = ("auto", "torch", "onnxruntime", "tensorrt")
@@ -41,8 +41,13 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 for all interfaces)")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
     api_key: Optional[str] = Field(None, description="require 'Authorization: Bearer KEY' on every request but "
-                                                     "/health, /ready, /metrics and the API docs")
+                                                     "/health, /ready, /metrics and the API docs; an empty or "
+                                                     "blank key is a startup error, never 'auth off'")
     max_body_bytes: int = Field(2_000_000, ge=1024, description="largest request body accepted (413 beyond)")
+    header_timeout_s: float = Field(10.0, gt=0, description="a connection that has not sent a request's complete "
+                                                           "headers this long after connecting (or after its "
+                                                           "first byte) is closed with 408")
+    body_timeout_s: float = Field(30.0, gt=0, description="longest a request may take to send its body (408 beyond)")
 
     # ---- batching and admission
     max_concurrent_requests: int = Field(512, ge=1, description="requests admitted at once; more get 429 at once")
@@ -64,19 +69,43 @@ class Settings(BaseSettings):
     qa_max_windows: int = Field(256, ge=1, description="most QA windows one request may need, over all its items "
                                                       "(413 beyond): contexts are windowed, never cut")
     shutdown_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take "
-                                                             "to finish before the server stops anyway")
+                                                             "to finish; those still running then get a JSON 503 "
+                                                             "and the server exits (a second signal: at once)")
     log_level: str = Field("info", description="uvicorn log level (debug, info, warning, error)")
+
+    @field_validator("api_key")
+    @classmethod
+    def _no_blank_key(cls, value: Optional[str]) -> Optional[str]:
+        # An empty Secret or a stray `BERTSERVE_API_KEY=` must not silently open every route.
+        if value is not None and not value.strip():
+            raise ValueError("BERTSERVE_API_KEY / --api-key is set but empty or blank; set a real key, "
+                             "or unset the variable to run without authentication")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         if self.backend not in BACKENDS and ":" not in self.backend:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or 'module:factory', got {self.backend!r}")
+        if self.qa_max_question_length + 3 >= self.qa_max_length:
+            raise ValueError(f"qa_max_length ({self.qa_max_length}) must leave room for the context after a "
+                             f"{self.qa_max_question_length}-token question")
         return self
 
     # ------------------------------------------------------------------ derived
     def model_paths(self) -> dict[str, str | None]:
         """Task -> the model asked for it (None: whatever --model / the demo model offers)."""
         return {"classify": self.classify_model, "ner": self.ner_model, "qa": self.qa_model}
+
+    @property
+    def qa_window_capacity(self) -> int:
+        """Context tokens the narrowest QA window holds ([CLS] question [SEP] context [SEP])."""
+        return self.qa_max_length - self.qa_max_question_length - 3
+
+    @property
+    def qa_max_doc_stride(self) -> int:
+        """Neighbouring windows may share at most half a window: each window then advances by at least
+        half a window, so the window count (the cost of a request) stays within 2x of the unshared count."""
+        return self.qa_window_capacity // 2
 
     @property
     def effective_inference_workers(self) -> int:

@@ -5,7 +5,8 @@ from typing import Sequence
 
 import numpy as np
 
-from bert.tasks.common import Features, check_length, sigmoid, softmax
+from bert.tasks.common import Features, bounded_text, check_length, sigmoid, softmax
+from bert.tokenizer import InputTooLong
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
@@ -35,8 +36,15 @@ def encode(
 ) -> list[Features]:
     """Texts or text pairs -> Features. Too long: InputTooLong, or with `truncate` cut longest-first."""
     split = [_split_input(item) for item in inputs]
-    texts = [text for text, _ in split]
-    pairs = [pair for _, pair in split]
+    texts, cut_text = zip(*(bounded_text(tokenizer, text, max_length) for text, _ in split)) if split else ((), ())
+    texts, pairs, cut = list(texts), [], list(cut_text)
+    for i, (_, pair) in enumerate(split):
+        if pair is not None:
+            pair, cut_pair = bounded_text(tokenizer, pair, max_length)
+            cut[i] = cut[i] or cut_pair
+        pairs.append(pair)
+    if any(cut) and not truncate:
+        raise InputTooLong(cut.index(True), None, max_length)
     encoded = _encode_rows(tokenizer, texts, pairs, range(len(split)))
     too_long = [i for i in range(len(split)) if len(encoded[i].ids) > max_length]
     if too_long and not truncate:

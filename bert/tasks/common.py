@@ -1,6 +1,7 @@
 """Pieces every task codec shares: one unpadded model input, batching it, and a stable softmax."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,3 +58,35 @@ def check_length(index: int, length: int, limit: int) -> None:
     """Refuse an input the model cannot take whole (the caller may ask to truncate instead)."""
     if length > limit:
         raise InputTooLong(index, length, limit)
+
+
+# Texts longer than this are tokenised piece by piece when only their first tokens matter, so that refusing or
+# truncating a 1 MB input costs what its first tokens cost (one 1 MB encoding takes ~0.5 s and ~100 MB).
+CHUNK_CHARS = 16_384
+_WHITESPACE = re.compile(r"\s")
+
+
+def bounded_text(tokenizer, text: str, max_tokens: int) -> tuple[str, bool]:
+    """(`text`, False) when it holds at most `max_tokens` tokens (specials not counted), else (a prefix of it
+    that holds more than `max_tokens` of the same first tokens, True). The prefix ends after white space, where
+    BERT's pre-tokenizer splits anyway, so tokenising it gives the text's own first tokens. Costs about
+    `max_tokens` tokens of work however long `text` is."""
+    if len(text) <= CHUNK_CHARS:
+        return text, False  # short enough to tokenise whole: the caller counts exactly
+    backend = getattr(tokenizer, "backend", tokenizer)
+    counted = position = 0
+    while position < len(text):
+        stop = _cut_after(text, position + CHUNK_CHARS)
+        counted += len(backend.encode(text[position:stop], add_special_tokens=False).ids)
+        position = stop
+        if counted > max_tokens:
+            return text[:position], position < len(text)
+    return text, False
+
+
+def _cut_after(text: str, at: int) -> int:
+    """A cut at the first white space at or after `at` (or `at` itself in a run of 4 chunks without any)."""
+    if at >= len(text):
+        return len(text)
+    found = _WHITESPACE.search(text, at, min(len(text), at + 4 * CHUNK_CHARS))
+    return found.end() if found else at

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import decoders
 
-from bert.tasks.common import Features, check_length, softmax
-from bert.tokenizer import UNK
+from bert.tasks.common import Features, bounded_text, check_length, softmax
+from bert.tokenizer import UNK, InputTooLong
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
 WORD_AGGREGATIONS = ("first", "average", "max")  # these force one label per word
@@ -48,6 +48,12 @@ def _features(encoding, text: str, char_shift: list[int] | None = None) -> NerFe
 
 
 def _encode_checked(tokenizer, inputs, *, max_length: int, truncate: bool, is_split_into_words: bool = False):
+    if not is_split_into_words:  # a huge text is refused (or cut) at the cost of its first tokens
+        bounded = [bounded_text(tokenizer, text, max_length) for text in inputs]
+        cut = [i for i, (_, was_cut) in enumerate(bounded) if was_cut]
+        if cut and not truncate:
+            raise InputTooLong(cut[0], None, max_length)
+        inputs = [text for text, _ in bounded]
     encodings = list(tokenizer.encode_batch(inputs, is_split_into_words=is_split_into_words))
     too_long = [i for i, e in enumerate(encodings) if len(e.ids) > max_length]
     if too_long and not truncate:
@@ -218,8 +224,12 @@ def decode(
     aggregation: str = "simple",
     ignore_labels: tuple[str, ...] = ("O",),
     tokenizer=None,
+    word_from_text: bool = False,
 ) -> list[dict]:
     """Logits (T, num_labels) of one sequence -> entities, exactly as transformers' pipeline returns them.
+
+    With `word_from_text`, each `word` is the text as written (`text[start:end]`: casing and accents kept)
+    instead of the pipeline's word pieces joined back (lower-cased by an uncased tokenizer).
 
     aggregation "none": [{"entity", "score", "index", "word", "start", "end"}] per token;
     otherwise [{"entity_group", "score", "word", "start", "end"}]. Rows beyond len(features) (padding) are ignored.
@@ -245,4 +255,6 @@ def decode(
     kept = [e for e in entities if e.get("entity", e.get("entity_group")) not in ignore_labels]
     for entity in kept:
         entity["score"] = float(entity["score"])
+        if word_from_text:
+            entity["word"] = features.text[entity["start"]:entity["end"]]
     return kept

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert.tasks.common import Features
+from bert.tasks.common import Features, bounded_text
 
 MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
 NO_ANSWER_SENTINEL = 1000000.0  # the pipeline's starting "minimum null score"
@@ -58,6 +58,41 @@ def window_ranges(num_tokens: int, capacity: int, doc_stride: int) -> list[tuple
     return ranges
 
 
+def window_count(num_tokens: int, capacity: int, doc_stride: int) -> int:
+    """len(window_ranges(num_tokens, capacity, doc_stride)), by arithmetic: what a context costs, known
+    before a single window is built."""
+    if num_tokens <= capacity:
+        return 1
+    step = capacity - doc_stride
+    return 1 + -(-(num_tokens - capacity) // step)
+
+
+def max_context_tokens(windows: int, capacity: int, doc_stride: int) -> int:
+    """The most context tokens `windows` windows can hold (the inverse of window_count)."""
+    return capacity + (windows - 1) * (capacity - doc_stride)
+
+
+class TooManyWindows(ValueError):
+    """A context needs more windows than the caller allows; raised before any window is built."""
+
+    def __init__(self, needed: int | None, limit: int):
+        self.needed = needed  # None: more than `limit`, not counted further
+        self.limit = limit
+        super().__init__(f"the context needs {'more than ' + str(limit) if needed is None else needed} windows; "
+                         f"the limit is {limit}")
+
+
+class QuestionTooLong(ValueError):
+    """The question has more tokens than a window keeps for it and the caller did not ask to cut it."""
+
+    def __init__(self, length: int | None, limit: int):
+        self.length = length
+        self.limit = limit
+        has = f"more than {limit}" if length is None else str(length)
+        super().__init__(f"the question has {has} tokens; at most {limit} fit in a window "
+                         f'(send "truncate": true to cut it)')
+
+
 def max_context_owner(ranges: list[tuple[int, int]], num_tokens: int) -> list[int]:
     """For each context token, the window where it has the most context on its shorter side.
 
@@ -89,13 +124,29 @@ def _check_window_args(question_length: int, max_length: int, doc_stride: int) -
 
 
 def encode(
-    tokenizer, question: str, context: str, *, max_length: int = 384, doc_stride: int = 128, max_query_length: int = 64
+    tokenizer, question: str, context: str, *, max_length: int = 384, doc_stride: int = 128, max_query_length: int = 64,
+    truncate_question: bool = True, max_windows: int | None = None,
 ) -> list[QaWindow]:
-    """One QaWindow per overlapping slice of the context: [CLS] question [SEP] slice [SEP]."""
-    question_encoding, context_encoding = tokenizer.encode_batch([question, context], add_special_tokens=False)
-    question_ids = list(question_encoding.ids[:max_query_length])
+    """One QaWindow per overlapping slice of the context: [CLS] question [SEP] slice [SEP].
+
+    The question keeps its first `max_query_length` tokens (google's run_squad), or with
+    `truncate_question=False` a longer one raises QuestionTooLong. With `max_windows`, a context needing
+    more windows raises TooManyWindows after tokenising at most what that many windows hold, before any
+    window is built: the cost of refusing a huge context is bounded by the limit, not by the context."""
+    question, question_cut = bounded_text(tokenizer, question, max_query_length)
+    question_ids = list(tokenizer.encode_batch([question], add_special_tokens=False)[0].ids)
+    if len(question_ids) > max_query_length and not truncate_question:
+        raise QuestionTooLong(None if question_cut else len(question_ids), max_query_length)
+    question_ids = question_ids[:max_query_length]
     capacity = _check_window_args(len(question_ids), max_length, doc_stride)
+    if max_windows is not None:
+        _, context_cut = bounded_text(tokenizer, context, max_context_tokens(max_windows, capacity, doc_stride))
+        if context_cut:
+            raise TooManyWindows(None, max_windows)
+    context_encoding = tokenizer.encode_batch([context], add_special_tokens=False)[0]
     context_ids = context_encoding.ids
+    if max_windows is not None and window_count(len(context_ids), capacity, doc_stride) > max_windows:
+        raise TooManyWindows(window_count(len(context_ids), capacity, doc_stride), max_windows)
     context_offsets = [tuple(o) for o in context_encoding.offsets]
     context_words = context_encoding.word_ids
     ranges = window_ranges(len(context_ids), capacity, doc_stride)

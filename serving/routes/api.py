@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.batcher import Ticket
-from serving.engine import Timing, check_batch, version
+from serving.engine import Timing, check_batch, check_texts, version
 from serving.errors import error_response
 from serving.routes.schemas import (ClassifyRequest, ClassifyResponse, ErrorBody, Info, NerRequest,
                                     NerResponse, QARequest, QAResponse, Status)
@@ -35,22 +35,29 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 
 async def _answer(request: Request, work) -> JSONResponse:
-    """Run `work(ticket, timing)`; if the caller hangs up first, drop its queued sequences."""
+    """Run `work(ticket, timing)`; if the caller hangs up first, drop its queued sequences; if the server
+    gives up on admitted work (shutdown past its timeout), answer a JSON 503 instead of being cut off."""
     ticket, timing = Ticket(), Timing()
     job = asyncio.ensure_future(work(ticket, timing))
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    abort = asyncio.ensure_future(request.app.state.server.aborted.wait())
     try:
-        done, _ = await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({job, watcher, abort}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         ticket.cancelled = True
-        job.cancel()
-        watcher.cancel()
+        for task in (job, watcher, abort):
+            task.cancel()
         raise
-    if job not in done:  # the client went away: nobody to answer
+    watcher.cancel()
+    abort.cancel()
+    if job not in done:
         ticket.cancelled = True
         job.cancel()
-        return error_response(499, "client closed the request", "client_closed")
-    watcher.cancel()
+        if abort in done:
+            return error_response(503, "the server is shutting down and this request did not finish in time "
+                                       "(shutdown_timeout_s); retry on another replica", "unavailable",
+                                  {"Retry-After": "1"})
+        return error_response(499, "client closed the request", "client_closed")  # nobody reads it
     content = job.result()
     return JSONResponse(content, headers={
         "x-queue-time-ms": f"{timing.queue_s * 1000:.2f}",
@@ -66,6 +73,7 @@ async def classify(body: ClassifyRequest, request: Request):
     single = isinstance(body.inputs, str)
     inputs = [body.inputs] if single else body.inputs
     check_batch(inputs, settings.max_client_batch_size)
+    check_texts(inputs, "inputs" if single else "inputs[{}]")
 
     async def work(ticket, timing):
         results = await engine.classify(inputs, top_k=body.top_k, function=body.function_to_apply,
@@ -84,6 +92,7 @@ async def ner(body: NerRequest, request: Request):
     single = isinstance(body.inputs, str)
     inputs = [body.inputs] if single else body.inputs
     check_batch(inputs, settings.max_client_batch_size)
+    check_texts(inputs, "inputs" if single else "inputs[{}]")
 
     async def work(ticket, timing):
         results = await engine.ner(inputs, aggregation=body.aggregation, truncate=body.truncate,
@@ -101,7 +110,9 @@ async def qa(body: Union[QARequest, list[QARequest]], request: Request):
     engine, settings = request.app.state.engine, request.app.state.settings
     single = isinstance(body, QARequest)
     items = [body] if single else body
-    check_batch(items, settings.max_client_batch_size)
+    check_batch(items, settings.max_client_batch_size, field="body")
+    for name in ("question", "context"):
+        check_texts([getattr(item, name) for item in items], name if single else "[{}]." + name)
 
     async def work(ticket, timing):
         answers = await engine.qa([item.model_dump() for item in items], ticket=ticket, timing=timing)

@@ -16,7 +16,9 @@ TextPair = Annotated[list[str], Field(min_length=2, max_length=2, description="[
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt option is an error, not silently ignored
+    # A misspelt option is an error, not silently ignored; and types are strict: "truncate": "yes",
+    # "top_k": "2" or "doc_stride": false are mistakes to name, not values to coerce.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ClassifyRequest(_Body):
@@ -32,18 +34,23 @@ class ClassifyRequest(_Body):
 class NerRequest(_Body):
     inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts",
                                           examples=["My name is Wolfgang and I live in Berlin."])
-    aggregation: Literal["simple", "first", "average", "max", "none"] = Field(
-        "simple", description="how word pieces are merged into entities (transformers' aggregation_strategy)")
+    aggregation: Literal["first", "simple", "average", "max", "none"] = Field(
+        "first", description="how word pieces are merged into entities (transformers' aggregation_strategy); the "
+                             "default, first, labels whole words by their first piece, so an entity is never a "
+                             "fragment of a word")
     truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
 
 
 class QARequest(_Body):
     question: str = Field(..., min_length=1, examples=["Where do I live?"])
-    context: str = Field(..., examples=["My name is Wolfgang and I live in Berlin."])
+    context: str = Field(..., min_length=1, examples=["My name is Wolfgang and I live in Berlin."])
     top_k: int = Field(1, ge=1, le=100, description="answers to return; more than 1 gives a list")
     max_answer_len: int = Field(30, ge=1, le=512, description="longest answer in tokens")
-    doc_stride: int = Field(128, ge=0, le=512,
-                            description="context tokens shared by neighbouring windows of a long context")
+    doc_stride: Optional[int] = Field(
+        None, ge=0, description="context tokens shared by neighbouring windows of a long context (default 128, or "
+                                "less where windows are narrower); at most half a window")
+    truncate: bool = Field(False, description="cut a question longer than a window keeps for it instead of "
+                                              "refusing it; contexts are never cut, they are windowed")
 
 
 class Label(BaseModel):
@@ -96,3 +103,30 @@ class Info(BaseModel):
     max_concurrent_requests: int
     version: str
     labels: dict[str, list[str]] = Field(..., description="labels per task (qa has none)")
+
+
+# ---- limits that depend on the server's settings, declared in the OpenAPI schema -----------------------
+def declare_limits(schema: dict, *, max_inputs: int, max_doc_stride: int) -> dict:
+    """Write the limits the server enforces into its OpenAPI schema, so clients can know them: at most
+    `max_inputs` inputs (or QA items) per request, at least one, and QA's largest doc_stride."""
+    components = schema.get("components", {}).get("schemas", {})
+    for name in ("ClassifyRequest", "NerRequest"):
+        for branch in _array_branches(components.get(name, {}).get("properties", {}).get("inputs", {})):
+            branch.update(minItems=1, maxItems=max_inputs)
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+            if "QARequest" in str(body.get("schema", {})):
+                for branch in _array_branches(body["schema"]):
+                    branch.update(minItems=1, maxItems=max_inputs)
+    stride = components.get("QARequest", {}).get("properties", {}).get("doc_stride", {})
+    for branch in stride.get("anyOf", [stride]):
+        if branch.get("type") == "integer":
+            branch["maximum"] = max_doc_stride
+    return schema
+
+
+def _array_branches(node: dict):
+    for branch in node.get("anyOf", [node]):
+        if branch.get("type") == "array":
+            yield branch
