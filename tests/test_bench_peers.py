@@ -1,0 +1,132 @@
+"""The peer benchmark (bench/peers): one command drives a real bertserve and a server of another shape
+through their adapters with the load generator, scores their answers against the fp32 reference,
+skips a peer whose endpoint is missing, and writes its JSON with the keys the docs promise.
+infinity itself runs only where its venv exists (python -m bench.peers.infinity_env)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_serving_support import CLS_LABELS, build_checkpoint
+
+from bench.cpu import tree_cpu_seconds
+from bench.peers import Peer, bertserve_adapter, infinity_adapter
+
+# A stand-in for another product's server: infinity's /classify shape (labels by sentence length, so
+# it disagrees with the model on some sentences), and no /embed at all.
+FAKE_SERVER = """
+import sys
+import uvicorn
+from fastapi import FastAPI
+
+app = FastAPI()
+
+@app.get("/health")
+def health():
+    return {"unix": 0.0}
+
+@app.post("/classify")
+def classify(body: dict):
+    positive = 0.9 if len(body["input"][0]) % 2 else 0.1
+    return {"object": "classify", "data": [sorted([{"score": positive, "label": "positive"},
+                                                   {"score": 1 - positive, "label": "negative"}],
+                                                  key=lambda s: -s["score"])]}
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+def fake_peer(name: str, server: str, task: str, adapter) -> Peer:
+    return Peer(name, server, task, "none", "fp32", [sys.executable, "-c", FAKE_SERVER, "{port}"], adapter)
+
+
+def test_peers_command_measures_bertserve_and_another_server(tmp_path, monkeypatch, data_dir, minilm_dir):
+    from bench.peers import __main__ as peers_main
+    from bench.peers import catalog
+
+    ckpt = build_checkpoint(tmp_path / "ckpt")
+    peers = {
+        "classify": [catalog.bertserve_peer("bertserve-torch-fp32", "classify", ckpt, 1, ["--backend", "torch"], "torch"),
+                     fake_peer("fake-infinity", "infinity", "classify", infinity_adapter("classify"))],
+        "embed": [fake_peer("fake-bertserve-embed", "bertserve", "embed", bertserve_adapter("embed"))],
+    }
+    monkeypatch.setattr(catalog, "catalog", lambda task, *args: peers[task])
+    out = tmp_path / "peers.json"
+    t0 = time.monotonic()
+    assert peers_main.main(["--task", "classify,embed", "--concurrency", "1,2", "--seconds", "1", "--warmup", "0.2",
+                            "--sample", "16", "--classify-model", str(ckpt), "--busy", "warn",
+                            "--work-dir", str(tmp_path / "work"), "--out", str(out)]) == 0
+    print(f"peer benchmark ran in {time.monotonic() - t0:.1f} s")
+    result = json.loads(out.read_text())
+
+    assert {"machine", "command", "settings", "versions", "peers", "quality", "rows", "skipped", "summary",
+            "plots", "references"} <= set(result)
+    rows = {(r["peer"], r["concurrency"]): r for r in result["rows"]}
+    assert set(rows) == {(p, c) for p in ("bertserve-torch-fp32", "fake-infinity") for c in (1, 2)}
+    for r in rows.values():
+        assert r["task"] == "classify" and r["errors"] == 0 and r["requests_per_s"] > 0 and r["p99_ms"] > 0
+        assert r["server_cpu_cores"] > 0 and r["client_cpu_cores"] > 0 and r["other_cpu_cores"] >= 0
+        assert {"loadavg_1m", "other_cpu_cores", "busy", "busiest"} <= set(r["load_check"])
+        assert isinstance(r["busy"], bool)
+    assert rows[("bertserve-torch-fp32", 2)]["mean_batch"] >= 1  # bertserve's own counters, read from /metrics
+
+    quality = {q["peer"]: q for q in result["quality"]}
+    # bertserve's torch model and transformers' on the same fp32 weights: the same labels.
+    assert quality["bertserve-torch-fp32"]["agree_pct"] == 100 and quality["bertserve-torch-fp32"]["failed"] == 0
+    assert quality["bertserve-torch-fp32"]["n"] == 16 and "accuracy_pct" in quality["bertserve-torch-fp32"]
+    assert quality["fake-infinity"]["failed"] == 0 and quality["fake-infinity"]["agree_pct"] < 100
+
+    best = result["summary"]["classify"]["2"]
+    assert best["best"]["bertserve"]["peer"] == "bertserve-torch-fp32"
+    assert best["best"]["infinity"]["peer"] == "fake-infinity"
+    assert best["bertserve_over_infinity"] == pytest.approx(
+        rows[("bertserve-torch-fp32", 2)]["requests_per_s"] / rows[("fake-infinity", 2)]["requests_per_s"])
+
+    [skipped] = result["skipped"]
+    assert skipped["peer"] == "fake-bertserve-embed" and skipped["task"] == "embed" and "404" in skipped["reason"]
+    assert [p["name"] for p in result["peers"]] == ["bertserve-torch-fp32", "fake-infinity"]
+    assert result["references"]["embed"]["n"] == 16
+
+
+def test_server_cpu_counts_the_whole_process_tree():
+    """A server's CPU includes its workers': here a grandchild that burns 0.5 s."""
+    burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); "
+                               "import time; time.sleep(30)"])
+    try:
+        before = tree_cpu_seconds(parent.pid)
+        deadline = time.monotonic() + 20
+        while tree_cpu_seconds(parent.pid) - before < 0.5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tree_cpu_seconds(parent.pid) - before >= 0.45
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+@pytest.mark.slow
+def test_infinity_peer_classifies_through_its_adapter(tmp_path, data_dir, minilm_dir):
+    import asyncio
+
+    from bench.peers import catalog, infinity_env
+    from bench.peers.quality import decode
+    from bench.server_bench import collect, serve
+
+    if not infinity_env.is_ready(catalog.WORK):
+        pytest.skip(f"infinity's venv is not set up at {infinity_env.venv_dir(catalog.WORK)} "
+                    "(python -m bench.peers.infinity_env)")
+    ckpt = build_checkpoint(tmp_path / "ckpt", task="classify")
+    hf = catalog.transformers_classifier(ckpt, tmp_path / "work")
+    peer = catalog.infinity_peer("infinity-torch-fp32", "classify", "torch", "fp32", lambda: hf,
+                                 catalog.WORK, setup=False)
+    peer.prepare()
+    sentences = ["a gripping film", "dull", "I loved every minute of it."]
+    with serve(peer, timeout=240) as (_, url):
+        answers = decode(peer.adapter, asyncio.run(collect(url + peer.adapter.path,
+                                                           [peer.adapter.body(s) for s in sentences], 2)))
+    assert all(a in CLS_LABELS for a in answers), answers
