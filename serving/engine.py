@@ -261,7 +261,8 @@ class Engine:
         for index, item in enumerate(items):
             stride = item.get("doc_stride")
             if stride is not None and stride > max_stride:
-                raise ValidationFailed(f"[{index}].doc_stride: {stride} is more than half a window; at most "
+                where = f"[{index}].doc_stride" if len(items) > 1 else "doc_stride"
+                raise ValidationFailed(f"{where}: {stride} is more than half a window; at most "
                                        f"{max_stride} with {max_length}-token windows")
             strides.append(min(DEFAULT_DOC_STRIDE, max_stride) if stride is None else stride)
         limit = self.settings.qa_max_windows

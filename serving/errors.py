@@ -58,7 +58,8 @@ class Unavailable(ServingError):
 
 
 HTTP_KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-              408: "timeout", 413: "payload_too_large", 415: "unsupported_media_type", 422: "validation", 429: "overloaded",
+              408: "timeout", 413: "payload_too_large", 415: "unsupported_media_type", 422: "validation",
+              429: "overloaded",
               500: "internal", 503: "unavailable"}
 
 

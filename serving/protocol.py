@@ -1,10 +1,12 @@
-"""uvicorn's HTTP protocol with a header read timeout.
+"""uvicorn's HTTP protocol with bounded headers, and JSON for the errors it answers itself.
 
-uvicorn bounds the idle time between requests (keep-alive) but not the time a client takes to send a
-request's headers: a client that connects and trickles a header byte every few seconds holds its
-connection, and a file descriptor, forever (slowloris). Here every request's headers must be complete
-`header_timeout_s` after the connection opens or after the request's first byte; otherwise the
-client gets a 408 and the connection is closed. (The body has its own bound, in the middleware.)
+uvicorn bounds the idle time between requests (keep-alive) but neither the time a client takes to send a
+request's headers nor their size: a client that connects and trickles a header byte every few seconds holds
+its connection, and a file descriptor, forever (slowloris), and one that sends megabytes of headers has them
+buffered. Here every request's headers must be complete `header_timeout_s` after the connection opens or
+after the request's first byte (else 408), and within MAX_HEADER_BYTES (else 431); then the connection is
+closed. A request that does not parse as HTTP gets uvicorn's 400, but as JSON like every other error.
+(The body has its own bounds, in the middleware.)
 """
 from __future__ import annotations
 
@@ -12,6 +14,13 @@ import json
 import logging
 
 log = logging.getLogger("bertserve")
+MAX_HEADER_BYTES = 64 * 1024  # request line + headers; nginx's default buffers hold 4 x 8 KiB
+
+
+def _json_response(status: int, reason: str, message: str, error_type: str) -> bytes:
+    body = json.dumps({"error": message, "error_type": error_type}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
 def http_protocol(header_timeout_s: float):
@@ -22,13 +31,14 @@ def http_protocol(header_timeout_s: float):
         log.warning("httptools is not installed: no header read timeout")
         return "auto"
 
-    body = json.dumps({"error": f"request headers not received within {header_timeout_s:g} s (header_timeout_s)",
-                       "error_type": "timeout"}).encode()
-    response = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    too_slow = _json_response(408, "Request Timeout", f"request headers not received within {header_timeout_s:g} s "
+                              "(header_timeout_s)", "timeout")
+    too_big = _json_response(431, "Request Header Fields Too Large",
+                             f"request line and headers larger than {MAX_HEADER_BYTES} bytes", "headers_too_large")
 
-    class HeaderTimeoutProtocol(HttpToolsProtocol):
+    class BoundedHeadersProtocol(HttpToolsProtocol):
         _header_timer = None
+        _header_bytes = 0
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -38,6 +48,23 @@ def http_protocol(header_timeout_s: float):
             if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
                 self._arm()  # the first byte of the next request on a kept-alive connection
             super().data_received(data)
+
+        def on_url(self, url: bytes) -> None:
+            self._count_header_bytes(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_header_bytes(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def _count_header_bytes(self, n: int) -> None:
+            self._header_bytes += n
+            if self._header_bytes > MAX_HEADER_BYTES:
+                self._refuse(too_big)
+                raise ValueError("headers too large")  # stops the parser; uvicorn's 400 finds the connection closed
+
+        def send_400_response(self, msg: str) -> None:
+            self._refuse(_json_response(400, "Bad Request", msg, "bad_request"))
 
         def on_headers_complete(self) -> None:
             self._disarm()
@@ -49,17 +76,18 @@ def http_protocol(header_timeout_s: float):
 
         def _arm(self) -> None:
             self._disarm()
-            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
+            self._header_bytes = 0
+            self._header_timer = self.loop.call_later(header_timeout_s, self._refuse, too_slow)
 
         def _disarm(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
 
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
+        def _refuse(self, response: bytes) -> None:
+            self._disarm()
             if not self.transport.is_closing():
                 self.transport.write(response)
                 self.transport.close()
 
-    return HeaderTimeoutProtocol
+    return BoundedHeadersProtocol

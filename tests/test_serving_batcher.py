@@ -238,3 +238,73 @@ def test_max_padding_keeps_very_different_lengths_apart():
     unlimited = RecordingBackend()
     run(lambda b: submit_all(b, lengths), unlimited, max_batch_tokens=1000, max_batch_requests=8)
     assert unlimited.shapes == [(8, 41)]
+
+
+# ---- every path fails every entry of a batch it cannot run (issue 11) -------------------------------------
+def test_a_batch_that_cannot_be_padded_fails_its_callers(monkeypatch):
+    import serving.batcher as batcher_module
+
+    real_pad = batcher_module.pad_batch
+
+    def pad_or_fail(features, *args):
+        if any(f.input_ids[0] == 9 for f in features):
+            raise MemoryError("cannot allocate the batch")
+        return real_pad(features, *args)
+
+    monkeypatch.setattr(batcher_module, "pad_batch", pad_or_fail)
+
+    async def scenario(batcher):
+        poisoned = await asyncio.wait_for(submit_all(batcher, [4, 4], token=9), 5)  # would hang before
+        fine = await asyncio.wait_for(submit_all(batcher, [4]), 5)
+        return poisoned, fine
+
+    poisoned, fine = run(scenario, RecordingBackend())
+    assert all(isinstance(r, BackendFailure) and "MemoryError" in str(r) for r in poisoned), poisoned
+    assert not isinstance(fine[0], Exception)
+
+
+class BlockingBackend:
+    """run() waits for `release` (a threading.Event), so batches stay running as long as a test wants."""
+
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def run(self, batch):
+        self.started.set()
+        self.release.wait(10)
+        rows = len(batch["input_ids"])
+        return {"classify": np.zeros((rows, 2), np.float32)}
+
+
+def test_stop_fails_queued_waiting_and_running_batches():
+    backend = BlockingBackend()
+
+    async def main():
+        batcher = Batcher(backend, max_batch_tokens=64, max_batch_requests=1, max_wait_ms=0, workers=1)
+        batcher.start()
+        futures = [batcher.submit([seq(4)], Ticket())[0] for _ in range(3)]
+        # one running (the worker blocks), one taken by the owner and waiting for the worker, one queued
+        while not backend.started.is_set() or len(batcher.queue) > 1:
+            await asyncio.sleep(0.01)
+        finished = await batcher.stop(timeout_s=0.2)
+        results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 5)
+        backend.release.set()
+        return finished, results
+
+    finished, results = asyncio.run(main())
+    assert finished is False  # the running batch outlived the timeout
+    assert all(isinstance(r, BackendFailure) and "stopped" in str(r) for r in results), results
+
+
+def test_wrongly_shaped_outputs_fail_the_batch():
+    class FlatNer(RecordingBackend):
+        def run(self, batch):
+            out = super().run(batch)
+            out["ner"] = np.zeros(len(batch["input_ids"]), np.float32)  # per-token output without a token axis
+            return out
+
+    results = run(lambda b: submit_all(b, [4, 4]), FlatNer())
+    assert all(isinstance(r, BackendFailure) and "'ner'" in str(r) for r in results), results

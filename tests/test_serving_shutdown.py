@@ -69,3 +69,86 @@ def test_sigterm_finishes_admitted_requests_and_exits_0(tmp_path):
     if isinstance(late, httpx.Response):
         assert late.status_code == 503 and late.json()["error_type"] == "unavailable"
     assert returncode == 0, server.log()[-2000:]
+
+
+def very_slow_backend(spec, settings):
+    from serving.backends.torch_backend import TorchBackend
+
+    class VerySlowTorchBackend(TorchBackend):
+        def run(self, batch):
+            time.sleep(0.25)
+            return super().run(batch)
+
+    return VerySlowTorchBackend(spec, settings)
+
+
+async def _load_then_signal(server, requests: int, signals: list[float]):
+    """`requests` /ner requests of 8 texts; once all are admitted, SIGTERM at each offset in `signals` (s).
+    Returns (in flight at the first signal, each request's response or exception, seconds from the first
+    signal to the process's exit)."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=100)) as c:
+        tasks = [asyncio.create_task(c.post("/ner", json={"inputs": [TEXT] * 8})) for _ in range(requests)]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # every request admitted: its sequences are queued or running
+            metrics = (await c.get("/metrics")).text
+            queued = float(next(line.split()[-1] for line in metrics.splitlines()
+                                if line.startswith("bertserve_queue_depth ")))
+            if queued / 8 + sum(t.done() for t in tasks) + 2 >= requests:
+                break
+            await asyncio.sleep(0.01)
+        in_flight = sum(not t.done() for t in tasks)
+        first = time.monotonic()
+        for offset in signals:
+            await asyncio.sleep(max(0.0, first + offset - time.monotonic()))
+            server.process.send_signal(signal.SIGTERM)
+        answers = await asyncio.gather(*tasks, return_exceptions=True)
+    while server.process.poll() is None and time.monotonic() - first < 60:
+        await asyncio.sleep(0.01)
+    return in_flight, answers, time.monotonic() - first
+
+
+def _statuses(answers) -> list:
+    out = []
+    for a in answers:
+        if isinstance(a, httpx.Response):
+            assert a.status_code in (200, 503), (a.status_code, a.text)
+            if a.status_code == 503:
+                assert a.json()["error_type"] == "unavailable" and "shutting down" in a.json()["error"]
+            out.append(a.status_code)
+        else:
+            out.append(repr(a))
+    return out
+
+
+def test_sigterm_past_the_timeout_answers_the_rest_with_json_503(tmp_path):
+    """Issue 11, bar 3: 32 long requests in flight, a timeout shorter than their work: each gets 200 or a
+    JSON 503 (never a plain-text 500 or a cut connection), and the process exits 0 soon after the timeout."""
+    checkpoint = build_checkpoint(tmp_path / "multi")
+    server = Server("--model", str(checkpoint), "--backend", "test_serving_shutdown:very_slow_backend",
+                    "--max-batch-requests", "8", "--inference-workers", "1", "--shutdown-timeout-s", "1").wait_ready()
+    in_flight, answers, exit_s = asyncio.run(_load_then_signal(server, 32, [0.0]))
+    statuses = _statuses(answers)
+    print(f"bar 3: {in_flight} of 32 in flight at SIGTERM; {statuses.count(200)} x 200, {statuses.count(503)} x 503; "
+          f"exit {server.process.returncode} {exit_s:.2f}s after SIGTERM (timeout 1 s)")
+    assert in_flight >= 16, "the load was over before SIGTERM; the test proves nothing"
+    assert set(statuses) <= {200, 503} and 503 in statuses and 200 in statuses, statuses
+    assert server.process.returncode == 0, server.log()[-3000:]
+    assert exit_s < 1 + 2, exit_s  # the timeout, then at most 1 s for the 503s to go out and 1 s to stop
+    assert "Traceback" not in server.log(), server.log()[-3000:]
+
+
+def test_second_sigterm_exits_at_once(tmp_path):
+    """Issue 11, bar 3: a second SIGTERM during a long drain stops the server within 2 s, and every admitted
+    request still gets 200 or a JSON 503."""
+    checkpoint = build_checkpoint(tmp_path / "multi")
+    server = Server("--model", str(checkpoint), "--backend", "test_serving_shutdown:very_slow_backend",
+                    "--max-batch-requests", "8", "--inference-workers", "1", "--shutdown-timeout-s", "60").wait_ready()
+    in_flight, answers, exit_s = asyncio.run(_load_then_signal(server, 32, [0.0, 0.5]))
+    statuses = _statuses(answers)
+    second_to_exit = exit_s - 0.5
+    print(f"bar 3: second SIGTERM -> exit {server.process.returncode} after {second_to_exit:.2f}s; "
+          f"{statuses.count(200)} x 200, {statuses.count(503)} x 503")
+    assert in_flight >= 16
+    assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+    assert second_to_exit < 2.0, second_to_exit
+    assert server.process.returncode == 128 + signal.SIGTERM, server.log()[-3000:]
