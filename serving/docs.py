@@ -71,7 +71,7 @@ def install_docs(app: FastAPI) -> None:
                               redoc_js_url=f"{assets}/redoc.standalone.js",
                               redoc_favicon_url=f"{assets}/favicon.png", with_google_fonts=False)
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root() -> RedirectResponse:
         # Relative, so it stays under a proxy's path prefix.
         return RedirectResponse("docs", status_code=307)
