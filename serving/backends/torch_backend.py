@@ -1,6 +1,13 @@
-"""PyTorch backend: a checkpoint dir on CPU (fp32/bf16) or CUDA (fp16/bf16 with SDPA attention).
+"""PyTorch backend: a checkpoint dir on CPU (fp32/bf16) or CUDA (fp16/bf16).
 
-The only serving module that imports torch."""
+The only serving module that imports torch (with torch_packed.py, its fast path). Two ways to run a batch:
+- padded: the model's own forward on the (B, T) batch, SDPA attention (with no mask when no row is
+  padded, so that SDPA may pick its flash kernel). The CPU default, and the fallback everywhere.
+- packed (the CUDA default): only the real tokens, varlen flash attention, a CUDA graph per shape
+  bucket (torch_packed.py says why each piece). Chosen at load time only after it has run a probe
+  batch on this device and matched the padded path; each piece that fails is left out and said so in
+  `fast_path` (what /info-style reports and the GPU kit record).
+"""
 from __future__ import annotations
 
 import logging
@@ -9,16 +16,24 @@ import numpy as np
 import torch
 
 from serving.backends.base import Backend, ModelError, ModelSpec, threads_per_run
+from serving.backends.torch_packed import (CUDA_ATTENTIONS, PackedEncoder, PackedRunner, attention_reference,
+                                           pack)
 
 log = logging.getLogger("bertserve")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Largest difference from the padded path that the packed path may show on the probe batch, as
+# (absolute, relative to the largest output): fp32 differs by summation order only; fp16/bf16 by
+# rounding in a different attention kernel (measured differences are far below these).
+TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (3e-2, 2e-2), "bf16": (6e-2, 4e-2)}
 
 
 class TorchBackend(Backend):
     name = "torch"
-    concurrent_runs = True  # inference under no_grad keeps no state between calls
+    concurrent_runs = True  # inference under no_grad keeps no state between calls (the packed runner locks)
 
-    def __init__(self, spec: ModelSpec, settings):
+    def __init__(self, spec: ModelSpec, settings, *, packed: bool | None = None, cuda_graphs: bool | None = None):
+        """packed / cuda_graphs: None = the device's default (both on for CUDA, off for CPU); settings may
+        carry `torch_packed` / `torch_cuda_graphs` to override."""
         super().__init__(spec)
         from bert.checkpoint import load_checkpoint
 
@@ -34,10 +49,29 @@ class TorchBackend(Backend):
         self.model.set_attention_implementation("sdpa")
         self.model.eval()
 
+        cuda = self.device.type == "cuda"
+        packed = _choice(packed, getattr(settings, "torch_packed", None), cuda)
+        cuda_graphs = _choice(cuda_graphs, getattr(settings, "torch_cuda_graphs", None), cuda) and packed
+        self.fast_path: dict = {"packed": False, "attention": None, "cuda_graphs": False, "notes": []}
+        self.runner: PackedRunner | None = None
+        if packed:
+            self.runner = self._packed_runner(cuda_graphs)
+
+    # ---- the two paths ------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.runner is not None:
+            packed = pack(batch)
+            if packed is not None and packed.max_len <= self.runner.encoder.max_positions:
+                return self.runner.run(packed)
+        return self.run_padded(batch)
+
+    @torch.inference_mode()
+    def run_padded(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         inputs = {k: torch.from_numpy(np.ascontiguousarray(batch[k])).to(self.device, non_blocking=True)
                   for k in ("input_ids", "attention_mask", "token_type_ids")}
+        if np.all(batch["attention_mask"]):  # nothing padded: no mask, so SDPA may use its flash kernel
+            inputs["attention_mask"] = None
         output = self.model(**inputs)
         named: dict[str, torch.Tensor] = {}
         if hasattr(output, "classify_logits"):  # multi-task: one forward, a head per task
@@ -50,3 +84,78 @@ class TorchBackend(Backend):
         else:
             named = {self.tasks[0]: output.logits}
         return {k: v.float().cpu().numpy() for k, v in named.items()}
+
+    # ---- choosing the packed path on this device ----------------------------------------------
+    def _packed_runner(self, cuda_graphs: bool) -> PackedRunner | None:
+        """The fastest packed runner that matches the padded path on a probe batch here, or None."""
+        notes = self.fast_path["notes"]
+        try:
+            encoder = PackedEncoder(self.model)
+        except TypeError as e:
+            notes.append(f"packed path off: {e}")
+            return None
+        probe = probe_batch(self.model.config.vocab_size, encoder.max_positions)
+        reference = self.run_padded(probe)
+        candidates = CUDA_ATTENTIONS if self.device.type == "cuda" else [attention_reference]
+        for attention in candidates:
+            encoder.attention = attention
+            for graphs in ([True, False] if cuda_graphs else [False]):
+                try:
+                    runner = PackedRunner(encoder, self.device, graphs=graphs)
+                    # Twice: the second run replays the captured graph on other inputs of the same bucket.
+                    runner.run(pack(probe))
+                    got = runner.run(pack(probe))
+                except Exception as e:  # noqa: BLE001 - a kernel this torch/GPU lacks: try the next
+                    notes.append(f"{attention.__name__}{' + CUDA graphs' if graphs else ''}: "
+                                 f"{type(e).__name__}: {str(e)[:160]}")
+                    continue
+                problem = mismatch(got, reference, *TOLERANCE[self.precision], where=probe["attention_mask"] != 0)
+                if problem:
+                    notes.append(f"{attention.__name__}{' + CUDA graphs' if graphs else ''}: {problem}")
+                    continue
+                self.fast_path.update(packed=True, attention=attention.__name__, cuda_graphs=graphs)
+                log.info("torch backend: packed path, %s attention%s", attention.__name__,
+                         ", CUDA graphs" if graphs else "")
+                return runner
+        log.warning("torch backend: packed path off (%s); running padded batches", "; ".join(notes))
+        return None
+
+    def close(self) -> None:
+        self.runner = None
+
+
+def _choice(explicit: bool | None, from_settings: bool | None, default: bool) -> bool:
+    return bool(explicit if explicit is not None else from_settings if from_settings is not None else default)
+
+
+def probe_batch(vocab_size: int, max_positions: int) -> dict[str, np.ndarray]:
+    """Three right-padded rows of different lengths (one unpadded), seeded: what the packed path must match."""
+    rng = np.random.default_rng(0)
+    lengths = [min(n, max_positions) for n in (61, 64, 5)]
+    width = max(lengths)
+    ids = rng.integers(min(1000, vocab_size // 2), min(vocab_size, 30000), size=(3, width), dtype=np.int64)
+    mask = (np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+    types = (np.arange(width)[None, :] >= np.array(lengths)[:, None] // 2).astype(np.int64) * mask
+    ids = ids * mask
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def mismatch(got: dict[str, np.ndarray], want: dict[str, np.ndarray], atol: float, rtol: float,
+             where: np.ndarray | None = None) -> str:
+    """'' when every output agrees within atol + rtol * max|want| (per-token outputs compared on real
+    tokens only), else what differs."""
+    if set(got) != set(want):
+        return f"outputs {sorted(got)} instead of {sorted(want)}"
+    for key, expected in want.items():
+        actual = got[key]
+        if actual.shape != expected.shape:
+            return f"{key}: shape {actual.shape} instead of {expected.shape}"
+        if where is not None and actual.ndim >= 2 and actual.shape[:2] == where.shape:
+            actual, expected = actual[where], expected[where]
+        if not np.isfinite(actual).all():
+            return f"{key}: not finite"
+        error = float(np.abs(actual - expected).max()) if actual.size else 0.0
+        limit = atol + rtol * float(np.abs(expected).max() if expected.size else 0.0)
+        if error > limit:
+            return f"{key}: differs by {error:.3g} (limit {limit:.3g})"
+    return ""

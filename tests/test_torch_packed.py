@@ -1,0 +1,320 @@
+"""The torch backend's packed path (serving/backends/torch_packed.py).
+
+On CPU: packing, buckets, the packed encoder with its bucket padding (empty sequences, filler tokens)
+and every head equal the padded model; the load-time probe turns a wrong fast path off. The attention
+kernel there is the per-sequence reference, and buckets run eagerly instead of as CUDA graphs.
+On a GPU (marker `gpu`, skipped without CUDA): the flash varlen kernels, CUDA graphs, fp16/bf16 against
+an fp32 reference, many shapes, concurrent callers, and SDPA's flash kernel on unpadded batches.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bert.config import BertConfig  # noqa: E402
+from serving.backends import torch_backend  # noqa: E402
+from serving.backends.torch_packed import (PackedEncoder, PackedRunner, attention_reference,  # noqa: E402
+                                           batch_bucket, pack, token_bucket)
+
+CUDA = torch.cuda.is_available()
+TOKENIZER = Path(__file__).resolve().parents[1] / "serving" / "demo_model"  # travels with the checkout (GPU kit)
+NO_CUDA = "needs a CUDA device (torch.cuda.is_available() is False)"
+NER = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+def tiny_model(kind: str, *, hidden=32, layers=2, heads=2, seed=0):
+    from bert.checkpoint import init_model
+
+    common = dict(vocab_size=1000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                  intermediate_size=2 * hidden, max_position_embeddings=512)
+    if kind == "multi":
+        config = BertConfig(**common, task_labels={"classify": ["a", "b"], "ner": NER, "qa": []})
+    elif kind == "qa":
+        config = BertConfig(**common, task="qa")
+    else:
+        config = BertConfig(**common, task=kind, id2label=dict(enumerate(["a", "b"] if kind == "classify" else NER)))
+    model = init_model(config, seed=seed)
+    with torch.no_grad():  # decisive heads, so that wrong rows show
+        for name, p in model.named_parameters():
+            if "classifier" in name or "qa_outputs" in name:
+                p.mul_(20)
+    return model.eval()
+
+
+def random_batch(lengths, width=None, seed=0, vocab=1000):
+    rng = np.random.default_rng(seed)
+    width = width or max(lengths)
+    ids = rng.integers(5, vocab, size=(len(lengths), width))
+    mask = (np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+    types = ((np.arange(width)[None, :] >= np.array(lengths)[:, None] // 2) * mask).astype(np.int64)
+    return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types}
+
+
+def padded_outputs(model, batch, device="cpu", dtype=torch.float32) -> dict[str, np.ndarray]:
+    """What the padded model gives, under the backend's output names."""
+    with torch.inference_mode():
+        out = model.to(device=device, dtype=dtype)(**{k: torch.from_numpy(v).to(device) for k, v in batch.items()})
+    pairs = (("classify_logits", "classify"), ("ner_logits", "ner"), ("qa_start_logits", "qa_start"),
+             ("qa_end_logits", "qa_end"), ("start_logits", "qa_start"), ("end_logits", "qa_end"))
+    named = {key: getattr(out, field) for field, key in pairs if getattr(out, field, None) is not None}
+    if not named:
+        named = {"classify" if out.logits.dim() == 2 else "ner": out.logits}
+    return {k: v.float().cpu().numpy() for k, v in named.items()}
+
+
+def assert_close(got, want, batch, atol, rtol=0.0):
+    where = batch["attention_mask"] != 0
+    problem = torch_backend.mismatch(got, want, atol, rtol, where=where)
+    assert not problem, problem
+
+
+# ----------------------------------------------------------------------------- packing and buckets
+
+
+def test_pack_keeps_real_tokens_row_after_row():
+    batch = random_batch([3, 5, 1], width=8)
+    packed = pack(batch)
+    assert packed.cu_seqlens.tolist() == [0, 3, 8, 9]
+    assert packed.positions.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0]
+    assert packed.ids.tolist() == (batch["input_ids"][0, :3].tolist() + batch["input_ids"][1, :5].tolist()
+                                   + batch["input_ids"][2, :1].tolist())
+    assert packed.max_len == 5 and packed.batch == 3 and packed.tokens == 9
+    assert packed.ids.dtype == np.int32 and packed.cu_seqlens.dtype == np.int32
+
+
+def test_pack_refuses_masks_it_cannot_represent():
+    holes = random_batch([4, 4], width=6)
+    holes["attention_mask"][0, 1] = 0  # a hole: not right padding
+    assert pack(holes) is None
+    assert pack(random_batch([0, 3], width=4)) is None  # an empty row
+
+
+def test_buckets_round_up_by_at_most_an_eighth_or_64_tokens():
+    assert [batch_bucket(b) for b in (1, 2, 3, 5, 8, 9, 32, 33, 128)] == [1, 2, 4, 8, 8, 16, 32, 64, 128]
+    previous = 0
+    for tokens in range(1, 50_000, 7):
+        bucket = token_bucket(tokens)
+        assert bucket >= tokens and bucket >= previous  # covers the tokens; never shrinks as they grow
+        assert bucket - tokens < max(64, tokens // 8 + 1)
+        previous = bucket
+    # The shapes the benchmark uses are their own buckets: no filler at fixed 384 x B.
+    assert all(token_bucket(384 * b) == 384 * b for b in (1, 8, 32, 128))
+    assert all(token_bucket(128 * b) == 128 * b for b in (1, 128))
+    assert len({token_bucket(t) for t in range(4096, 8193)}) == 9  # 8 buckets per doubling (+ the top)
+
+
+# ----------------------------------------------------------------------------- the packed encoder on CPU
+
+
+@pytest.mark.parametrize("kind", ["multi", "qa", "classify", "ner"])
+def test_packed_runner_equals_padded_model_for_every_head(kind):
+    model = tiny_model(kind)
+    runner = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False)
+    # 5 rows -> a bucket of 8 (3 empty sequences); 77 tokens -> a bucket of 128 (51 filler tokens)
+    batch = random_batch([1, 30, 17, 24, 5], width=32, seed=1)
+    assert runner.key(pack(batch)) == (8, 128)
+    got = runner.run(pack(batch))
+    want = padded_outputs(model, batch)
+    assert set(got) == set(want)
+    assert_close(got, want, batch, atol=2e-5)
+
+
+def test_a_bucket_reused_by_a_smaller_batch_forgets_the_larger_one():
+    model = tiny_model("multi")
+    runner = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False)
+    big, small = random_batch([31, 30, 29, 4], seed=2), random_batch([3, 40, 30], seed=3)
+    assert runner.key(pack(big)) == runner.key(pack(small)) == (4, 128)  # the same static buffers
+    runner.run(pack(big))
+    assert_close(runner.run(pack(small)), padded_outputs(model, small), small, atol=2e-5)
+    assert len(runner.buckets) == 1
+
+
+def test_runner_keeps_at_most_max_buckets():
+    model = tiny_model("classify")
+    runner = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False, max_buckets=2)
+    for rows in (1, 2, 4, 8):
+        runner.run(pack(random_batch([5] * rows)))
+    assert list(runner.buckets) == [(4, 64), (8, 64)]
+
+
+# ----------------------------------------------------------------------------- the backend and its probe
+
+
+@pytest.fixture(scope="module")
+def multi_checkpoint(tmp_path_factory):
+    from bert.checkpoint import save_checkpoint
+
+    return save_checkpoint(tiny_model("multi", hidden=32), tmp_path_factory.mktemp("packed") / "multi",
+                           tokenizer=TOKENIZER)
+
+
+def make_backend(path, device="cpu", precision="fp32", **options):
+    from serving.backends.base import read_model_spec
+
+    settings = SimpleNamespace(device=device, effective_precision=precision, threads=None,
+                               effective_inference_workers=1)
+    return torch_backend.TorchBackend(read_model_spec(path), settings, **options)
+
+
+def test_cpu_backend_is_padded_by_default_and_packed_on_request(multi_checkpoint):
+    padded = make_backend(multi_checkpoint)
+    packed = make_backend(multi_checkpoint, packed=True)
+    assert padded.fast_path["packed"] is False and padded.runner is None
+    assert packed.fast_path == {"packed": True, "attention": "attention_reference", "cuda_graphs": False,
+                                "notes": []}
+    batch = random_batch([7, 40, 1, 19], width=40, seed=4)
+    assert_close(packed.run(batch), padded.run(batch), batch, atol=2e-5)
+    holes = random_batch([6, 6], width=6, seed=5)
+    holes["attention_mask"][1, 2] = 0  # not right-padded: the packed backend runs it padded
+    assert_close(packed.run(holes), padded.run(holes), holes, atol=0)
+
+
+def test_probe_turns_a_wrong_packed_path_off(multi_checkpoint, monkeypatch):
+    def shuffled(q, k, v, cu, max_len, cu_host=None):  # attends across sequences: wrong
+        return attention_reference(q, k, v, torch.tensor([0, q.shape[0]], dtype=torch.int32), max_len,
+                                   [0, q.shape[0]])
+    shuffled.__name__ = "attention_shuffled"
+    monkeypatch.setattr(torch_backend, "attention_reference", shuffled)
+    backend = make_backend(multi_checkpoint, packed=True)
+    assert backend.fast_path["packed"] is False and backend.runner is None
+    assert "attention_shuffled" in backend.fast_path["notes"][0] and "differs" in backend.fast_path["notes"][0]
+
+
+def test_unpadded_batches_run_without_a_mask(multi_checkpoint):
+    """model(attention_mask=None) is the all-ones mask (what lets SDPA pick flash on a GPU)."""
+    model = tiny_model("multi")
+    batch = random_batch([12, 12], seed=6)
+    with torch.inference_mode():
+        ids, types = torch.from_numpy(batch["input_ids"]), torch.from_numpy(batch["token_type_ids"])
+        with_mask = model(ids, torch.ones_like(ids), types)
+        without = model(ids, None, types)
+        model.set_attention_implementation("eager")
+        eager = model(ids, None, types)
+    for field in ("classify_logits", "ner_logits", "qa_start_logits"):
+        assert torch.allclose(getattr(with_mask, field), getattr(without, field), atol=1e-5)
+        assert torch.allclose(getattr(eager, field), getattr(without, field), atol=1e-5)
+
+
+def test_mismatch_names_what_differs():
+    want = {"classify": np.array([[1.0, 2.0]])}
+    assert torch_backend.mismatch({"classify": np.array([[1.0, 2.0005]])}, want, 1e-3, 0) == ""
+    assert "differs" in torch_backend.mismatch({"classify": np.array([[1.0, 2.5]])}, want, 1e-3, 0)
+    assert "not finite" in torch_backend.mismatch({"classify": np.array([[1.0, np.nan]])}, want, 1e-3, 0)
+    assert "outputs" in torch_backend.mismatch({"ner": want["classify"]}, want, 1e-3, 0)
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+
+@pytest.fixture(scope="module")
+def medium_checkpoint(tmp_path_factory):
+    """4 layers, hidden 256, 4 heads of 64 (BERT's head size): the flash kernels' real case."""
+    from bert.checkpoint import save_checkpoint
+
+    model = tiny_model("multi", hidden=256, layers=4, heads=4)
+    return save_checkpoint(model, tmp_path_factory.mktemp("packed-gpu") / "multi", tokenizer=TOKENIZER)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_backend_chooses_flash_varlen_and_graphs(medium_checkpoint):
+    backend = make_backend(medium_checkpoint, device="cuda", precision="fp16")
+    fast = backend.fast_path
+    assert fast["packed"] and fast["cuda_graphs"], fast["notes"]
+    assert fast["attention"] in ("attention_varlen", "attention_aten_flash"), fast
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+@pytest.mark.parametrize("precision,atol,rtol", [("fp16", 3e-2, 2e-2), ("bf16", 8e-2, 4e-2)])
+def test_cuda_packed_matches_fp32_reference_over_many_shapes(medium_checkpoint, precision, atol, rtol):
+    from bert.checkpoint import load_checkpoint
+
+    backend = make_backend(medium_checkpoint, device="cuda", precision=precision)
+    assert backend.fast_path["packed"], backend.fast_path["notes"]
+    reference, _ = load_checkpoint(medium_checkpoint)
+    rng = np.random.default_rng(7)
+    for trial in range(12):
+        rows = int(rng.choice([1, 2, 3, 7, 16, 33]))
+        lengths = rng.integers(1, 385, size=rows).tolist()
+        batch = random_batch(lengths, width=-(-max(lengths) // 8) * 8, seed=trial)
+        assert_close(backend.run(batch), padded_outputs(reference, batch), batch, atol, rtol)
+    assert backend.runner.captures == len(backend.runner.buckets) >= 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_graph_replays_equal_eager_packed_runs(medium_checkpoint):
+    graphs = make_backend(medium_checkpoint, device="cuda", precision="fp16")
+    eager = make_backend(medium_checkpoint, device="cuda", precision="fp16", cuda_graphs=False)
+    assert graphs.fast_path["cuda_graphs"] and not eager.fast_path["cuda_graphs"]
+    for seed, lengths in enumerate(([384] * 8, [1], [200, 3, 384, 17, 90], [5] * 64, [128] * 3)):
+        batch = random_batch(lengths, seed=seed)
+        for _ in range(2):  # the second run replays the graph captured by the first
+            assert_close(graphs.run(batch), eager.run(batch), batch, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_varlen_kernels_ignore_empty_sequences_and_filler():
+    from serving.backends.torch_packed import CUDA_ATTENTIONS
+
+    torch.manual_seed(0)
+    n, heads, size = 100, 4, 64
+    q, k, v = (torch.randn(n, heads, size, device="cuda", dtype=torch.float16) for _ in range(3))
+    cu_host = [0, 30, 30, 81, 81, 81]  # empty sequences between and after; tokens 81..99 are filler
+    cu = torch.tensor(cu_host, dtype=torch.int32, device="cuda")
+    want = attention_reference(q.float(), k.float(), v.float(), cu, 51, cu_host)[:81]
+    worked = []
+    for attention in CUDA_ATTENTIONS:
+        try:
+            got = attention(q, k, v, cu, 128, cu_host)[:81].float()
+        except Exception as e:  # noqa: BLE001 - a kernel this torch lacks; the backend skips it too
+            print(f"{attention.__name__}: {type(e).__name__}: {e}")
+            continue
+        assert torch.allclose(got, want, atol=2e-3), attention.__name__
+        worked.append(attention.__name__)
+    assert worked, "no varlen flash kernel ran"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_concurrent_callers_each_get_their_own_answer(medium_checkpoint):
+    backend = make_backend(medium_checkpoint, device="cuda", precision="fp16")
+    batches = [random_batch([int(x) for x in np.random.default_rng(s).integers(1, 200, size=4)], seed=s)
+               for s in range(8)]
+    expected = [backend.run(b) for b in batches]
+    failures = []
+
+    def worker(i):
+        for _ in range(5):
+            problem = torch_backend.mismatch(backend.run(batches[i]), expected[i], 1e-3, 1e-3,
+                                             where=batches[i]["attention_mask"] != 0)
+            if problem:
+                failures.append(problem)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_unpadded_padded_path_runs_on_sdpa_flash(medium_checkpoint):
+    """With no padding the padded path passes no mask, so SDPA's flash kernel alone can run it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = make_backend(medium_checkpoint, device="cuda", precision="fp16", packed=False)
+    full = random_batch([96] * 4, seed=9)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = backend.run(full)
+    assert np.isfinite(out["classify"]).all()
