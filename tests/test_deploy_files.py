@@ -193,7 +193,7 @@ def _dockerignored(path: str, patterns: list[str]) -> bool:
     ignored = False
     for pattern in patterns:
         negate = pattern.startswith("!")
-        pattern = pattern.lstrip("!")
+        pattern = pattern.lstrip("!").rstrip("/")  # Docker cleans patterns: "dir/" is "dir"
         if any(re.fullmatch(_glob_regex(pattern), c) for c in candidates):
             ignored = not negate
     return ignored
@@ -212,7 +212,8 @@ def test_dockerignore_keeps_sources_and_drops_the_rest():
     for dropped in [".venv/bin/python", ".git/HEAD", "runs/x/log.txt", "checkpoints/base/model.safetensors",
                     "artifacts/sst2/model.onnx", "serving/__pycache__/app.cpython-311.pyc", "tests/test_client.py",
                     "clients/pyproject.toml", "docs/x.md", "engine/model.plan", "recipes/demo.sh",
-                    "export.onnx", "docs/img/docs-offline.png"]:
+                    "export.onnx", "docs/img/docs-offline.png", ".gpu-kit/data.tar.xz", "Makefile",
+                    "some-new-folder/big.bin"]:
         assert _dockerignored(dropped, patterns), dropped
     # Everything the Dockerfile copies from the context must survive .dockerignore.
     for instruction, args in dockerfile_instructions():
