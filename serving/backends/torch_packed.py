@@ -22,6 +22,7 @@ tests prove the packing, the bucket padding and the heads equal the padded model
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from bert.model import activation
+
+log = logging.getLogger("bertserve")
 
 # ----------------------------------------------------------------------------- packing (host side, numpy)
 
@@ -240,7 +243,7 @@ class PackedEncoder:
         tokens = F.linear(x, self.token_w, self.token_b).float() if self.token_w is not None else None
         sequences = None
         if self.classifier is not None:
-            pooled = torch.tanh(self.pooler(x[cls_rows]))  # the [CLS] states
+            pooled = torch.tanh(self.pooler(x.index_select(0, cls_rows)))  # the [CLS] states
             sequences = self.classifier(pooled).float()
         return tokens, sequences
 
@@ -299,7 +302,8 @@ class _Bucket:
                 self._run()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # thread_local: a capture must not fail because another thread (a padded run) touches CUDA meanwhile
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.outputs = self._run()
 
     def _fill(self, ids, types, positions, cu) -> None:
@@ -347,6 +351,18 @@ class PackedRunner:
         self.pool = torch.cuda.graph_pool_handle() if graphs else None
         self.lock = threading.Lock()
         self.captures = 0
+        self.capture_failures: list[str] = []
+
+    def _bucket(self, key: tuple[int, int]) -> _Bucket:
+        if self.graphs:
+            try:
+                bucket = _Bucket(self.encoder, self.device, *key, graph=True, pool=self.pool)
+                self.captures += 1
+                return bucket
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory while capturing: this shape runs eagerly
+                self.capture_failures.append(f"{key}: {type(e).__name__}: {str(e)[:160]}")
+                log.warning("CUDA graph capture for bucket %s failed (%s); running it without a graph", key, e)
+        return _Bucket(self.encoder, self.device, *key, graph=False)
 
     def key(self, packed: Packed) -> tuple[int, int]:
         return batch_bucket(packed.batch), token_bucket(packed.tokens)
@@ -357,8 +373,7 @@ class PackedRunner:
         with self.lock:
             bucket = self.buckets.get(key)
             if bucket is None:
-                bucket = _Bucket(self.encoder, self.device, *key, graph=self.graphs, pool=self.pool)
-                self.captures += self.graphs
+                bucket = self._bucket(key)
                 self.buckets[key] = bucket
                 while len(self.buckets) > self.max_buckets:
                     self.buckets.popitem(last=False)
