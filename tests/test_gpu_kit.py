@@ -159,3 +159,18 @@ def test_a_step_that_cannot_fit_the_budget_is_deferred(tiny_kit, tmp_path):
         "--work", str(tmp_path / "work"), "--budget-s", "1")
     results = json.loads((out / "results.json").read_text())
     assert results["steps"]["model"]["status"] == "deferred"
+
+
+def test_without_minilm_the_demo_step_starts_from_the_demo_encoder_with_fresh_heads(tmp_path):
+    """What the GPU machine gets (no all-MiniLM-L6-v2 there): the checkout's demo encoder, heads re-initialised."""
+    from bench.gpu.demo_step import find_backbone
+    from bert.checkpoint import load_checkpoint
+    from bert.model import BertForMultiTask
+
+    path, what = find_backbone(tmp_path / "kit", tmp_path / "work", "demo-encoder")
+    assert "encoder of the CPU-trained demo model" in what
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["BertModel"] and not config.get("task_labels")
+    _, report = load_checkpoint(path, model_cls=BertForMultiTask, from_backbone=True,
+                                config_overrides={"task_labels": {"classify": ["a", "b"], "ner": ["O"], "qa": []}})
+    assert {"classifier.weight", "token_classifier.weight", "qa_outputs.weight"} <= set(report.initialised)

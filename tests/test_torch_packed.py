@@ -143,6 +143,47 @@ def test_runner_keeps_at_most_max_buckets():
     assert list(runner.buckets) == [(4, 64), (8, 64)]
 
 
+def test_graph_capture_code_runs_against_torch_cuda_api(monkeypatch):
+    """Every line of the capture path runs here against stand-ins for torch.cuda's graph API (whose real
+    signatures must take the arguments passed): a typo cannot wait for the GPU machine to show."""
+    import contextlib
+    import inspect
+
+    from serving.backends.torch_packed import _Bucket
+
+    assert {"pool", "capture_error_mode"} <= set(inspect.signature(torch.cuda.graph.__init__).parameters)
+    assert hasattr(torch.cuda.CUDAGraph, "replay") and callable(torch.cuda.graph_pool_handle)
+    calls = []
+
+    class Graph:
+        def replay(self):
+            calls.append("replay")
+
+    class Stream:
+        def wait_stream(self, other):
+            calls.append("wait")
+
+        def synchronize(self):
+            calls.append("sync")
+
+    @contextlib.contextmanager
+    def graph(g, pool=None, capture_error_mode="global"):
+        calls.append(("capture", pool, capture_error_mode))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    encoder = PackedEncoder(tiny_model("multi"))
+    with torch.inference_mode():
+        bucket = _Bucket(encoder, torch.device("cpu"), 4, 64, graph=True, pool="shared")
+        assert ("capture", "shared", "thread_local") in calls and bucket.graph is not None
+        tokens, sequences = bucket.run(pack(random_batch([3, 9, 5])))
+    assert calls[-1] == "replay" and tokens.shape == (17, encoder.token_width) and sequences.shape == (3, 2)
+
+
 # ----------------------------------------------------------------------------- the backend and its probe
 
 

@@ -36,6 +36,8 @@ ORDER = ("tests", "demo", "model", "server")
 # (estimates until a GPU run measures them; the dry run's are for 2 CPU cores).
 MINIMUM = {"tests": 60, "demo": 300, "model": 120, "server": 100}
 MINIMUM_DRY = {"tests": 10, "demo": 20, "model": 10, "server": 20}
+# Longest a step may run however much budget is left (a hung test must not eat the demo's run).
+CAP = {"tests": 300}
 MAX_FILES, MAX_FILE_BYTES = 8, 16 * 2**20
 
 
@@ -209,7 +211,7 @@ class Kit:
                         return
                     time.sleep(grace)
 
-        timer = threading.Timer(max(1.0, self.left() + 20), stop)
+        timer = threading.Timer(max(1.0, min(self.left() + 20, started + CAP.get(step, 1e9) - time.time())), stop)
         timer.start()
         try:
             if proc.stdout is not None:
