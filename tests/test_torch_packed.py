@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from bert.config import BertConfig  # noqa: E402
+from bert.model import activation  # noqa: E402
 from serving.backends import torch_backend  # noqa: E402
 from serving.backends.torch_packed import (PackedEncoder, PackedRunner, attention_reference,  # noqa: E402
                                            batch_bucket, pack, token_bucket)
@@ -125,6 +126,22 @@ def test_packed_runner_equals_padded_model_for_every_head(kind):
     assert_close(got, want, batch, atol=2e-5)
 
 
+@pytest.mark.parametrize("act", ["gelu", "gelu_new"])
+def test_gelu_inside_the_feed_forward_gemm(act):
+    """The GELU-epilogue GEMM (torch._addmm_activation) computes the feed-forward layer: on by default only
+    for tanh-GELU models, on request for exact-GELU ones (on CUDA the epilogue is the tanh approximation)."""
+    model = tiny_model("multi")
+    model.config.hidden_act = act
+    for block in model.bert.encoder.layer:
+        block.intermediate.act = activation(act)
+    assert PackedEncoder(model).gelu_epilogue is (act == "gelu_new")
+    encoder = PackedEncoder(model, gelu_epilogue=True)
+    assert encoder.gelu_epilogue
+    batch = random_batch([9, 32, 3], seed=8)
+    got = PackedRunner(encoder, torch.device("cpu"), graphs=False).run(pack(batch))
+    assert_close(got, padded_outputs(model, batch), batch, atol=5e-3, rtol=1e-3)
+
+
 def test_a_bucket_reused_by_a_smaller_batch_forgets_the_larger_one():
     model = tiny_model("multi")
     runner = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False)
@@ -208,7 +225,7 @@ def test_cpu_backend_is_padded_by_default_and_packed_on_request(multi_checkpoint
     packed = make_backend(multi_checkpoint, packed=True)
     assert padded.fast_path["packed"] is False and padded.runner is None
     assert packed.fast_path == {"packed": True, "attention": "attention_reference", "cuda_graphs": False,
-                                "notes": []}
+                                "gelu_epilogue": False, "notes": []}
     batch = random_batch([7, 40, 1, 19], width=40, seed=4)
     assert_close(packed.run(batch), padded.run(batch), batch, atol=2e-5)
     holes = random_batch([6, 6], width=6, seed=5)
@@ -287,6 +304,19 @@ def test_cuda_packed_matches_fp32_reference_over_many_shapes(medium_checkpoint, 
         batch = random_batch(lengths, width=-(-max(lengths) // 8) * 8, seed=trial)
         assert_close(backend.run(batch), padded_outputs(reference, batch), batch, atol, rtol)
     assert backend.runner.captures == len(backend.runner.buckets) >= 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_gelu_epilogue_stays_within_fp16_of_exact_gelu(medium_checkpoint):
+    from bert.checkpoint import load_checkpoint
+
+    backend = make_backend(medium_checkpoint, device="cuda", precision="fp16", gelu_epilogue=True)
+    assert backend.fast_path["packed"] and backend.fast_path["gelu_epilogue"], backend.fast_path["notes"]
+    reference, _ = load_checkpoint(medium_checkpoint)
+    for seed, lengths in enumerate(([384] * 4, [17, 250, 3, 96])):
+        batch = random_batch(lengths, seed=seed)
+        assert_close(backend.run(batch), padded_outputs(reference, batch), batch, 3e-2, 2e-2)
 
 
 @pytest.mark.gpu

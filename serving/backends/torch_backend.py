@@ -31,9 +31,11 @@ class TorchBackend(Backend):
     name = "torch"
     concurrent_runs = True  # inference under no_grad keeps no state between calls (the packed runner locks)
 
-    def __init__(self, spec: ModelSpec, settings, *, packed: bool | None = None, cuda_graphs: bool | None = None):
-        """packed / cuda_graphs: None = the device's default (both on for CUDA, off for CPU); settings may
-        carry `torch_packed` / `torch_cuda_graphs` to override."""
+    def __init__(self, spec: ModelSpec, settings, *, packed: bool | None = None, cuda_graphs: bool | None = None,
+                 gelu_epilogue: bool | None = None):
+        """packed / cuda_graphs: None = the device's default (both on for CUDA, off for CPU); gelu_epilogue: see
+        PackedEncoder (None = only for tanh-GELU models). Settings may carry `torch_packed`,
+        `torch_cuda_graphs`, `torch_gelu_epilogue` to override."""
         super().__init__(spec)
         from bert.checkpoint import load_checkpoint
 
@@ -52,10 +54,12 @@ class TorchBackend(Backend):
         cuda = self.device.type == "cuda"
         packed = _choice(packed, getattr(settings, "torch_packed", None), cuda)
         cuda_graphs = _choice(cuda_graphs, getattr(settings, "torch_cuda_graphs", None), cuda) and packed
+        if gelu_epilogue is None:
+            gelu_epilogue = getattr(settings, "torch_gelu_epilogue", None)
         self.fast_path: dict = {"packed": False, "attention": None, "cuda_graphs": False, "notes": []}
         self.runner: PackedRunner | None = None
         if packed:
-            self.runner = self._packed_runner(cuda_graphs)
+            self.runner = self._packed_runner(cuda_graphs, gelu_epilogue)
         if cuda:
             # One batch at a time on the GPU (the settings' default there): the GPU runs one forward at a
             # time anyway, and a graph capture must not share the device with a padded run.
@@ -90,39 +94,40 @@ class TorchBackend(Backend):
         return {k: v.float().cpu().numpy() for k, v in named.items()}
 
     # ---- choosing the packed path on this device ----------------------------------------------
-    def _packed_runner(self, cuda_graphs: bool) -> PackedRunner | None:
+    def _packed_runner(self, cuda_graphs: bool, gelu_epilogue: bool | None) -> PackedRunner | None:
         """The fastest packed runner that matches the padded path on a probe batch here, or None."""
         notes = self.fast_path["notes"]
         try:
-            encoder = PackedEncoder(self.model)
+            encoder = PackedEncoder(self.model, gelu_epilogue=gelu_epilogue)
         except TypeError as e:
             notes.append(f"packed path off: {e}")
             return None
         probe = probe_batch(self.model.config.vocab_size, encoder.max_positions)
         reference = self.run_padded(probe)
-        candidates = CUDA_ATTENTIONS if self.device.type == "cuda" else [attention_reference]
-        for attention in candidates:
-            encoder.attention = attention
-            for graphs in ([True, False] if cuda_graphs else [False]):
-                try:
-                    runner = PackedRunner(encoder, self.device, graphs=graphs)
-                    # Twice: the second run replays the captured graph on other inputs of the same bucket.
-                    runner.run(pack(probe))
-                    got = runner.run(pack(probe))
-                except Exception as e:  # noqa: BLE001 - a kernel this torch/GPU lacks: try the next
-                    notes.append(f"{attention.__name__}{' + CUDA graphs' if graphs else ''}: "
-                                 f"{type(e).__name__}: {str(e)[:160]}")
-                    continue
-                problem = mismatch(got, reference, *TOLERANCE[self.precision], where=probe["attention_mask"] != 0)
-                if graphs and runner.capture_failures:
-                    problem = f"graph capture failed: {runner.capture_failures[0]}"
-                if problem:
-                    notes.append(f"{attention.__name__}{' + CUDA graphs' if graphs else ''}: {problem}")
-                    continue
-                self.fast_path.update(packed=True, attention=attention.__name__, cuda_graphs=graphs)
-                log.info("torch backend: packed path, %s attention%s", attention.__name__,
-                         ", CUDA graphs" if graphs else "")
-                return runner
+        attentions = CUDA_ATTENTIONS if self.device.type == "cuda" else [attention_reference]
+        # Most preferred first: each piece that fails here is dropped, the others kept.
+        candidates = [(gelu, attention, graphs) for gelu in dict.fromkeys([encoder.gelu_epilogue, False])
+                      for attention in attentions for graphs in dict.fromkeys([cuda_graphs, False])]
+        for gelu, attention, graphs in candidates:
+            encoder.attention, encoder.gelu_epilogue = attention, gelu
+            label = f"{attention.__name__}{' + CUDA graphs' if graphs else ''}{' + GELU epilogue' if gelu else ''}"
+            try:
+                runner = PackedRunner(encoder, self.device, graphs=graphs)
+                # Twice: the second run replays the captured graph on other inputs of the same bucket.
+                runner.run(pack(probe))
+                got = runner.run(pack(probe))
+            except Exception as e:  # noqa: BLE001 - a kernel this torch/GPU lacks: try the next
+                notes.append(f"{label}: {type(e).__name__}: {str(e)[:160]}")
+                continue
+            problem = mismatch(got, reference, *TOLERANCE[self.precision], where=probe["attention_mask"] != 0)
+            if graphs and runner.capture_failures:
+                problem = f"graph capture failed: {runner.capture_failures[0]}"
+            if problem:
+                notes.append(f"{label}: {problem}")
+                continue
+            self.fast_path.update(packed=True, attention=attention.__name__, cuda_graphs=graphs, gelu_epilogue=gelu)
+            log.info("torch backend: packed path, %s", label)
+            return runner
         log.warning("torch backend: packed path off (%s); running padded batches", "; ".join(notes))
         return None
 

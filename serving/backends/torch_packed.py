@@ -167,7 +167,11 @@ class PackedEncoder:
     heads compute: per-token heads (ner, qa) as one matrix over all tokens, and the sequence head
     (classify: pooler + classifier) on each sequence's [CLS] row."""
 
-    def __init__(self, model, attention: Attention = attention_reference):
+    def __init__(self, model, attention: Attention = attention_reference, gelu_epilogue: bool | None = None):
+        """gelu_epilogue: the feed-forward GELU inside the GEMM (cuBLASLt's GELU_BIAS epilogue on CUDA: one pass
+        over the 4H-wide activations fewer). That epilogue is the tanh approximation, so by default only for
+        models trained with it (gelu_new / gelu_pytorch_tanh); True applies it to exact-GELU models too
+        (differences far below fp16 rounding; an opt-in, measured as its own piece by the GPU kit)."""
         from bert.model import (BertForMultiTask, BertForQuestionAnswering, BertForSequenceClassification,
                                 BertForTokenClassification)
 
@@ -177,6 +181,9 @@ class PackedEncoder:
         self.hidden = config.hidden_size
         self.eps = config.layer_norm_eps
         self.act = activation(config.hidden_act)
+        tanh_gelu = config.hidden_act in ("gelu_new", "gelu_pytorch_tanh")
+        self.gelu_epilogue = (tanh_gelu if gelu_epilogue is None else gelu_epilogue) and (
+            tanh_gelu or config.hidden_act == "gelu")
         encoder = model.encoder_module()
         emb = encoder.embeddings
         self.word, self.position, self.segment = (emb.word_embeddings.weight, emb.position_embeddings.weight,
@@ -238,7 +245,10 @@ class PackedEncoder:
             q, k, v = F.linear(x, layer.qkv_w, layer.qkv_b).view(n, 3, self.heads, self.head_size).unbind(1)
             y = self.attention(q, k, v, cu, max_len, cu_host).reshape(n, self.hidden)  # (N, nh, hs) -> (N, H)
             x = F.layer_norm(F.linear(y, layer.out_w, layer.out_b) + x, (self.hidden,), *layer.ln1, self.eps)
-            h = self.act(F.linear(x, layer.inter_w, layer.inter_b))
+            if self.gelu_epilogue:
+                h = torch._addmm_activation(layer.inter_b, x, layer.inter_w.t(), use_gelu=True)
+            else:
+                h = self.act(F.linear(x, layer.inter_w, layer.inter_b))
             x = F.layer_norm(F.linear(h, layer.ffn_w, layer.ffn_b) + x, (self.hidden,), *layer.ln2, self.eps)
         tokens = F.linear(x, self.token_w, self.token_b).float() if self.token_w is not None else None
         sequences = None
