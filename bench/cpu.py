@@ -71,6 +71,23 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds used so far by each live thread of pid, by thread id."""
+    out = {}
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        out[tid] = _cpu_seconds(text[text.rindex(")") + 2:].split(), with_reaped_children=False)
+    return out
+
+
 def machine_cpu_seconds() -> float:
     """Busy CPU seconds of the whole machine since boot, all cores (idle and iowait excluded)."""
     with open("/proc/stat") as f:
@@ -136,7 +153,7 @@ def other_cpu(exclude_pids: set[int], seconds: float = 1.0, top: int = 3) -> dic
 
 
 def wait_until_quiet(exclude_pids: set[int], max_other_cores: float, policy: str, max_wait_s: float,
-                     log=print) -> dict:
+                     sample_s: float = 1.0, log=print) -> dict:
     """Check the machine before a measurement: how much CPU processes other than ours use.
 
     policy: "warn" measures anyway and says so; "wait" re-checks until the machine is quiet or
@@ -144,12 +161,13 @@ def wait_until_quiet(exclude_pids: set[int], max_other_cores: float, policy: str
     The returned record (with busy: true/false and waited_s) goes into the results."""
     t0 = time.perf_counter()
     while True:
-        check = other_cpu(exclude_pids)
+        check = other_cpu(exclude_pids, sample_s)
         check["busy"] = check["other_cpu_cores"] > max_other_cores
-        check["waited_s"] = round(max(0.0, time.perf_counter() - t0 - 1.0), 1)  # beyond the one check
+        check["waited_s"] = round(max(0.0, time.perf_counter() - t0 - sample_s), 1)  # beyond the one check
         if not check["busy"]:
             return check
-        who = ", ".join(f"{b['name']} ({b['pid']}) {b['cpu_cores']:.2f}" for b in check["busiest"]) or "short-lived processes"
+        who = (", ".join(f"{b['name']} ({b['pid']}) {b['cpu_cores']:.2f}" for b in check["busiest"])
+               or "short-lived processes")
         message = (f"machine busy: {check['other_cpu_cores']:.2f} cores used by other processes "
                    f"(limit {max_other_cores:.2f}; load average {check['loadavg_1m']:.2f}): {who}")
         if policy == "refuse":

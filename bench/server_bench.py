@@ -71,6 +71,15 @@ def work_items(task: str, n: int = 2000) -> list:
     return out
 
 
+class ServerFailed(RuntimeError):
+    """The server exited or never got ready. `headline`: the line of its log that says why; `log`: its tail."""
+
+    def __init__(self, what: str, log: str):
+        self.headline = f"{what}: {log_headline(log)}"
+        self.log = log
+        super().__init__(f"{self.headline}\n{log}")
+
+
 def start(cmd: list[str], port: int, timeout: float = 300.0, ready_path: str | None = None,
           cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a server and wait until GET ready_path answers 200 (default: /ready for bertserve, /health
@@ -85,7 +94,7 @@ def start(cmd: list[str], port: int, timeout: float = 300.0, ready_path: str | N
     ready = ready_path or ("/ready" if "serving" in cmd else "/health")
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {log_tail(proc)}")
+            raise ServerFailed(f"server exited with {proc.returncode}", log_tail(proc))
         try:
             if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1).status_code == 200:
                 return proc
@@ -93,7 +102,15 @@ def start(cmd: list[str], port: int, timeout: float = 300.0, ready_path: str | N
             pass
         time.sleep(0.5)
     stop(proc)
-    raise RuntimeError(f"server on port {port} not ready after {timeout:.0f} s: {log_tail(proc)}")
+    raise ServerFailed(f"server on port {port} not ready after {timeout:.0f} s", log_tail(proc))
+
+
+def log_headline(log: str) -> str:
+    """The line of a server log that says what went wrong: the last that mentions an error (a traceback's
+    last line, "error: ..."), else the last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    said = [line for line in lines if "error" in line.lower() and "application startup failed" not in line.lower()]
+    return (said or lines or ["(no output)"])[-1]
 
 
 def log_tail(proc: subprocess.Popen, chars: int = 2000) -> str:
@@ -269,6 +286,7 @@ class QuietPolicy:
     busy: str = "wait"               # warn | wait | refuse
     max_other_cores: float = 0.25    # CPU (in cores) that other processes may use while we measure
     max_wait_s: float = 120.0
+    sample_s: float = 1.0            # how long each check watches the machine
 
 
 def run_levels(peer: Peer, proc: subprocess.Popen, url: str, items: list, levels: list[int], seconds: float,
@@ -280,7 +298,8 @@ def run_levels(peer: Peer, proc: subprocess.Popen, url: str, items: list, levels
     bodies = [peer.adapter.body(item) for item in items]
     rows = []
     for c in levels:
-        check = wait_until_quiet({proc.pid, os.getpid()}, quiet.max_other_cores, quiet.busy, quiet.max_wait_s)
+        check = wait_until_quiet({proc.pid, os.getpid()}, quiet.max_other_cores, quiet.busy, quiet.max_wait_s,
+                                 quiet.sample_s)
         before = server_counters(port)
         r = asyncio.run(load(url + peer.adapter.path, bodies, c, seconds, warmup, client, CpuMeter(proc.pid)))
         r["load_check"] = check
@@ -349,9 +368,11 @@ def plot(rows: list[dict], out: Path, title: str = "") -> list[str]:
 def add_quiet_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy", choices=("warn", "wait", "refuse"), default="wait",
                    help="before each level, when other processes use more than --max-other-cpu cores: measure "
-                        "anyway and flag the level (warn), wait up to --busy-wait seconds for quiet (wait), or stop (refuse)")
+                        "anyway and flag the level (warn), wait up to --busy-wait seconds for quiet (wait), "
+                        "or stop (refuse)")
     p.add_argument("--max-other-cpu", type=float, default=0.25, help="cores other processes may use (default 0.25)")
     p.add_argument("--busy-wait", type=float, default=120.0, help="longest wait for a quiet machine, seconds")
+    p.add_argument("--check-seconds", type=float, default=1.0, help="how long each quiet check watches the machine")
 
 
 def main(argv=None) -> int:
@@ -374,7 +395,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     levels = [int(c) for c in args.concurrency.split(",")]
-    quiet = QuietPolicy(args.busy, args.max_other_cpu, args.busy_wait)
+    quiet = QuietPolicy(args.busy, args.max_other_cpu, args.busy_wait, args.check_seconds)
     items = work_items(args.task)
     peers = [bertserve_peer("bertserve", args.task, args.bertserve_model or args.ckpt, args.threads,
                             shlex.split(args.bertserve_args))]

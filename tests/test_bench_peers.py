@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from test_serving_support import CLS_LABELS, build_checkpoint
@@ -50,7 +49,8 @@ def test_peers_command_measures_bertserve_and_another_server(tmp_path, monkeypat
 
     ckpt = build_checkpoint(tmp_path / "ckpt")
     peers = {
-        "classify": [catalog.bertserve_peer("bertserve-torch-fp32", "classify", ckpt, 1, ["--backend", "torch"], "torch"),
+        "classify": [catalog.bertserve_peer("bertserve-torch-fp32", "classify", ckpt, 1, ["--backend", "torch"],
+                                            "torch"),
                      fake_peer("fake-infinity", "infinity", "classify", infinity_adapter("classify"))],
         "embed": [fake_peer("fake-bertserve-embed", "bertserve", "embed", bertserve_adapter("embed"))],
     }
@@ -58,7 +58,7 @@ def test_peers_command_measures_bertserve_and_another_server(tmp_path, monkeypat
     out = tmp_path / "peers.json"
     t0 = time.monotonic()
     assert peers_main.main(["--task", "classify,embed", "--concurrency", "1,2", "--seconds", "1", "--warmup", "0.2",
-                            "--sample", "16", "--classify-model", str(ckpt), "--busy", "warn",
+                            "--sample", "16", "--classify-model", str(ckpt), "--busy", "warn", "--check-seconds", "0.2",
                             "--work-dir", str(tmp_path / "work"), "--out", str(out)]) == 0
     print(f"peer benchmark ran in {time.monotonic() - t0:.1f} s")
     result = json.loads(out.read_text())

@@ -26,7 +26,8 @@ from bench.common import REPO, machine, print_table, sst2_sample, write_json
 from bench.peers import Peer, PeerUnavailable, infinity_env
 from bench.peers import catalog as peer_catalog
 from bench.peers.quality import decode, reference_answers, score
-from bench.server_bench import QuietPolicy, add_quiet_arguments, collect, plot, run_levels, serve, work_items
+from bench.server_bench import (QuietPolicy, ServerFailed, add_quiet_arguments, collect, log_headline, log_tail, plot,
+                                run_levels, serve, work_items)
 
 TASKS = ("classify", "embed")
 
@@ -43,7 +44,8 @@ def run_peer(peer: Peer, items: list[str], reference: list, gold: list[str] | No
             if status == 404:
                 raise PeerUnavailable(f"POST {peer.adapter.path} answered 404: this server has no such endpoint yet")
             if status != 200:
-                raise PeerUnavailable(f"POST {peer.adapter.path} answered {status}: {payload[:300]!r}")
+                raise PeerUnavailable(f"POST {peer.adapter.path} answered {status}: {payload[:300]!r}; "
+                                      f"server log: {log_headline(log_tail(proc))}")
             bodies = [peer.adapter.body(s) for s in items]
             answers = decode(peer.adapter, asyncio.run(collect(url + peer.adapter.path, bodies, 8)))
             quality = {"peer": peer.name, "task": peer.task, **score(peer.task, answers, reference, gold)}
@@ -53,9 +55,13 @@ def run_peer(peer: Peer, items: list[str], reference: list, gold: list[str] | No
             results["rows"] += run_levels(peer, proc, url, items, args.levels, args.seconds, args.warmup,
                                           args.client, quiet)
         results["peers"].append(peer.describe())
-    except (PeerUnavailable, RuntimeError) as e:  # RuntimeError: the server exited or never got ready
+    except PeerUnavailable as e:
         print(f"skipped {peer.name} ({peer.task}): {e}", flush=True)
         results["skipped"].append({"peer": peer.name, "task": peer.task, "reason": str(e)})
+    except ServerFailed as e:
+        print(f"skipped {peer.name} ({peer.task}): {e}", flush=True)
+        results["skipped"].append({"peer": peer.name, "task": peer.task, "reason": e.headline, "log_tail": e.log,
+                                   "argv": peer.argv})
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -117,6 +123,9 @@ def main(argv=None) -> int:
                    "(infinity keeps its own defaults)")
     p.add_argument("--classify-model", type=Path, default=REPO / "serving" / "demo_model",
                    help="bertserve checkpoint with a classify head: the weights every classify peer serves")
+    p.add_argument("--bertserve-root", type=Path, default=REPO,
+                   help="checkout whose serving/ and export/ bertserve runs (default: this one; e.g. a clean "
+                        "snapshot of main: `git archive main | tar -x -C DIR`)")
     p.add_argument("--work-dir", type=Path, default=peer_catalog.WORK, help="exports and infinity's venv (cached)")
     p.add_argument("--no-setup", action="store_true", help="skip infinity if its venv is not set up, instead of "
                    "setting it up (python -m bench.peers.infinity_env)")
@@ -132,7 +141,7 @@ def main(argv=None) -> int:
         p.error(f"unknown tasks {sorted(unknown)}; choose from {', '.join(TASKS)}")
     args.levels = [int(c) for c in args.concurrency.split(",")]
     wanted = [n for n in args.peers.split(",") if n]
-    quiet = QuietPolicy(args.busy, args.max_other_cpu, args.busy_wait)
+    quiet = QuietPolicy(args.busy, args.max_other_cpu, args.busy_wait, args.check_seconds)
     out = args.out or REPO / "bench" / "results" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
 
     results: dict = {"machine": machine(), "command": [sys.executable, "-m", "bench.peers", *(argv or sys.argv[1:])],
@@ -140,9 +149,11 @@ def main(argv=None) -> int:
                      "settings": {"tasks": tasks, "concurrency": args.levels, "seconds": args.seconds,
                                   "warmup": args.warmup, "sample": args.sample, "threads": args.threads,
                                   "client": args.client, "classify_model": str(args.classify_model),
+                                  "bertserve_root": str(args.bertserve_root),
                                   "busy": vars(quiet)},
                      "peers": [], "quality": [], "rows": [], "skipped": [], "references": {}}
-    catalogs = {task: peer_catalog.catalog(task, args.classify_model, args.threads, args.work_dir, not args.no_setup)
+    catalogs = {task: peer_catalog.catalog(task, args.classify_model, args.threads, args.work_dir, not args.no_setup,
+                                           args.bertserve_root.resolve())
                 for task in tasks}
     if unknown := set(wanted) - {peer.name for peers in catalogs.values() for peer in peers}:
         p.error(f"unknown peers {sorted(unknown)}; the {'/'.join(tasks)} peers are "

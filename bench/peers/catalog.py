@@ -68,18 +68,20 @@ def run_step(cmd: list[str], what: str, cwd: Path = REPO, env: dict | None = Non
 
 # --- weights each server reads -------------------------------------------------------------------
 
-def bertserve_export(source: Path, work: Path, task: str, precision: str, int8_scope: str | None = None) -> Path:
+def bertserve_export(source: Path, work: Path, task: str, precision: str, int8_scope: str | None = None,
+                     root: Path = REPO) -> Path:
     """An ONNX artifact of `source` made by `python -m export.onnx --task auto`: the exporter's choice,
     as a user would export it (the demo model: one graph with an output per head; a
-    sentence-transformers directory: whatever the exporter makes of it)."""
+    sentence-transformers directory: whatever the exporter makes of it). `root`: the checkout whose
+    exporter runs."""
     label = f"{task}-{precision}" + (f"-{int8_scope}" if int8_scope else "")
 
     def build(tmp: Path) -> None:
         run_step([sys.executable, "-m", "export.onnx", "--ckpt", str(source), "--task", "auto",
                   "--precision", precision, *(["--int8-scope", int8_scope] if int8_scope else []),
-                  "--out", str(tmp)], f"bertserve's export of {source} ({label})")
+                  "--out", str(tmp)], f"bertserve's export of {source} ({label})", cwd=root)
 
-    key = fingerprint(source, *(REPO / d for d in EXPORT_CODE)) + label
+    key = fingerprint(source, *(root / d for d in EXPORT_CODE)) + label
     return cached(work / "bertserve" / label, key, build)
 
 
@@ -126,9 +128,11 @@ def embed_model() -> Path:
 # --- peers ---------------------------------------------------------------------------------------
 
 def bertserve_peer(name: str, task: str, model: Path | str | Callable[[], Path], threads: int,
-                   extra_args: list[str] = (), engine: str = "auto", precision: str = "fp32") -> Peer:
-    """`python -m serving` on `model` (a path, or a function that makes it: an export)."""
-    peer = Peer(name, "bertserve", task, engine, precision, [], bertserve_adapter(task), ready_path="/ready")
+                   extra_args: list[str] = (), engine: str = "auto", precision: str = "fp32",
+                   root: Path = REPO) -> Peer:
+    """`python -m serving` of checkout `root` on `model` (a path, or a function that makes it: an export)."""
+    peer = Peer(name, "bertserve", task, engine, precision, [], bertserve_adapter(task), ready_path="/ready",
+                cwd=root)
 
     def prepare() -> None:
         path = model() if callable(model) else model
@@ -174,11 +178,17 @@ def infinity_peer(name: str, task: str, engine: str, precision: str, model: Call
             notes.append("optimum engine: started in the model directory with --model-id . (infinity 0.0.78 + "
                          "optimum-onnx 0.1.0 reject an absolute ONNX file name); --onnx-disable-optimize (the "
                          "ONNX is -O2 already; infinity's optimiser fails with optimum 2.x)")
+            if task == "embed":
+                # Its optimum embedder pools the [CLS] state unless told otherwise (pooling "auto" is read
+                # for the torch engine only): cosine 0.47 to the model's mean-pooled vectors without this.
+                args += ["--pooling-method", "mean"]
+                notes.append("--pooling-method mean (its optimum embedder takes [CLS] pooling by default)")
             if task == "classify":
                 # infinity's optimum classifier runs its pipeline without truncation, so its own warm-up
                 # (512-token inputs, 514 with [CLS]/[SEP]) fails; SST-2 sentences are short.
                 args.append("--no-model-warmup")
-                notes.append("--no-model-warmup (its optimum classifier does not truncate: its 512-token warm-up fails)")
+                notes.append("--no-model-warmup (its optimum classifier does not truncate: "
+                             "its 512-token warm-up fails)")
         peer.argv = [str(venv / "bin" / "infinity_emb"), "v2", *args, "--device", "cpu", "--host", "127.0.0.1",
                      "--port", "{port}", "--log-level", "warning"]
         peer.notes = "; ".join(notes)
@@ -187,17 +197,23 @@ def infinity_peer(name: str, task: str, engine: str, precision: str, model: Call
     return peer
 
 
-def catalog(task: str, classify_source: Path, threads: int, work: Path = WORK, setup: bool = True) -> list[Peer]:
-    """Every peer of `task`, in the order they run."""
+def catalog(task: str, classify_source: Path, threads: int, work: Path = WORK, setup: bool = True,
+            bertserve_root: Path = REPO) -> list[Peer]:
+    """Every peer of `task`, in the order they run. bertserve's serving/ and export/ come from
+    `bertserve_root` (default: this checkout; another, such as a clean snapshot of main, to measure it)."""
+    def ours(name: str, model, extra: list[str] = (), engine: str = "onnxruntime", precision: str = "fp32") -> Peer:
+        return bertserve_peer(name, task, model, threads, extra, engine, precision, bertserve_root)
+
+    def export(source: Callable[[], Path], precision: str, scope: str | None = None) -> Callable[[], Path]:
+        return lambda: bertserve_export(source(), work, task, precision, scope, bertserve_root)
+
     if task == "classify":
+        source = lambda: classify_source  # noqa: E731
         hf = lambda: transformers_classifier(classify_source, work)  # noqa: E731
         return [
-            bertserve_peer("bertserve-torch-fp32", task, classify_source, threads, ["--backend", "torch"], "torch"),
-            bertserve_peer("bertserve-ort-fp32", task, lambda: bertserve_export(classify_source, work, task, "fp32"),
-                           threads, engine="onnxruntime"),
-            bertserve_peer("bertserve-ort-int8", task,
-                           lambda: bertserve_export(classify_source, work, task, "int8", "all"), threads,
-                           engine="onnxruntime", precision="int8"),
+            ours("bertserve-torch-fp32", classify_source, ["--backend", "torch"], "torch"),
+            ours("bertserve-ort-fp32", export(source, "fp32")),
+            ours("bertserve-ort-int8", export(source, "int8", "all"), precision="int8"),
             baseline_peer("baseline-torch-fp32", task, classify_source, threads),
             infinity_peer("infinity-torch-fp32", task, "torch", "fp32", hf, work, setup),
             infinity_peer("infinity-optimum-fp32", task, "optimum", "fp32",
@@ -207,11 +223,9 @@ def catalog(task: str, classify_source: Path, threads: int, work: Path = WORK, s
         ]
     if task == "embed":
         return [
-            bertserve_peer("bertserve-torch-fp32", task, lambda: embed_model(), threads, ["--backend", "torch"], "torch"),
-            bertserve_peer("bertserve-ort-fp32", task, lambda: bertserve_export(embed_model(), work, task, "fp32"),
-                           threads, engine="onnxruntime"),
-            bertserve_peer("bertserve-ort-int8", task, lambda: bertserve_export(embed_model(), work, task, "int8", "all"),
-                           threads, engine="onnxruntime", precision="int8"),
+            ours("bertserve-torch-fp32", embed_model, ["--backend", "torch"], "torch"),
+            ours("bertserve-ort-fp32", export(embed_model, "fp32")),
+            ours("bertserve-ort-int8", export(embed_model, "int8", "all"), precision="int8"),
             infinity_peer("infinity-torch-fp32", task, "torch", "fp32", embed_model, work, setup),
             infinity_peer("infinity-optimum-fp32", task, "optimum", "fp32",
                           lambda: infinity_onnx(embed_model(), work, task, "fp32", setup), work, setup),

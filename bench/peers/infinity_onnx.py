@@ -57,7 +57,10 @@ def export(model: Path, task: str, out: Path, precision: str) -> Path:
     from optimum.onnxruntime.configuration import AutoOptimizationConfig
 
     work = Path(tempfile.mkdtemp(prefix="infinity-onnx-"))
-    main_export(str(model), output=work / "exported", task=EXPORT_TASKS[task], opset=17, device="cpu")
+    # library_name: a sentence-transformers directory would otherwise export token_embeddings and
+    # sentence_embedding, while infinity's optimum embedder reads last_hidden_state and pools itself.
+    main_export(str(model), output=work / "exported", task=EXPORT_TASKS[task], opset=17, device="cpu",
+                library_name="transformers")
     ort_model = getattr(ortm, ORT_CLASSES[task]).from_pretrained(work / "exported")
     optimizer = ORTOptimizer.from_pretrained(ort_model)
     optimizer.optimize(AutoOptimizationConfig.O2(), save_dir=work / "optimized")
