@@ -4,6 +4,8 @@ A checkpoint directory is the unit every part of bertserve exchanges (ARCHITECTU
 with Hugging Face keys, model.safetensors (or shards + model.safetensors.index.json) with Hugging
 Face parameter names, and the tokenizer files. Directories written by transformers' save_pretrained
 load here, and ours load there. No pickle: a legacy pytorch_model.bin is read with weights_only=True.
+A checkpoint that cannot be loaded is a CheckpointError (or the config's ConfigError) naming the file and
+the problem, raised before a model is allocated where it can be (check_checkpoint).
 
 torch is imported inside the functions that need it, so resolving a name works without torch.
 """
@@ -12,12 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import PRESETS, BertConfig
+from .errors import one_line
 
 if TYPE_CHECKING:
     import torch
@@ -81,28 +85,132 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------- reading
 
 
-def read_state_dict(directory: str | os.PathLike) -> dict[str, "torch.Tensor"]:
-    """All tensors of a checkpoint directory, by their names in the file."""
-    import torch
-    from safetensors.torch import load_file
+def _read_index(directory: Path) -> dict[str, str]:
+    """The weight_map of a sharded checkpoint's index, every shard name checked to be a file name inside
+    `directory`: an index is data, and must not steer reading to files elsewhere. A shard that is a
+    symlink is followed, as model.safetensors is: the Hugging Face cache stores every file as a symlink
+    into its blobs/ folder."""
+    path = directory / INDEX_NAME
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
+        raise CheckpointError(f"{path} is not a readable JSON file: {one_line(e, 200)}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{path} has no \"weight_map\" object mapping tensor names to shard files")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard.strip():
+            raise CheckpointError(f"{path} maps {name!r:.80} to {shard!r:.80}, which is not a shard file name")
+        if Path(shard).is_absolute() or ".." in Path(shard).parts:
+            raise CheckpointError(f"{path} names shard {shard!r:.200}, outside the checkpoint directory {directory}; "
+                                  "shards must be files in that directory")
+    return weight_map
 
+
+def weight_files(directory: str | os.PathLike) -> list[Path]:
+    """The files that hold a checkpoint's weights: the shards its index names, else model.safetensors,
+    else a legacy pytorch_model.bin."""
     directory = Path(directory)
     if (directory / INDEX_NAME).is_file():
-        index = json.loads((directory / INDEX_NAME).read_text())
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(index["weight_map"].values())):
+        files = []
+        for shard in sorted(set(_read_index(directory).values())):
             if not (directory / shard).is_file():
                 raise CheckpointError(f"{directory / INDEX_NAME} names shard {shard}, which is missing")
-            state.update(load_file(directory / shard))
-        missing = set(index["weight_map"]) - set(state)
-        if missing:
-            raise CheckpointError(f"shards in {directory} lack tensors the index lists: {sorted(missing)[:10]}")
-        return state
-    if (directory / WEIGHTS_NAME).is_file():
-        return load_file(directory / WEIGHTS_NAME)
-    if (directory / LEGACY_WEIGHTS_NAME).is_file():
-        return torch.load(directory / LEGACY_WEIGHTS_NAME, map_location="cpu", weights_only=True)
+            files.append(directory / shard)
+        return files
+    for name in (WEIGHTS_NAME, LEGACY_WEIGHTS_NAME):
+        if (directory / name).is_file():
+            return [directory / name]
     raise CheckpointError(f"no weights in {directory}: expected {WEIGHTS_NAME}, {INDEX_NAME} or {LEGACY_WEIGHTS_NAME}")
+
+
+def _not_safetensors(path: Path, error: Exception) -> CheckpointError:
+    size = path.stat().st_size if path.is_file() else None
+    if size == 0:
+        return CheckpointError(f"{path} is empty (0 bytes), not a safetensors file")
+    return CheckpointError(f"{path} ({size} bytes) is not a valid safetensors file (truncated or corrupt?): "
+                           f"{one_line(error, 200)}")
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    try:  # reads the header only; it also checks that the data it describes fills the file exactly
+        with safe_open(path, framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises SafetensorError, OSError and others
+        raise _not_safetensors(path, e) from None
+
+
+def _safetensors_tensors(path: Path) -> dict[str, "torch.Tensor"]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except Exception as e:  # noqa: BLE001 - as above
+        raise _not_safetensors(path, e) from None
+
+
+_TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+
+
+def _pickle_tensors(path: Path) -> dict[str, "torch.Tensor"]:
+    """A legacy pytorch_model.bin, never unpickled beyond tensors (weights_only=True); mapped, not read,
+    when its format allows, so that checking its shapes first costs little."""
+    import torch
+
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:  # files from before torch 1.6 cannot be mapped; everything else fails again below
+            if "mmap" not in str(e):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError, ... for a bad file
+        # torch wraps the reason in paragraphs of advice (some of it to load with weights_only=False): keep the reason.
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        reason = one_line(" ".join(line for line in lines if not line.startswith(_TORCH_LOAD_ADVICE)) or lines[0], 200)
+        if "GLOBAL" in reason:
+            raise CheckpointError(f"{path} holds objects other than tensors, which are not loaded (unpickling "
+                                  f"them could run code): {reason}") from None
+        raise CheckpointError(f"{path} is not a readable PyTorch weights file: {reason}") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise CheckpointError(f"{path} does not hold a state dict (a mapping of names to tensors)")
+    return state
+
+
+def _read_weights(directory: str | os.PathLike, read_file) -> dict:
+    """read_file(path) of every weight file, merged; with an index, every tensor it lists must be there."""
+    directory = Path(directory)
+    found: dict = {}
+    for path in weight_files(directory):
+        found.update(read_file(path))
+    if (directory / INDEX_NAME).is_file():
+        missing = sorted(set(_read_index(directory)) - set(found))
+        if missing:
+            raise CheckpointError(f"the shards of {directory / INDEX_NAME} lack tensors it lists: {_names(missing)}")
+    return found
+
+
+def read_tensor_shapes(directory: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, by its name in the file, from the safetensors headers alone: cheap, so a
+    checkpoint is checked against its config before a model is allocated or any tensor data is read."""
+    return _read_weights(directory, lambda path: (
+        {k: tuple(v.shape) for k, v in _pickle_tensors(path).items()} if path.name == LEGACY_WEIGHTS_NAME
+        else _safetensors_shapes(path)))
+
+
+def read_state_dict(directory: str | os.PathLike) -> dict[str, "torch.Tensor"]:
+    """All tensors of a checkpoint directory, by their names in the file."""
+    return _read_weights(directory, lambda path: (
+        _pickle_tensors(path) if path.name == LEGACY_WEIGHTS_NAME else _safetensors_tensors(path)))
+
+
+def _names(keys: list[str], limit: int = 8) -> str:
+    """A list of tensor names for a one-line message: the first `limit`, and how many in all."""
+    shown = ", ".join(keys[:limit])
+    return f"[{shown}]" if len(keys) <= limit else f"[{shown}, ... ({len(keys)} in all)]"
 
 
 @dataclass
@@ -141,23 +249,14 @@ def _is_head(key: str) -> bool:
     return not body.startswith(("embeddings.", "encoder.")) or body.startswith("pooler.")
 
 
-def match_state_dict(model: "BertPreTrainedModel", state: dict[str, "torch.Tensor"], *,
-                     from_backbone: bool = False) -> tuple[dict[str, "torch.Tensor"], LoadReport]:
-    """Check a file's tensors against a model, naming every missing, unexpected or mis-shaped key.
-
-    from_backbone: take the encoder and keep fresh heads where the file has none or other shapes
-    (fine-tuning a task head on a pretrained encoder). Without it any difference is an error.
-    """
-    expected = model.state_dict()
-    for tied in TIED_KEYS:
-        expected.pop(tied, None)
-    state = _normalise_names(state, set(expected))
-    state = {k: v for k, v in state.items() if not k.endswith(HARMLESS_SUFFIXES) and k not in TIED_KEYS}
-
+def _match_shapes(model_name: str, expected: dict[str, tuple], found: dict[str, tuple], *, from_backbone: bool,
+                  source: str) -> LoadReport:
+    """Compare the shapes of a file's tensors (names already normalised) with a model's, naming every
+    missing, unexpected or mis-shaped key; `source` says which files the tensors came from."""
     report = LoadReport()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    mismatched = sorted(k for k in set(state) & set(expected) if tuple(state[k].shape) != tuple(expected[k].shape))
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    mismatched = sorted(k for k in set(found) & set(expected) if found[k] != expected[k])
     if from_backbone:
         report.initialised = [k for k in missing if _is_head(k)]
         report.dropped = [k for k in unexpected if _is_head(k)]
@@ -167,15 +266,38 @@ def match_state_dict(model: "BertPreTrainedModel", state: dict[str, "torch.Tenso
         mismatched = [k for k in mismatched if k not in report.reinitialised]
     problems = []
     if missing:
-        problems.append(f"missing keys {missing}")
+        problems.append(f"missing keys {_names(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys {unexpected}")
+        problems.append(f"unexpected keys {_names(unexpected)}")
     if mismatched:
-        problems.append("mis-shaped keys " + ", ".join(
-            f"{k} (file {tuple(state[k].shape)}, model {tuple(expected[k].shape)})" for k in mismatched))
+        problems.append("mis-shaped keys " + _names(
+            [f"{k} (file {found[k]}, model {expected[k]})" for k in mismatched], limit=4))
     if problems:
         hint = "" if from_backbone else " (to fine-tune fresh task heads on this encoder, load it as a backbone)"
-        raise CheckpointError(f"checkpoint does not match {type(model).__name__}: " + "; ".join(problems) + hint)
+        raise CheckpointError(f"{source} does not match {model_name} as its config.json describes it: "
+                              + "; ".join(problems) + hint)
+    return report
+
+
+def _comparable(model: "BertPreTrainedModel", state: dict) -> tuple[dict[str, tuple], dict]:
+    """The model's parameter shapes, and the file's entries under the model's names, with the keys that
+    carry nothing to load (tied, harmless) left out of both."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in TIED_KEYS}
+    state = _normalise_names(state, set(expected))
+    return expected, {k: v for k, v in state.items() if not k.endswith(HARMLESS_SUFFIXES) and k not in TIED_KEYS}
+
+
+def match_state_dict(model: "BertPreTrainedModel", state: dict[str, "torch.Tensor"], *,
+                     from_backbone: bool = False, source: str = "the checkpoint"
+                     ) -> tuple[dict[str, "torch.Tensor"], LoadReport]:
+    """Check a file's tensors against a model (see _match_shapes); returns the tensors to load and a report.
+
+    from_backbone: take the encoder and keep fresh heads where the file has none or other shapes
+    (fine-tuning a task head on a pretrained encoder). Without it any difference is an error.
+    """
+    expected, state = _comparable(model, state)
+    report = _match_shapes(type(model).__name__, expected, {k: tuple(v.shape) for k, v in state.items()},
+                           from_backbone=from_backbone, source=source)
     usable = {k: v for k, v in state.items() if k in expected and k not in report.reinitialised}
     return usable, report
 
@@ -197,15 +319,50 @@ def model_class_for(config: BertConfig, task: str | None = None):
     raise CheckpointError(f"config names architectures {config.architectures}; known: {sorted(ARCHITECTURES)}")
 
 
-def load_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | None = None,
-                    labels: list[str] | None = None, from_backbone: bool = False,
-                    dtype: "torch.dtype | None" = None, device: "str | torch.device" = "cpu",
-                    config_overrides: dict | None = None):
-    """Load `ckpt` (a path or a store name) into a model; returns (model, report).
+@dataclass
+class LoadPlan:
+    """A checkpoint checked for loading: where it is, its config, the model class it loads into."""
+    directory: Path
+    config: BertConfig
+    model_cls: type
 
-    The model class comes from `model_cls`, else `task`, else the config's `architectures`.
-    `labels` sets a task head's labels (fine-tuning); `from_backbone` lets heads start fresh.
-    """
+
+def _weights_source(directory: Path) -> str:
+    files = weight_files(directory)
+    return str(files[0]) if len(files) == 1 else f"{directory / INDEX_NAME} with its {len(files)} shards"
+
+
+def _check_sizes(config: BertConfig, shapes: dict[str, tuple], directory: Path) -> None:
+    """The config's sizes against the weights' own (embeddings, feed-forward width, layer count), read from
+    the headers: a config that disagrees with its weights is an error naming both files before a model is
+    allocated, so that the model loading allocates is the size of the weights on disk, not the config's."""
+    found = _normalise_names(shapes, set())  # encoder names without a head model's "bert." prefix
+    hidden = config.hidden_size
+    # Each of these is (size, hidden_size): embedding tables have a row per id, nn.Linear stores (out, in).
+    sized_by = {"embeddings.word_embeddings.weight": "vocab_size",
+                "embeddings.position_embeddings.weight": "max_position_embeddings",
+                "embeddings.token_type_embeddings.weight": "type_vocab_size",
+                "encoder.layer.0.intermediate.dense.weight": "intermediate_size"}
+    problems = [f"{field} {getattr(config, field)} and hidden_size {hidden} in config.json, but {key} is {found[key]}"
+                for key, field in sized_by.items()
+                if key in found and tuple(found[key]) != (getattr(config, field), hidden)]
+    # A layer counts by its feed-forward weight; any other stray name is left to the per-tensor check.
+    layers = sum(1 for k in found if re.fullmatch(r"encoder\.layer\.\d+\.intermediate\.dense\.weight", k))
+    if layers and layers != config.num_hidden_layers:
+        problems.append(f"num_hidden_layers {config.num_hidden_layers} in config.json, but the weights have "
+                        f"{layers} layers")
+    if problems:
+        raise CheckpointError(f"{directory / 'config.json'} does not fit {_weights_source(directory)}: "
+                              + "; ".join(problems))
+
+
+def check_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | None = None,
+                     labels: list[str] | None = None, config_overrides: dict | None = None) -> LoadPlan:
+    """What can be checked of a checkpoint without allocating a model or reading a tensor: the directory,
+    config.json, the weight files and their headers, and the config's sizes against the weights'. A bad
+    checkpoint fails here in milliseconds, as a CheckpointError or ConfigError naming the file: before a
+    command starts its long steps. Arguments as for load_checkpoint, which checks the rest (every tensor
+    name and shape against the model it allocates)."""
     import dataclasses
 
     directory = resolve_checkpoint(ckpt)
@@ -216,14 +373,32 @@ def load_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | None
         config = dataclasses.replace(config, **config_overrides)
     if task is not None and not config.task_labels:
         config = dataclasses.replace(config, task=task)
-    cls = model_cls or model_class_for(config, task)
-    model = cls(config)
-    state, report = match_state_dict(model, read_state_dict(directory), from_backbone=from_backbone)
+    try:
+        cls = model_cls or model_class_for(config, task)
+    except CheckpointError as e:
+        raise CheckpointError(f"{directory / 'config.json'}: {e}") from None
+    _check_sizes(config, read_tensor_shapes(directory), directory)
+    return LoadPlan(directory, config, cls)
+
+
+def load_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | None = None,
+                    labels: list[str] | None = None, from_backbone: bool = False,
+                    dtype: "torch.dtype | None" = None, device: "str | torch.device" = "cpu",
+                    config_overrides: dict | None = None):
+    """Load `ckpt` (a path or a store name) into a model; returns (model, report).
+
+    The model class comes from `model_cls`, else `task`, else the config's `architectures`.
+    `labels` sets a task head's labels (fine-tuning); `from_backbone` lets heads start fresh.
+    """
+    plan = check_checkpoint(ckpt, model_cls, task=task, labels=labels, config_overrides=config_overrides)
+    model = plan.model_cls(plan.config)
+    state, report = match_state_dict(model, read_state_dict(plan.directory), from_backbone=from_backbone,
+                                     source=_weights_source(plan.directory))
     model.load_state_dict(state, strict=False)  # match_state_dict has already checked every key
     model.tie_weights()
     if report:
-        log.info("loaded %s into %s: initialised %s; dropped %s; re-initialised %s", directory,
-                 cls.__name__, report.initialised, report.dropped, report.reinitialised)
+        log.info("loaded %s into %s: initialised %s; dropped %s; re-initialised %s", plan.directory,
+                 plan.model_cls.__name__, report.initialised, report.dropped, report.reinitialised)
     model.to(device=device, dtype=dtype)
     model.eval()
     return model, report

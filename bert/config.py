@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .errors import json_type
 
 # Google's BERT family (BERT-FACTS.md): name -> (layers, hidden, heads). Feed-forward is 4 * hidden.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -22,6 +26,20 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
 TASKS = ("classify", "ner", "qa")
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "max_position_embeddings", "type_vocab_size")
+# A config.json without these does not say which model it is (every transformers-written one has them).
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+# Far beyond any BERT (BERT-large: 3.4e8 parameters; multilingual vocabularies: ~1.2e5 tokens). A config
+# past them is corrupt, and is refused before a model of that size is allocated (vocab_size 10**12 would
+# ask for terabytes).
+MAX_PARAMETERS = 20_000_000_000
+MAX_LABELS = 1_000_000
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 60
+_short = _repr.repr  # a value quoted in an error message: short, so the message stays one line
 
 
 class ConfigError(ValueError):
@@ -55,42 +73,80 @@ class BertConfig:
 
     def __post_init__(self) -> None:
         if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+            try:
+                self.id2label = {int(k): str(v) for k, v in dict(self.id2label).items()}
+            except (TypeError, ValueError):
+                raise ConfigError(f"invalid BERT config: id2label must map label ids to names, got "
+                                  f"{_short(self.id2label)}") from None
         self.validate()
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
+        """Every value checked for its type before it is compared, so that a config.json of the wrong
+        shape is one ConfigError naming the field, never a TypeError."""
         problems = []
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+        for name in SIZE_FIELDS:
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                problems.append(f"{name} must be a positive integer, got {value!r}")
-        if not problems and self.hidden_size % self.num_attention_heads:
+            if not _is_int(value) or value <= 0:
+                problems.append(f"{name} must be a positive integer, got {_short(value)}")
+        sizes_ok = not problems
+        if sizes_ok and self.hidden_size % self.num_attention_heads:
             problems.append(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads})")
-        if self.hidden_act not in ACTIVATIONS:
-            problems.append(f"hidden_act {self.hidden_act!r} is not one of {', '.join(ACTIVATIONS)}")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+        if sizes_ok and self.parameter_estimate > MAX_PARAMETERS:
+            problems.append(
+                f"it describes a model of about {self.parameter_estimate:.1e} parameters "
+                f"(vocab_size {self.vocab_size}, hidden_size {self.hidden_size}, num_hidden_layers {self.num_hidden_layers}, intermediate_size "
+                f"{self.intermediate_size}, max_position_embeddings {self.max_position_embeddings}); no BERT has "
+                f"more than {MAX_PARAMETERS:.0e}")
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
+            problems.append(f"hidden_act {_short(self.hidden_act)} is not one of {', '.join(ACTIVATIONS)}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
             p = getattr(self, name)
-            if not 0.0 <= p < 1.0:
-                problems.append(f"{name} must be in [0, 1), got {p}")
-        if self.layer_norm_eps <= 0:
-            problems.append(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
-        if isinstance(self.vocab_size, int) and not 0 <= self.pad_token_id < self.vocab_size:
+            if p is None and name == "classifier_dropout":
+                continue
+            if not _is_number(p) or not 0.0 <= p < 1.0:
+                problems.append(f"{name} must be in [0, 1), got {_short(p)}")
+        for name in ("layer_norm_eps", "initializer_range"):
+            value = getattr(self, name)
+            if not _is_number(value) or value <= 0:
+                problems.append(f"{name} must be a positive number, got {_short(value)}")
+        if not _is_int(self.pad_token_id):
+            problems.append(f"pad_token_id must be an integer, got {_short(self.pad_token_id)}")
+        elif _is_int(self.vocab_size) and not 0 <= self.pad_token_id < self.vocab_size:
             problems.append(f"pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+        if self.architectures is not None and (not isinstance(self.architectures, list)
+                                               or not all(isinstance(a, str) for a in self.architectures)):
+            problems.append(f"architectures must be a list of class names, got {_short(self.architectures)}")
         if self.id2label is not None and sorted(self.id2label) != list(range(len(self.id2label))):
-            problems.append(f"id2label keys must be 0..{len(self.id2label) - 1}, got {sorted(self.id2label)}")
-        for t in (self.task_labels or {}):
+            problems.append(f"id2label keys must be 0..{len(self.id2label) - 1}, got {_short(sorted(self.id2label))}")
+        if self.id2label is not None and len(self.id2label) > MAX_LABELS:
+            problems.append(f"id2label has {len(self.id2label)} labels, more than {MAX_LABELS}")
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            problems.append(f"problem_type {_short(self.problem_type)} is not one of {', '.join(PROBLEM_TYPES)}")
+        if self.task_labels is not None and not isinstance(self.task_labels, dict):
+            problems.append(f"task_labels must map tasks to label lists, got {_short(self.task_labels)}")
+        for t, labels in (self.task_labels if isinstance(self.task_labels, dict) else {}).items():
             if t not in TASKS:
-                problems.append(f"task_labels names task {t!r}, which is not one of {', '.join(TASKS)}")
-        if self.task is not None and self.task not in TASKS:
-            problems.append(f"task {self.task!r} is not one of {', '.join(TASKS)}")
+                problems.append(f"task_labels names task {_short(t)}, which is not one of {', '.join(TASKS)}")
+            elif not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+                problems.append(f"task_labels[{t!r}] must be a list of label names, got {_short(labels)}")
+            elif len(labels) > MAX_LABELS:
+                problems.append(f"task_labels[{t!r}] has {len(labels)} labels, more than {MAX_LABELS}")
+        if self.task is not None and (not isinstance(self.task, str) or self.task not in TASKS):
+            problems.append(f"task {_short(self.task)} is not one of {', '.join(TASKS)}")
         if problems:
             raise ConfigError("invalid BERT config: " + "; ".join(problems))
 
     # ------------------------------------------------------------ derived
+    @property
+    def parameter_estimate(self) -> int:
+        """Parameters of the encoder (embeddings + layers), to within a few percent; computed, never allocated."""
+        hidden, inner = self.hidden_size, self.intermediate_size
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * hidden
+        return embeddings + self.num_hidden_layers * (4 * hidden * hidden + 2 * hidden * inner)
+
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
@@ -120,14 +176,23 @@ class BertConfig:
     # ------------------------------------------------------- config.json I/O
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BertConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"a BERT config is a JSON object of settings, not a JSON {json_type(data)}")
+        if data.get("model_type", "bert") != "bert":
+            raise ConfigError(f"model_type is {_short(data['model_type'])}; only BERT checkpoints are supported")
+        missing = [k for k in REQUIRED_KEYS if k not in data]
+        if missing:
+            raise ConfigError(f"invalid BERT config: it lacks {', '.join(missing)}")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         args = {k: v for k, v in data.items() if k in known}
         extra = {k: v for k, v in data.items() if k not in known and k not in ("label2id", "model_type")}
         if "num_labels" in extra and "id2label" not in args:
-            args["id2label"] = {i: f"LABEL_{i}" for i in range(int(extra["num_labels"]))}
+            count = extra["num_labels"]
+            if not _is_int(count) or not 1 <= count <= MAX_LABELS:  # checked before a dict of that size is built
+                raise ConfigError(f"invalid BERT config: num_labels must be an integer in 1..{MAX_LABELS}, "
+                                  f"got {_short(count)}")
+            args["id2label"] = {i: f"LABEL_{i}" for i in range(count)}
         extra.pop("num_labels", None)
-        if data.get("model_type", "bert") != "bert":
-            raise ConfigError(f"model_type is {data['model_type']!r}; only BERT checkpoints are supported")
         return cls(**args, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,12 +213,28 @@ class BertConfig:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"no config.json at {path}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path} is not UTF-8 text (byte {e.start}), so not a config.json") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
-        return cls.from_dict(data)
+        except OSError as e:
+            raise ConfigError(f"{path} cannot be read: {e.strerror or e}") from None
+        try:
+            return cls.from_dict(data)
+        except ConfigError as e:  # the same rules as for a config built in code, and the file they come from
+            raise ConfigError(f"{path}: {e}") from None
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / "config.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return path
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+

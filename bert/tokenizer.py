@@ -19,6 +19,8 @@ from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, p
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
+from .errors import json_type, one_line
+
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # Order matters for `train`: BERT's own vocabularies start [PAD]=0; the rest of the specials follow.
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -46,17 +48,33 @@ class InputTooLong(ValueError):
         return (type(self), (self.index, self.length, self.limit))
 
 
+class TokenizerError(ValueError):
+    """Tokenizer files that cannot be read, or that lack what BERT needs; the message names the file."""
+
+
 def _read_json(path: Path) -> dict:
+    """The JSON object in `path`; {} when there is no such file."""
     if not path.is_file():
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
+        raise TokenizerError(f"{path} is not a readable JSON file: {one_line(e)}") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path} must hold a JSON object of settings, not a JSON {json_type(data)}")
+    return data
 
 
 def _read_vocab(vocab_file) -> dict[str, int]:
     # Like transformers' load_vocab: one token per line, the id is the line number.
-    with open(vocab_file, encoding="utf-8") as f:
-        return {line.rstrip("\n"): index for index, line in enumerate(f)}
+    try:
+        with open(vocab_file, encoding="utf-8") as f:
+            return {line.rstrip("\n"): index for index, line in enumerate(f)}
+    except UnicodeDecodeError as e:
+        raise TokenizerError(f"{vocab_file} is not UTF-8 text (byte {e.start}), so not a vocab.txt") from None
+    except OSError as e:
+        raise TokenizerError(f"{vocab_file} cannot be read: {e.strerror or e}") from None
 
 
 def _bert_pipeline(
@@ -102,6 +120,23 @@ def _model_max_length(value) -> int:
     if value is None or int(value) >= _NO_LIMIT_SENTINEL:
         return DEFAULT_MODEL_MAX_LENGTH
     return int(value)
+
+
+def _tokenizer_settings(path: Path) -> dict:
+    """from_vocab's keyword arguments from a tokenizer_config.json (absent file or keys: BERT's defaults),
+    each checked for its type, so that a wrong one is an error naming the file, not one inside tokenizers."""
+    config = _read_json(path)
+    settings = {"do_lower_case": config.get("do_lower_case", True), "strip_accents": config.get("strip_accents"),
+                "tokenize_chinese_chars": config.get("tokenize_chinese_chars", True)}
+    for name, value in settings.items():
+        if not (isinstance(value, bool) or (name == "strip_accents" and value is None)):
+            raise TokenizerError(f"{path}: {name} must be true or false, got {value!r:.60}")
+    max_length = config.get("model_max_length")
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, float))
+                                   or not 0 < max_length < float("inf")):
+        raise TokenizerError(f"{path}: model_max_length must be a positive number, got {max_length!r:.60}")
+    settings["model_max_length"] = _model_max_length(max_length)
+    return settings
 
 
 
@@ -160,21 +195,18 @@ class BertTokenizer:
     def from_dir(cls, path) -> "BertTokenizer":
         """Load from a checkpoint/artifact dir: tokenizer.json if present, else vocab.txt + tokenizer_config.json."""
         path = Path(path)
-        config = _read_json(path / "tokenizer_config.json")
-        max_length = _model_max_length(config.get("model_max_length"))
+        settings = _tokenizer_settings(path / "tokenizer_config.json")
         if (path / "tokenizer.json").is_file():
-            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-            options = _normalizer_options(tokenizer)
-            return cls(tokenizer, model_max_length=max_length, **options)
+            source = path / "tokenizer.json"
+            try:
+                tokenizer = Tokenizer.from_file(str(source))
+                options = _normalizer_options(tokenizer)
+                return cls(tokenizer, model_max_length=settings["model_max_length"], **options)
+            except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for a file it cannot parse
+                raise TokenizerError(f"{source} is not a usable BERT tokenizer: {one_line(e, 300)}") from None
         if not (path / "vocab.txt").is_file():
-            raise FileNotFoundError(f"{path} has neither tokenizer.json nor vocab.txt")
-        return cls.from_vocab(
-            path / "vocab.txt",
-            do_lower_case=config.get("do_lower_case", True),
-            strip_accents=config.get("strip_accents"),
-            tokenize_chinese_chars=config.get("tokenize_chinese_chars", True),
-            model_max_length=max_length,
-        )
+            raise TokenizerError(f"{path} has neither tokenizer.json nor vocab.txt")
+        return cls.from_vocab(path / "vocab.txt", **settings)
 
     @classmethod
     def from_vocab(
@@ -188,19 +220,22 @@ class BertTokenizer:
     ) -> "BertTokenizer":
         """Build from a BERT vocab.txt, exactly as transformers' BertTokenizerFast does."""
         model = WordPiece(_read_vocab(vocab_file), unk_token=UNK, max_input_chars_per_word=100)
-        tokenizer = _bert_pipeline(
-            Tokenizer(model),
-            do_lower_case=do_lower_case,
-            strip_accents=strip_accents,
-            tokenize_chinese_chars=tokenize_chinese_chars,
-        )
-        return cls(
-            tokenizer,
-            do_lower_case=do_lower_case,
-            strip_accents=strip_accents,
-            tokenize_chinese_chars=tokenize_chinese_chars,
-            model_max_length=model_max_length,
-        )
+        try:
+            tokenizer = _bert_pipeline(
+                Tokenizer(model),
+                do_lower_case=do_lower_case,
+                strip_accents=strip_accents,
+                tokenize_chinese_chars=tokenize_chinese_chars,
+            )
+            return cls(
+                tokenizer,
+                do_lower_case=do_lower_case,
+                strip_accents=strip_accents,
+                tokenize_chinese_chars=tokenize_chinese_chars,
+                model_max_length=model_max_length,
+            )
+        except ValueError as e:  # a vocabulary without BERT's special tokens
+            raise TokenizerError(f"{vocab_file} is not a BERT vocabulary: {e}") from None
 
     @classmethod
     def train(

@@ -1,0 +1,55 @@
+"""A failure a command line can explain is one line on stderr and an exit code, never a traceback.
+
+The core's errors that mean "this checkpoint or file is bad" (config.json, the weights, the tokenizer
+files) are listed here once, so export, training and serving give the same one line and exit 2 for them.
+Exit codes: 0 done; 1 the work ran but its result is wrong (export: parity out of tolerance);
+2 the request cannot be done as given (bad flag, bad or missing checkpoint); 130 interrupted.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+MESSAGE_LIMIT = 1000  # characters: a list of 400 mis-shaped tensor names is still one readable line
+
+
+def one_line(error: BaseException | str, limit: int = MESSAGE_LIMIT) -> str:
+    """A message on one line: libraries (onnxruntime, torch's unpickler, tokenizers) raise multi-line ones."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def json_type(value) -> str:
+    """The JSON name of a parsed value's type, for "expected an object, got an array" messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The core's errors for a checkpoint, config or tokenizer file that cannot be used; each names the file."""
+    from .checkpoint import CheckpointError
+    from .config import ConfigError
+    from .tokenizer import TokenizerError
+
+    return (CheckpointError, ConfigError, TokenizerError)
+
+
+def run_cli(main: Callable, argv: list[str] | None = None,
+            exit_code_for: Callable[[BaseException], int | None] | None = None) -> int:
+    """Call main(argv) and return its exit code (None counts as 0). A failure that `exit_code_for` gives a
+    code, or one of bad_input_errors() (code 2), becomes `error: <message>` on stderr; others propagate."""
+    try:
+        return main(argv) or 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        code = exit_code_for(e) if exit_code_for is not None else None
+        if code is None and isinstance(e, bad_input_errors()):
+            code = EXIT_BAD_INPUT
+        if code is None:
+            raise
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return code
