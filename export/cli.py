@@ -9,8 +9,10 @@ import sys
 import time
 from contextlib import contextmanager
 
+from bert.errors import EXIT_BAD_INPUT, run_cli
+
 EXIT_FAILED = 1
-EXIT_USAGE = 2
+EXIT_USAGE = EXIT_BAD_INPUT
 
 
 class UsageError(Exception):
@@ -22,54 +24,56 @@ class ResultError(Exception):
 
 
 def usage_errors() -> tuple[type[BaseException], ...]:
-    from bert.checkpoint import CheckpointError
-    from bert.config import ConfigError
+    from bert.errors import bad_input_errors
 
     from .manifest import ArtifactError
     from .source import SourceError
 
-    return (UsageError, CheckpointError, ConfigError, ArtifactError, SourceError, FileNotFoundError)
+    return (UsageError, *bad_input_errors(), ArtifactError, SourceError, FileNotFoundError)
+
+
+def exit_code_for(error: BaseException) -> int | None:
+    from .variants import FusionError  # imports onnx: only once something has failed
+
+    if isinstance(error, (ResultError, FusionError)):
+        return EXIT_FAILED
+    if isinstance(error, usage_errors()):
+        return EXIT_USAGE
+    return None
 
 
 def run(main, argv=None) -> int:
     """Call main(argv); known failures become one line on stderr and an exit code, never a traceback."""
-    try:
-        main(argv)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except ResultError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as e:
-        from .variants import FusionError
-
-        if isinstance(e, FusionError):
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_FAILED
-        if isinstance(e, usage_errors()):
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        raise
-    return 0
+    return run_cli(main, argv, exit_code_for)
 
 
 class Progress:
     """`[3/7] fusing with onnxruntime ... done (4.2 s)` lines on stderr, so long steps show life."""
 
-    def __init__(self, total: int, stream=sys.stderr):
+    def __init__(self, total: int, stream=None):
         self.total = total
         self.step = 0
-        self.stream = stream
+        self.stream = stream or sys.stderr  # the stderr of now, not of import time (tests capture it)
         self.started = time.perf_counter()
 
     @contextmanager
     def __call__(self, what: str):
-        self.step += 1
-        print(f"[{self.step}/{self.total}] {what} ...", file=self.stream, flush=True)
+        self._start(what)
         start = time.perf_counter()
         yield
-        print(f"      done ({time.perf_counter() - start:.1f} s)", file=self.stream, flush=True)
+        self._finish(time.perf_counter() - start)
+
+    def done(self, what: str, seconds: float) -> None:
+        """A step that ran before progress output began (loading: if it fails, its error line stands alone)."""
+        self._start(what)
+        self._finish(seconds)
+
+    def _start(self, what: str) -> None:
+        self.step += 1
+        print(f"[{self.step}/{self.total}] {what} ...", file=self.stream, flush=True)
+
+    def _finish(self, seconds: float) -> None:
+        print(f"      done ({seconds:.1f} s)", file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         print(f"      {text}", file=self.stream, flush=True)

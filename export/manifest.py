@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bert.errors import json_type
+
 MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
 PORTABLE_FILE = "model.portable.onnx"
@@ -63,8 +65,10 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
                             "(create one with `python -m export.onnx --ckpt ...`)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # not UTF-8, or not JSON
         raise ArtifactError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{path} must hold a JSON object, not a JSON {json_type(manifest)}")
     for key in ("task", "precision", "inputs", "outputs", "shape_range"):
         if key not in manifest:
             raise ArtifactError(f"{path} lacks the key {key!r}")

@@ -12,6 +12,7 @@ import gc
 import platform
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -110,25 +111,26 @@ def main(argv=None) -> None:
     from bert.tokenizer import BertTokenizer
 
     from . import parity, variants
-    from .source import load_source
+    from .source import check_source, load_model
     from .wrapper import INPUT_NAMES, ExportWrapper, dummy_inputs, dynamic_axes, prepare_for_export
 
-    if not args.random_init:
-        from bert.checkpoint import resolve_checkpoint
-
-        resolve_checkpoint(args.ckpt)  # an unknown name fails here, in one line, before any progress output
+    # Everything a request or a checkpoint can get wrong shows here, as one line, before any progress output:
+    # the cheap checks first (config, weight headers, task, tokenizer, flags against the model), then loading.
+    source = check_source(args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer)
+    config = source.config
+    shape_range = check_args(args, config)
+    tokenizer = BertTokenizer.from_dir(source.tokenizer_dir)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise UsageError(f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model "
+                         f"only {config.vocab_size}")
     progress = Progress(total=6 if args.no_verify else 8)
-    with progress(f"loading {'random-init preset' if args.random_init else 'checkpoint'} {args.ckpt}"):
-        source = load_source(args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer)
-        config = source.config
-        shape_range = check_args(args, config)
-        tokenizer = BertTokenizer.from_dir(source.tokenizer_dir)
-        if tokenizer.vocab_size > config.vocab_size:
-            raise UsageError(f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model "
-                             f"only {config.vocab_size}")
-        params = sum(p.numel() for p in source.model.parameters())
-        progress.note(f"task {source.task}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-                      f"{params / 1e6:.1f} M parameters; tokenizer from {source.tokenizer_dir}")
+    loading = time.perf_counter()
+    load_model(source)
+    progress.done(f"loading {'random-init preset' if args.random_init else 'checkpoint'} {args.ckpt}",
+                  time.perf_counter() - loading)
+    params = sum(p.numel() for p in source.model.parameters())
+    progress.note(f"task {source.task}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+                  f"{params / 1e6:.1f} M parameters; tokenizer from {source.tokenizer_dir}")
 
     out = Path(args.out or f"artifacts/{Path(source.name).name}-{source.task}-{args.precision}")
     out.mkdir(parents=True, exist_ok=True)

