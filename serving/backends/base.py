@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from bert.config import BertConfig, ConfigError
+from bert.errors import json_type, one_line
+
 log = logging.getLogger("bertserve")
 
 TASKS = ("classify", "ner", "qa")
@@ -74,18 +77,24 @@ class ModelSpec:
 
 
 def _read_json(path: Path) -> dict:
+    """The JSON object in `path`; {} when there is no such file."""
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{path} is not valid JSON: {e}") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
+        raise ModelError(f"{path} is not a readable JSON file: {one_line(e, 200)}") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{path} must hold a JSON object, not a JSON {json_type(data)}")
+    return data
 
 
 def _id2label(mapping) -> dict[int, str]:
     if isinstance(mapping, list):
         return dict(enumerate(str(x) for x in mapping))
-    return {int(k): str(v) for k, v in (mapping or {}).items()}
+    if not isinstance(mapping, dict):
+        raise ValueError(f"labels must be a list or an id -> label object, got {mapping!r:.80}")
+    return {int(k): str(v) for k, v in mapping.items()}
 
 
 def resolve_model_path(name_or_path: str) -> Path:
@@ -100,10 +109,14 @@ def resolve_model_path(name_or_path: str) -> Path:
 
 
 def read_model_spec(path: Path) -> ModelSpec:
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path} has no config.json")
+    try:  # the rules, and messages, every part of bertserve has for a config.json (torch-free)
+        BertConfig.from_json_file(path / "config.json")
+    except ConfigError as e:
+        raise ModelError(str(e)) from None
     config = _read_json(path / "config.json")
     manifest = _read_json(path / "manifest.json")
-    if not config:
-        raise ModelError(f"{path} has no config.json")
     if (path / "model.onnx").is_file():
         kind = "onnx"
     elif (path / "model.plan").is_file() or (path / "model.engine").is_file():
@@ -117,7 +130,11 @@ def read_model_spec(path: Path) -> ModelSpec:
     labels: dict[str, dict[int, str]] = {}
     task_labels = config.get("task_labels") or manifest.get("task_labels")
     if task_labels:
-        labels = {t: _id2label(v) for t, v in task_labels.items()}
+        try:
+            labels = {t: _id2label(v) for t, v in dict(task_labels).items()}
+        except (TypeError, ValueError) as e:
+            where = path / ("config.json" if config.get("task_labels") else "manifest.json")
+            raise ModelError(f"{where}: task_labels must map each task to its labels: {e}") from None
     else:
         task = config.get("task") or manifest.get("task")
         if isinstance(task, list) and len(task) == 1:
@@ -142,21 +159,74 @@ def read_model_spec(path: Path) -> ModelSpec:
                      problem_type=config.get("problem_type"), config=config, manifest=manifest)
 
 
+def output_key(name: str, fallback_logits_task: str | None) -> str | None:
+    """The task-named output ("classify", "ner", "qa_start", "qa_end") a graph output gives, if any: a
+    plain "logits" belongs to the one task of a single-task model."""
+    if name == "logits" and fallback_logits_task in ("classify", "ner"):
+        return fallback_logits_task
+    return OUTPUT_NAMES.get(name)
+
+
+def _tasks_without_outputs(keys, tasks: list[str]) -> list[str]:
+    keys = set(keys)
+    return [t for t in tasks if (t != "qa" and t not in keys) or (t == "qa" and not {"qa_start", "qa_end"} <= keys)]
+
+
 def task_outputs(named: dict[str, Any], tasks: list[str], fallback_logits_task: str | None) -> dict[str, np.ndarray]:
     """Rename a graph's outputs ("logits", "start_logits", "classify_logits", ...) to task names, float32."""
     out: dict[str, np.ndarray] = {}
     for name, value in named.items():
-        key = OUTPUT_NAMES.get(name)
-        if name == "logits" and fallback_logits_task in ("classify", "ner"):
-            key = fallback_logits_task
+        key = output_key(name, fallback_logits_task)
         if key is None:
             continue
         array = np.asarray(value)
         out[key] = array if array.dtype == np.float32 else array.astype(np.float32)
-    missing = [t for t in tasks if (t != "qa" and t not in out) or (t == "qa" and not {"qa_start", "qa_end"} <= set(out))]
+    missing = _tasks_without_outputs(out, tasks)
     if missing:
         raise ModelError(f"the model gave outputs {sorted(named)}, none for task(s) {missing}")
     return out
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Rank of each task-named output: (batch, labels), (batch, sequence, labels), (batch, sequence).
+OUTPUT_RANKS = {"classify": 2, "ner": 3, "qa_start": 2, "qa_end": 2}
+
+
+def check_model_io(model_file: Path, spec: ModelSpec, inputs: dict[str, tuple[list, bool]],
+                   outputs: dict[str, list]) -> None:
+    """A graph must take BERT's inputs and give what every task of its directory needs: checked when it
+    loads, so that a graph that does not fit stops the server at startup with one line naming the file,
+    instead of failing its warm-up or its first request.
+
+    inputs: name -> (shape, whether its element type is an integer type); outputs: name -> shape. Shapes
+    are lists whose entries are ints, or names/None for dynamic axes."""
+    expected = ", ".join(MODEL_INPUTS)
+    unknown = [n for n in inputs if n not in MODEL_INPUTS]
+    if unknown or "input_ids" not in inputs:
+        raise ModelError(f"{model_file} takes inputs {', '.join(inputs) or 'none'}; a BERT graph takes input_ids "
+                         f"and may take attention_mask and token_type_ids ({expected})")
+    for name, (shape, integer) in inputs.items():
+        if shape is not None and len(shape) != 2:
+            raise ModelError(f"{model_file}: input {name} has shape {shape}; it must be (batch, sequence)")
+        if not integer:
+            raise ModelError(f"{model_file}: input {name} is not an integer tensor (int64 or int32)")
+    fallback = spec.tasks[0] if len(spec.tasks) == 1 else None
+    keys = {output_key(name, fallback): (name, shape) for name, shape in outputs.items()}
+    keys.pop(None, None)
+    missing = _tasks_without_outputs(keys, spec.tasks)
+    if missing:
+        raise ModelError(f"{model_file} gives outputs {', '.join(outputs)}, none for task(s) {', '.join(missing)} "
+                         f"that its directory's config.json (or manifest.json) declares")
+    for key, (name, shape) in keys.items():
+        if shape is None:
+            continue
+        if len(shape) != OUTPUT_RANKS[key]:
+            raise ModelError(f"{model_file}: output {name} has {len(shape)} dimensions; {key} needs "
+                             f"{OUTPUT_RANKS[key]}")
+        task_labels = spec.labels.get(key)
+        if task_labels and isinstance(shape[-1], int) and shape[-1] != len(task_labels):
+            raise ModelError(f"{model_file}: output {name} gives {shape[-1]} scores per {key} prediction; "
+                             f"{spec.path / 'config.json'} has {len(task_labels)} {key} labels")
 
 
 class Backend:

@@ -9,7 +9,8 @@ import os
 
 import numpy as np
 
-from serving.backends.base import Backend, ModelError, ModelSpec, task_outputs, threads_per_run
+from bert.errors import one_line
+from serving.backends.base import Backend, ModelError, ModelSpec, check_model_io, task_outputs, threads_per_run
 
 log = logging.getLogger("bertserve")
 _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
@@ -43,9 +44,18 @@ class OnnxBackend(Backend):
             providers.append("CPUExecutionProvider")
         else:
             providers = ["CPUExecutionProvider"]
-        self.session = ort.InferenceSession(str(spec.path / "model.onnx"), options, providers=providers)
+        model_file = spec.path / "model.onnx"
+        if model_file.stat().st_size == 0:
+            raise ModelError(f"{model_file} is empty (0 bytes), not an ONNX model")
+        try:
+            self.session = ort.InferenceSession(str(model_file), options, providers=providers)
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
+            raise ModelError(f"onnxruntime cannot load {model_file}: {one_line(e, 300)}") from None
+        check_model_io(model_file, spec,
+                       inputs={i.name: (i.shape, i.type in _NUMPY_TYPES) for i in self.session.get_inputs()},
+                       outputs={o.name: o.shape for o in self.session.get_outputs()})
         self.providers = self.session.get_providers()
-        self.inputs = {i.name: _NUMPY_TYPES.get(i.type, np.int64) for i in self.session.get_inputs()}
+        self.inputs = {i.name: _NUMPY_TYPES[i.type] for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.precision = str(spec.manifest.get("precision", "fp32"))
         log.info("onnxruntime session on %s; inputs %s; outputs %s", self.providers, list(self.inputs),
