@@ -154,6 +154,14 @@ def parse_config(cls, argv=None, description: str = ""):
     return config
 
 
+def run(main, argv=None) -> int:
+    """What `python -m training.X` does with main: a bad checkpoint, config or tokenizer file (bert's errors)
+    or options found contradictory once work began is one line on stderr and exit 2, never a traceback."""
+    from bert.errors import EXIT_BAD_INPUT, run_cli
+
+    return run_cli(main, argv, lambda e: EXIT_BAD_INPUT if isinstance(e, ConfigError) else None)
+
+
 def save_config(config, path: Path) -> None:
     path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
 

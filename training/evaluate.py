@@ -11,7 +11,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 
-from training.config import ConfigError, build_parser
+from training.config import ConfigError, build_parser, run
 
 FALLBACKS = {"max_seq_length": 128, "eval_batch_size": 64, "text_column": "0", "pair_column": "",
              "label_column": "-1", "header": "auto", "scheme": "auto", "doc_stride": 128, "max_query_length": 64,
@@ -63,6 +63,22 @@ class EvaluateConfig:
             raise ConfigError("; ".join(problems))
 
 
+def _run_settings(path) -> dict:
+    """The fine-tuning run's settings saved next to the checkpoint; {} when there are none."""
+    from bert.checkpoint import CheckpointError
+    from bert.errors import json_type
+
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not a JSON {json_type(saved)}")
+    return saved
+
+
 def evaluate(cfg: EvaluateConfig) -> dict:
     import torch
     from bert.checkpoint import load_checkpoint, resolve_checkpoint
@@ -71,8 +87,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     from training.data import readers
 
     directory = resolve_checkpoint(cfg.ckpt)
-    saved = json.loads((directory / "finetune_config.json").read_text()) \
-        if (directory / "finetune_config.json").is_file() else {}
+    saved = _run_settings(directory / "finetune_config.json")
     cfg = cfg.resolved(saved)
     cfg.validate()
     if cfg.torch_threads:
@@ -117,4 +132,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

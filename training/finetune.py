@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config
+from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config, run
 
 TASKS = ("classify", "ner", "qa")
 BEST_METRIC = {"classify": "accuracy", "regression": "pearson", "ner": "f1", "qa": "f1"}
@@ -57,6 +57,8 @@ class FinetuneConfig(TrainConfig):
             problems.append("give exactly one of --ckpt (pretrained weights) and --init-preset (random weights)")
         if self.init_preset and not is_model_spec(self.init_preset):
             problems.append(f"--init-preset {self.init_preset!r} is neither a preset nor a config.json")
+        elif self.init_preset:
+            model_config(self.init_preset)  # a config.json that is not a BERT config: its one-line error, now
         if self.init_preset and not self.tokenizer:
             problems.append("--init-preset needs --tokenizer (a directory with vocab.txt or tokenizer.json)")
         if not self.train_data:
@@ -89,15 +91,15 @@ class FinetuneConfig(TrainConfig):
         if self.stop_at_step < 0:
             problems.append("stop_at_step must be >= 0")
         if self.ckpt and not problems:
-            from bert.checkpoint import CheckpointError, resolve_checkpoint
+            from bert.checkpoint import resolve_checkpoint
             from bert.config import BertConfig
-            try:
-                model_config = BertConfig.from_json_file(resolve_checkpoint(self.ckpt))
-                if self.max_seq_length > model_config.max_position_embeddings:
-                    problems.append(f"max_seq_length {self.max_seq_length} exceeds the model's "
-                                    f"max_position_embeddings {model_config.max_position_embeddings}")
-            except (CheckpointError, ValueError) as e:
-                problems.append(f"--ckpt: {e}")
+
+            # A checkpoint that cannot be read is not an option clash: its error (one line naming the file)
+            # goes to the command line as it is.
+            ckpt_config = BertConfig.from_json_file(resolve_checkpoint(self.ckpt))
+            if self.max_seq_length > ckpt_config.max_position_embeddings:
+                problems.append(f"max_seq_length {self.max_seq_length} exceeds the model's "
+                                f"max_position_embeddings {ckpt_config.max_position_embeddings}")
         return problems
 
 
@@ -213,4 +215,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

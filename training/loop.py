@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import numpy as np
 import torch
 
-from bert.checkpoint import read_state_dict
+from bert.checkpoint import CheckpointError, read_state_dict
+from bert.errors import one_line
 
 if TYPE_CHECKING:
     from bert.tokenizer import BertTokenizer
@@ -119,12 +120,23 @@ def _barrier(dist: Dist) -> None:
 # ----------------------------------------------------------------------------- checkpoint + resume
 
 
+def check_init_checkpoint(ckpt: str) -> None:
+    """A run that starts from --ckpt checks it (config, weight files, sizes) before it reads any data: a
+    bad checkpoint is one line at once, not a traceback after minutes of tokenising."""
+    if ckpt:
+        from bert.checkpoint import check_checkpoint
+        from bert.model import BertModel
+
+        check_checkpoint(ckpt, BertModel)  # the encoder every run starts from; heads may start fresh
+
+
 def start_run(cfg) -> tuple["Dist", torch.device, "BertTokenizer"]:
-    """The first steps of the fine-tuning CLIs: torch threads, the process group, and the tokenizer
-    (--tokenizer, else the checkpoint's own)."""
+    """The first steps of the fine-tuning CLIs: the checkpoint checked, torch threads, the process group,
+    and the tokenizer (--tokenizer, else the checkpoint's own)."""
     from bert.checkpoint import resolve_checkpoint
     from bert.tokenizer import BertTokenizer
 
+    check_init_checkpoint(cfg.ckpt)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     dist, device = setup_distributed(cfg.device)
@@ -172,16 +184,23 @@ def _from_json(value):
 
 
 def load_trainer_state(directory: Path, *, model, optimizer, scaler, device) -> dict:
-    state = json.loads((directory / TRAINER_STATE).read_text())
+    try:
+        state = json.loads((directory / TRAINER_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"--resume: {directory / TRAINER_STATE} is not readable JSON: "
+                              f"{one_line(e, 200)}") from None
     weights = read_state_dict(directory)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.startswith("cls.predictions.decoder")]  # tied to embeddings
     if missing or unexpected:
-        raise RuntimeError(f"--resume {directory}: weights do not match the model (missing {missing}, "
-                           f"unexpected {unexpected})")
+        raise CheckpointError(f"--resume {directory}: weights do not match the model (missing {missing[:8]}, "
+                              f"unexpected {unexpected[:8]})")
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    blob = torch.load(directory / OPTIMIZER_STATE, map_location=device, weights_only=True)
+    try:
+        blob = torch.load(directory / OPTIMIZER_STATE, map_location=device, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a missing, truncated or foreign file: UnpicklingError, RuntimeError, ...
+        raise CheckpointError(f"--resume: {directory / OPTIMIZER_STATE} cannot be read: {one_line(e, 200)}") from None
     optimizer.load_state_dict(blob["optimizer"])
     if scaler is not None and blob.get("scaler"):
         scaler.load_state_dict(blob["scaler"])

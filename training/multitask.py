@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from training.config import TrainConfig, is_model_spec, model_config, parse_config
+from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
 from training.finetune import BEST_METRIC, FinetuneConfig, prepare
 
 TASKS = ("classify", "ner", "qa")
@@ -335,4 +335,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

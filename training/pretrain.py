@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.config import TrainConfig, is_model_spec, model_config, parse_config
+from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
 
 
 @dataclass
@@ -63,6 +63,8 @@ class PretrainConfig(TrainConfig):
             problems.append(f"vocab_size must be in [100, 65535], got {self.vocab_size}")
         if not self.ckpt and not is_model_spec(self.preset):
             problems.append(f"--preset must be one of {', '.join(PRESETS)} or a config.json, got {self.preset!r}")
+        elif not self.ckpt:
+            model_config(self.preset)  # a config.json that is not a BERT config: its one-line error, now
         if not 8 <= self.max_seq_length <= 512:
             problems.append(f"max_seq_length must be in [8, 512], got {self.max_seq_length}")
         if not 0 < self.masked_lm_prob < 1:
@@ -168,8 +170,9 @@ def main(argv=None) -> int:
     from bert.tokenizer import BertTokenizer
     from training.data.pretraining import (MaskingConfig, PretrainingShards, continuation_flags,
                                            create_pretraining_data)
-    from training.loop import _barrier, finish_run, setup_distributed, train
+    from training.loop import _barrier, check_init_checkpoint, finish_run, setup_distributed, train
 
+    check_init_checkpoint(cfg.ckpt)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     dist, device = setup_distributed(cfg.device)
@@ -237,4 +240,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))
