@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
-from bert.tasks import classify as classify_codec
-from bert.tasks import ner as ner_codec
+from bert.tasks import TASKS
 from bert.tasks import qa as qa_codec
+from bert.tasks.common import Limits, ModelFacts, TooMuchWork
 from bert.tokenizer import BertTokenizer, InputTooLong
-from serving.backends.base import (TASKS, Backend, ModelError, ModelSpec, create_backend, read_model_spec,
+from serving.backends.base import (Backend, ModelError, ModelSpec, create_backend, read_model_spec,
                                    resolve_model_path)
 from serving.batcher import Batcher, SequenceResult, Ticket
 from serving.errors import BackendFailure, EmptyInput, PayloadTooLarge, ServingError, ValidationFailed
@@ -29,7 +28,6 @@ from serving.settings import DEMO_MODEL_DIR, Settings
 log = logging.getLogger("bertserve")
 # A request whose texts add up to more than this goes to the long lane (see Engine.__init__).
 LIGHT_REQUEST_CHARS = 8192
-DEFAULT_DOC_STRIDE = 128  # transformers' default (at 384-token windows)
 
 
 def version() -> str:
@@ -44,16 +42,13 @@ class TaskNotServed(ServingError):
     status, error_type = 404, "not_found"
 
 
-class CallerGone(Exception):
-    """Raised in a codec thread when the request it works for has been abandoned; nobody reads it."""
-
-
 @dataclass
 class Timing:
     """Per request: the longest queue wait and model time among its sequences."""
 
     queue_s: float = 0.0
     inference_s: float = 0.0
+    tokens: int = 0  # model input tokens of all its sequences (special tokens included)
 
     def add(self, results: list[SequenceResult]) -> None:
         for r in results:
@@ -69,6 +64,10 @@ class ModelUnit:
     max_length: int
     batcher: Batcher | None = None
     tasks: list[str] = field(default_factory=list)
+
+    def facts(self, task: str) -> ModelFacts:
+        return ModelFacts(labels=self.spec.labels.get(task, {}), problem_type=self.spec.problem_type,
+                          pooling=getattr(self.spec, "pooling", None))
 
 
 class Engine:
@@ -172,6 +171,22 @@ class Engine:
     def max_input_length(self) -> int:
         return min(u.max_length for u in self.units)
 
+    @property
+    def embedding_dimensions(self) -> int | None:
+        unit = self.by_task.get("embed")
+        return int(unit.spec.config.get("hidden_size", 0)) or None if unit else None
+
+    def embedding_info(self) -> dict | None:
+        """How the embed task pools and normalises, and what is known of its vectors (a model directory may
+        say, in config.json's "embedding_quality", how they were measured against a reference)."""
+        unit = self.by_task.get("embed")
+        if unit is None:
+            return None
+        info = {"dimensions": self.embedding_dimensions, **unit.spec.pooling.describe()}
+        if unit.spec.config.get("embedding_quality"):
+            info["quality"] = unit.spec.config["embedding_quality"]
+        return info
+
     def labels(self) -> dict[str, list[str]]:
         return {t: [labels[i] for i in sorted(labels)]
                 for t, u in self.by_task.items() for labels in [u.spec.labels.get(t, {})]}
@@ -185,13 +200,13 @@ class Engine:
 
     async def _off_loop(self, fn: Callable[[], Any], chars: int = 0) -> Any:
         """Tokenising and decoding are CPU work: never on the event loop. `chars`, the request's text size,
-        picks the lane."""
+        picks the lane. A codec's refusals become the client's errors: too much work 413, the rest 422."""
         lane = self._heavy_lane if chars > LIGHT_REQUEST_CHARS else self._light_lane
         try:
             return await asyncio.get_running_loop().run_in_executor(lane, fn)
-        except InputTooLong as e:
-            raise ValidationFailed(str(e)) from None
-        except qa_codec.QuestionTooLong as e:
+        except TooMuchWork as e:
+            raise PayloadTooLarge(str(e)) from None
+        except (InputTooLong, qa_codec.QuestionTooLong) as e:
             raise ValidationFailed(str(e)) from None
         except ServingError:
             raise
@@ -217,96 +232,38 @@ class Engine:
         timing.add(results)
         return results
 
-    # ---- tasks ----------------------------------------------------------------------------
-    async def classify(self, inputs: list, *, top_k: int | None, function: str | None, truncate: bool,
-                       ticket: Ticket, timing: Timing) -> list[list[dict]]:
-        unit = self._unit("classify")
-        chars = _chars(inputs)
-        features = await self._off_loop(lambda: classify_codec.encode(
-            unit.tokenizer, [tuple(x) if isinstance(x, list) else x for x in inputs],
-            max_length=unit.max_length, truncate=truncate), chars)
-        results = await self._infer(unit, features, ticket, timing)
-        logits = np.stack([r.outputs["classify"] for r in results])
-        return await self._off_loop(lambda: classify_codec.decode(
-            logits, unit.spec.labels["classify"], top_k=top_k, function=function,
-            problem_type=unit.spec.problem_type), chars)
+    # ---- the one inference path, whatever the task ---------------------------------------------
+    def limits(self, unit: ModelUnit) -> Limits:
+        return Limits(max_length=unit.max_length, max_sequences=self.settings.qa_max_windows,
+                      qa_max_length=self.settings.qa_max_length,
+                      qa_max_question_length=self.settings.qa_max_question_length)
 
-    async def ner(self, texts: list[str], *, aggregation: str, truncate: bool, ticket: Ticket,
-                  timing: Timing) -> list[list[dict]]:
-        unit = self._unit("ner")
-        chars = _chars(texts)
-        features = await self._off_loop(lambda: ner_codec.encode(
-            unit.tokenizer, texts, max_length=unit.max_length, truncate=truncate), chars)
-        results = await self._infer(unit, features, ticket, timing)
-        id2label = unit.spec.labels["ner"]
-        return await self._off_loop(lambda: [
-            ner_codec.decode(f, r.outputs["ner"], id2label, aggregation=aggregation, word_from_text=True)
-            for f, r in zip(features, results)], chars)
-
-    def qa_limits(self, unit: ModelUnit | None = None) -> tuple[int, int, int]:
-        """(tokens per window, question tokens kept, largest doc_stride) for the QA model."""
-        unit = unit or self._unit("qa")
-        max_length = min(self.settings.qa_max_length, unit.max_length)
-        max_query = min(self.settings.qa_max_question_length, max_length // 2)
-        # Neighbours share at most half of the narrowest window, so each window advances by at least half a
-        # window: the window count stays within 2x of the unshared count, and is known before any is built.
-        return max_length, max_query, (max_length - max_query - 3) // 2
-
-    async def qa(self, items: list[dict], *, truncate: bool = False, ticket: Ticket,
-                 timing: Timing) -> list[list[dict]]:
-        """items: {question, context, top_k, max_answer_len, doc_stride} -> per item its answers, best first."""
-        unit = self._unit("qa")
-        max_length, max_query, max_stride = self.qa_limits(unit)
-        strides = []
-        for index, item in enumerate(items):
-            stride = item.get("doc_stride")
-            if stride is not None and stride > max_stride:
-                where = f"[{index}].doc_stride" if len(items) > 1 else "doc_stride"
-                raise ValidationFailed(f"{where}: {stride} is more than half a window; at most "
-                                       f"{max_stride} with {max_length}-token windows")
-            strides.append(min(DEFAULT_DOC_STRIDE, max_stride) if stride is None else stride)
-        limit = self.settings.qa_max_windows
-
-        def encode_all():
-            windows, used = [], 0
-            for item, stride in zip(items, strides):
-                if ticket.cancelled:  # the caller has gone (its route has stopped waiting): stop working for it
-                    raise CallerGone()
-                try:
-                    item_windows = qa_codec.encode(
-                        unit.tokenizer, item["question"], item["context"], max_length=max_length, doc_stride=stride,
-                        max_query_length=max_query, truncate_question=item.get("truncate", truncate),
-                        max_windows=limit - used)
-                except qa_codec.TooManyWindows as e:
-                    needed = "more than " + str(limit) if e.needed is None else str(used + e.needed)
-                    raise PayloadTooLarge(
-                        f"the contexts of this request need {needed} windows of {max_length} tokens; the limit is "
-                        f"{limit} (qa_max_windows): send shorter contexts or fewer items") from None
-                used += len(item_windows)
-                windows.append(item_windows)
-            return windows
-
-        chars = sum(len(item["context"]) + len(item["question"]) for item in items)
-        windows = await self._off_loop(encode_all, chars)
-        flat = [w for item_windows in windows for w in item_windows]
+    async def infer(self, task_name: str, items: list, options: dict, *, ticket: Ticket, timing: Timing) -> list:
+        """items (texts, pairs or QA items) -> one answer per item: the task's codec encodes them off the
+        event loop, the unit's batcher runs their sequences, the codec decodes the outputs."""
+        task, unit = TASKS[task_name], self._unit(task_name)
+        codec, chars = task.codec, _chars(items)
+        limits = self.limits(unit)
+        features = await self._off_loop(lambda: codec.encode_request(
+            unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options), chars)
+        flat = [f for item_features in features for f in item_features]
         results = await self._infer(unit, flat, ticket, timing)
-
-        def decode_all():
-            answers, at = [], 0
-            for item, item_windows in zip(items, windows):
-                mine = results[at: at + len(item_windows)]
-                at += len(item_windows)
-                found = qa_codec.decode(item["context"], item_windows, [r.outputs["qa_start"] for r in mine],
-                                        [r.outputs["qa_end"] for r in mine], top_k=item["top_k"],
-                                        max_answer_len=item["max_answer_len"])
-                answers.append(found or [{"answer": "", "score": 0.0, "start": 0, "end": 0}])
-            return answers
-
-        return await self._off_loop(decode_all, chars)
+        timing.tokens += sum(len(f) for f in flat)
+        outputs, at = [], 0
+        for item_features in features:
+            outputs.append([r.outputs for r in results[at: at + len(item_features)]])
+            at += len(item_features)
+        facts = unit.facts(task_name)
+        return await self._off_loop(lambda: codec.decode_request(items, features, outputs, facts, **options), chars)
 
 
-def _chars(inputs: list) -> int:
-    return sum(len(x) if isinstance(x, str) else sum(map(len, x)) for x in inputs)
+def _chars(items: list) -> int:
+    """Characters of text in a request's items (texts, [text, pair] lists, QA items)."""
+    total = 0
+    for x in items:
+        parts = [x] if isinstance(x, str) else x.values() if isinstance(x, dict) else x
+        total += sum(len(p) for p in parts if isinstance(p, str))
+    return total
 
 
 def check_batch(inputs: list, limit: int, field: str = "inputs") -> None:

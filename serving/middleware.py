@@ -13,10 +13,12 @@ from typing import Callable
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 
+from bert.tasks import registry
+from serving.docs import DOCS_PATHS
 from serving.errors import HTTP_KINDS, error_response
 
-INFERENCE_PATHS = frozenset({"/classify", "/ner", "/qa"})
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"})
+INFERENCE_PATHS = frozenset(registry.routes())
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"}) | DOCS_PATHS
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 
 

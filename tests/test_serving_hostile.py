@@ -165,8 +165,9 @@ def test_slow_headers_are_cut_off_with_408(server):
         time.sleep(0.3)
         sock.sendall(b"X-Slow: 1\r\n")  # still no end of headers: the 1 s timeout runs from the first byte
         status, _, body = _read_response(sock)
-    assert status == 408 and json.loads(body)["error_type"] == "timeout"
-    assert time.monotonic() - started < 5
+    elapsed = time.monotonic() - started
+    assert status == 408 and json.loads(body)["error_type"] == "timeout", (status, body)
+    assert 0.9 < elapsed < 10, elapsed  # the 1 s timeout, with room for a busy machine
     _check_ready(server)
 
 

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bert.tasks.common import Features, bounded_text, check_length, sigmoid, softmax
+from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, sigmoid, softmax
 from bert.tokenizer import InputTooLong
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
@@ -101,3 +101,16 @@ def decode(
         ranked.sort(key=lambda r: r["score"], reverse=True)  # stable: ties keep label order, as in transformers
         results.append(ranked if top_k is None else ranked[:top_k])
     return results
+
+
+# ---- serving ------------------------------------------------------------------------------------
+def encode_request(tokenizer, items: list, limits: Limits, *, truncate: bool = False, **_) -> list[list[Features]]:
+    """Texts or [text, text_pair] pairs -> one Features each."""
+    pairs = [tuple(x) if isinstance(x, list) else x for x in items]
+    return [[f] for f in encode(tokenizer, pairs, max_length=limits.max_length, truncate=truncate)]
+
+
+def decode_request(items: list, features: list, outputs: list, facts: ModelFacts, *, top_k: int | None = 1,
+                   function_to_apply: str | None = None, **_) -> list[list[dict]]:
+    logits = np.stack([sequences[0]["classify"] for sequences in outputs])
+    return decode(logits, facts.labels, top_k=top_k, function=function_to_apply, problem_type=facts.problem_type)

@@ -94,3 +94,34 @@ def _cut_after(text: str, at: int) -> int:
         return len(text)
     found = _WHITESPACE.search(text, at, min(len(text), at + 4 * CHUNK_CHARS))
     return found.end() if found else at
+
+
+# ---- what the server's one inference path asks of every codec ------------------------------------
+# encode_request(tokenizer, items, limits, **options) -> one list of Features per item (QA: its windows)
+# decode_request(items, features, outputs, facts, **options) -> one answer per item, where `outputs` holds,
+#   per item, one {output name: array} per sequence, sliced to the sequence's length for per-token outputs.
+@dataclass(frozen=True)
+class Limits:
+    """What one request may cost, fixed by the server's settings and the model."""
+
+    max_length: int  # tokens in one model input
+    max_sequences: int  # model inputs one request may need (QA: windows over all its contexts)
+    qa_max_length: int = 384  # tokens in one QA window
+    qa_max_question_length: int = 64  # question tokens a window keeps
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What decoding needs to know about the model serving a task."""
+
+    labels: dict  # output index -> label name (empty for tasks without labels)
+    problem_type: str | None = None
+    pooling: object = None  # bert.tasks.embed.Pooling for the embed task
+
+
+class TooMuchWork(ValueError):
+    """A request that needs more model inputs than Limits.max_sequences allows: refused before the work."""
+
+
+class CallerGone(Exception):
+    """Raised by a codec working for a request whose caller has hung up; nobody reads it."""

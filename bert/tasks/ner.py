@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import decoders
 
-from bert.tasks.common import Features, bounded_text, check_length, softmax
+from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, softmax
 from bert.tokenizer import UNK, InputTooLong
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
@@ -258,3 +258,15 @@ def decode(
         if word_from_text:
             entity["word"] = features.text[entity["start"]:entity["end"]]
     return kept
+
+
+# ---- serving ------------------------------------------------------------------------------------
+def encode_request(tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, **_) -> list[list[NerFeatures]]:
+    return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+
+
+def decode_request(items: list, features: list, outputs: list, facts: ModelFacts, *, aggregation: str = "first",
+                   **_) -> list[list[dict]]:
+    """Entities per text, each `word` as written in the text (casing kept)."""
+    return [decode(f[0], o[0]["ner"], facts.labels, aggregation=aggregation, word_from_text=True)
+            for f, o in zip(features, outputs)]

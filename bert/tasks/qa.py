@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert.tasks.common import Features, bounded_text
+from bert.tasks.common import CallerGone, Features, Limits, ModelFacts, TooMuchWork, bounded_text
 
 MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
 NO_ANSWER_SENTINEL = 1000000.0  # the pipeline's starting "minimum null score"
@@ -305,3 +305,57 @@ def _as_float(logits) -> np.ndarray:
     if logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits[0]
     return logits if logits.dtype in (np.float32, np.float64) else logits.astype(np.float32)
+
+
+# ---- serving ------------------------------------------------------------------------------------
+DEFAULT_DOC_STRIDE = 128  # transformers' default (at 384-token windows)
+
+
+def window_limits(limits: Limits) -> tuple[int, int, int]:
+    """(tokens per window, question tokens kept, largest doc_stride) under these limits. Neighbours share at
+    most half of the narrowest window, so each window advances by at least half a window: the window count,
+    the cost of a request, stays within 2x of the unshared count and is known before any window is built."""
+    max_length = min(limits.qa_max_length, limits.max_length)
+    max_query = min(limits.qa_max_question_length, max_length // 2)
+    return max_length, max_query, (max_length - max_query - 3) // 2
+
+
+def encode_request(tokenizer, items: list[dict], limits: Limits, *, cancelled=lambda: False,
+                   **_) -> list[list[QaWindow]]:
+    """Items {question, context, doc_stride?, truncate?} -> the windows of each, at most
+    limits.max_sequences in all (TooMuchWork beyond, raised before the windows are built)."""
+    max_length, max_query, max_stride = window_limits(limits)
+    strides = []
+    for index, item in enumerate(items):
+        stride = item.get("doc_stride")
+        if stride is not None and stride > max_stride:
+            where = f"[{index}].doc_stride" if len(items) > 1 else "doc_stride"
+            raise ValueError(f"{where}: {stride} is more than half a window; at most {max_stride} with "
+                             f"{max_length}-token windows")
+        strides.append(min(DEFAULT_DOC_STRIDE, max_stride) if stride is None else stride)
+    windows, used, limit = [], 0, limits.max_sequences
+    for item, stride in zip(items, strides):
+        if cancelled():  # the caller has gone: stop working for it
+            raise CallerGone()
+        try:
+            item_windows = encode(tokenizer, item["question"], item["context"], max_length=max_length,
+                                  doc_stride=stride, max_query_length=max_query,
+                                  truncate_question=bool(item.get("truncate")), max_windows=limit - used)
+        except TooManyWindows as e:
+            needed = "more than " + str(limit) if e.needed is None else str(used + e.needed)
+            raise TooMuchWork(f"the contexts of this request need {needed} windows of {max_length} tokens; the "
+                              f"limit is {limit} (qa_max_windows): send shorter contexts or fewer items") from None
+        used += len(item_windows)
+        windows.append(item_windows)
+    return windows
+
+
+def decode_request(items: list[dict], windows: list, outputs: list, facts: ModelFacts, **_) -> list[list[dict]]:
+    """Per item its answers, best first (one empty answer when no span qualifies)."""
+    answers = []
+    for item, item_windows, sequences in zip(items, windows, outputs):
+        found = decode(item["context"], item_windows, [s["qa_start"] for s in sequences],
+                       [s["qa_end"] for s in sequences], top_k=item.get("top_k", 1),
+                       max_answer_len=item.get("max_answer_len", 30))
+        answers.append(found or [{"answer": "", "score": 0.0, "start": 0, "end": 0}])
+    return answers

@@ -40,7 +40,8 @@ MAX_RETRY_AFTER = 60.0  # a server asking for a longer wait than this is not ret
 ClassifyInput = Union[str, Sequence[Union[str, Sequence[str]]]]
 NerInput = Union[str, Sequence[str]]
 QAItem = Union[QAInput, Mapping[str, str], Sequence[str]]
-NER_AGGREGATIONS = ("simple", "first", "average", "max", "none")
+NER_AGGREGATIONS = ("first", "simple", "average", "max", "none")
+EmbedInput = Union[str, Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,25 @@ def plan_ner(inputs: NerInput, *, aggregation: str, truncate: bool, batch_limit:
     return _batched("/ner", bodies, lambda entities: _parse_list(Entity, entities))
 
 
+def _vector(data: Any) -> list[float]:
+    if not isinstance(data, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in data):
+        raise BertserveError("/embed: expected a vector (a list of numbers) from the server")
+    return [float(x) for x in data]
+
+
+def plan_embed(inputs: EmbedInput, *, normalize: bool, truncate: bool, batch_limit: int | None) -> Plan:
+    """/embed answers a list of vectors even for one text; the SDK gives one vector for one text."""
+    options = {"normalize": normalize, "truncate": truncate}
+    if not is_many(inputs):
+        def one(answers: list[Any]) -> list[float]:
+            if not isinstance(answers[0], list) or len(answers[0]) != 1:
+                raise BertserveError("/embed: expected one vector for one input")
+            return _vector(answers[0][0])
+        return Plan([Call("POST", "/embed", {"inputs": inputs, **options})], one)
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
+    return _batched("/embed", bodies, _vector)
+
+
 def _qa_item(item: QAItem) -> dict:
     if isinstance(item, QAInput):
         return item.model_dump()
@@ -155,10 +175,12 @@ def plan_qa(
     *,
     top_k: int,
     max_answer_len: int,
-    doc_stride: int,
+    doc_stride: int | None,
     batch_limit: int | None,
 ) -> Plan:
-    options = {"top_k": top_k, "max_answer_len": max_answer_len, "doc_stride": doc_stride}
+    options = {"top_k": top_k, "max_answer_len": max_answer_len}
+    if doc_stride is not None:  # else the server's default (128, or less for narrow windows)
+        options["doc_stride"] = doc_stride
     if isinstance(question, str):
         if not isinstance(context, str):
             raise TypeError("qa(question, context): context must be a str")

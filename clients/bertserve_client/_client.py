@@ -17,7 +17,9 @@ from ._base import (
     QAItem,
     is_many,
     json_or_raise,
+    EmbedInput,
     plan_classify,
+    plan_embed,
     plan_ner,
     plan_qa,
     probe_result,
@@ -50,9 +52,14 @@ class Client(BaseClient):
         """Labels for one text (a list of Label) or for many texts or [text, text_pair] pairs (a list per input)."""
         return self._run(plan_classify(inputs, top_k=top_k, truncate=truncate, batch_limit=self._batch_limit(inputs)))
 
-    def ner(self, inputs: NerInput, *, aggregation: str = "simple", truncate: bool = False) -> list[Entity] | list[list[Entity]]:
+    def ner(self, inputs: NerInput, *, aggregation: str = "first", truncate: bool = False) -> list[Entity] | list[list[Entity]]:
         """Entities of one text (a list of Entity) or of many texts (a list per input)."""
         return self._run(plan_ner(inputs, aggregation=aggregation, truncate=truncate, batch_limit=self._batch_limit(inputs)))
+
+    def embed(self, inputs: EmbedInput, *, normalize: bool = True, truncate: bool = False) -> list[float] | list[list[float]]:
+        """The vector of one text (a list of floats), or of many texts (one vector per input), unit length
+        unless `normalize=False`."""
+        return self._run(plan_embed(inputs, normalize=normalize, truncate=truncate, batch_limit=self._batch_limit(inputs)))
 
     def qa(
         self,
@@ -61,7 +68,7 @@ class Client(BaseClient):
         *,
         top_k: int = 1,
         max_answer_len: int = 30,
-        doc_stride: int = 128,
+        doc_stride: int | None = None,
     ) -> Answer | list[Answer] | list[Answer | list[Answer]]:
         """`qa(question, context)` gives an Answer (a list of top_k Answers when top_k > 1);
         `qa([(question, context), ...])` gives one of those per item."""

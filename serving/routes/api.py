@@ -10,9 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.batcher import Ticket
 from serving.engine import Timing, check_batch, check_texts, version
-from serving.errors import error_response
-from serving.routes.schemas import (ClassifyRequest, ClassifyResponse, ErrorBody, Info, NerRequest,
-                                    NerResponse, QARequest, QAResponse, Status)
+from serving.errors import ValidationFailed, error_response
+from serving.routes.schemas import (ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, ErrorBody, Info,
+                                    NerRequest, NerResponse, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
+                                    QARequest, QAResponse, Status, openai_embedding_response)
 
 router = APIRouter()
 _ERRORS = {
@@ -65,41 +66,36 @@ async def _answer(request: Request, work) -> JSONResponse:
     })
 
 
+async def _per_text(request: Request, task: str, inputs, options: dict, *, keep_list: bool = False):
+    """The routes whose `inputs` is a text or a list of them: one answer per text (the answer itself for a
+    single text, unless `keep_list`)."""
+    engine, settings = request.app.state.engine, request.app.state.settings
+    single = isinstance(inputs, str)
+    texts = [inputs] if single else inputs
+    check_batch(texts, settings.max_client_batch_size)
+    check_texts(texts, "inputs" if single else "inputs[{}]")
+
+    async def work(ticket, timing):
+        answers = await engine.infer(task, texts, options, ticket=ticket, timing=timing)
+        return answers[0] if single and not keep_list else answers
+
+    return await _answer(request, work)
+
+
 @router.post("/classify", response_model=ClassifyResponse, responses=_ERRORS, tags=["inference"],
              summary="Classify texts or text pairs")
 async def classify(body: ClassifyRequest, request: Request):
     """`inputs` a string: a list of {label, score}, best first. A list: one such list per input."""
-    engine, settings = request.app.state.engine, request.app.state.settings
-    single = isinstance(body.inputs, str)
-    inputs = [body.inputs] if single else body.inputs
-    check_batch(inputs, settings.max_client_batch_size)
-    check_texts(inputs, "inputs" if single else "inputs[{}]")
-
-    async def work(ticket, timing):
-        results = await engine.classify(inputs, top_k=body.top_k, function=body.function_to_apply,
-                                        truncate=body.truncate, ticket=ticket, timing=timing)
-        return results[0] if single else results
-
-    return await _answer(request, work)
+    return await _per_text(request, "classify", body.inputs, body.model_dump(exclude={"inputs"}))
 
 
 @router.post("/ner", response_model=NerResponse, responses=_ERRORS, tags=["inference"],
              summary="Find named entities")
 async def ner(body: NerRequest, request: Request):
-    """`inputs` a string: a list of entities {entity_group, score, word, start, end} (character offsets).
-    A list: one list of entities per input. With aggregation "none": per token {entity, score, index, word, start, end}."""
-    engine, settings = request.app.state.engine, request.app.state.settings
-    single = isinstance(body.inputs, str)
-    inputs = [body.inputs] if single else body.inputs
-    check_batch(inputs, settings.max_client_batch_size)
-    check_texts(inputs, "inputs" if single else "inputs[{}]")
-
-    async def work(ticket, timing):
-        results = await engine.ner(inputs, aggregation=body.aggregation, truncate=body.truncate,
-                                   ticket=ticket, timing=timing)
-        return results[0] if single else results
-
-    return await _answer(request, work)
+    """`inputs` a string: a list of entities {entity_group, score, word, start, end} (character offsets; `word`
+    as written). A list: one list of entities per input. With aggregation "none": per token
+    {entity, score, index, word, start, end}."""
+    return await _per_text(request, "ner", body.inputs, body.model_dump(exclude={"inputs"}))
 
 
 @router.post("/qa", response_model=QAResponse, responses=_ERRORS, tags=["inference"],
@@ -115,9 +111,38 @@ async def qa(body: Union[QARequest, list[QARequest]], request: Request):
         check_texts([getattr(item, name) for item in items], name if single else "[{}]." + name)
 
     async def work(ticket, timing):
-        answers = await engine.qa([item.model_dump() for item in items], ticket=ticket, timing=timing)
+        answers = await engine.infer("qa", [item.model_dump() for item in items], {}, ticket=ticket, timing=timing)
         shaped = [a[0] if item.top_k == 1 else a for item, a in zip(items, answers)]
         return shaped[0] if single else shaped
+
+    return await _answer(request, work)
+
+
+@router.post("/embed", response_model=EmbedResponse, responses=_ERRORS, tags=["inference"],
+             summary="Embed texts (text-embeddings-inference's shape)")
+async def embed(body: EmbedRequest, request: Request):
+    """One vector per input, always a list of vectors (as text-embeddings-inference answers), pooled as the
+    model's sentence-transformers configuration says and scaled to unit length unless `normalize` is false."""
+    return await _per_text(request, "embed", body.inputs, body.model_dump(exclude={"inputs"}), keep_list=True)
+
+
+@router.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, responses=_ERRORS, tags=["inference"],
+             summary="Embed texts (OpenAI's shape)")
+async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
+    """OpenAI's embeddings API: `input` a text or a list of texts; vectors scaled to unit length, as floats or
+    as base64 little-endian float32 (`encoding_format`); `usage` counts the model's input tokens."""
+    engine, settings = request.app.state.engine, request.app.state.settings
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    check_batch(texts, settings.max_client_batch_size, field="input")
+    check_texts(texts, "input" if isinstance(body.input, str) else "input[{}]")
+    if body.dimensions is not None and body.dimensions != engine.embedding_dimensions:
+        raise ValidationFailed(f"dimensions: this model's embeddings have {engine.embedding_dimensions} "
+                               "dimensions and cannot be shortened")
+
+    async def work(ticket, timing):
+        vectors = await engine.infer("embed", texts, {"normalize": True}, ticket=ticket, timing=timing)
+        return openai_embedding_response(vectors, body.encoding_format, model=body.model or engine.model_name,
+                                         tokens=timing.tokens)
 
     return await _answer(request, work)
 
@@ -154,7 +179,7 @@ async def info(request: Request):
                 max_batch_tokens=settings.max_batch_tokens, max_input_length=engine.max_input_length,
                 max_client_batch_size=settings.max_client_batch_size,
                 max_concurrent_requests=settings.max_concurrent_requests, version=version(),
-                labels=engine.labels())
+                labels=engine.labels(), embedding=engine.embedding_info())
 
 
 @router.get("/metrics", tags=["status"], response_class=Response,

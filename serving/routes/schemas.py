@@ -5,11 +5,15 @@ Shapes (the client SDK relies on them):
 - /ner: `inputs` a str -> a list of entities; a list -> one list of entities per input.
 - /qa: one {question, context} object -> one answer object (a list of answers when top_k > 1);
   a list of objects -> one entry per object, each an answer (or a list of them when top_k > 1).
+- /embed: `inputs` a str or a list -> always a list of vectors (text-embeddings-inference's shape).
+- /v1/embeddings: OpenAI's request and response.
 """
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Literal, Optional, Union
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 TextPair = Annotated[list[str], Field(min_length=2, max_length=2, description="[text, text_pair]")]
@@ -53,6 +57,54 @@ class QARequest(_Body):
                                               "refusing it; contexts are never cut, they are windowed")
 
 
+class EmbedRequest(_Body):
+    inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts",
+                                          examples=["What is the capital of France?"])
+    normalize: bool = Field(True, description="scale each vector to unit length (cosine similarity = dot product)")
+    truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    # OpenAI's request body, every field it defines (the official client sends them as they are); others are
+    # refused as everywhere else.
+    model_config = ConfigDict(extra="forbid", strict=True)
+    input: Union[str, list[str]] = Field(..., description="a text or a list of texts (token arrays are not taken)",
+                                         examples=["What is the capital of France?"])
+    model: Optional[str] = Field(None, description="echoed back; the server embeds with the model it serves")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="float: lists of numbers; base64: little-endian float32 bytes, base64-encoded")
+    dimensions: Optional[int] = Field(None, ge=1, description="must equal the model's own dimensions if sent")
+    user: Optional[str] = Field(None, description="accepted and ignored")
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Union[list[float], str]
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+def openai_embedding_response(vectors: list[list[float]], encoding_format: str, *, model: str, tokens: int) -> dict:
+    def encoded(vector):
+        if encoding_format == "base64":  # what openai-python asks for by default, and decodes with numpy
+            return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+        return vector
+
+    return {"object": "list", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)]}
+
+
 class Label(BaseModel):
     label: str
     score: float
@@ -81,6 +133,7 @@ class ErrorBody(BaseModel):
 
 
 ClassifyResponse = Union[list[Label], list[list[Label]]]
+EmbedResponse = list[list[float]]
 NerResponse = Union[list[Entity], list[list[Entity]]]
 # a list request may mix items with top_k 1 (an answer) and top_k > 1 (a list of answers)
 QAResponse = Union[Answer, list[Union[Answer, list[Answer]]]]
@@ -102,7 +155,9 @@ class Info(BaseModel):
     max_client_batch_size: int
     max_concurrent_requests: int
     version: str
-    labels: dict[str, list[str]] = Field(..., description="labels per task (qa has none)")
+    labels: dict[str, list[str]] = Field(..., description="labels per task (qa and embed have none)")
+    embedding: Optional[dict] = Field(None, description="the embed task's pooling, normalisation, dimensions, and "
+                                                        "what is known of the vectors' quality")
 
 
 # ---- limits that depend on the server's settings, declared in the OpenAPI schema -----------------------
@@ -110,8 +165,9 @@ def declare_limits(schema: dict, *, max_inputs: int, max_doc_stride: int) -> dic
     """Write the limits the server enforces into its OpenAPI schema, so clients can know them: at most
     `max_inputs` inputs (or QA items) per request, at least one, and QA's largest doc_stride."""
     components = schema.get("components", {}).get("schemas", {})
-    for name in ("ClassifyRequest", "NerRequest"):
-        for branch in _array_branches(components.get(name, {}).get("properties", {}).get("inputs", {})):
+    for name, field in (("ClassifyRequest", "inputs"), ("NerRequest", "inputs"), ("EmbedRequest", "inputs"),
+                        ("OpenAIEmbeddingRequest", "input")):
+        for branch in _array_branches(components.get(name, {}).get("properties", {}).get(field, {})):
             branch.update(minItems=1, maxItems=max_inputs)
     for path_item in schema.get("paths", {}).values():
         for operation in path_item.values():

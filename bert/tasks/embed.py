@@ -1,0 +1,127 @@
+"""Sentence embeddings: texts in, one vector per text out.
+
+The encoder's token states are pooled into one vector per text ([CLS] state, mean or max over the real
+tokens), then optionally scaled to unit length. How a model pools is read from a sentence-transformers
+directory (`modules.json` -> its Pooling module's `config.json`, and whether a Normalize module follows),
+else from our `config.json` key "pooling", else mean pooling, sentence-transformers' choice for a plain
+encoder. Vectors equal sentence-transformers' `encode(normalize_embeddings=True)` for the same model.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bert.tasks import classify
+from bert.tasks.common import Features, Limits, ModelFacts
+
+POOLINGS = ("cls", "mean", "max")
+DEFAULT_POOLING = "mean"
+_ST_POOLING = "sentence_transformers.models.Pooling"
+_ST_NORMALIZE = "sentence_transformers.models.Normalize"
+# sentence-transformers' pooling_mode names and legacy flags -> ours
+_ST_MODES = {"cls": "cls", "mean": "mean", "max": "max", "pooling_mode_cls_token": "cls",
+             "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max"}
+
+
+class PoolingError(ValueError):
+    """A pooling configuration this codec cannot reproduce; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Pooling:
+    mode: str = DEFAULT_POOLING  # cls | mean | max
+    normalize: bool = True  # the model's own default: vectors scaled to unit length
+    source: str = "default"  # where it was read: sentence-transformers | config.json | default | flag
+    max_length: int | None = None  # sentence-transformers' max_seq_length: longer inputs are not what it was tuned on
+
+    def describe(self) -> dict:
+        return {"pooling": self.mode, "normalize": self.normalize, "source": self.source}
+
+
+def read_pooling(directory) -> Pooling:
+    """The pooling a checkpoint or artifact directory asks for (see the module docstring)."""
+    directory = Path(directory)
+    modules = _read_json(directory / "modules.json")
+    if isinstance(modules, list):
+        return _sentence_transformers_pooling(directory, modules)
+    config = _read_json(directory / "config.json")
+    declared = config.get("pooling") if isinstance(config, dict) else None
+    if isinstance(declared, dict):
+        mode = declared.get("mode", DEFAULT_POOLING)
+        if mode not in POOLINGS:
+            raise PoolingError(f"{directory / 'config.json'}: pooling mode {mode!r} is not one of {', '.join(POOLINGS)}")
+        return Pooling(mode, bool(declared.get("normalize", True)), "config.json")
+    return Pooling()
+
+
+def _sentence_transformers_pooling(directory: Path, modules: list) -> Pooling:
+    types = [m.get("type", "") for m in modules if isinstance(m, dict)]
+    pooling_module = next((m for m in modules if isinstance(m, dict) and m.get("type") == _ST_POOLING), None)
+    mode = DEFAULT_POOLING
+    if pooling_module is not None:
+        path = directory / str(pooling_module.get("path", "")) / "config.json"
+        config = _read_json(path)
+        if not isinstance(config, dict):
+            raise PoolingError(f"{path}: not a pooling configuration")
+        modes = [config["pooling_mode"]] if isinstance(config.get("pooling_mode"), str) else [
+            key for key, value in config.items() if key.startswith("pooling_mode") and value is True]
+        known = [_ST_MODES[m] for m in modes if m in _ST_MODES]
+        if len(modes) != 1 or len(known) != 1:
+            raise PoolingError(f"{path}: pooling {modes or 'none'} is not one of cls, mean, max alone")
+        mode = known[0]
+    settings = _read_json(directory / "sentence_bert_config.json")
+    max_length = settings.get("max_seq_length") if isinstance(settings, dict) else None
+    return Pooling(mode, _ST_NORMALIZE in types, "sentence-transformers",
+                   int(max_length) if isinstance(max_length, int) and max_length > 0 else None)
+
+
+def _read_json(path: Path):
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise PoolingError(f"{path}: cannot read it as JSON ({e})") from None
+
+
+# ---- encoding and decoding ---------------------------------------------------------------------
+def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False) -> list[Features]:
+    """Texts -> Features ([CLS] text [SEP]); too long: InputTooLong, or with `truncate` the tail is cut."""
+    return classify.encode(tokenizer, list(texts), max_length=max_length, truncate=truncate)
+
+
+def pool(hidden: np.ndarray, attention_mask: np.ndarray, mode: str) -> np.ndarray:
+    """Token states (B, T, H) and mask (B, T) -> (B, H) float32: the [CLS] state, or the mean / max over the
+    real tokens (the same arithmetic as sentence-transformers' Pooling)."""
+    hidden = np.asarray(hidden, dtype=np.float32)
+    mask = np.asarray(attention_mask)[..., None].astype(np.float32)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "mean":
+        return (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+    if mode == "max":
+        return np.where(mask > 0, hidden, np.float32(-1e9)).max(axis=1)
+    raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {mode!r}")
+
+
+def decode(vectors, *, normalize: bool) -> list[list[float]]:
+    """Pooled vectors (B, H) -> lists of floats, scaled to unit length when asked (as torch's F.normalize)."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim == 1:
+        vectors = vectors[None, :]
+    if normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+    return vectors.tolist()
+
+
+# ---- serving ------------------------------------------------------------------------------------
+def encode_request(tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, **_) -> list[list[Features]]:
+    return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+
+
+def decode_request(items: list, features: list, outputs: list, facts: ModelFacts, *, normalize: bool = True,
+                   **_) -> list[list[float]]:
+    return decode(np.stack([o[0]["embed"] for o in outputs]), normalize=normalize)
