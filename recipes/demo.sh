@@ -9,7 +9,8 @@
 #   recipes/demo.sh --learning-rate 5e-5   # any further flag goes to python -m training.multitask
 #
 # Held-out evaluation: SST-2 dev, CoNLL valid, and the last 10 SQuAD training articles (never trained on).
-# Environment: PY, DATA (../shared/data), OUT (runs/demo), DEST (serving/demo_model), CKPT (the backbone).
+# Environment: PY, DATA (../shared/data), OUT (runs/demo), DEST (serving/demo_model), CKPT (the backbone),
+# PRECISION (GPU path: bf16 where the GPU has it, else fp32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -51,7 +52,7 @@ if [[ "${1:-}" == "--cpu" ]]; then
     --task-weights classify=2104,ner=876,qa=1750 --eval-every "${STEPS:-4730}" --save-every 500 \
     --torch-threads "${THREADS:-2}" "$@"
 else
-  PRECISION=$($PY -c "import torch; print('bf16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'fp32')")
+  PRECISION=${PRECISION:-$($PY -c "import torch; print('bf16' if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else 'fp32')")}
   $PY -m training.multitask "${COMMON[@]}" --output-dir "$OUT" --precision "$PRECISION" \
     --batch-size 32 --learning-rate 1e-4 --num-epochs 2 --warmup-ratio 0.06 --eval-every 1000 "$@"
 fi

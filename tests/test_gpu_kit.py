@@ -17,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PART = "demo_model.tar.part-"
+pytestmark = pytest.mark.slow  # the dry run: about a minute on 2 cores (45 s of CPU)
 
 
 def run(*args, timeout=300):

@@ -189,6 +189,8 @@ def main(argv=None) -> int:
     save()
     env = dict(os.environ, PY=sys.executable, DATA=str(Path(args.data).resolve()), OUT=str(run_dir),
                DEST=str(model_dir), CKPT=str(backbone), PYTHONUNBUFFERED="1")
+    if args.dry_run:
+        env["PRECISION"] = "fp32"  # spares the recipe a torch import to ask for a GPU
     args_used = recipe_args(run_dir, args.dry_run)
     result["recipe"] = {"command": "bash recipes/demo.sh " + " ".join(args_used),
                         **run_recipe(env, args_used, work / "demo.log", args.deadline)}
