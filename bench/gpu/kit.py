@@ -147,6 +147,13 @@ class Kit:
         return {}
 
     def plan(self) -> list[str]:
+        steps = self._steps()
+        for name, record in self.before.items():  # carried over, so that results.json holds the whole proof
+            if name not in steps and record.get("status") == "ok":
+                self.results["steps"][name] = dict(record, carried_from="previous run")
+        return steps
+
+    def _steps(self) -> list[str]:
         if self.args.steps:
             steps = [s.strip() for s in self.args.steps.split(",") if s.strip()]
             unknown = [s for s in steps if s not in ORDER]
@@ -158,9 +165,6 @@ class Kit:
         before = self.before
         if not before:
             return ["model", "server"]
-        for name, record in before.items():  # carried over, so that results.json holds the whole proof
-            if record.get("status") == "ok":
-                self.results["steps"][name] = dict(record, carried_from="previous run")
         retry = {"deferred", "interrupted", "timeout", None}
         return [s for s in ORDER if s != "tests" and before.get(s, {}).get("status") in retry]
 
