@@ -98,7 +98,9 @@ class GracefulServer(uvicorn.Server):
             self.force_exit = True  # second signal: no more waiting for connections or the lifespan
 
     def _fatal(self, reason: str) -> None:
-        print(f"error: {reason}", file=sys.stderr, flush=True)
+        from bert.errors import one_line
+
+        print(f"error: {one_line(reason)}", file=sys.stderr, flush=True)
         self.exit_code = 2
         self.should_exit = True
 
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --{where.replace('_', '-')}: {message}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bert.errors import one_line
     from serving.app import create_app
     from serving.backends.base import ModelError
     from serving.engine import Engine
@@ -124,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     try:  # load before uvicorn starts, so a bad model is one clear line and exit 2, not a traceback
         engine.load()
     except (ModelError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - e.g. a checkpoint whose weights do not fit its config
-        print(f"error: cannot load the model: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"error: cannot load the model: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
         return 2
     app = create_app(settings, engine=engine)
     # What is left after the drain (responses being written, idle keep-alive connections) gets 2 s more.

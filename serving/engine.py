@@ -104,8 +104,8 @@ class Engine:
             missing = [t for t in explicit if t not in spec.tasks]
             if missing:
                 raise ModelError(f"{path} was given for {', '.join(missing)} but serves only {', '.join(spec.tasks)}")
+            tokenizer = BertTokenizer.from_dir(path)  # first: a bad tokenizer is found before a model loads
             backend = create_backend(spec, settings)
-            tokenizer = BertTokenizer.from_dir(path)
             limits = [spec.max_position_embeddings, settings.max_input_length, backend.max_sequence_length]
             max_length = min(x for x in limits if x)
             if max_length > settings.max_batch_tokens:
