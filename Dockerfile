@@ -35,17 +35,23 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_CONSTRAINT=/src/docker/constraints.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY docker/constraints.txt docker/
+COPY docker/constraints.txt docker/requirements.py docker/
 COPY bert/ bert/
 COPY training/ training/
 COPY export/ export/
 COPY serving/ serving/
-# serve.txt and export.txt name the wheel with an extra, for `pip install -r` in the stages below.
+# /wheels: serve.txt and export.txt name the wheel with an extra, for `pip install -r` below.
+# /deps: the constraints and the third-party requirements of each extra. The stages below install
+# /deps first: its content changes only with pyproject.toml, so after a code change the dependency
+# layers stay cached and only the wheel is reinstalled.
 # serving/demo_model/ (a checkpoint, not a package) is not part of the wheel.
 RUN pip wheel --no-deps --wheel-dir /wheels . \
     && printf 'bertserve[serve] @ file://%s\n' /wheels/bertserve-*.whl > /wheels/serve.txt \
     && printf 'bertserve[export] @ file://%s\n' /wheels/bertserve-*.whl > /wheels/export.txt \
-    && cp docker/constraints.txt /wheels/constraints.txt
+    && mkdir /deps \
+    && cp docker/constraints.txt /deps/constraints.txt \
+    && python3 docker/requirements.py serve > /deps/serve.txt \
+    && python3 docker/requirements.py export > /deps/export.txt
 
 # ---- demo: the built-in demo checkpoint exported to ONNX, so the torch-free cpu image can serve it.
 # Exporting needs torch, so it happens here and only the artifact moves on. torch is the CPU build from
@@ -65,10 +71,12 @@ ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 ARG DEMO_EXPORT_ARGS="--precision fp32"
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
-COPY --from=wheel /wheels/constraints.txt /wheels/constraints.txt
-RUN pip install --constraint /wheels/constraints.txt ${TORCH_PIP_ARGS} torch
+COPY --from=wheel /deps /deps
+# torch first, from TORCH_PIP_ARGS: installed, it satisfies [export]'s torch requirement.
+RUN pip install --constraint /deps/constraints.txt ${TORCH_PIP_ARGS} torch \
+    && pip install --constraint /deps/constraints.txt --requirement /deps/export.txt
 COPY --from=wheel /wheels /wheels
-RUN pip install --constraint /wheels/constraints.txt --requirement /wheels/export.txt
+RUN pip install --constraint /deps/constraints.txt --requirement /wheels/export.txt
 COPY serving/demo_model/ /src/demo_model/
 # The export verifies itself against torch and exits 1 (failing the build) when out of tolerance.
 # model.portable.onnx (TensorRT's input) is not needed by onnxruntime on CPU.
@@ -96,10 +104,12 @@ RUN groupadd --system --gid 10001 bertserve \
        --shell /usr/sbin/nologin bertserve \
     && mkdir -p /cache \
     && chown 10001:10001 /cache
-COPY --from=wheel /wheels /wheels
 # The [serve] extra brings onnxruntime and no torch; every version pinned by the constraints.
-RUN pip install --constraint /wheels/constraints.txt --requirement /wheels/serve.txt \
-    && rm -rf /wheels
+COPY --from=wheel /deps /deps
+RUN pip install --constraint /deps/constraints.txt --requirement /deps/serve.txt
+COPY --from=wheel /wheels /wheels
+RUN pip install --constraint /deps/constraints.txt --requirement /wheels/serve.txt \
+    && rm -rf /wheels /deps
 # The demo model as the package's serving/demo_model, where `python -m serving` with no model looks.
 COPY --from=demo /demo /opt/bertserve/demo_model
 RUN ln -s /opt/bertserve/demo_model "$(python3 -c 'import pathlib, serving; print(pathlib.Path(serving.__file__).parent)')/demo_model"
@@ -147,13 +157,14 @@ RUN groupadd --system --gid 10001 bertserve \
        --shell /usr/sbin/nologin bertserve \
     && mkdir -p /cache \
     && chown 10001:10001 /cache
+COPY --from=wheel /deps /deps
 COPY --from=wheel /wheels /wheels
 # onnxruntime (CPU, from [serve]) and onnxruntime-gpu share one import package: remove the first
 # before installing the second, never after, or the second loses its files.
-RUN python3 -m pip install --constraint /wheels/constraints.txt --requirement /wheels/serve.txt \
+RUN python3 -m pip install --constraint /deps/constraints.txt --requirement /wheels/serve.txt \
     && python3 -m pip uninstall --yes onnxruntime \
     && python3 -m pip install "onnxruntime-gpu==${ONNXRUNTIME_GPU_VERSION}" \
-    && rm -rf /wheels
+    && rm -rf /wheels /deps
 COPY docker/entrypoint.sh /usr/local/bin/bertserve-entrypoint
 COPY docker/healthcheck.py /usr/local/lib/bertserve/healthcheck.py
 # Numeric, so that Kubernetes' runAsNonRoot can verify it.

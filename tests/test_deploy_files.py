@@ -561,3 +561,20 @@ def test_yamllint_clean():
     for path in sorted(DEPLOY.rglob("*.y*ml")):
         problems += [f"{path.relative_to(REPO)}:{p.line}: {p.message}" for p in linter.run(path.read_text(), conf)]
     assert not problems, problems
+
+
+def test_docker_requirements_expand_the_extras():
+    sys.path.insert(0, str(REPO / "docker"))
+    try:
+        from requirements import requirements
+    finally:
+        sys.path.remove(str(REPO / "docker"))
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    serve = requirements(project, ["serve"])
+    export = requirements(project, ["export"])
+    assert not any(r.startswith("bertserve") for r in serve + export)
+    assert any(r.startswith("onnxruntime") for r in serve) and not any(r.startswith("torch") for r in serve)
+    assert any(r.startswith("torch") for r in export), "bertserve[torch] inside [export] is expanded"
+    assert set(project["dependencies"]) <= set(serve)
