@@ -332,7 +332,9 @@ def sweep(peer: Peer, items: list, levels: list[int], seconds: float, warmup: fl
 
 
 def plot(rows: list[dict], out: Path, title: str = "") -> list[str]:
-    """requests/s and p99 against concurrency, one line per peer: OUT-requests_per_s.png, OUT-p99_ms.png."""
+    """requests/s and p99 against concurrency, one line per peer: OUT-requests_per_s.png, OUT-p99_ms.png.
+    Line style by server (bertserve solid, others dashed or dotted); a level measured while other processes
+    used the CPU (busy) has a hollow marker."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -343,10 +345,20 @@ def plot(rows: list[dict], out: Path, title: str = "") -> list[str]:
     files = []
     for key, label in (("requests_per_s", "requests/s"), ("p99_ms", "p99 latency (ms)")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        styles = {}
         for peer in dict.fromkeys(r["peer"] for r in rows):
-            pts = [(r["concurrency"], r[key]) for r in rows if r["peer"] == peer and r[key] is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=peer)
+            mine = [r for r in rows if r["peer"] == peer and r[key] is not None]
+            if not mine:
+                continue
+            server = mine[0].get("server", peer)
+            style = styles.setdefault(server, ("-", "--", ":", "-.")[len(styles) % 4])
+            line, = ax.plot([r["concurrency"] for r in mine], [r[key] for r in mine], style, label=peer)
+            for r in mine:
+                ax.plot(r["concurrency"], r[key], "o", color=line.get_color(),
+                        markerfacecolor="none" if r.get("busy") else line.get_color())
+        if any(r.get("busy") for r in rows):
+            ax.text(0.99, 0.01, "hollow marker: machine busy", transform=ax.transAxes, ha="right", va="bottom",
+                    fontsize="x-small", color="gray")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
