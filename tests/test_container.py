@@ -26,6 +26,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -292,7 +293,7 @@ def test_stop_under_load_loses_no_request(image):
 
     statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in results]
     print(f"\n{in_flight} of 32 in flight at `docker stop`; stopped in {stopped_in:.1f} s; exit {state['ExitCode']}; "
-          f"answers {sorted(set(map(str, statuses)))}; late request: "
+          f"answers {dict(sorted(Counter(map(str, statuses)).items()))}; late request: "
           f"{late.status_code if isinstance(late, httpx.Response) else late!r}")
     assert in_flight >= 24, f"the load finished too soon to test a drain ({in_flight} in flight)"
     for r in results:
