@@ -13,6 +13,7 @@ Needs torch and ../shared/data (BERTSERVE_TEST_DATA): a measurement, not part of
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -112,11 +113,11 @@ def main() -> int:
     for path in args.artifacts:
         starts, ends, answers, f1, labels, tokens = predictions(path)
         same_span = np.mean([answers[i][:2] == ref_answers[i][:2] for i in ref_answers])
-        import json
         manifest = json.loads((path / "manifest.json").read_text())
         scope = manifest.get("quantization", {}).get("scope", "")
-        print(f"| {path.name} | {manifest['precision']}{' ' + scope if scope else ''} | {np.mean(starts == ref_starts):.2%} "
-              f"| {np.mean(ends == ref_ends):.2%} | {same_span:.2%} | {f1:.2f} | {np.mean(labels == ref_labels):.2%} "
+        precision = manifest["precision"] + (" " + scope if scope else "")
+        print(f"| {path.name} | {precision} | {np.mean(starts == ref_starts):.2%} | {np.mean(ends == ref_ends):.2%} "
+              f"| {same_span:.2%} | {f1:.2f} | {np.mean(labels == ref_labels):.2%} "
               f"| {np.mean(tokens == ref_tokens):.2%} |", flush=True)
     return 0
 

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -66,6 +67,22 @@ def _skip_reason() -> str | None:
         if pulled.returncode != 0:
             return (f"base image {base} is absent and cannot be pulled ({pulled.stderr.strip()[-200:]}); "
                     "without a registry, build a stand-in: ../shared/tools/docker-python-base.sh")
+    return _torch_source_problem()
+
+
+def _torch_source_problem() -> str | None:
+    """The demo stage needs CPU torch: from BERTSERVE_DOCKER_WHEELS, a TORCH_PIP_ARGS build argument, or the
+    Dockerfile's default index, which must then answer from here."""
+    given = os.environ.get("BERTSERVE_DOCKER_BUILD_ARGS", "")
+    if os.environ.get("BERTSERVE_DOCKER_WHEELS") or "TORCH_PIP_ARGS" in given:
+        return None
+    url = re.search(r'^ARG TORCH_PIP_ARGS="--index-url (\S+)"', (REPO / "Dockerfile").read_text(), re.M).group(1)
+    try:
+        urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/torch/", method="HEAD"), timeout=15)
+    except (OSError, ValueError) as error:
+        return (f"the demo stage cannot get torch: {url} does not answer ({error}); set BERTSERVE_DOCKER_WHEELS to a "
+                "directory holding the CPU torch wheel, or pass --build-arg TORCH_PIP_ARGS=... in "
+                "BERTSERVE_DOCKER_BUILD_ARGS")
     return None
 
 
