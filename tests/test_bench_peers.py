@@ -93,17 +93,17 @@ def test_peers_command_measures_bertserve_and_another_server(tmp_path, monkeypat
 
 
 def test_server_cpu_counts_the_whole_process_tree():
-    """A server's CPU includes its workers': here a grandchild that burns 0.5 s."""
-    burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    """A server's CPU includes its workers': here a grandchild that burns 1 s while the others sleep
+    (two interpreter start-ups cost far less than the 0.9 s asked for)."""
+    burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
     parent = subprocess.Popen([sys.executable, "-c",
                                f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); "
                                "import time; time.sleep(30)"])
     try:
-        before = tree_cpu_seconds(parent.pid)
         deadline = time.monotonic() + 20
-        while tree_cpu_seconds(parent.pid) - before < 0.5 and time.monotonic() < deadline:
+        while tree_cpu_seconds(parent.pid) < 0.9 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert tree_cpu_seconds(parent.pid) - before >= 0.45
+        assert tree_cpu_seconds(parent.pid) >= 0.9
     finally:
         parent.kill()
         parent.wait()
