@@ -37,7 +37,8 @@ def _wanted() -> str:
 
 def is_ready(work: Path) -> bool:
     stamp = venv_dir(work) / STAMP
-    return stamp.is_file() and stamp.read_text().strip() == _wanted() and (venv_dir(work) / "bin" / "infinity_emb").is_file()
+    return (stamp.is_file() and stamp.read_text().strip() == _wanted()
+            and (venv_dir(work) / "bin" / "infinity_emb").is_file())
 
 
 def ensure(work: Path, setup: bool = True) -> Path:
