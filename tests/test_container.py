@@ -265,7 +265,7 @@ def _long_qa_body() -> dict:
     filler = ("The server admits a bounded number of requests, tokenises each off the event loop and queues it; one "
               "owner task builds batches up to the token budget and the request cap, grouping similar lengths. ")
     return {"question": "Where do I live?",
-            "context": filler * 16 + "My name is Wolfgang and I live in Berlin. " + filler * 16}
+            "context": filler * 12 + "My name is Wolfgang and I live in Berlin. " + filler * 12}
 
 
 def test_stop_under_load_loses_no_request(image):
