@@ -60,7 +60,7 @@ RUN pip wheel --no-deps --wheel-dir /wheels . \
 #   --build-arg TORCH_PIP_ARGS="--index-url https://mirror.example.com/pytorch-cpu/simple"
 #   --network host --build-arg TORCH_PIP_ARGS="--find-links http://127.0.0.1:8765/"   (a local wheel served over HTTP)
 # The alternative, a pre-exported artifact in the repository, would add 23-91 MB of generated files to git
-# for every retraining of the demo model; the export takes 10 s here and is cached with the stage.
+# for every retraining of the demo model; the export takes about 40 s here and is cached with the stage.
 FROM ${PYTHON_IMAGE} AS demo
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
