@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import json_type
+from .tasks import registry
 
 # Google's BERT family (BERT-FACTS.md): name -> (layers, hidden, heads). Feed-forward is 4 * hidden.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -25,7 +26,8 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
-TASKS = ("classify", "ner", "qa")
+TASKS = registry.names()  # a checkpoint's `task`
+HEADED_TASKS = registry.with_heads()  # what `task_labels` may name: the tasks with a head of their own
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size")
@@ -65,7 +67,7 @@ class BertConfig:
     architectures: list[str] | None = None  # HF class names, e.g. ["BertForSequenceClassification"]
     id2label: dict[int, str] | None = None  # task heads: output index -> label
     problem_type: str | None = None  # "regression" | "single_label_classification" | "multi_label_classification"
-    task: str | None = None  # bertserve task this checkpoint serves: classify | ner | qa
+    task: str | None = None  # bertserve task this checkpoint was made for (bert.tasks.registry)
     # Multi-task checkpoints (one encoder, several heads): task -> its labels; qa needs none.
     task_labels: dict[str, list[str]] | None = None
     # Keys we do not model (transformers_version, torch_dtype, ...): kept so a round trip loses nothing.
@@ -128,8 +130,8 @@ class BertConfig:
         if self.task_labels is not None and not isinstance(self.task_labels, dict):
             problems.append(f"task_labels must map tasks to label lists, got {_short(self.task_labels)}")
         for t, labels in (self.task_labels if isinstance(self.task_labels, dict) else {}).items():
-            if t not in TASKS:
-                problems.append(f"task_labels names task {_short(t)}, which is not one of {', '.join(TASKS)}")
+            if t not in HEADED_TASKS:
+                problems.append(f"task_labels names task {_short(t)}, which is not one of {', '.join(HEADED_TASKS)}")
             elif not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
                 problems.append(f"task_labels[{t!r}] must be a list of label names, got {_short(labels)}")
             elif len(labels) > MAX_LABELS:

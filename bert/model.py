@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+from .tasks.registry import TASKS
 
 IGNORE_INDEX = -100  # label value that the losses skip (sub-tokens, padding, unmasked tokens)
 
@@ -171,6 +172,25 @@ class BertPooler(nn.Module):
 class EncoderOutput:
     last_hidden_state: torch.Tensor  # (B, T, H)
     pooler_output: torch.Tensor | None = None  # (B, H)
+    embedding: torch.Tensor | None = None  # (B, H): the sentence embedding, when the encoder has a pooling mode
+
+
+POOLINGS = ("cls", "mean", "max")
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """Token states (B, T, H) -> one vector per sequence (B, H): the [CLS] state, or the mean / max over the
+    real tokens. The arithmetic of sentence-transformers' Pooling, so vectors match it."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode not in ("mean", "max"):
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {mode!r}")
+    if attention_mask is None:
+        return hidden.mean(dim=1) if mode == "mean" else hidden.max(dim=1).values
+    mask = attention_mask[..., None].to(hidden.dtype)  # (B, T, 1)
+    if mode == "mean":
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+    return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
 
 
 class BertPreTrainedModel(nn.Module):
@@ -214,6 +234,13 @@ class BertPreTrainedModel(nn.Module):
     def encoder_module(self) -> "BertModel":
         return self if isinstance(self, BertModel) else self.bert
 
+    def set_pooling(self, mode: str | None) -> None:
+        """Make every forward also return `embedding`, the encoder's states pooled (cls | mean | max), beside
+        what the heads compute (one forward pass serves both); None turns it off."""
+        if mode is not None and mode not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {mode!r}")
+        self.encoder_module().pooling = mode
+
     @property
     def dtype(self) -> torch.dtype:
         return next(self.parameters()).dtype
@@ -229,6 +256,7 @@ class BertModel(BertPreTrainedModel):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.pooling: str | None = None  # see set_pooling
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -240,7 +268,8 @@ class BertModel(BertPreTrainedModel):
         # any attn_mask rules out (on CUDA, fp16 BERT-large at 32 x 384).
         mask = additive_padding_mask(attention_mask, x.dtype) if attention_mask is not None else None
         x = self.encoder(x, mask)
-        return EncoderOutput(x, self.pooler(x) if self.pooler is not None else None)
+        return EncoderOutput(x, self.pooler(x) if self.pooler is not None else None,
+                             pool(x, attention_mask, self.pooling) if self.pooling is not None else None)
 
 
 # ----------------------------------------------------------------------------- heads
@@ -340,6 +369,7 @@ class BertForPreTraining(BertForMaskedLM):
 class ClassifierOutput:
     logits: torch.Tensor  # (B, L) per sequence, or (B, T, L) per token
     loss: torch.Tensor | None = None
+    embedding: torch.Tensor | None = None  # (B, H), with set_pooling
 
 
 def classifier_dropout(config: BertConfig) -> nn.Dropout:
@@ -375,10 +405,10 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> ClassifierOutput:
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
-        logits = self.classifier(self.dropout(pooled))
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(out.pooler_output))
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        return ClassifierOutput(logits, loss)
+        return ClassifierOutput(logits, loss, out.embedding)
 
 
 class BertForTokenClassification(BertPreTrainedModel):
@@ -390,12 +420,12 @@ class BertForTokenClassification(BertPreTrainedModel):
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> ClassifierOutput:
-        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-        logits = self.classifier(self.dropout(hidden))  # (B, T, L)
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, L)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-        return ClassifierOutput(logits, loss)
+        return ClassifierOutput(logits, loss, out.embedding)
 
 
 @dataclass
@@ -403,6 +433,7 @@ class SpanOutput:
     start_logits: torch.Tensor  # (B, T)
     end_logits: torch.Tensor  # (B, T)
     loss: torch.Tensor | None = None
+    embedding: torch.Tensor | None = None  # (B, H), with set_pooling
 
 
 def span_loss(start_logits, end_logits, start_positions, end_positions) -> torch.Tensor:
@@ -423,12 +454,12 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
                 end_positions=None) -> SpanOutput:
-        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-        start_logits, end_logits = self.qa_outputs(hidden).unbind(dim=-1)
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(dim=-1)
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        return SpanOutput(start_logits, end_logits, loss)
+        return SpanOutput(start_logits, end_logits, loss, out.embedding)
 
 
 @dataclass
@@ -437,6 +468,7 @@ class MultiTaskOutput:
     ner_logits: torch.Tensor | None = None  # (B, T, L_ner)
     qa_start_logits: torch.Tensor | None = None  # (B, T)
     qa_end_logits: torch.Tensor | None = None  # (B, T)
+    embedding: torch.Tensor | None = None  # (B, H), with set_pooling
 
 
 class BertForMultiTask(BertPreTrainedModel):
@@ -465,7 +497,7 @@ class BertForMultiTask(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> MultiTaskOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        result = MultiTaskOutput()
+        result = MultiTaskOutput(embedding=out.embedding)
         if hasattr(self, "classifier"):
             result.classify_logits = self.classifier(self.dropout(out.pooler_output))
         if hasattr(self, "token_classifier"):
@@ -481,8 +513,5 @@ ARCHITECTURES: dict[str, type[BertPreTrainedModel]] = {
     for cls in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
                 BertForTokenClassification, BertForQuestionAnswering, BertForMultiTask)
 }
-TASK_ARCHITECTURES = {
-    "classify": BertForSequenceClassification,
-    "ner": BertForTokenClassification,
-    "qa": BertForQuestionAnswering,
-}
+# Task -> the class of a checkpoint made for it alone (the registry names it; embed: the bare encoder).
+TASK_ARCHITECTURES = {task.name: ARCHITECTURES[task.architecture] for task in TASKS.values()}

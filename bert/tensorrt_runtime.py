@@ -1,4 +1,7 @@
-"""TrtEngine: run a serialized TensorRT engine (model.plan) on numpy inputs. For the serving backend.
+"""TrtEngine: run a serialized TensorRT engine (model.plan) on numpy inputs.
+
+Shared by export (which checks the engine it built) and serving's TensorRT backend, so it lives in the core
+both may import; it needs neither of them, nor torch unless cuda-python is missing.
 
 TensorRT 10/11 name-based I/O: `context.set_input_shape`, `context.set_tensor_address`,
 `context.execute_async_v3(stream)`. Device buffers come from cuda-python when it is installed
@@ -11,14 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
+INSTALL_HINT = ("TensorRT is not installed: `pip install bertserve[gpu]` (or `pip install tensorrt`) on a machine "
+                "with an NVIDIA GPU and driver, or run inside the NVIDIA TensorRT container "
+                "(nvcr.io/nvidia/tensorrt)")
+
 
 class TrtEngine:
     def __init__(self, plan: str | Path, device: int = 0):
         try:
             import tensorrt as trt
         except ImportError:
-            from .tensorrt import INSTALL_HINT
-
             raise RuntimeError(INSTALL_HINT) from None
         self._trt = trt
         self._memory = _cuda_memory(device)

@@ -16,11 +16,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bert.tasks.embed import POOLINGS
+from bert.tasks import registry
+
 from .cli import Progress, ResultError, UsageError, run
 from .manifest import MODEL_FILE, PORTABLE_FILE, file_entry, write_manifest
+from .source import LAYOUTS
 
 PRECISIONS = ("fp32", "fp16", "int8")
-TASK_CHOICES = ("auto", "classify", "ner", "qa", "encoder", "multi")
+TASK_CHOICES = ("auto", *registry.names(), *LAYOUTS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which outputs the graph exposes. auto: the checkpoint's own task (config task / "
                         "architectures; multi-task checkpoints give one output per head); classify: logits "
                         "(batch, labels); ner: logits (batch, seq, labels); qa: start_logits, end_logits "
-                        "(batch, seq); encoder: last_hidden_state (batch, seq, hidden), pooler_output "
-                        "(batch, hidden) from any checkpoint. With --random-init, auto means classify.")
+                        "(batch, seq); embed: embedding (batch, hidden), the encoder's states pooled as the "
+                        "checkpoint's sentence-transformers config (or --pooling) says, from any checkpoint; "
+                        "encoder: last_hidden_state (batch, seq, hidden), pooler_output (batch, hidden) from any "
+                        "checkpoint; multi: every head plus embedding. auto: multi for a multi-task checkpoint, "
+                        "embed for a sentence-transformers one. With --random-init, auto means classify.")
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="pooling of the embedding output (embed, multi), overriding the checkpoint's "
+                        "sentence-transformers config; default: that config, else mean")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="precision of model.onnx. fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights "
                         "and compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused "
@@ -116,7 +126,8 @@ def main(argv=None) -> None:
 
     # Everything a request or a checkpoint can get wrong shows here, as one line, before any progress output:
     # the cheap checks first (config, weight headers, task, tokenizer, flags against the model), then loading.
-    source = check_source(args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer)
+    source = check_source(args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer,
+                          pooling=args.pooling)
     config = source.config
     shape_range = check_args(args, config)
     tokenizer = BertTokenizer.from_dir(source.tokenizer_dir)
@@ -139,7 +150,7 @@ def main(argv=None) -> None:
     batches = parity.sample_batches(tokenizer, shape_range["max_seq"])
     token_level = {n: "sequence" in dims for n, (_, dims) in wrapper.spec.items()}
     scores = {n: ("positions" if n.endswith(("start_logits", "end_logits")) else
-                  "none" if source.task == "encoder" else "labels") for n in wrapper.output_names}
+                  "none" if source.task == "encoder" or n == "embedding" else "labels") for n in wrapper.output_names}
     results: dict = {}
     failures: list[str] = []
 
@@ -209,8 +220,14 @@ def main(argv=None) -> None:
 
     with progress("writing config.json, tokenizer files and manifest.json"):
         config.architectures = [model_class]
-        if source.task == "encoder":
-            config.task = None  # the graph has no head: a server must not mistake it for the checkpoint's task
+        if source.task in LAYOUTS + ("embed",) and not config.task_labels:
+            # the graph has no head: a server must not mistake it for the checkpoint's task
+            config.task = "embed" if source.task == "embed" else None
+        if "embedding" in wrapper.output_names or source.task == "encoder":
+            # How the graph pooled (or, for an encoder graph, how the server should): what the source's
+            # sentence-transformers files said, in config.json, so the artifact needs no copy of them.
+            config.extra["pooling"] = {"mode": source.pooling.mode, "normalize": source.pooling.normalize,
+                                       "max_length": source.pooling.max_length}
         config.save(out)
         save_tokenizer_files(source.tokenizer_dir, out)
         manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, out)
@@ -238,13 +255,13 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
         if name in ("logits", "classify_logits", "ner_logits"):
             labels = (config.task_labels or {}).get(name.split("_")[0]) if source.task == "multi" else None
             shape.append(len(labels) if labels else config.num_labels)
-        elif name == "last_hidden_state" or name == "pooler_output":
+        elif name in ("last_hidden_state", "pooler_output", "embedding"):
             shape.append(config.hidden_size)
         outputs.append({"name": name, "dtype": "float32", "shape": shape})
     if source.task == "multi":
-        tasks = list(config.task_labels)
+        tasks = list(config.task_labels) + (["embed"] if "embedding" in wrapper.output_names else [])
     else:
-        tasks = [source.task]
+        tasks = ["embed" if source.task == "encoder" else source.task]  # a server pools last_hidden_state
     return {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": {
@@ -256,6 +273,7 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
         },
         "task": source.task,
         "tasks": tasks,
+        "pooling": source.pooling.describe() if "embed" in tasks else None,
         "labels": ({t: list(v) for t, v in config.task_labels.items()} if config.task_labels
                    else [config.id2label[i] for i in range(len(config.id2label))] if config.id2label
                    and source.task in ("classify", "ner") else None),

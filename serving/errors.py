@@ -1,5 +1,6 @@
 """One error type, mapped to HTTP in one place: every failure leaves the server as
-`{"error": message, "error_type": kind}` with the status below — never HTML, never a stack trace."""
+`{"error": message, "error_type": kind}` with its status and headers from the table below (one class a row)
+— never HTML, never a stack trace."""
 from __future__ import annotations
 
 import logging
@@ -14,36 +15,78 @@ log = logging.getLogger("bertserve")
 
 
 class ServingError(Exception):
+    """An error a client sees. Each subclass is one row of the table: its status, its `error_type`, and
+    whether the client should retry after a while (Retry-After). Raise it from anywhere in a request, or
+    answer with `.response()` where there is no route to raise from (middleware, the protocol)."""
+
     status = 500
     error_type = "internal"
+    retry_after_s: int | None = None  # seconds, sent as Retry-After
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None):
+    def __init__(self, message: str, *, retry_after_s: int | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
-        self.headers = headers
+        retry = retry_after_s if retry_after_s is not None else self.retry_after_s
+        self.headers = {**({"Retry-After": str(retry)} if retry is not None else {}), **(headers or {})} or None
+
+    def response(self) -> JSONResponse:
+        return error_response(self.status, self.message, self.error_type, self.headers)
 
 
-class ValidationFailed(ServingError):
-    status, error_type = 422, "validation"
+class BadRequest(ServingError):
+    status, error_type = 400, "bad_request"
 
 
 class EmptyInput(ServingError):
     status, error_type = 400, "empty"
 
 
+class Unauthorized(ServingError):
+    status, error_type = 401, "unauthorized"
+
+    def __init__(self, message: str = "missing or wrong API key (send 'Authorization: Bearer KEY')", **options):
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer", **(options.pop("headers", None) or {})},
+                         **options)
+
+
+class NotFound(ServingError):
+    status, error_type = 404, "not_found"
+
+
+class MethodNotAllowed(ServingError):
+    status, error_type = 405, "method_not_allowed"
+
+
+class RequestTimeout(ServingError):
+    status, error_type = 408, "timeout"
+
+
 class PayloadTooLarge(ServingError):
     status, error_type = 413, "payload_too_large"
 
 
-class Unauthorized(ServingError):
-    status, error_type = 401, "unauthorized"
+class UnsupportedMediaType(ServingError):
+    status, error_type = 415, "unsupported_media_type"
+
+
+class ValidationFailed(ServingError):
+    status, error_type = 422, "validation"
 
 
 class Overloaded(ServingError):
-    status, error_type = 429, "overloaded"
+    status, error_type, retry_after_s = 429, "overloaded", 1
 
-    def __init__(self, message: str, retry_after_s: int = 1):
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+class HeadersTooLarge(ServingError):
+    status, error_type = 431, "headers_too_large"
+
+
+class ClientClosed(ServingError):
+    status, error_type = 499, "client_closed"  # nobody reads it: the caller has hung up
+
+
+class Internal(ServingError):
+    status, error_type = 500, "internal"
 
 
 class BackendFailure(ServingError):
@@ -51,16 +94,24 @@ class BackendFailure(ServingError):
 
 
 class Unavailable(ServingError):
-    status, error_type = 503, "unavailable"
+    """Warming up, shutting down (retry: another replica or a moment later), or failed to start (no retry)."""
 
-    def __init__(self, message: str, retry_after_s: int = 1):
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+    status, error_type, retry_after_s = 503, "unavailable", 1
 
 
-HTTP_KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-              408: "timeout", 413: "payload_too_large", 415: "unsupported_media_type", 422: "validation",
-              429: "overloaded",
-              500: "internal", 503: "unavailable"}
+# The table, as ASGI-level code needs it: status -> the error for that status (the first of its kinds).
+BY_STATUS: dict[int, type[ServingError]] = {}
+for _kind in (BadRequest, EmptyInput, Unauthorized, NotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge,
+              UnsupportedMediaType, ValidationFailed, Overloaded, HeadersTooLarge, ClientClosed, Internal,
+              BackendFailure, Unavailable):
+    BY_STATUS.setdefault(_kind.status, _kind)
+
+
+def for_status(status: int, message: str, headers: dict | None = None) -> ServingError:
+    """The table's error for an HTTP status raised by the framework (404, 405, 413 from a body limit...)."""
+    kind = BY_STATUS.get(status) or type(f"Http{status}", (ServingError,), {
+        "status": status, "error_type": "internal" if status >= 500 else "bad_request"})
+    return kind(message, headers=headers)
 
 
 def error_body(message: str, error_type: str) -> dict:
@@ -123,11 +174,11 @@ def validation_message(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServingError)
     async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.error_type, exc.headers)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, validation_message(exc), "validation")
+        return ValidationFailed(validation_message(exc)).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -140,10 +191,9 @@ def install_error_handlers(app: FastAPI) -> None:
                 detail += f" (did you mean {stripped}?)"
         elif exc.status_code == 405:
             detail = f"method {request.method} not allowed on {request.url.path}"
-        return error_response(exc.status_code, detail, HTTP_KINDS.get(exc.status_code, "error"),
-                              getattr(exc, "headers", None))
+        return for_status(exc.status_code, detail, getattr(exc, "headers", None)).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal server error", "internal")
+        return Internal("internal server error").response()

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from bert.tasks import registry
 from serving.docs import DOCS_PATHS
-from serving.errors import HTTP_KINDS, error_response
+from serving.errors import Overloaded, PayloadTooLarge, Unauthorized, Unavailable, for_status
 
 INFERENCE_PATHS = frozenset(registry.routes())
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"}) | DOCS_PATHS
@@ -40,6 +40,16 @@ class ServerState:
         self.failed = reason
         if self.on_fatal is not None:
             self.on_fatal(reason)
+
+    def unavailable(self, *, warming: bool = True) -> Unavailable | None:
+        """Why the model cannot answer now (None: it can): failed, shutting down, or (if `warming`) warming up."""
+        if self.failed:
+            return Unavailable(f"the model failed to start: {self.failed}", retry_after_s=0)
+        if self.draining:
+            return Unavailable("the server is shutting down")
+        if warming and not self.ready:
+            return Unavailable("the model is warming up")
+        return None
 
 
 class _BodyTooLarge(HTTPException):
@@ -97,9 +107,8 @@ class RequestMiddleware:
             if path in INFERENCE_PATHS and scope["method"] == "POST":
                 _default_to_json(scope, headers)
                 if self.state.in_flight >= self.settings.max_concurrent_requests:
-                    await error_response(429, f"overloaded: {self.settings.max_concurrent_requests} requests "
-                                              "in flight; retry later", "overloaded",
-                                         {"Retry-After": "1"})(scope, receive, send_with_headers)
+                    await Overloaded(f"overloaded: {self.settings.max_concurrent_requests} requests in flight; "
+                                     "retry later").response()(scope, receive, send_with_headers)
                     return
                 admitted = True
                 self.state.in_flight += 1
@@ -107,35 +116,26 @@ class RequestMiddleware:
                 await self.app(scope, self._limited(receive), send_with_headers)
             except (_BodyTooLarge, _BodyTooSlow) as e:
                 if not response_started[0]:
-                    await error_response(e.status_code, e.detail, HTTP_KINDS[e.status_code])(
-                        scope, receive, send_with_headers)
+                    await for_status(e.status_code, e.detail).response()(scope, receive, send_with_headers)
         finally:
             if admitted:
                 self.state.in_flight -= 1
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
             self.metrics.request_duration.labels(endpoint).observe(time.perf_counter() - started)
 
-    def _too_large(self):
-        return error_response(413, f"request body larger than {self.settings.max_body_bytes} bytes",
-                              "payload_too_large")
-
     def _refuse(self, scope, headers: Headers, path: str):
         if self._api_key is not None and path not in OPEN_PATHS:
             given = headers.get("authorization", "")
             scheme, _, token = given.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._api_key):
-                return error_response(401, "missing or wrong API key (send 'Authorization: Bearer KEY')",
-                                      "unauthorized", {"WWW-Authenticate": "Bearer"})
+                return Unauthorized().response()
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
-            return self._too_large()
+            return PayloadTooLarge(f"request body larger than {self.settings.max_body_bytes} bytes").response()
         if path in INFERENCE_PATHS or path == "/info":
-            if self.state.draining:
-                return error_response(503, "the server is shutting down", "unavailable", {"Retry-After": "1"})
-            if self.state.failed:
-                return error_response(503, f"the model failed to start: {self.state.failed}", "unavailable")
-            if not self.state.ready and path != "/info":
-                return error_response(503, "the model is warming up", "unavailable", {"Retry-After": "1"})
+            refusal = self.state.unavailable(warming=path != "/info")
+            if refusal is not None:
+                return refusal.response()
         return None
 
     def _limited(self, receive):

@@ -13,13 +13,16 @@ from __future__ import annotations
 import json
 import logging
 
+from serving.errors import BadRequest, HeadersTooLarge, RequestTimeout, ServingError, error_body
+
 log = logging.getLogger("bertserve")
 MAX_HEADER_BYTES = 64 * 1024  # request line + headers; nginx's default buffers hold 4 x 8 KiB
 
 
-def _json_response(status: int, reason: str, message: str, error_type: str) -> bytes:
-    body = json.dumps({"error": message, "error_type": error_type}).encode()
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+def _json_response(error: ServingError, reason: str) -> bytes:
+    """The whole HTTP response for an error answered below the ASGI app (the connection then closes)."""
+    body = json.dumps(error_body(error.message, error.error_type)).encode()
+    return (f"HTTP/1.1 {error.status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
@@ -31,10 +34,10 @@ def http_protocol(header_timeout_s: float):
         log.warning("httptools is not installed: no header read timeout")
         return "auto"
 
-    too_slow = _json_response(408, "Request Timeout", f"request headers not received within {header_timeout_s:g} s "
-                              "(header_timeout_s)", "timeout")
-    too_big = _json_response(431, "Request Header Fields Too Large",
-                             f"request line and headers larger than {MAX_HEADER_BYTES} bytes", "headers_too_large")
+    too_slow = _json_response(RequestTimeout(f"request headers not received within {header_timeout_s:g} s "
+                                             "(header_timeout_s)"), "Request Timeout")
+    too_big = _json_response(HeadersTooLarge(f"request line and headers larger than {MAX_HEADER_BYTES} bytes"),
+                             "Request Header Fields Too Large")
 
     class BoundedHeadersProtocol(HttpToolsProtocol):
         _header_timer = None
@@ -64,7 +67,7 @@ def http_protocol(header_timeout_s: float):
                 raise ValueError("headers too large")  # stops the parser; uvicorn's 400 finds the connection closed
 
         def send_400_response(self, msg: str) -> None:
-            self._refuse(_json_response(400, "Bad Request", msg, "bad_request"))
+            self._refuse(_json_response(BadRequest(msg), "Bad Request"))
 
         def on_headers_complete(self) -> None:
             self._disarm()

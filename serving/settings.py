@@ -7,27 +7,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-BACKENDS = ("auto", "torch", "onnxruntime", "tensorrt")
+from bert.tasks import registry
+from serving.backends import BACKENDS
+
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
 
 
-class Settings(BaseSettings):
+class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERTSERVE_", extra="ignore", protected_namespaces=())
 
     # ---- what to serve
     model: Optional[str] = Field(
         None, description="checkpoint or artifact dir (or checkpoint store name) serving every task it has; "
                           "default: the built-in demo model")
-    classify_model: Optional[str] = Field(None, description="model for /classify (overrides --model for that task)")
-    ner_model: Optional[str] = Field(None, description="model for /ner (overrides --model for that task)")
-    qa_model: Optional[str] = Field(None, description="model for /qa (overrides --model for that task)")
     backend: str = Field(
         "auto", description="auto | torch | onnxruntime | tensorrt (auto: onnxruntime for an artifact dir with "
                             "model.onnx, tensorrt for one with only model.plan, torch for a checkpoint); "
                             "or 'package.module:factory' for a custom backend")
+    pooling: Optional[Literal["cls", "mean", "max"]] = Field(
+        None, description="how /embed pools token states, for a model directory that does not say (no "
+                          "sentence-transformers modules.json, no \"pooling\" in config.json): default mean")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu | cuda")
     precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
         None, description="fp32 | fp16 | bf16 for the torch backend (default fp32 on cpu, fp16 on cuda); "
@@ -83,9 +85,10 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
-        if self.backend not in BACKENDS and ":" not in self.backend:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or 'module:factory', got {self.backend!r}")
+    def _check(self) -> "_Settings":
+        names = ("auto", *BACKENDS)
+        if self.backend not in names and ":" not in self.backend:
+            raise ValueError(f"backend must be one of {', '.join(names)} or 'module:factory', got {self.backend!r}")
         if self.qa_max_question_length + 3 >= self.qa_max_length:
             raise ValueError(f"qa_max_length ({self.qa_max_length}) must leave room for the context after a "
                              f"{self.qa_max_question_length}-token question")
@@ -94,7 +97,7 @@ class Settings(BaseSettings):
     # ------------------------------------------------------------------ derived
     def model_paths(self) -> dict[str, str | None]:
         """Task -> the model asked for it (None: whatever --model / the demo model offers)."""
-        return {"classify": self.classify_model, "ner": self.ner_model, "qa": self.qa_model}
+        return {task: getattr(self, f"{task}_model") for task in registry.names()}
 
     @property
     def qa_window_capacity(self) -> int:
@@ -122,3 +125,12 @@ class Settings(BaseSettings):
     @property
     def effective_precision(self) -> str:
         return self.precision or ("fp16" if self.device == "cuda" else "fp32")
+
+
+# A --TASK-model flag (BERTSERVE_TASK_MODEL) for every registered task.
+Settings = create_model(
+    "Settings", __base__=_Settings, __module__=__name__,
+    **{f"{task.name}_model": (Optional[str], Field(None, description=f"model for {' and '.join(task.routes)} "
+                                                                     "(overrides --model for that task)"))
+       for task in registry.TASKS.values()})
+Settings.__doc__ = "The server's settings: the fields above, plus a `<task>_model` per registered task."

@@ -45,6 +45,19 @@ class NerRequest(BaseModel):
     truncate: bool = False
 
 
+class EmbedRequest(BaseModel):
+    inputs: Union[str, list[str]]
+    normalize: bool = True
+    truncate: bool = False
+
+
+def _embed_one(text: str, normalize: bool) -> list[float]:
+    """A deterministic 4-number stand-in for an embedding: letter counts, scaled to unit length if asked."""
+    vector = [float(sum(c in group for c in text.lower())) + 1.0 for group in ("aeiou", "lmnr", "st", "xyz")]
+    norm = sum(v * v for v in vector) ** 0.5
+    return [v / norm for v in vector] if normalize else vector
+
+
 class QARequest(BaseModel):
     question: str
     context: str
@@ -154,6 +167,14 @@ def create_app(api_key: str | None = None, max_client_batch_size: int = 4) -> Fa
         for text in req.inputs:
             _check_length(text, req.truncate)
         return [_ner_one(text, req.aggregation) for text in req.inputs]
+
+    @app.post("/embed")
+    async def embed(req: EmbedRequest):
+        texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
+        check_batch(texts)
+        for text in texts:
+            _check_length(text, req.truncate)
+        return [_embed_one(text, req.normalize) for text in texts]
 
     @app.post("/qa")
     async def qa(req: Union[QARequest, list[QARequest]]):

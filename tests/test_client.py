@@ -219,6 +219,16 @@ def test_qa_single_top_k_and_many(use):
     assert all(isinstance(per_item, list) for per_item in many_top)
 
 
+def test_embed_single_many_and_unnormalised(use):
+    one = use(lambda c: c.embed(REVIEWS[0]))
+    assert isinstance(one, list) and all(isinstance(x, float) for x in one)
+    assert abs(sum(x * x for x in one) - 1) < 1e-6
+    many = use(lambda c: c.embed(REVIEWS[:3]))
+    assert len(many) == 3 and many[0] == one
+    raw = use(lambda c: c.embed(REVIEWS[0], normalize=False))
+    assert abs(sum(x * x for x in raw) - 1) > 1e-3
+
+
 def test_health_ready_info(use):
     assert use(lambda c: c.health()) is True
     assert use(lambda c: c.ready()) is True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import numpy as np
 import pytest
 from bertserve_client import AsyncClient, Client, UnauthorizedError, ValidationError
 
@@ -51,13 +52,16 @@ def test_every_sync_method_matches_the_http_api(server):
     with Client(server.url, api_key=KEY) as client:
         assert client.health() and client.ready()
         info = client.info()
-        assert set(info.tasks) == {"classify", "ner", "qa"} and info.max_client_batch_size == 2
+        assert set(info.tasks) == {"classify", "ner", "qa", "embed"} and info.max_client_batch_size == 2
         assert close(dumped(client.classify(TEXTS[0])), raw(server, "/classify", {"inputs": TEXTS[0]}))
         # three inputs with a server limit of two: split into two requests, reassembled in order
         assert close(dumped(client.classify(TEXTS, top_k=2)), raw(server, "/classify", {"inputs": TEXTS[:2], "top_k": 2})
                      + raw(server, "/classify", {"inputs": TEXTS[2:], "top_k": 2}))
         assert close(dumped(client.classify([["a man eats", "someone eats"]])),
                      raw(server, "/classify", {"inputs": [["a man eats", "someone eats"]]}))
+        assert client.embed(TEXTS[0]) == raw(server, "/embed", {"inputs": TEXTS[0]})[0]
+        vectors = client.embed(TEXTS)  # three inputs, a limit of two: two requests, in order
+        assert vectors == raw(server, "/embed", {"inputs": TEXTS[:2]}) + raw(server, "/embed", {"inputs": TEXTS[2:]})
         for aggregation in ("simple", "none"):
             assert close(dumped(client.ner(TEXTS[1], aggregation=aggregation)),
                          raw(server, "/ner", {"inputs": TEXTS[1], "aggregation": aggregation}))
@@ -73,14 +77,15 @@ def test_every_async_method_matches_the_sync_client(server):
         async with AsyncClient(server.url, api_key=KEY) as client:
             assert await client.health() and await client.ready()
             return (await client.info(), await client.classify(TEXTS), await client.ner(TEXTS),
-                    await client.qa("Where does Alice live?", CONTEXT))
+                    await client.qa("Where does Alice live?", CONTEXT), await client.embed(TEXTS))
 
-    info, labels, entities, answer = asyncio.run(run())
+    info, labels, entities, answer, vectors = asyncio.run(run())
     with Client(server.url, api_key=KEY) as client:
         assert info == client.info()
         assert close(dumped(labels), dumped(client.classify(TEXTS)))
         assert close(dumped(entities), dumped(client.ner(TEXTS)))
         assert close(dumped(answer), dumped(client.qa("Where does Alice live?", CONTEXT)))
+        assert np.abs(np.asarray(vectors) - np.asarray(client.embed(TEXTS))).max() < 1e-5
 
 
 def test_the_real_servers_errors_map_to_sdk_exceptions(server):

@@ -37,7 +37,7 @@ def demo_server():
 
 def test_no_argument_server_serves_the_demo_model(demo_server):
     info = httpx.get(demo_server.url + "/info").json()
-    assert sorted(info["tasks"]) == ["classify", "ner", "qa"]
+    assert info["tasks"] == ["classify", "ner", "qa", "embed"]
     labels = httpx.post(demo_server.url + "/classify", json={"inputs": [
         "A moving, beautifully acted film that I would happily watch again.",
         "A dull, lifeless mess with no redeeming qualities."]}).json()

@@ -110,9 +110,11 @@ def test_multi_task_checkpoint(tmp_path, minilm_dir):
     save_checkpoint(init_model(config), tmp_path / "ckpt", tokenizer=minilm_dir)
     assert cli(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "art"), "--max-seq", "64"]) == 0
     m = json.loads((tmp_path / "art" / "manifest.json").read_text())
-    assert m["task"] == "multi" and m["tasks"] == ["classify", "ner", "qa"]
-    assert [o["name"] for o in m["outputs"]] == ["classify_logits", "ner_logits", "qa_start_logits", "qa_end_logits"]
+    assert m["task"] == "multi" and m["tasks"] == ["classify", "ner", "qa", "embed"]
+    assert [o["name"] for o in m["outputs"]] == ["classify_logits", "ner_logits", "qa_start_logits", "qa_end_logits",
+                                                 "embedding"]
     assert m["outputs"][1]["shape"] == ["batch", "sequence", 3]
+    assert m["outputs"][4]["shape"] == ["batch", config.hidden_size] and m["pooling"]["pooling"] == "mean"
     assert len(m["source"]["sha256"]) == 64
 
 

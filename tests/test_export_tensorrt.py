@@ -120,7 +120,7 @@ def test_engine_built_verified_and_recorded(engine_artifact):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TRT, reason=NO_TRT_REASON)
 def test_runtime_matches_onnxruntime_and_checks_shapes(engine_artifact):
-    from export.tensorrt_runtime import TrtEngine
+    from bert.tensorrt_runtime import TrtEngine
 
     engine = TrtEngine(engine_artifact / "model.plan")
     assert engine.input_names == ["input_ids", "attention_mask", "token_type_ids"]

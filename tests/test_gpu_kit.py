@@ -98,7 +98,7 @@ def test_demo_parts_reassemble_into_a_servable_model(dry_run, tmp_path):
     with tarfile.open(tmp_path / "demo.tar") as tar:
         tar.extractall(tmp_path, filter="data")
     spec = read_model_spec(tmp_path / "demo_model")
-    assert spec.tasks == ["classify", "ner", "qa"]
+    assert spec.headed_tasks == ["classify", "ner", "qa"] and spec.tasks[-1] == "embed"
     assert (tmp_path / "demo_run" / "metrics.json").is_file()
     scores = demo["scores"]
     assert set(scores["bar"]) == {"sst2_dev_accuracy", "conll_valid_f1", "squad_heldout_f1"}

@@ -125,7 +125,7 @@ def test_response_shapes_and_headers(server):
         listed = client.post("/qa", json=[QA_ITEMS[2], QA_ITEMS[1]]).json()
         assert len(listed) == 2 and all(isinstance(a, dict) for a in listed)
         info = client.get("/info").json()
-        assert info["tasks"] == ["classify", "ner", "qa"] and info["backend"] == "torch"
+        assert info["tasks"] == ["classify", "ner", "qa", "embed"] and info["backend"] == "torch"
         assert info["labels"]["ner"][0] == "O" and info["max_client_batch_size"] == 16
         assert client.get("/health").json() == {"status": "ok"}
         assert client.get("/docs").status_code == 200

@@ -215,16 +215,17 @@ def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
         engine.start()
         try:
             return await asyncio.gather(
-                engine.classify(TEXTS[:2], top_k=1, function=None, truncate=False, ticket=Ticket(), timing=Timing()),
-                engine.ner(TEXTS[2:4], aggregation="simple", truncate=False, ticket=Ticket(), timing=Timing()),
-                engine.qa([{**QA_ITEMS[1], "top_k": 1, "max_answer_len": 30, "doc_stride": 128}], ticket=Ticket(),
-                          timing=Timing()))
+                engine.infer("classify", TEXTS[:2], {"top_k": 1}, ticket=Ticket(), timing=Timing()),
+                engine.infer("ner", TEXTS[2:4], {"aggregation": "simple"}, ticket=Ticket(), timing=Timing()),
+                engine.infer("qa", [{**QA_ITEMS[1], "top_k": 1, "max_answer_len": 30, "doc_stride": 128}], {},
+                             ticket=Ticket(), timing=Timing()),
+                engine.infer("embed", TEXTS[4:5], {"normalize": True}, ticket=Ticket(), timing=Timing()))
         finally:
             await engine.stop()
 
-    classified, entities, answers = asyncio.run(scenario())
-    assert len(classified) == 2 and len(entities) == 2 and len(answers) == 1
-    assert seen == [5], seen  # 2 classify + 2 ner + 1 qa window: one forward pass
+    classified, entities, answers, vectors = asyncio.run(scenario())
+    assert len(classified) == 2 and len(entities) == 2 and len(answers) == 1 and len(vectors) == 1
+    assert seen == [6], seen  # 2 classify + 2 ner + 1 qa window + 1 embed: one forward pass
 
 
 def test_max_padding_keeps_very_different_lengths_apart():

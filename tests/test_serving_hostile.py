@@ -40,7 +40,7 @@ def _body_cases():
                 '{"inputs": "unterminated}', '{"inputs": "x",}', "\x00", '{"inputs": "\\ud800"}',
                 "[" * 5000 + "]" * 5000, '{"a":' * 3000 + "1" + "}" * 3000]
     not_objects = ["null", "true", "123", '"a string"', "[]", "{}", "[1, 2]"]
-    for route in ("/classify", "/ner", "/qa"):
+    for route in ("/classify", "/ner", "/qa", "/embed", "/v1/embeddings"):
         cases += [(route, raw, "raw") for raw in bad_json + not_objects]
     classify_inputs = [1, 2.5, True, None, {"text": "x"}, [1, 2], [None], [["a", "b", "c"]], [["a"]], [[["a"]]],
                        "", "   ", "\n\t", ["ok", ""], [["a", ""]], [], ["x"] * 5, LONG_TEXT, HUGE_TEXT, [LONG_TEXT],
@@ -70,6 +70,16 @@ def _body_cases():
                  {"question": "Where?", "context": CONTEXT * 20}, {"question": "Where?", "context": HUGE_TEXT},
                  {"question": "Where?", "context": HUGE_TEXT, "doc_stride": 158}]
     cases += [("/qa", body, "json") for body in qa_bodies]
+    embed_bodies = [{"inputs": 3}, {"inputs": [["a", "b"]]}, {"inputs": ""}, {"inputs": ["x", " "]}, {"inputs": []},
+                    {"inputs": ["x"] * 5}, {"inputs": LONG_TEXT}, {"inputs": HUGE_TEXT}, {"inputs": [HUGE_TEXT]},
+                    {"inputs": "x", "normalize": "yes"}, {"inputs": "x", "normalize": None},
+                    {"inputs": "x", "truncate": 1}, {"inputs": "x", "pooling": "max"}, {"normalize": True}]
+    cases += [("/embed", body, "json") for body in embed_bodies]
+    openai_bodies = [{"input": [1, 2, 3]}, {"input": [[1, 2]]}, {"input": ""}, {"input": []}, {"input": ["x"] * 5},
+                     {"input": "x", "encoding_format": "hex"}, {"input": "x", "dimensions": 7},
+                     {"input": "x", "dimensions": 0}, {"input": "x", "model": 5}, {"input": "x", "user": 1},
+                     {"input": "x", "extra_field": 1}, {"model": "m"}, {"input": HUGE_TEXT}, {"input": None}]
+    cases += [("/v1/embeddings", body, "json") for body in openai_bodies]
     qa_lists = [[], [ok] * 5, [ok, {"question": "x"}], [ok, 1], [[ok]], [ok, None],
                 [{"question": "Where?", "context": CONTEXT * 4}] * 4]
     cases += [("/qa", body, "json") for body in qa_lists]
@@ -121,6 +131,10 @@ REQUEST_CASES = [
     ("POST", "/qa", {}, json.dumps({"question": "q", "context": "c " * 120_000}).encode(), 413),
     ("POST", "/classify", {"x-request-id": "<script>" * 50}, b'{"inputs": "x"}', 200),
     ("POST", "/classify", {"accept": "text/html"}, b"{", 422),
+    ("GET", "/embed", {}, None, 405), ("POST", "/embed/", {}, b'{"inputs": "x"}', 404),
+    ("POST", "/v1/embeddings", {"authorization": "Bearer wrong"}, b'{"input": "x"}', 401),
+    ("POST", "/embed", {"authorization": ""}, b'{"inputs": "x"}', 401),
+    ("GET", "/v1/models", {}, None, 404),
 ]
 
 

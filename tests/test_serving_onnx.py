@@ -60,7 +60,7 @@ def test_onnx_artifact_served_without_torch(artifact):
     with NoTorchServer("--model", str(directory), "--max-wait-ms", "10") as server:
         url = server.url
         info = httpx.get(url + "/info").json()
-        assert info["backend"] == "onnxruntime" and info["tasks"] == ["classify", "ner", "qa"]
+        assert info["backend"] == "onnxruntime" and info["tasks"] == ["classify", "ner", "qa", "embed"]
         singles = [httpx.post(url + "/classify", json={"inputs": t, "top_k": None}).json() for t in TEXTS]
         assert_close(singles, torch_reference(checkpoint), tol=1e-4)
         ner_single = [httpx.post(url + "/ner", json={"inputs": t}).json() for t in TEXTS]

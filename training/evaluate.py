@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 
 from training.config import ConfigError, build_parser, run
+from training.finetune import TASKS
 
 FALLBACKS = {"max_seq_length": 128, "eval_batch_size": 64, "text_column": "0", "pair_column": "",
              "label_column": "-1", "header": "auto", "scheme": "auto", "doc_stride": 128, "max_query_length": 64,
@@ -51,8 +52,8 @@ class EvaluateConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.task not in ("classify", "ner", "qa"):
-            problems.append(f"--task must be classify, ner or qa, got {self.task!r}")
+        if self.task not in TASKS:
+            problems.append(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not self.ckpt:
             problems.append("--ckpt is required")
         if not self.data:

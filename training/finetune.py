@@ -13,9 +13,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bert.tasks import registry
 from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config, run
 
-TASKS = ("classify", "ner", "qa")
+TASKS = registry.names(trainable=True)
 BEST_METRIC = {"classify": "accuracy", "regression": "pearson", "ner": "f1", "qa": "f1"}
 
 

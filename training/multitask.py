@@ -28,10 +28,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from bert.tasks import registry
 from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
 from training.finetune import BEST_METRIC, FinetuneConfig, prepare
 
-TASKS = ("classify", "ner", "qa")
+TASKS = registry.names(trainable=True)
 SAVE_DTYPES = ("fp32", "fp16", "bf16")
 
 

@@ -50,10 +50,11 @@ def read_pooling(directory) -> Pooling:
     config = _read_json(directory / "config.json")
     declared = config.get("pooling") if isinstance(config, dict) else None
     if isinstance(declared, dict):
-        mode = declared.get("mode", DEFAULT_POOLING)
+        mode, max_length = declared.get("mode", DEFAULT_POOLING), declared.get("max_length")
         if mode not in POOLINGS:
             raise PoolingError(f"{directory / 'config.json'}: pooling mode {mode!r} is not one of {', '.join(POOLINGS)}")
-        return Pooling(mode, bool(declared.get("normalize", True)), "config.json")
+        return Pooling(mode, bool(declared.get("normalize", True)), "config.json",
+                       max_length if isinstance(max_length, int) and max_length > 0 else None)
     return Pooling()
 
 

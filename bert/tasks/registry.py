@@ -24,6 +24,7 @@ class Task:
     codec: ModuleType
     # The backend's arrays for this task, one row per sequence: "classify" (L,), "ner" (T, L), "qa_start" (T,)...
     outputs: tuple[str, ...]
+    output_ranks: tuple[int, ...]  # each output's dimensions in a batch: (B, L) 2, (B, T, L) 3, (B, T) 2
     per_token: bool  # those arrays have a row per token (sliced to each sequence's length by the batcher)
     architecture: str | None  # transformers class of a checkpoint made for this task alone
     head: str | None  # its head's attribute in BertForMultiTask; None: served by the encoder itself
@@ -48,23 +49,23 @@ def register(task: Task) -> Task:
 
 
 register(Task(
-    name="classify", codec=classify, outputs=("classify",), per_token=False,
+    name="classify", codec=classify, outputs=("classify",), output_ranks=(2,), per_token=False,
     architecture="BertForSequenceClassification", head="classifier", labelled=True, trainable=True,
     graph_outputs={"classify_logits": "classify"}, single_graph_outputs={"logits": "classify"},
     routes=("/classify",), request_schema="ClassifyRequest", response_schema="ClassifyResponse"))
 register(Task(
-    name="ner", codec=ner, outputs=("ner",), per_token=True,
+    name="ner", codec=ner, outputs=("ner",), output_ranks=(3,), per_token=True,
     architecture="BertForTokenClassification", head="token_classifier", labelled=True, trainable=True,
     graph_outputs={"ner_logits": "ner"}, single_graph_outputs={"logits": "ner"},
     routes=("/ner",), request_schema="NerRequest", response_schema="NerResponse"))
 register(Task(
-    name="qa", codec=qa, outputs=("qa_start", "qa_end"), per_token=True,
+    name="qa", codec=qa, outputs=("qa_start", "qa_end"), output_ranks=(2, 2), per_token=True,
     architecture="BertForQuestionAnswering", head="qa_outputs", labelled=False, trainable=True,
     graph_outputs={"qa_start_logits": "qa_start", "qa_end_logits": "qa_end"},
     single_graph_outputs={"start_logits": "qa_start", "end_logits": "qa_end"},
     routes=("/qa",), request_schema="QARequest", response_schema="QAResponse"))
 register(Task(
-    name="embed", codec=embed, outputs=("embed",), per_token=False,
+    name="embed", codec=embed, outputs=("embed",), output_ranks=(2,), per_token=False,
     architecture="BertModel", head=None, labelled=False, trainable=False,
     graph_outputs={"embedding": "embed"}, single_graph_outputs={"embedding": "embed", "sentence_embedding": "embed"},
     routes=("/embed", "/v1/embeddings"), request_schema="EmbedRequest", response_schema="EmbedResponse"))

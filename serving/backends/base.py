@@ -1,14 +1,14 @@
 """The backend interface and what a model directory says about itself.
 
-A backend turns one padded batch into task-named arrays:
+A backend turns one padded batch into the arrays its tasks read (bert.tasks.registry names them):
   run({"input_ids", "attention_mask", "token_type_ids"}: int64 (B, T))
-    -> {"classify": (B, L), "ner": (B, T, L), "qa_start": (B, T), "qa_end": (B, T)} (the tasks it has), float32.
+    -> {"classify": (B, L), "ner": (B, T, L), "qa_start": (B, T), "qa_end": (B, T), "embed": (B, H)}
+       (those of the tasks it serves), float32.
 It knows its `tasks`, runs a `warmup()`, and is called from one inference thread at a time unless it
 sets `concurrent_runs = True` (then from up to --inference-workers threads at once).
 """
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -19,18 +19,12 @@ import numpy as np
 
 from bert.config import BertConfig, ConfigError
 from bert.errors import json_type, one_line
+from bert.tasks import TASKS, registry
+from bert.tasks.embed import Pooling, PoolingError, pool, read_pooling
 
 log = logging.getLogger("bertserve")
 
-TASKS = ("classify", "ner", "qa")
-# Output names of an exported graph -> our task-named outputs.
-OUTPUT_NAMES = {
-    "classify_logits": "classify", "ner_logits": "ner",
-    "qa_start_logits": "qa_start", "qa_end_logits": "qa_end",
-    "start_logits": "qa_start", "end_logits": "qa_end",
-}
-_ARCHITECTURE_TASKS = {"BertForSequenceClassification": "classify", "BertForTokenClassification": "ner",
-                       "BertForQuestionAnswering": "qa"}
+HIDDEN_STATES = "last_hidden_state"  # an encoder graph's token states: tasks without a head derive theirs from it
 
 
 class ModelError(Exception):
@@ -43,12 +37,18 @@ class ModelSpec:
 
     path: Path
     kind: str  # "checkpoint" | "onnx" | "tensorrt"
-    tasks: list[str]
-    labels: dict[str, dict[int, str]]  # task -> id2label (qa: {})
+    tasks: list[str]  # those with a head, then those any encoder serves (embed); a backend may drop the latter
+    labels: dict[str, dict[int, str]]  # task -> id2label ({} for a task without labels)
     max_position_embeddings: int
     problem_type: str | None
     config: dict
     manifest: dict = field(default_factory=dict)
+    pooling: Pooling = field(default_factory=Pooling)  # how the embed task pools (bert.tasks.embed)
+
+    @property
+    def headed_tasks(self) -> list[str]:
+        """The tasks this directory must serve: those it has a head for."""
+        return [t for t in self.tasks if TASKS[t].head is not None]
 
     @property
     def name(self) -> str:
@@ -140,63 +140,79 @@ def read_model_spec(path: Path) -> ModelSpec:
         if isinstance(task, list) and len(task) == 1:
             task = task[0]
         if not task:
-            task = next((_ARCHITECTURE_TASKS[a] for a in config.get("architectures") or [] if a in _ARCHITECTURE_TASKS),
-                        None)
+            task = next((registry.task_of_architecture(a) for a in config.get("architectures") or []
+                         if registry.task_of_architecture(a)), None)
         if not task and isinstance(manifest.get("tasks"), list) and len(manifest["tasks"]) == 1:
             task = manifest["tasks"][0]
-        if task not in TASKS:
-            raise ModelError(f"{path}: cannot tell which task the model serves (config task {task!r}; "
-                             f"expected one of {', '.join(TASKS)} or task_labels)")
-        id2label = _id2label(config.get("id2label"))
-        if task != "qa" and not id2label:
-            id2label = {i: f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
-        labels = {task: id2label if task != "qa" else {}}
-    unknown = [t for t in labels if t not in TASKS]
+        if task in ("encoder", "multi"):  # export's names for a bare encoder graph / a multi-task one
+            task = None
+        if task is not None and task not in TASKS:
+            raise ModelError(f"{path}: config task {task!r} is not one of {', '.join(TASKS)}")
+        if task is not None and TASKS[task].head is not None:
+            id2label = _id2label(config.get("id2label") or {}) if TASKS[task].labelled else {}
+            if TASKS[task].labelled and not id2label:
+                id2label = {i: f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
+            labels = {task: id2label}
+    unknown = [t for t in labels if t not in TASKS or TASKS[t].head is None]
     if unknown:
-        raise ModelError(f"{path}: unknown task(s) {unknown}")
-    return ModelSpec(path=path, kind=kind, tasks=list(labels), labels=labels,
+        raise ModelError(f"{path}: task_labels names {unknown}, not tasks with a head ({', '.join(registry.with_heads())})")
+    # Any encoder serves the tasks without a head of their own (embed), beside its heads.
+    tasks = list(labels) + [t for t in TASKS if TASKS[t].head is None]
+    try:
+        pooling = read_pooling(path)
+    except PoolingError as e:
+        raise ModelError(str(e)) from None
+    return ModelSpec(path=path, kind=kind, tasks=tasks, labels={t: labels.get(t, {}) for t in tasks},
                      max_position_embeddings=int(config.get("max_position_embeddings", 512)),
-                     problem_type=config.get("problem_type"), config=config, manifest=manifest)
+                     problem_type=config.get("problem_type"), config=config, manifest=manifest, pooling=pooling)
 
 
-def output_key(name: str, fallback_logits_task: str | None) -> str | None:
-    """The task-named output ("classify", "ner", "qa_start", "qa_end") a graph output gives, if any: a
-    plain "logits" belongs to the one task of a single-task model."""
-    if name == "logits" and fallback_logits_task in ("classify", "ner"):
-        return fallback_logits_task
-    return OUTPUT_NAMES.get(name)
+def servable_tasks(spec: ModelSpec, output_names, model_file: Path | str = "the model") -> list[str]:
+    """The spec's tasks a graph with these outputs can serve: every headed task must find its outputs (else
+    ModelError naming them); a task without a head is served when the graph has its outputs, or token states
+    to derive them from, and left out otherwise."""
+    names = list(output_names)
+    mapped = {ours for name, ours in registry.graph_output_names(spec.tasks).items() if name in names}
+    missing = registry.missing_outputs(spec.headed_tasks, mapped)
+    if missing:
+        raise ModelError(f"{model_file} gives outputs {', '.join(names)}, none for task(s) {', '.join(missing)} that "
+                         f"its directory's config.json (or manifest.json) declares")
+    optional = [t for t in spec.tasks if TASKS[t].head is None]
+    served = [t for t in optional if not registry.missing_outputs([t], mapped) or HIDDEN_STATES in names]
+    for task in set(optional) - set(served):
+        log.info("%s: no %s output in the graph (re-export with --task %s, or multi), so %s is not served",
+                 spec.path, "/".join(TASKS[task].graph_outputs), task, task)
+    return spec.headed_tasks + served
 
 
-def _tasks_without_outputs(keys, tasks: list[str]) -> list[str]:
-    keys = set(keys)
-    return [t for t in tasks if (t != "qa" and t not in keys) or (t == "qa" and not {"qa_start", "qa_end"} <= keys)]
-
-
-def task_outputs(named: dict[str, Any], tasks: list[str], fallback_logits_task: str | None) -> dict[str, np.ndarray]:
-    """Rename a graph's outputs ("logits", "start_logits", "classify_logits", ...) to task names, float32."""
+def task_outputs(named: dict[str, Any], tasks: list[str], attention_mask: np.ndarray | None = None,
+                 pooling: Pooling | None = None) -> dict[str, np.ndarray]:
+    """A graph's outputs ("logits", "start_logits", "classify_logits", "embedding", ...) under our names, float32.
+    A task without a head whose output the graph lacks is derived from its token states (the embed task pools
+    `last_hidden_state` with the batch's attention mask)."""
+    mapping = registry.graph_output_names(tasks)
     out: dict[str, np.ndarray] = {}
     for name, value in named.items():
-        key = output_key(name, fallback_logits_task)
-        if key is None:
-            continue
-        array = np.asarray(value)
-        out[key] = array if array.dtype == np.float32 else array.astype(np.float32)
-    missing = _tasks_without_outputs(out, tasks)
+        key = mapping.get(name)
+        if key is not None:
+            array = np.asarray(value)
+            out[key] = array if array.dtype == np.float32 else array.astype(np.float32)
+    if HIDDEN_STATES in named and "embed" in tasks and "embed" not in out:
+        out["embed"] = pool(named[HIDDEN_STATES], attention_mask, (pooling or Pooling()).mode)
+    missing = registry.missing_outputs(tasks, out)
     if missing:
         raise ModelError(f"the model gave outputs {sorted(named)}, none for task(s) {missing}")
     return out
 
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-# Rank of each task-named output: (batch, labels), (batch, sequence, labels), (batch, sequence).
-OUTPUT_RANKS = {"classify": 2, "ner": 3, "qa_start": 2, "qa_end": 2}
 
 
 def check_model_io(model_file: Path, spec: ModelSpec, inputs: dict[str, tuple[list, bool]],
-                   outputs: dict[str, list]) -> None:
+                   outputs: dict[str, list]) -> list[str]:
     """A graph must take BERT's inputs and give what every task of its directory needs: checked when it
     loads, so that a graph that does not fit stops the server at startup with one line naming the file,
-    instead of failing its warm-up or its first request.
+    instead of failing its warm-up or its first request. Returns the tasks it serves (servable_tasks).
 
     inputs: name -> (shape, whether its element type is an integer type); outputs: name -> shape. Shapes
     are lists whose entries are ints, or names/None for dynamic axes."""
@@ -210,23 +226,20 @@ def check_model_io(model_file: Path, spec: ModelSpec, inputs: dict[str, tuple[li
             raise ModelError(f"{model_file}: input {name} has shape {shape}; it must be (batch, sequence)")
         if not integer:
             raise ModelError(f"{model_file}: input {name} is not an integer tensor (int64 or int32)")
-    fallback = spec.tasks[0] if len(spec.tasks) == 1 else None
-    keys = {output_key(name, fallback): (name, shape) for name, shape in outputs.items()}
-    keys.pop(None, None)
-    missing = _tasks_without_outputs(keys, spec.tasks)
-    if missing:
-        raise ModelError(f"{model_file} gives outputs {', '.join(outputs)}, none for task(s) {', '.join(missing)} "
-                         f"that its directory's config.json (or manifest.json) declares")
-    for key, (name, shape) in keys.items():
-        if shape is None:
+    mapping = registry.graph_output_names(spec.tasks)
+    ranks = {out: rank for t in TASKS.values() for out, rank in zip(t.outputs, t.output_ranks)}
+    ranks[HIDDEN_STATES] = 3
+    for name, shape in outputs.items():
+        key = mapping.get(name, name if name == HIDDEN_STATES else None)
+        if key is None or shape is None:
             continue
-        if len(shape) != OUTPUT_RANKS[key]:
-            raise ModelError(f"{model_file}: output {name} has {len(shape)} dimensions; {key} needs "
-                             f"{OUTPUT_RANKS[key]}")
+        if len(shape) != ranks[key]:
+            raise ModelError(f"{model_file}: output {name} has {len(shape)} dimensions; {key} needs {ranks[key]}")
         task_labels = spec.labels.get(key)
         if task_labels and isinstance(shape[-1], int) and shape[-1] != len(task_labels):
             raise ModelError(f"{model_file}: output {name} gives {shape[-1]} scores per {key} prediction; "
                              f"{spec.path / 'config.json'} has {len(task_labels)} {key} labels")
+    return servable_tasks(spec, outputs, model_file)
 
 
 class Backend:
@@ -263,28 +276,3 @@ def threads_per_run(settings, available: int) -> int | None:
     if workers == 1:
         return settings.threads
     return max(1, (settings.threads or available) // workers)
-
-
-def create_backend(spec: ModelSpec, settings) -> Backend:
-    choice = settings.backend
-    if ":" in choice:  # "package.module:factory" — a custom backend (tests use one that fails on purpose)
-        module_name, _, attr = choice.partition(":")
-        factory = getattr(importlib.import_module(module_name), attr)
-        return factory(spec, settings)
-    if choice == "auto":
-        choice = {"onnx": "onnxruntime", "tensorrt": "tensorrt", "checkpoint": "torch"}[spec.kind]
-    if choice == "torch":
-        if spec.kind != "checkpoint":
-            raise ModelError(f"the torch backend needs a checkpoint dir (model.safetensors); {spec.path} is an "
-                             f"{spec.kind} artifact")
-        from serving.backends.torch_backend import TorchBackend
-        return TorchBackend(spec, settings)
-    if choice == "onnxruntime":
-        if not (spec.path / "model.onnx").is_file():
-            raise ModelError(f"the onnxruntime backend needs {spec.path}/model.onnx")
-        from serving.backends.onnx_backend import OnnxBackend
-        return OnnxBackend(spec, settings)
-    if choice == "tensorrt":
-        from serving.backends.tensorrt_backend import TensorRTBackend
-        return TensorRTBackend(spec, settings)
-    raise ModelError(f"unknown backend {choice!r}")

@@ -51,9 +51,9 @@ class OnnxBackend(Backend):
             self.session = ort.InferenceSession(str(model_file), options, providers=providers)
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
             raise ModelError(f"onnxruntime cannot load {model_file}: {one_line(e, 300)}") from None
-        check_model_io(model_file, spec,
-                       inputs={i.name: (i.shape, i.type in _NUMPY_TYPES) for i in self.session.get_inputs()},
-                       outputs={o.name: o.shape for o in self.session.get_outputs()})
+        self.tasks = check_model_io(
+            model_file, spec, inputs={i.name: (i.shape, i.type in _NUMPY_TYPES) for i in self.session.get_inputs()},
+            outputs={o.name: o.shape for o in self.session.get_outputs()})
         self.providers = self.session.get_providers()
         self.inputs = {i.name: _NUMPY_TYPES[i.type] for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -64,5 +64,5 @@ class OnnxBackend(Backend):
     def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {name: np.ascontiguousarray(batch[name], dtype=dtype) for name, dtype in self.inputs.items()}
         values = self.session.run(self.output_names, feed)
-        return task_outputs(dict(zip(self.output_names, values)), self.tasks,
-                            self.tasks[0] if len(self.tasks) == 1 else None)
+        return task_outputs(dict(zip(self.output_names, values)), self.tasks, batch["attention_mask"],
+                            self.spec.pooling)

@@ -1,12 +1,12 @@
 """TensorRT backend: runs an engine plan (model.plan) built by `python -m export.tensorrt`.
 
-The engine runtime lives in export/tensorrt_runtime.py and needs the `tensorrt` package and a CUDA
+The engine runtime (bert/tensorrt_runtime.py, shared with export) needs the `tensorrt` package and a CUDA
 device; both are imported only when this backend is chosen, and their absence is a clear error."""
 from __future__ import annotations
 
 import numpy as np
 
-from serving.backends.base import Backend, ModelError, ModelSpec, task_outputs
+from serving.backends.base import Backend, ModelError, ModelSpec, servable_tasks, task_outputs
 
 
 class TensorRTBackend(Backend):
@@ -22,14 +22,13 @@ class TensorRTBackend(Backend):
         except ImportError:
             raise ModelError("the tensorrt backend needs the `tensorrt` package (pip install tensorrt) "
                              "and an NVIDIA GPU; use --backend onnxruntime or torch instead") from None
-        try:
-            from export.tensorrt_runtime import TrtEngine
-        except ImportError as e:
-            raise ModelError(f"the TensorRT engine runtime (export/tensorrt_runtime.py) is not available: {e}") from None
+        from bert.tensorrt_runtime import TrtEngine
+
         self.engine = TrtEngine(str(plan))
+        self.tasks = servable_tasks(spec, self.engine.output_names, plan)
         self.precision = str(spec.manifest.get("precision", "fp16"))
 
     def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64) for k in ("input_ids", "attention_mask",
                                                                           "token_type_ids")}
-        return task_outputs(self.engine.run(feed), self.tasks, self.tasks[0] if len(self.tasks) == 1 else None)
+        return task_outputs(self.engine.run(feed), self.tasks, feed.get("attention_mask"), self.spec.pooling)

@@ -15,6 +15,7 @@ import logging
 import numpy as np
 import torch
 
+from bert.tasks import registry
 from serving.backends.base import Backend, ModelError, ModelSpec, threads_per_run
 from serving.backends.torch_packed import (CUDA_ATTENTIONS, PackedEncoder, PackedRunner, attention_reference,
                                            pack)
@@ -46,10 +47,15 @@ class TorchBackend(Backend):
             torch.set_num_threads(threads)
         self.precision = settings.effective_precision
         self.device = torch.device(settings.device)
-        task = spec.tasks[0] if len(spec.tasks) == 1 and not spec.config.get("task_labels") else None
+        headed = spec.headed_tasks
+        task = headed[0] if len(headed) == 1 and not spec.config.get("task_labels") else None
         self.model, _ = load_checkpoint(spec.path, task=task, dtype=DTYPES[self.precision], device=self.device)
         self.model.set_attention_implementation("sdpa")
+        if "embed" in self.tasks:  # the pooled states come out of the same forward pass as the heads
+            self.model.set_pooling(spec.pooling.mode)
         self.model.eval()
+        # The model's result fields under the graph-output names they are exported as -> our names.
+        self.outputs = registry.graph_output_names(self.tasks)
 
         cuda = self.device.type == "cuda"
         packed = _choice(packed, getattr(settings, "torch_packed", None), cuda)
@@ -81,24 +87,16 @@ class TorchBackend(Backend):
         if np.all(batch["attention_mask"]):  # nothing padded: no mask, so SDPA may use its flash kernel
             inputs["attention_mask"] = None
         output = self.model(**inputs)
-        named: dict[str, torch.Tensor] = {}
-        if hasattr(output, "classify_logits"):  # multi-task: one forward, a head per task
-            for field, key in (("classify_logits", "classify"), ("ner_logits", "ner"),
-                               ("qa_start_logits", "qa_start"), ("qa_end_logits", "qa_end")):
-                if getattr(output, field) is not None:
-                    named[key] = getattr(output, field)
-        elif hasattr(output, "start_logits"):
-            named = {"qa_start": output.start_logits, "qa_end": output.end_logits}
-        else:
-            named = {self.tasks[0]: output.logits}
-        return {k: v.float().cpu().numpy() for k, v in named.items()}
+        return {ours: getattr(output, field).float().cpu().numpy() for field, ours in self.outputs.items()
+                if getattr(output, field, None) is not None}
 
     # ---- choosing the packed path on this device ----------------------------------------------
     def _packed_runner(self, cuda_graphs: bool, gelu_epilogue: bool | None) -> PackedRunner | None:
         """The fastest packed runner that matches the padded path on a probe batch here, or None."""
         notes = self.fast_path["notes"]
         try:
-            encoder = PackedEncoder(self.model, gelu_epilogue=gelu_epilogue)
+            encoder = PackedEncoder(self.model, gelu_epilogue=gelu_epilogue,
+                                    pooling=self.spec.pooling.mode if "embed" in self.tasks else None)
         except TypeError as e:
             notes.append(f"packed path off: {e}")
             return None

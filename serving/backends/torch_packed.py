@@ -164,14 +164,16 @@ class PackedEncoder:
     """A loaded bertserve model (eval, on its device and dtype) run over packed tokens.
 
     Shares the model's weights (only the stacked QKV weights are new) and computes what the model's
-    heads compute: per-token heads (ner, qa) as one matrix over all tokens, and the sequence head
-    (classify: pooler + classifier) on each sequence's [CLS] row."""
+    heads compute: per-token heads (ner, qa) as one matrix over all tokens, the sequence head
+    (classify: pooler + classifier) on each sequence's [CLS] row, and the embed task's pooled vector."""
 
-    def __init__(self, model, attention: Attention = attention_reference, gelu_epilogue: bool | None = None):
+    def __init__(self, model, attention: Attention = attention_reference, gelu_epilogue: bool | None = None,
+                 pooling: str | None = None):
         """gelu_epilogue: the feed-forward GELU inside the GEMM (cuBLASLt's GELU_BIAS epilogue on CUDA: one pass
         over the 4H-wide activations fewer). That epilogue is the tanh approximation, so by default only for
         models trained with it (gelu_new / gelu_pytorch_tanh); True applies it to exact-GELU models too
-        (differences far below fp16 rounding; an opt-in, measured as its own piece by the GPU kit)."""
+        (differences far below fp16 rounding; an opt-in, measured as its own piece by the GPU kit).
+        pooling: also compute the embed task's vector of each sequence ("cls" or "mean"; "max" has no packed form)."""
         from bert.model import (BertForMultiTask, BertForQuestionAnswering, BertForSequenceClassification,
                                 BertForTokenClassification)
 
@@ -218,8 +220,19 @@ class PackedEncoder:
             token_heads.append(("qa", model.qa_outputs))
         elif isinstance(model, BertForSequenceClassification):
             self.pooler, self.classifier = model.bert.pooler.dense, model.classifier
-        else:
+        elif pooling is None:  # a bare encoder is served packed only for its embeddings
             raise TypeError(f"no packed path for {type(model).__name__}")
+        if pooling not in (None, "cls", "mean"):
+            raise TypeError(f"no packed path for {pooling} pooling")
+        self.pooling = pooling
+        # Per-sequence outputs side by side in one (S, width) array: the classifier's logits, then the embedding.
+        self.sequence_columns: dict[str, slice] = {}
+        if self.classifier is not None:
+            self.sequence_columns["classify"] = slice(0, self.classifier.out_features)
+        if pooling is not None:
+            start = self.classifier.out_features if self.classifier is not None else 0
+            self.sequence_columns["embed"] = slice(start, start + self.hidden)
+        self.sequence_width = max((c.stop for c in self.sequence_columns.values()), default=0)
         self.token_columns: dict[str, slice] = {}
         start = 0
         for name, linear in token_heads:
@@ -251,17 +264,29 @@ class PackedEncoder:
                 h = self.act(F.linear(x, layer.inter_w, layer.inter_b))
             x = F.layer_norm(F.linear(h, layer.ffn_w, layer.ffn_b) + x, (self.hidden,), *layer.ln2, self.eps)
         tokens = F.linear(x, self.token_w, self.token_b).float() if self.token_w is not None else None
-        sequences = None
+        parts = []
         if self.classifier is not None:
             pooled = torch.tanh(self.pooler(x.index_select(0, cls_rows)))  # the [CLS] states
-            sequences = self.classifier(pooled).float()
+            parts.append(self.classifier(pooled).float())
+        if self.pooling == "cls":
+            parts.append(x.index_select(0, cls_rows).float())
+        elif self.pooling == "mean":
+            # Per-sequence sums as differences of one running sum: static shapes, so it is graph-capturable. In
+            # float64, because the difference of two sums over thousands of tokens would cancel float32 digits.
+            running = F.pad(x.double().cumsum(dim=0), (0, 0, 1, 0))  # (N + 1, H)
+            bounds = cu.long()
+            counts = (bounds[1:] - bounds[:-1]).clamp(min=1).unsqueeze(1)
+            sums = running.index_select(0, bounds[1:]) - running.index_select(0, bounds[:-1])
+            parts.append((sums / counts).float())
+        sequences = torch.cat(parts, dim=1) if parts else None
         return tokens, sequences
 
     def named(self, tokens: np.ndarray | None, sequences: np.ndarray | None, where: np.ndarray) -> dict:
         """The backend's task-named outputs, per-token ones back in the padded (B, T) layout."""
         out = {}
         if sequences is not None:
-            out["classify"] = sequences
+            for name, cols in self.sequence_columns.items():
+                out[name] = sequences[:, cols]
         if tokens is not None:
             padded = unpack_tokens(tokens, where)
             for name, cols in self.token_columns.items():
@@ -294,8 +319,8 @@ class _Bucket:
             self._capture(pool)
         self.host_tokens = (torch.empty((tokens, encoder.token_width), dtype=torch.float32, pin_memory=cuda)
                             if encoder.token_w is not None else None)
-        self.host_sequences = (torch.empty((sequences, encoder.classifier.out_features), dtype=torch.float32,
-                                           pin_memory=cuda) if encoder.classifier is not None else None)
+        self.host_sequences = (torch.empty((sequences, encoder.sequence_width), dtype=torch.float32,
+                                           pin_memory=cuda) if encoder.sequence_width else None)
 
     def _run(self):
         ids, types, positions, cu, cls_rows = self.views

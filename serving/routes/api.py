@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.batcher import Ticket
 from serving.engine import Timing, check_batch, check_texts, version
-from serving.errors import ValidationFailed, error_response
+from serving.errors import ClientClosed, Unavailable, ValidationFailed
 from serving.routes.schemas import (ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, ErrorBody, Info,
                                     NerRequest, NerResponse, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
                                     QARequest, QAResponse, Status, openai_embedding_response)
@@ -20,6 +20,7 @@ _ERRORS = {
     400: {"model": ErrorBody, "description": "empty inputs"},
     401: {"model": ErrorBody, "description": "missing or wrong API key"},
     404: {"model": ErrorBody, "description": "the server does not serve this task"},
+    408: {"model": ErrorBody, "description": "the body did not arrive within body_timeout_s"},
     413: {"model": ErrorBody, "description": "too many inputs or body too large"},
     422: {"model": ErrorBody, "description": "invalid request (the field is named) or input too long"},
     429: {"model": ErrorBody, "description": "overloaded; see Retry-After"},
@@ -55,10 +56,9 @@ async def _answer(request: Request, work) -> JSONResponse:
         ticket.cancelled = True
         job.cancel()
         if abort in done:
-            return error_response(503, "the server is shutting down and this request did not finish in time "
-                                       "(shutdown_timeout_s); retry on another replica", "unavailable",
-                                  {"Retry-After": "1"})
-        return error_response(499, "client closed the request", "client_closed")  # nobody reads it
+            return Unavailable("the server is shutting down and this request did not finish in time "
+                               "(shutdown_timeout_s); retry on another replica").response()
+        return ClientClosed("client closed the request").response()  # nobody reads it
     content = job.result()
     return JSONResponse(content, headers={
         "x-queue-time-ms": f"{timing.queue_s * 1000:.2f}",
@@ -149,24 +149,18 @@ async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
 
 @router.get("/health", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
 async def health(request: Request):
-    """Liveness: the process is up and its event loop answers."""
-    failed = request.app.state.server.failed
-    if failed:
-        return error_response(503, f"the model failed to start: {failed}", "unavailable")
+    """Liveness: the process is up and its event loop answers (503 only when the model failed to start)."""
+    state = request.app.state.server
+    if state.failed:
+        return state.unavailable().response()
     return {"status": "ok"}
 
 
 @router.get("/ready", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
 async def ready(request: Request):
     """Readiness: the model is loaded and warmed up, and the server is not shutting down."""
-    state = request.app.state.server
-    if state.failed:
-        return error_response(503, f"the model failed to start: {state.failed}", "unavailable")
-    if state.draining:
-        return error_response(503, "the server is shutting down", "unavailable")
-    if not state.ready:
-        return error_response(503, "the model is warming up", "unavailable", {"Retry-After": "1"})
-    return {"status": "ready"}
+    refusal = request.app.state.server.unavailable()
+    return refusal.response() if refusal is not None else {"status": "ready"}
 
 
 @router.get("/info", response_model=Info, tags=["status"], responses={401: {"model": ErrorBody}})
