@@ -124,6 +124,9 @@ class Engine:
                     self.by_task[task] = unit
         for unit in self.units:
             unit.tasks = [t for t, u in self.by_task.items() if u is unit]
+            quality = unit.spec.config.get("embedding_quality")
+            if "embed" in unit.tasks and isinstance(quality, dict) and quality.get("warning"):
+                log.warning("%s: /embed: %s", unit.spec.path.name, quality["warning"])
         log.info("serving %s", {t: str(u.spec.path) for t, u in self.by_task.items()})
 
     def warmup(self) -> None:
