@@ -1,4 +1,5 @@
-# Two commands on a fresh machine:  `make serve`  (set up + start the server on the demo model; MODEL=DIR for another)
+# Two commands on a fresh machine:  `make serve`  (set up + start the server on the demo model; MODEL=DIR for another,
+#                                                  PORT=N for another port, ARGS='...' for any other server flags)
 #                                   `make test`   (set up + run the test suite)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -29,7 +30,7 @@ setup: $(VENV)/.setup-serve
 setup-dev: $(VENV)/.setup-dev
 
 serve: setup
-	$(PY) -m serving $(if $(MODEL),--model $(MODEL))
+	$(PY) -m serving $(if $(MODEL),--model $(MODEL)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
 test: setup-dev
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

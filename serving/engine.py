@@ -196,8 +196,9 @@ class Engine:
         return info
 
     def labels(self) -> dict[str, list[str]]:
-        return {t: [labels[i] for i in sorted(labels)]
-                for t, u in self.by_task.items() for labels in [u.spec.labels.get(t, {})]}
+        """The labels of each served task that has them (classify, ner), in output order."""
+        return {t: [labels[i] for i in sorted(labels)] for t, u in self.by_task.items() if TASKS[t].labelled
+                for labels in [u.spec.labels.get(t, {})]}
 
     # ---- helpers --------------------------------------------------------------------------
     def _unit(self, task: str) -> ModelUnit:

@@ -30,7 +30,7 @@ def test_per_task_models_auth_and_env(server):
         info = c.get("/info", headers=auth).json()
         assert info["tasks"] == ["classify", "qa"] and info["max_client_batch_size"] == 3
         assert info["backend"] == "torch,onnxruntime" and info["model"] == "classify,qa-onnx"
-        assert info["labels"] == {"classify": ["negative", "positive"], "qa": []}
+        assert info["labels"] == {"classify": ["negative", "positive"]}
         assert c.post("/classify", json={"inputs": ["a", "b"]}, headers=auth).status_code == 200
         assert c.post("/classify", json={"inputs": ["a"] * 4}, headers=auth).status_code == 413
         answer = c.post("/qa", json=QA_ITEMS[0], headers=auth).json()

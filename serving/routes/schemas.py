@@ -155,7 +155,7 @@ class Info(BaseModel):
     max_client_batch_size: int
     max_concurrent_requests: int
     version: str
-    labels: dict[str, list[str]] = Field(..., description="labels per task (qa and embed have none)")
+    labels: dict[str, list[str]] = Field(..., description="labels of each task that has them (classify, ner)")
     embedding: Optional[dict] = Field(None, description="the embed task's pooling, normalisation, dimensions, and "
                                                         "what is known of the vectors' quality")
 
