@@ -276,7 +276,7 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
         "pooling": source.pooling.describe() if "embed" in tasks else None,
         "labels": ({t: list(v) for t, v in config.task_labels.items()} if config.task_labels
                    else [config.id2label[i] for i in range(len(config.id2label))] if config.id2label
-                   and source.task in ("classify", "ner") else None),
+                   and source.task in registry.names(labelled=True) else None),
         "precision": args.precision,
         "opset": args.opset,
         "files": {"model": file_entry(out / MODEL_FILE), "portable": file_entry(out / PORTABLE_FILE)},

@@ -147,7 +147,7 @@ def _random_source(name: str, task: str, seed: int) -> Source:
         raise SourceError("--random-init cannot make a multi-task model; pick --task classify, ner, qa, embed or "
                           "encoder")
     config = BertConfig.preset(name)
-    if task in ("classify", "ner"):
+    if task in registry.TASKS and registry.TASKS[task].labelled:
         config = config.with_labels([f"LABEL_{i}" for i in range(2)])
     config = dataclasses.replace(config, task=None if task in LAYOUTS else task)
     tokenizer_dir = fallback_tokenizer_dir()

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from bert.checkpoint import TOKENIZER_FILES
+from bert.tasks import registry
 
 from .cli import UsageError, run
 from .manifest import MODEL_FILE, PLAN_FILE, read_manifest
@@ -49,15 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
 def label_files(manifest: dict) -> dict[str, tuple[str, list[str]]]:
     """output name -> (labels file name, labels) for outputs that score labels."""
     labels = manifest.get("labels")
-    if manifest["task"] in ("classify", "ner") and labels:
-        return {"logits": ("labels.txt", labels)}
+    labelled = registry.names(labelled=True)
+    if manifest["task"] in labelled and labels:
+        return {name: ("labels.txt", labels) for name in registry.TASKS[manifest["task"]].single_graph_outputs}
     if manifest["task"] == "multi" and isinstance(labels, dict):
-        files = {}
-        if labels.get("classify"):
-            files["classify_logits"] = ("labels.txt", labels["classify"])
-        if labels.get("ner"):
-            files["ner_logits"] = ("ner_labels.txt", labels["ner"])
-        return files
+        # the first labelled task's labels in labels.txt (Triton's classification extension reads that name)
+        return {name: ("labels.txt" if i == 0 else f"{task}_labels.txt", labels[task])
+                for i, task in enumerate(t for t in labelled if labels.get(t))
+                for name in registry.TASKS[task].graph_outputs}
     return {}
 
 

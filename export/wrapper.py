@@ -14,18 +14,18 @@ from bert.tasks import TASKS
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
-# output name -> (attribute of the model's result, which axes are dynamic)
+def _axes(task: str) -> tuple[str, ...]:
+    return ("batch", "sequence") if TASKS[task].per_token else ("batch",)
+
+
+# output name -> (attribute of the model's result, which axes are dynamic). A graph for one task names its
+# outputs as the registry's single-task names (the model's result fields: "logits", "start_logits", ...).
 _OUTPUTS = {
-    "classify": {"logits": ("logits", ("batch",))},
-    "ner": {"logits": ("logits", ("batch", "sequence"))},
-    "qa": {"start_logits": ("start_logits", ("batch", "sequence")),
-           "end_logits": ("end_logits", ("batch", "sequence"))},
-    "embed": {"embedding": ("embedding", ("batch",))},
+    **{task: {name: (name, _axes(task)) for name in TASKS[task].single_graph_outputs} for task in TASKS},
     "encoder": {"last_hidden_state": ("last_hidden_state", ("batch", "sequence")),
                 "pooler_output": ("pooler_output", ("batch",))},
     # every head's outputs under the registry's multi-task names, and the pooled embedding
-    "multi": {name: (name, ("batch", "sequence") if TASKS[task].per_token else ("batch",))
-              for task in TASKS for name in TASKS[task].graph_outputs},
+    "multi": {name: (name, _axes(task)) for task in TASKS for name in TASKS[task].graph_outputs},
 }
 # Outputs with one value per token: parity compares them on real (unpadded) tokens only.
 TOKEN_LEVEL_AXES = ("batch", "sequence")

@@ -67,7 +67,7 @@ register(Task(
 register(Task(
     name="embed", codec=embed, outputs=("embed",), output_ranks=(2,), per_token=False,
     architecture="BertModel", head=None, labelled=False, trainable=False,
-    graph_outputs={"embedding": "embed"}, single_graph_outputs={"embedding": "embed", "sentence_embedding": "embed"},
+    graph_outputs={"embedding": "embed"}, single_graph_outputs={"embedding": "embed"},
     routes=("/embed", "/v1/embeddings"), request_schema="EmbedRequest", response_schema="EmbedResponse"))
 
 

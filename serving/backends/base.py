@@ -197,8 +197,10 @@ def task_outputs(named: dict[str, Any], tasks: list[str], attention_mask: np.nda
         if key is not None:
             array = np.asarray(value)
             out[key] = array if array.dtype == np.float32 else array.astype(np.float32)
-    if HIDDEN_STATES in named and "embed" in tasks and "embed" not in out:
-        out["embed"] = pool(named[HIDDEN_STATES], attention_mask, (pooling or Pooling()).mode)
+    if HIDDEN_STATES in named:  # an encoder graph: the pooled embedding is computed here
+        for task in registry.missing_outputs([t for t in tasks if TASKS[t].head is None], out):
+            out.update({name: pool(named[HIDDEN_STATES], attention_mask, (pooling or Pooling()).mode)
+                        for name in TASKS[task].outputs})
     missing = registry.missing_outputs(tasks, out)
     if missing:
         raise ModelError(f"the model gave outputs {sorted(named)}, none for task(s) {missing}")
