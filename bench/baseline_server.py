@@ -59,9 +59,13 @@ def task_model(ckpt: str, task: str):
     return model.eval()
 
 
-def create_app(ckpt: str, task: str, threads: int) -> FastAPI:
-    torch.set_num_threads(threads)
-    pipe = pipeline(PIPELINES[task], model=task_model(ckpt, task), tokenizer=ckpt, device="cpu")
+def create_app(ckpt: str, task: str, threads: int | None = None, device: str = "cpu",
+               dtype: torch.dtype | None = None) -> FastAPI:
+    """The server: on the CPU with `threads`, or (bench/gpu/baseline_gpu.py) on `device` in `dtype`."""
+    if threads:
+        torch.set_num_threads(threads)
+    model = task_model(ckpt, task)
+    pipe = pipeline(PIPELINES[task], model=model.to(dtype) if dtype else model, tokenizer=ckpt, device=device)
     app = FastAPI()
 
     @app.get("/health")

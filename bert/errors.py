@@ -27,6 +27,24 @@ def json_type(value) -> str:
     return names.get(type(value), "number")
 
 
+def read_json_object(path, error: type[Exception] = ValueError) -> dict | None:
+    """The JSON object in the file `path`, or None when there is no such file. A file that is not UTF-8 JSON, or
+    holds something other than an object, raises `error` with one line naming the file."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
+        raise error(f"{path} is not a readable JSON file: {one_line(e, 200)}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} must hold a JSON object, not a JSON {json_type(data)}")
+    return data
+
+
 def bad_input_errors() -> tuple[type[BaseException], ...]:
     """The core's errors for a checkpoint, config or tokenizer file that cannot be used; each names the file."""
     from .checkpoint import CheckpointError

@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, p
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
-from .errors import json_type, one_line
+from .errors import one_line, read_json_object
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # Order matters for `train`: BERT's own vocabularies start [PAD]=0; the rest of the specials follow.
@@ -54,16 +54,7 @@ class TokenizerError(ValueError):
 
 def _read_json(path: Path) -> dict:
     """The JSON object in `path`; {} when there is no such file."""
-    if not path.is_file():
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
-        raise TokenizerError(f"{path} is not a readable JSON file: {one_line(e)}") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path} must hold a JSON object of settings, not a JSON {json_type(data)}")
-    return data
+    return read_json_object(path, TokenizerError) or {}
 
 
 def _read_vocab(vocab_file) -> dict[str, int]:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bert.errors import json_type
+from bert.errors import read_json_object
 
 MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
@@ -63,12 +63,7 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ArtifactError(f"{directory} is not an artifact directory: no {MANIFEST_FILE} "
                             "(create one with `python -m export.onnx --ckpt ...`)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # not UTF-8, or not JSON
-        raise ArtifactError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(manifest, dict):
-        raise ArtifactError(f"{path} must hold a JSON object, not a JSON {json_type(manifest)}")
+    manifest = read_json_object(path, ArtifactError)
     for key in ("task", "precision", "inputs", "outputs", "shape_range"):
         if key not in manifest:
             raise ArtifactError(f"{path} lacks the key {key!r}")

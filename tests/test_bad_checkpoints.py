@@ -188,7 +188,7 @@ CHECKPOINT_CASES = [
     Case("vocab-not-utf8", no_tokenizer_json(write("vocab.txt", b"[PAD]\n\xff\xfe\n")), "vocab.txt",
          r"is not UTF-8 text \(byte 6\)"),
     Case("tokenizer-config-list", write("tokenizer_config.json", "[]"), "tokenizer_config.json",
-         r"must hold a JSON object of settings, not a JSON array"),
+         r"must hold a JSON object, not a JSON array"),
 ]
 
 

@@ -67,17 +67,9 @@ class EvaluateConfig:
 def _run_settings(path) -> dict:
     """The fine-tuning run's settings saved next to the checkpoint; {} when there are none."""
     from bert.checkpoint import CheckpointError
-    from bert.errors import json_type
+    from bert.errors import read_json_object
 
-    if not path.is_file():
-        return {}
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:  # not UTF-8, or not JSON
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"{path} must hold a JSON object, not a JSON {json_type(saved)}")
-    return saved
+    return read_json_object(path, CheckpointError) or {}
 
 
 def evaluate(cfg: EvaluateConfig) -> dict:

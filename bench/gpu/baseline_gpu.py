@@ -13,31 +13,14 @@ import argparse
 import torch
 import uvicorn
 from fastapi import FastAPI
-from transformers import pipeline
-
-from bench.baseline_server import PIPELINES, task_model
+from bench.baseline_server import PIPELINES
+from bench.baseline_server import create_app as baseline_app
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def create_app(ckpt: str, task: str, device: str, dtype: str) -> FastAPI:
-    model = task_model(ckpt, task).to(DTYPES[dtype])
-    pipe = pipeline(PIPELINES[task], model=model, tokenizer=ckpt, device=device)
-    app = FastAPI()
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
-
-    @app.post(f"/{task}")
-    async def predict(body: dict):
-        if task == "qa":
-            return pipe(question=body["question"], context=body["context"])
-        if task == "ner":
-            return [dict(e, score=float(e["score"])) for e in pipe(body["inputs"], aggregation_strategy="simple")]
-        return pipe(body["inputs"])
-
-    return app
+    return baseline_app(ckpt, task, device=device, dtype=DTYPES[dtype])
 
 
 def main() -> None:

@@ -9,7 +9,6 @@ sets `concurrent_runs = True` (then from up to --inference-workers threads at on
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bert.config import BertConfig, ConfigError
-from bert.errors import json_type, one_line
+from bert.errors import read_json_object
 from bert.tasks import TASKS, registry
 from bert.tasks.embed import Pooling, PoolingError, pool, read_pooling
 
@@ -78,15 +77,7 @@ class ModelSpec:
 
 def _read_json(path: Path) -> dict:
     """The JSON object in `path`; {} when there is no such file."""
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
-        raise ModelError(f"{path} is not a readable JSON file: {one_line(e, 200)}") from None
-    if not isinstance(data, dict):
-        raise ModelError(f"{path} must hold a JSON object, not a JSON {json_type(data)}")
-    return data
+    return read_json_object(path, ModelError) or {}
 
 
 def _id2label(mapping) -> dict[int, str]:
