@@ -51,3 +51,32 @@ def test_no_argument_server_serves_the_demo_model(demo_server):
     answer = httpx.post(demo_server.url + "/qa", json={"question": "Which country contains most of the forest?",
                                                        "context": context}).json()
     assert answer["answer"] == "Brazil" and context[answer["start"]:answer["end"]] == "Brazil"
+
+
+NER_SENTENCES = [  # the README's, and a sentence whose word pieces the old default split ("mu", "##sk")
+    "My name is Wolfgang and I live in Berlin.",
+    "Angela Merkel met Emmanuel Macron in Paris.",
+    "Elon Musk said Tesla will open a factory in Berlin.",
+]
+
+
+def test_ner_default_gives_whole_words_as_written(demo_server):
+    """Issue 13, bar 2: with no aggregation given, every entity is whole words, its `word` the text as written."""
+    answers = httpx.post(demo_server.url + "/ner", json={"inputs": NER_SENTENCES}).json()
+    print({text: [(e["entity_group"], e["word"]) for e in entities] for text, entities in zip(NER_SENTENCES, answers)})
+    for text, entities in zip(NER_SENTENCES, answers):
+        assert entities, text
+        for e in entities:
+            assert e["word"] == text[e["start"]:e["end"]]  # original casing, original spacing
+            assert e["start"] == 0 or not text[e["start"] - 1].isalnum(), (text, e)  # begins at a word start
+            assert e["end"] == len(text) or not text[e["end"]].isalnum(), (text, e)  # ends at a word end
+            assert not e["word"].startswith("##") and e["word"][0].isupper(), e
+    words = {e["word"] for entities in answers for e in entities}
+    assert {"Wolfgang", "Berlin", "Angela Merkel", "Paris", "Tesla"} <= words, words
+
+
+def test_embed_beside_the_heads_and_its_quality_in_info(demo_server):
+    info = httpx.get(demo_server.url + "/info").json()
+    assert info["embedding"]["dimensions"] == 384 and info["embedding"]["quality"]["recall_at_1"]
+    vectors = httpx.post(demo_server.url + "/embed", json={"inputs": ["a film", "a movie"]}).json()
+    assert len(vectors) == 2 and abs(sum(x * x for x in vectors[0]) - 1) < 1e-5
