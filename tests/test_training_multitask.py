@@ -178,9 +178,175 @@ def test_flags_checked_before_work(assets):
         multitask.parse_config(multitask.MultiTaskConfig, ["--ckpt", str(assets / "backbone")])  # no task
     cfg = multitask.MultiTaskConfig(ckpt=str(assets / "backbone"), qa_train=str(assets / "squad.json"),
                                     task_weights=["qa=1", "ner=1"], save_dtype="int8", qa_max_seq_length=32,
-                                    max_query_length=64)
+                                    max_query_length=64, embed_weight=0.0)
     with pytest.raises(ConfigError) as e:
         cfg.validate()
     message = str(e.value)
     assert "--qa-eval is required" in message or "--heldout-articles" in message
     assert "--task-weights" in message and "--save-dtype" in message and "qa_max_seq_length" in message
+    assert "--embed-weight must be positive" in message
+
+
+# ----------------------------------------------------------------------------- keeping the encoder's embeddings
+
+
+def teacher_cosine(run: Path, teacher: Path, texts: list[str]) -> float:
+    """Mean cosine between the embeddings of `texts` by run/last (full precision) and by the teacher."""
+    from bert.checkpoint import load_checkpoint
+    from bert.tasks import embed
+    from bert.tokenizer import BertTokenizer
+    from training.task_data import pooled_embeddings
+
+    features = embed.encode(BertTokenizer.from_dir(teacher), texts, max_length=64, truncate=True)
+    a, b = (pooled_embeddings(load_checkpoint(d)[0], features, "mean") for d in (run / "last", teacher))
+    return float((torch.nn.functional.cosine_similarity(torch.from_numpy(a), torch.from_numpy(b))).mean())
+
+
+def test_embedding_loss_is_zero_when_the_student_is_the_teacher(assets):
+    from bert.checkpoint import load_checkpoint
+    from bert.model import BertForMultiTask
+    from bert.tokenizer import BertTokenizer
+
+    x = torch.randn(5, 32)
+    assert float(multitask.embedding_loss(x, x)) == pytest.approx(0.0, abs=1e-6)
+    assert float(multitask.embedding_loss(x, 3 * x)) == pytest.approx(0.0, abs=1e-6)  # direction only
+    assert float(multitask.embedding_loss(x, -x)) == pytest.approx(2.0, abs=1e-6)
+
+    cfg = multitask.parse_config(multitask.MultiTaskConfig, argv(assets, assets / "unused"))
+    tokenizer = BertTokenizer.from_dir(assets / "backbone")
+    parts = {t: multitask.prepare(cfg.task_config(t), tokenizer)[0] for t in cfg.tasks()}
+    targets = multitask.teacher_targets(multitask.load_teacher(str(assets / "backbone"), "cpu"), "mean", parts,
+                                        batch_size=8)
+    assert targets["classify"].segments is None and targets["ner"].segments is None  # the input itself
+    assert targets["qa"].segments is not None  # the question alone
+    assert len(targets["qa"].vectors) < len(parts["qa"])  # a question with several windows is embedded once
+    labels = {"classify": ["negative", "positive"], "ner": ["O"] * 7, "qa": []}
+    student, _ = load_checkpoint(assets / "backbone", model_cls=BertForMultiTask, from_backbone=True,
+                                 config_overrides={"task_labels": labels})
+    student.set_pooling("mean")  # TINY has no dropout: in train mode too the student computes the teacher's function
+    data = multitask.MultiTaskData(parts, seed=0, embed_targets=targets)
+    for offset in data.offsets:
+        batch = data.collate([offset + i for i in range(4)])
+        assert "teacher_embedding" in batch
+        plain = {k: v for k, v in batch.items() if k != "teacher_embedding" and not k.startswith("embed_")}
+        with torch.no_grad():
+            added = multitask.compute_loss(student, batch, embed_weight=10.0) - multitask.compute_loss(student, plain)
+        assert float(added) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_the_teacher_keeps_the_embeddings_close(assets, tmp_path):
+    """40 steps at a high learning rate move the encoder; with the teacher its embeddings stay nearer the
+    teacher's, on held-out texts of every kind (sentences, questions, contexts)."""
+    steps = ["--max-steps", "40", "--eval-every", "40", "--learning-rate", "3e-3"]
+    multitask.main(argv(assets, tmp_path / "plain", *steps))
+    multitask.main(argv(assets, tmp_path / "kept", *steps, "--embed-teacher", str(assets / "backbone"),
+                        "--embed-weight", "1"))
+    texts = ["a warm and very good film", "the plot was boring", "john smith lives in paris",
+             "where does the person live ?", "anna lives in rome . the weather in rome is warm and anna likes it ."]
+    plain = teacher_cosine(tmp_path / "plain", assets / "backbone", texts)
+    kept = teacher_cosine(tmp_path / "kept", assets / "backbone", texts)
+    print(f"mean cosine to the teacher: without it {plain:.4f}, with it {kept:.4f}")
+    assert kept > plain + 0.05 and kept > 0.95, (plain, kept)
+
+    reported = json.loads((tmp_path / "kept" / "metrics.json").read_text())["best_checkpoint_eval"]["embed"]
+    assert set(reported["by_source"]) == {"classify", "ner", "qa_questions", "qa_contexts"}
+    assert 0.95 < reported["teacher_cosine"] <= 1.0 + 1e-6 and reported["texts"] > 0
+    assert "embed" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())["last_eval"]
+
+
+def test_resume_is_exact_with_the_teacher(assets, tmp_path):
+    from bert.checkpoint import read_state_dict
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    teacher = ["--embed-teacher", str(assets / "backbone"), "--max-steps", "6", "--eval-every", "100"]
+    multitask.main(argv(assets, full, *teacher, "--save-every", "3"))
+    multitask.main(argv(assets, part, *teacher, "--stop-at-step", "3"))
+    multitask.main(argv(assets, part, *teacher, "--resume", str(part / "last")))
+    a, b = read_state_dict(full / "last"), read_state_dict(part / "last")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    losses = [[r["loss"] for r in map(json.loads, (d / "log.jsonl").read_text().splitlines()) if "loss" in r]
+              for d in (full, part)]
+    assert losses[0] == losses[1]  # qa batches (a question forward of their own) included: 6 steps, 3 tasks
+
+
+def test_config_records_the_teachers_pooling(assets, tmp_path):
+    """A sentence-transformers teacher that pools the [CLS] state: the student is trained on, and its
+    config.json records, that pooling; so a server pools it as it was trained."""
+    import shutil
+
+    from bert.tasks.embed import read_pooling
+
+    teacher = tmp_path / "st-teacher"
+    shutil.copytree(assets / "backbone", teacher)
+    (teacher / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (teacher / "1_Pooling").mkdir()
+    (teacher / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    out = tmp_path / "run"
+    assert multitask.main(argv(assets, out, "--max-steps", "2", "--eval-every", "2",
+                               "--embed-teacher", str(teacher))) == 0
+    for directory in (out / "best", out / "last"):
+        assert json.loads((directory / "config.json").read_text())["pooling"] == {"mode": "cls", "normalize": True}
+        assert (read_pooling(directory).mode, read_pooling(directory).source) == ("cls", "config.json")
+    # Without a teacher: the pooling the starting checkpoint declares (here none: mean, normalised).
+    assert multitask.main(argv(assets, tmp_path / "plain", "--max-steps", "1", "--eval-every", "1")) == 0
+    assert json.loads((tmp_path / "plain" / "best" / "config.json").read_text())["pooling"] == {
+        "mode": "mean", "normalize": True}
+
+
+def bad_teachers(assets: Path, root: Path) -> dict[str, tuple[Path, str]]:
+    """Name -> (teacher directory, what the one line must say)."""
+    import shutil
+
+    from bert.checkpoint import save_checkpoint
+    from bert.config import BertConfig
+    from bert.model import BertModel
+    from bert.tokenizer import BertTokenizer
+
+    vocab = BertTokenizer.from_dir(assets / "backbone").vocab_size
+    save_checkpoint(BertModel(BertConfig(vocab_size=vocab, **dict(TINY, hidden_size=64))), root / "wide",
+                    tokenizer=assets / "backbone")
+    other_vocab = root / "other-vocab-tokenizer"
+    other_vocab.mkdir()
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(vocab - 5)]
+    (other_vocab / "vocab.txt").write_text("\n".join(words) + "\n")
+    save_checkpoint(BertModel(BertConfig(vocab_size=vocab, **TINY)), root / "other-vocab", tokenizer=other_vocab)
+    shutil.copytree(assets / "backbone", root / "sqrt-pooling")
+    (root / "sqrt-pooling" / "modules.json").write_text(json.dumps([
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (root / "sqrt-pooling" / "1_Pooling").mkdir()
+    (root / "sqrt-pooling" / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_mean_sqrt_len_tokens": True}))
+    (root / "no-config").mkdir()
+    return {"missing": (root / "nowhere", "not a directory"),
+            "no-config": (root / "no-config", "holds no config.json"),
+            "wider": (root / "wide", "64 dimensions, the student's 32"),
+            "other-vocabulary": (root / "other-vocab", "vocabulary"),
+            "unknown-pooling": (root / "sqrt-pooling", "pooling")}
+
+
+@pytest.mark.parametrize("case", ["missing", "no-config", "wider", "other-vocabulary", "unknown-pooling"])
+def test_a_bad_teacher_is_one_line_and_exit_2(case, assets, tmp_path, capsys):
+    from training.config import run
+
+    teacher, problem = bad_teachers(assets, tmp_path)[case]
+    out = tmp_path / "run"
+    assert run(multitask.main, argv(assets, out, "--max-steps", "1", "--embed-teacher", str(teacher))) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --embed-teacher "), lines
+    assert str(teacher) in lines[0] and problem in lines[0], lines[0]
+    assert not out.exists()  # refused before any work
+
+
+def test_a_bad_teacher_on_the_command_line(assets, tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "training.multitask",
+                             *argv(assets, tmp_path / "run", "--embed-teacher", str(tmp_path / "nowhere"))],
+                            cwd=repo, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: --embed-teacher ") and "Traceback" not in result.stderr

@@ -12,6 +12,11 @@ interleaved in proportion to their sizes (or to --task-weights). The loss of a b
 on the shared BertForMultiTask forward pass. Evaluation runs each task's own metrics; best/ is the
 step with the highest mean of the main metrics (classify accuracy in %, ner entity F1, qa F1).
 
+--embed-teacher DIR keeps the encoder's sentence embeddings (what /embed serves) close to DIR's while the heads
+learn: each batch adds --embed-weight x the cosine distance between the student's pooled embedding of the first
+segment of every input (classify and ner: the whole text, from the same forward pass; qa: the question alone) and
+the frozen teacher's, embedded once before training (docs/training.md, "Keeping the encoder's embeddings").
+
 Writes <output-dir>/best (checkpoint in --save-dtype, sharded by --max-shard-mb, + metrics.json),
 <output-dir>/last (full precision + trainer state for --resume), log.jsonl and metrics.json (with the
 scores of best/ re-measured after loading it back from disk).
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
@@ -29,11 +35,13 @@ from types import SimpleNamespace
 import numpy as np
 
 from bert.tasks import registry
-from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
+from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config, run
 from training.finetune import BEST_METRIC, FinetuneConfig, prepare
 
 TASKS = registry.names(trainable=True)
 SAVE_DTYPES = ("fp32", "fp16", "bf16")
+DEFAULT_EMBED_WEIGHT = 1.0
+AGREEMENT_TEXTS = 256  # held-out texts per source (classify, ner, qa questions, qa contexts) for the embed agreement
 
 
 @dataclass
@@ -65,6 +73,8 @@ class MultiTaskConfig(TrainConfig):
     save_dtype: str = "fp32"  # fp32 | fp16 | bf16 weights of best/ (last/ keeps full precision for exact resume)
     max_shard_mb: float = 0.0  # shard the weights into files of at most this many MB (+ index); 0 = one file
     stop_at_step: int = 0  # stop as if interrupted after this step (schedule unchanged; then --resume)
+    embed_teacher: str = ""  # checkpoint (sentence-transformers or BERT) whose sentence embeddings the encoder keeps; empty = none
+    embed_weight: float = DEFAULT_EMBED_WEIGHT  # weight of the embedding loss (cosine distance to --embed-teacher's vectors)
 
     def tasks(self) -> list[str]:
         return [t for t in TASKS if getattr(self, f"{t}_train")]
@@ -126,6 +136,8 @@ class MultiTaskConfig(TrainConfig):
             problems.append(f"--save-dtype must be one of {', '.join(SAVE_DTYPES)}, got {self.save_dtype!r}")
         if self.max_shard_mb < 0:
             problems.append("max_shard_mb must be >= 0")
+        if self.embed_weight <= 0:
+            problems.append(f"--embed-weight must be positive, got {self.embed_weight}")
         return list(dict.fromkeys(problems))
 
 
@@ -141,11 +153,13 @@ class MultiTaskData:
     and task t gets a share w_t / sum(w), cycling through its data (fresh order each pass) or cutting it.
     """
 
-    def __init__(self, parts: dict, *, seed: int, weights: dict[str, float] | None = None):
+    def __init__(self, parts: dict, *, seed: int, weights: dict[str, float] | None = None,
+                 embed_targets: dict[str, "EmbedTargets"] | None = None):
         self.parts = dict(parts)
         self.tasks = list(self.parts)
         self.seed = seed
         self.weights = weights
+        self.embed_targets = embed_targets  # with a teacher: what each batch's embedding loss compares
         self.offsets, total = [], 0
         for task in self.tasks:
             self.offsets.append(total)
@@ -192,23 +206,211 @@ class MultiTaskData:
         task, offset = self.task_of(indices[0])
         if self.task_of(indices[-1])[0] != task:
             raise ValueError("a batch mixes tasks")
-        batch = self.parts[task].collate([i - offset for i in indices], rng)
+        local = [i - offset for i in indices]
+        batch = self.parts[task].collate(local, rng)
         batch["task"] = task
+        if self.embed_targets is not None:
+            batch.update(self.embed_targets[task].collate(local, self.parts[task].pad_token_id))
         return batch
+
+
+# ----------------------------------------------------------------------------- keeping the encoder's embeddings
+
+
+def first_segment(feature):
+    """The text of a training input whose embedding the teacher anchors, encoded as /embed encodes a text:
+    the whole input for a single text (classify, ner), [CLS] question [SEP] for a qa window."""
+    from bert.tasks.common import Features
+
+    types = list(feature.token_type_ids)
+    n = types.index(1) if 1 in types else len(types)
+    return Features(list(feature.input_ids[:n]), [0] * n)
+
+
+@dataclass
+class EmbedTargets:
+    """What the embedding loss compares for one task's training examples. Per example: a row of `vectors`,
+    the teacher's embedding of its first segment (embedded once, before training: the teacher never runs
+    during training, and a resumed run embeds the same texts in the same batches, so the same bits); and,
+    where that segment is not the whole input (qa: the question), the segment itself, which the student
+    embeds in a forward pass of its own (questions are short: ~15 tokens beside a 384-token window)."""
+
+    vectors: np.ndarray  # (distinct segments, H) float32, pooled as the teacher pools, not normalised
+    rows: np.ndarray  # (examples,): each example's row of `vectors`
+    segments: list | None  # per example, its first segment (Features); None: the input itself
+
+    def collate(self, indices: list[int], pad_token_id: int) -> dict:
+        import torch
+
+        from training.task_data import _tensors
+
+        batch = {"teacher_embedding": torch.from_numpy(self.vectors[self.rows[indices]])}
+        if self.segments is not None:
+            inputs = _tensors([self.segments[i] for i in indices], pad_token_id)
+            batch.update({f"embed_{k}": v for k, v in inputs.items()})
+        return batch
+
+
+def teacher_targets(teacher, mode: str, parts: dict, *, batch_size: int) -> dict[str, EmbedTargets]:
+    """The teacher's embedding of every training example's first segment, each distinct segment once."""
+    from training.task_data import pooled_embeddings
+
+    targets = {}
+    for task, part in parts.items():
+        segments = [first_segment(f) for f in part.features]
+        distinct: dict[tuple, int] = {}
+        rows = np.array([distinct.setdefault(tuple(s.input_ids), len(distinct)) for s in segments], dtype=np.int64)
+        unique = [None] * len(distinct)
+        for segment, row in zip(segments, rows.tolist()):
+            unique[row] = segment
+        whole = all(len(s) == len(f) for s, f in zip(segments, part.features))
+        vectors = pooled_embeddings(teacher, unique, mode, batch_size=batch_size, pad_token_id=part.pad_token_id)
+        targets[task] = EmbedTargets(vectors, rows, None if whole else segments)
+    return targets
+
+
+def embedding_loss(student, teacher):
+    """Mean cosine distance, 1 - cos(student, teacher): zero when the vectors point the same way. The served
+    vectors are unit length, so only direction counts (for unit vectors ||s - t||^2 = 2 (1 - cos): MSE on
+    normalised vectors is this loss times 2 / H), and the number reads the same for any model width."""
+    import torch.nn.functional as F
+
+    return (1.0 - F.cosine_similarity(student.float(), teacher.float(), dim=-1)).mean()
+
+
+def student_embedding(model, batch: dict, out):
+    """The student's pooled embedding of the batch's first segments: the forward pass's own (its inputs are
+    single texts), else one more forward of the segments (qa questions). That one goes to the module inside
+    DistributedDataParallel: the batch's forward already marked every encoder parameter used, and a second
+    forward through the wrapper would re-arm its gradient reduction before this step's backward."""
+    if "embed_input_ids" not in batch:
+        return out.embedding
+    encoder = getattr(model, "module", model).encoder_module()
+    return encoder(batch["embed_input_ids"], batch["embed_attention_mask"], batch["embed_token_type_ids"]).embedding
+
+
+def load_teacher(path: str, device):
+    import torch
+
+    from bert.checkpoint import load_checkpoint
+    from bert.model import BertModel
+
+    with torch.random.fork_rng(devices=[]):  # building a model draws weights: the run's RNG stream stays untouched
+        teacher, _ = load_checkpoint(path, model_cls=BertModel, from_backbone=True, device=device)
+    teacher.requires_grad_(False)
+    return teacher.eval()
+
+
+def check_embed_teacher(cfg: MultiTaskConfig, tokenizer):
+    """--embed-teacher checked before any data is read: a BERT checkpoint as wide as the student that reads
+    the student's token ids as the same word pieces, with a pooling we can reproduce. Returns that pooling.
+    Every refusal is one line (training.config.run: exit 2)."""
+    from bert.checkpoint import CheckpointError, check_checkpoint, resolve_checkpoint
+    from bert.config import ConfigError as BertConfigError
+    from bert.model import BertModel
+    from bert.tasks.embed import PoolingError, read_pooling
+    from bert.tokenizer import BertTokenizer, TokenizerError
+
+    flag = f"--embed-teacher {cfg.embed_teacher}"
+    try:
+        teacher = check_checkpoint(cfg.embed_teacher, BertModel).config
+        student = (model_config(cfg.init_preset) if cfg.init_preset
+                   else check_checkpoint(cfg.ckpt, BertModel).config)
+        teacher_vocab = BertTokenizer.from_dir(resolve_checkpoint(cfg.embed_teacher)).get_vocab()
+        pooling = read_pooling(resolve_checkpoint(cfg.embed_teacher))
+    except (CheckpointError, BertConfigError, TokenizerError, PoolingError) as e:
+        raise ConfigError(f"{flag}: {e}") from None
+    if teacher.hidden_size != student.hidden_size:
+        raise ConfigError(f"{flag}: its embeddings have {teacher.hidden_size} dimensions, the student's "
+                          f"{student.hidden_size}; the teacher must be as wide as the encoder it anchors")
+    if teacher_vocab != tokenizer.get_vocab():
+        raise ConfigError(f"{flag}: its vocabulary ({len(teacher_vocab)} word pieces) is not the student's "
+                          f"tokenizer's ({tokenizer.vocab_size}); it would read the student's token ids as other words")
+    return pooling
+
+
+def declared_pooling(cfg: MultiTaskConfig):
+    """The pooling this run's encoder is read with: the teacher's, else what the starting checkpoint declares
+    (a sentence-transformers directory's modules.json), else mean pooling."""
+    from bert.checkpoint import resolve_checkpoint
+    from bert.tasks.embed import Pooling, PoolingError, read_pooling
+
+    if not cfg.ckpt:
+        return Pooling()
+    try:
+        return read_pooling(resolve_checkpoint(cfg.ckpt))
+    except PoolingError as e:
+        raise ConfigError(f"--ckpt {cfg.ckpt}: {e}") from None
+
+
+def record_pooling(model, pooling) -> None:
+    """config.json says how to pool this encoder (bert.tasks.embed.read_pooling reads it; a server pools as
+    trained). Only mode and normalisation: a "max_length" there would cap every task the server runs with
+    this model, not /embed alone. A measured "embedding_quality" inherited from the checkpoint we started
+    from describes those weights, not these, and is dropped."""
+    extra = {k: v for k, v in model.config.extra.items() if k != "embedding_quality"}
+    model.config.extra = dict(extra, pooling={"mode": pooling.mode, "normalize": pooling.normalize})
+
+
+def agreement_sample(cfg: MultiTaskConfig, tokenizer, max_length: int) -> dict[str, list]:
+    """Held-out texts, up to AGREEMENT_TEXTS per source, encoded as /embed encodes them: the classify and ner
+    evaluation sentences, the qa evaluation questions and their contexts (the articles held out)."""
+    from bert.tasks import embed
+    from training import qa_data
+    from training.data import readers
+
+    texts: dict[str, list[str]] = {}
+    if cfg.classify_train and cfg.classify_eval:
+        texts["classify"] = [e.text for e in readers.read_tsv(cfg.classify_eval)[:AGREEMENT_TEXTS]]
+    if cfg.ner_train and cfg.ner_eval:
+        texts["ner"] = [" ".join(s.words) for s in readers.read_conll(cfg.ner_eval, scheme=cfg.scheme)[:AGREEMENT_TEXTS]]
+    if cfg.qa_train and (cfg.qa_eval or cfg.heldout_articles):
+        held_out = qa_data.load_qa(dataclasses.replace(cfg.task_config("qa"), max_train_examples=1))[1]
+        texts["qa_questions"] = [e.question for e in held_out[:AGREEMENT_TEXTS]]
+        texts["qa_contexts"] = list(dict.fromkeys(e.context for e in held_out))[:AGREEMENT_TEXTS]
+    return {source: embed.encode(tokenizer, items, max_length=max_length, truncate=True)
+            for source, items in texts.items() if items}
+
+
+def make_agreement(sample: dict[str, list], teacher_vectors: dict[str, np.ndarray], mode: str, *,
+                   batch_size: int, pad_token_id: int):
+    """evaluate(model) -> {"teacher_cosine", "texts", "by_source"}: the mean cosine between the model's and the
+    teacher's embeddings of the held-out sample (1.0 = the teacher's embeddings exactly)."""
+    from training.task_data import pooled_embeddings
+
+    def unit(v: np.ndarray) -> np.ndarray:
+        return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+
+    def agreement(model) -> dict:
+        cosines = {source: (unit(pooled_embeddings(model, features, mode, batch_size=batch_size,
+                                                   pad_token_id=pad_token_id))
+                            * unit(teacher_vectors[source])).sum(axis=-1)
+                   for source, features in sample.items()}
+        every = np.concatenate(list(cosines.values()))
+        return {"teacher_cosine": float(every.mean()), "texts": int(len(every)),
+                "by_source": {source: float(c.mean()) for source, c in cosines.items()}}
+    return agreement
 
 
 # ----------------------------------------------------------------------------- losses and evaluation
 
 
-def compute_loss(model, batch: dict):
-    """The loss of a single-task batch: its head's logits from the shared forward pass."""
+def compute_loss(model, batch: dict, embed_weight: float = 0.0):
+    """The loss of a single-task batch: its head's loss on the shared forward pass, plus, when the batch
+    carries the teacher's embeddings, `embed_weight` x the embedding loss (see EmbedTargets)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"])
+    loss = task_loss(batch["task"], out, batch)
+    if "teacher_embedding" in batch:
+        loss = loss + embed_weight * embedding_loss(student_embedding(model, batch, out), batch["teacher_embedding"])
+    return loss
+
+
+def task_loss(task: str, out, batch: dict):
     import torch.nn.functional as F
 
     from bert.model import IGNORE_INDEX, span_loss
 
-    task = batch["task"]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"])
     if task == "classify":
         return F.cross_entropy(out.classify_logits.float(), batch["labels"].view(-1))
     if task == "ner":
@@ -246,10 +448,14 @@ def main_score(task: str, metrics: dict) -> float:
     return 100.0 * value if task == "classify" else value
 
 
-def make_evaluate(evaluators: dict):
+def make_evaluate(evaluators: dict, agreement=None):
+    """Each task's metrics and their mean_score (what best/ is chosen by); with a teacher, "embed" too: the
+    agreement with its embeddings, reported beside the tasks, not part of the mean."""
     def evaluate(model) -> dict:
         results = {task: fn(task_view(model, task)) for task, fn in evaluators.items()}
         results["mean_score"] = sum(main_score(t, results[t]) for t in evaluators) / len(evaluators)
+        if agreement is not None:
+            results["embed"] = agreement(model)
         return results
     return evaluate
 
@@ -262,7 +468,10 @@ def summary_line(metrics: dict) -> str:
         parts.append(f"ner entity F1 {metrics['ner']['f1']:.2f}")
     if "qa" in metrics:
         parts.append(f"qa EM {metrics['qa']['exact_match']:.2f} / F1 {metrics['qa']['f1']:.2f}")
-    return "; ".join(parts) + f"; mean {metrics['mean_score']:.2f}"
+    line = "; ".join(parts) + f"; mean {metrics['mean_score']:.2f}"
+    if "embed" in metrics:
+        line += f"; embedding cosine to the teacher {metrics['embed']['teacher_cosine']:.4f}"
+    return line
 
 
 # ----------------------------------------------------------------------------- main
@@ -285,6 +494,35 @@ def build_model(cfg: MultiTaskConfig, task_labels: dict, tokenizer):
     return model
 
 
+def embed_teacher_steps(cfg: MultiTaskConfig, pooling, parts: dict, tokenizer, device, dist):
+    """With --embed-teacher: the teacher embeds every training example's first segment and the held-out
+    agreement sample, once, then is freed. Returns (EmbedTargets per task, agreement evaluator), or
+    (None, None) without a teacher."""
+    import time
+
+    from training.task_data import pooled_embeddings
+
+    if not cfg.embed_teacher:
+        return None, None
+    started = time.perf_counter()
+    teacher = load_teacher(cfg.embed_teacher, device)
+    targets = teacher_targets(teacher, pooling.mode, parts, batch_size=cfg.eval_batch_size)
+    max_length = min(pooling.max_length or 512, teacher.config.max_position_embeddings)
+    sample = agreement_sample(cfg, tokenizer, max_length) if dist.main else {}
+    sample_vectors = {source: pooled_embeddings(teacher, features, pooling.mode, batch_size=cfg.eval_batch_size,
+                                                pad_token_id=tokenizer.pad_token_id)
+                      for source, features in sample.items()}
+    del teacher
+    if dist.main:
+        count = sum(len(t.vectors) for t in targets.values())
+        print(f"multitask: embedding teacher {cfg.embed_teacher} ({pooling.mode} pooling): {count} distinct "
+              f"training texts and {sum(len(f) for f in sample.values())} held-out texts embedded in "
+              f"{time.perf_counter() - started:.0f} s; weight {cfg.embed_weight}", file=sys.stderr)
+    agreement = make_agreement(sample, sample_vectors, pooling.mode, batch_size=cfg.eval_batch_size,
+                               pad_token_id=tokenizer.pad_token_id) if sample else None
+    return targets, agreement
+
+
 def main(argv=None) -> int:
     cfg = parse_config(MultiTaskConfig, argv, description=__doc__.split("\n")[0])
     import torch
@@ -294,14 +532,19 @@ def main(argv=None) -> int:
     from training.loop import finish_run, start_run, train
 
     dist, device, tokenizer = start_run(cfg)
+    pooling = check_embed_teacher(cfg, tokenizer) if cfg.embed_teacher else declared_pooling(cfg)
     parts, evaluators, task_labels, extra = {}, {}, {}, {}
     for k, task in enumerate(cfg.tasks()):
         data, evaluate, names, kind, settings = prepare(cfg.task_config(task), tokenizer)
         data.seed = cfg.seed + k  # each task its own batch order
         parts[task], evaluators[task], task_labels[task] = data, evaluate, list(names or [])
         extra[task] = settings
-    data = MultiTaskData(parts, seed=cfg.seed, weights=cfg.weights())
+    embed_targets, agreement = embed_teacher_steps(cfg, pooling, parts, tokenizer, device, dist)
+    data = MultiTaskData(parts, seed=cfg.seed, weights=cfg.weights(), embed_targets=embed_targets)
     model = build_model(cfg, task_labels, tokenizer)
+    record_pooling(model, pooling)
+    if embed_targets is not None:
+        model.set_pooling(pooling.mode)  # every forward also returns the pooled embedding the loss compares
     if dist.main:
         counts = ", ".join(f"{t} {len(d)}" for t, d in parts.items())
         print(f"multitask: training features {counts}; {len(data.batches(0))} steps/epoch, device {device}, "
@@ -316,9 +559,10 @@ def main(argv=None) -> int:
                         max_shard_bytes=shard_bytes,
                         extra_files={"multitask_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"})
 
-    evaluate = make_evaluate(evaluators)
+    evaluate = make_evaluate(evaluators, agreement)
     result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric="mean_score",
-                   dist=dist, device=device, stop_at_step=cfg.stop_at_step, compute_loss=compute_loss,
+                   dist=dist, device=device, stop_at_step=cfg.stop_at_step,
+                   compute_loss=functools.partial(compute_loss, embed_weight=cfg.embed_weight),
                    find_unused_parameters=dist.world_size > 1)
     summary = {"tasks": list(parts), "steps": result["step"], "total_steps": result["total_steps"],
                "best": result["best"], "last_eval": result["last_eval"]}

@@ -108,6 +108,26 @@ def run_model(model, features: list, *, batch_size: int = 64, pad_token_id: int 
     return results
 
 
+@torch.no_grad()
+def pooled_embeddings(model, features: list, mode: str, *, batch_size: int = 64, pad_token_id: int = 0) -> np.ndarray:
+    """Each feature's sentence embedding, its encoder's token states pooled (`mode`: cls | mean | max) and not
+    normalised: (N, H) float32, in deterministic length-sorted batches (the same bits on every call)."""
+    from bert.model import pool
+
+    was_training = model.training
+    model.eval()
+    encoder = model.encoder_module()
+    device = next(model.parameters()).device
+    vectors = np.zeros((len(features), encoder.config.hidden_size), dtype=np.float32)
+    for indices in eval_batches([len(f) for f in features], batch_size):
+        batch = {k: v.to(device) for k, v in _tensors([features[i] for i in indices], pad_token_id).items()}
+        hidden = encoder(**batch).last_hidden_state
+        vectors[indices] = pool(hidden.float(), batch["attention_mask"], mode).cpu().numpy()
+    if was_training:
+        model.train()
+    return vectors
+
+
 # ----------------------------------------------------------------------------- classification
 
 
