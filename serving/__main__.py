@@ -92,7 +92,7 @@ class GracefulServer(uvicorn.Server):
 
     async def _abort(self, grace_s: float) -> None:
         """Answer every admitted request with a JSON 503 now, give the answers `grace_s` to be written, stop."""
-        self.app_state.aborted.set()
+        self.app_state.abort()
         await wait_for_idle(self.app_state, grace_s)
         self.should_exit = True
         if self.exit_code:

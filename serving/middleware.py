@@ -30,11 +30,25 @@ class ServerState:
         self.failed: str | None = None
         self.draining = False
         self.in_flight = 0  # admitted inference requests not yet answered
-        # Set when the server gives up on admitted work (shutdown past its timeout, or a second signal):
-        # every waiting route answers a JSON 503 at once instead of being cut off by the ASGI server.
-        self.aborted = asyncio.Event()
+        # Set by abort() when the server gives up on admitted work (shutdown past its timeout, or a second
+        # signal): every waiting route answers a JSON 503 at once instead of being cut off by the ASGI server.
+        self.aborted = False
+        self._on_abort: set[Callable[[], None]] = set()  # the waiting routes' ways to stop
         # Called with the reason when the model cannot serve at all (warm-up failed): the process then exits.
         self.on_fatal: Callable[[str], None] | None = None
+
+    def abort(self) -> None:
+        """Give up on admitted work: every route waiting now, or from now on, answers its 503 at once."""
+        self.aborted = True
+        for stop in list(self._on_abort):
+            stop()
+
+    def on_abort(self, stop: Callable[[], None]) -> Callable[[], None]:
+        """Call `stop` on abort() (at once if the server has aborted already); returns its unregistering."""
+        if self.aborted:
+            stop()
+        self._on_abort.add(stop)
+        return lambda: self._on_abort.discard(stop)
 
     def fail(self, reason: str) -> None:
         self.failed = reason
