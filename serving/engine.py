@@ -146,7 +146,7 @@ class Engine:
             log.info("warmed up %s (%s) in %.2fs", unit.spec.path.name, unit.backend.name, time.monotonic() - started)
 
     def max_batch_requests(self, unit: ModelUnit) -> int:
-        return min(x for x in (self.settings.max_batch_requests, unit.backend.max_batch_size) if x)
+        return min(x for x in (self.settings.effective_max_batch_requests, unit.backend.max_batch_size) if x)
 
     def start(self) -> None:
         for unit in self.units:

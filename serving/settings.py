@@ -54,7 +54,9 @@ class _Settings(BaseSettings):
     # ---- batching and admission
     max_concurrent_requests: int = Field(512, ge=1, description="requests admitted at once; more get 429 at once")
     max_batch_tokens: int = Field(16384, ge=1, description="token budget of one batch: padded length x sequences")
-    max_batch_requests: int = Field(32, ge=1, description="most sequences in one batch")
+    max_batch_requests: Optional[int] = Field(
+        None, ge=1, description="most sequences in one batch (default 4 on cpu, where a bigger batch of short texts "
+                                "mostly adds padding; 32 on cuda)")
     max_padding: Optional[float] = Field(
         None, ge=0, le=1, description="most padding a batch may carry, as a share of its padded tokens; longer or "
                                       "shorter sequences wait for a batch of their own (default 0.25 on cpu, where a "
@@ -115,6 +117,14 @@ class _Settings(BaseSettings):
         # Two single-threaded runs at once beat one run on two threads: measured with MiniLM int8 on 2 cores,
         # batches of 1-8 x 32 tokens, 493-596 vs 241-403 sequences/s (docs/benchmarks.md).
         return self.inference_workers or (1 if self.device == "cuda" else 2)
+
+    @property
+    def effective_max_batch_requests(self) -> int:
+        # On CPU a batch buys little (int8 MiniLM, 26 tokens: 2.47 ms per sequence at batch 2, 2.21 at 8) and
+        # costs padding: at 32 clients on single SST-2 sentences, batches of up to 32 averaged 7.2 sequences and
+        # 32.3 padded tokens per sequence (25.2 real), batches of up to 4 averaged 26.8; 464 -> 510 req/s
+        # (docs/benchmarks.md). On a GPU the batch is the point.
+        return self.max_batch_requests or (32 if self.device == "cuda" else 4)
 
     @property
     def effective_max_padding(self) -> float | None:

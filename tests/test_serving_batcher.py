@@ -189,6 +189,14 @@ def test_settings_from_env(monkeypatch):
         Settings(backend="bogus")
 
 
+def test_batch_request_cap_defaults_by_device():
+    from serving.settings import Settings
+
+    assert Settings().effective_max_batch_requests == 4  # cpu: bigger batches of short texts mostly add padding
+    assert Settings(device="cuda").effective_max_batch_requests == 32
+    assert Settings(max_batch_requests=16).effective_max_batch_requests == 16
+
+
 def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
     """classify, ner and qa requests arriving together share forward passes of the multi-task model."""
     from serving.engine import Engine, Timing
@@ -198,7 +206,8 @@ def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
 
     checkpoint = build_checkpoint(tmp_path / "multi")
     # max_padding=1: any lengths may share a batch (the QA window is much longer than the texts)
-    engine = Engine(Settings(model=str(checkpoint), max_wait_ms=50, threads=1, max_padding=1.0), Metrics())
+    engine = Engine(Settings(model=str(checkpoint), max_wait_ms=50, threads=1, max_padding=1.0,
+                             max_batch_requests=32), Metrics())
     engine.load()
     assert len(engine.units) == 1
     backend = engine.units[0].backend
