@@ -4,7 +4,8 @@
     python -m bench.server_profile --model artifacts/demo-int8 --cwd /tmp/head   # another checkout's serving/
 
 Starts `python -m serving` (from --cwd, default this checkout), drives it with the load generator of
-bench/server_bench.py (single SST-2 dev sentences to /classify), and measures two things at once:
+bench/server_bench.py (single SST-2 dev sentences to /classify, or /embed with --task embed), and measures
+two things at once:
 - each thread's CPU, from /proc (exact): the event loop, the codec pool (tokenise, decode), the
   inference workers (onnxruntime runs without the GIL), native threads;
 - what the Python threads do while they hold the GIL: `py-spy record --gil --nonblocking --threads`
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True, help="what `python -m serving --model` serves (an int8 artifact, say)")
     p.add_argument("--serving-args", default="", help="more flags for `python -m serving`")
     p.add_argument("--cwd", type=Path, default=REPO, help="checkout whose serving/ runs (default: this one)")
+    p.add_argument("--task", choices=("classify", "embed"), default="classify")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--seconds", type=float, default=20.0, help="recorded seconds (after 3 s of warm-up)")
     p.add_argument("--threads", type=int, default=2)
@@ -89,19 +91,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "server_profile")
     args = p.parse_args(argv)
 
-    peer = bertserve_peer("bertserve", "classify", args.model, args.threads, args.serving_args.split())
+    peer = bertserve_peer("bertserve", args.task, args.model, args.threads, args.serving_args.split())
     peer.cwd = args.cwd
-    bodies = [peer.adapter.body(s) for s in work_items("classify", 872)]
+    bodies = [peer.adapter.body(s) for s in work_items(args.task, 872)]
     args.out.mkdir(parents=True, exist_ok=True)
     raw = args.out / f"c{args.concurrency}.raw.txt"
     with serve(peer) as (proc, url):
-        asyncio.run(load(url + "/classify", bodies, args.concurrency, 3.0, 0.0))  # warm-up, not recorded
+        asyncio.run(load(url + peer.adapter.path, bodies, args.concurrency, 3.0, 0.0))  # warm-up, not recorded
         spy = subprocess.Popen([args.py_spy, "record", "--pid", str(proc.pid), "--duration", str(int(args.seconds)),
                                 "--rate", str(args.rate), "--format", "raw", "--threads", "--gil", "--nonblocking",
                                 "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(0.5)
         threads0 = thread_cpu_seconds(proc.pid)
-        result = asyncio.run(load(url + "/classify", bodies, args.concurrency, args.seconds - 1.0, 0.0,
+        result = asyncio.run(load(url + peer.adapter.path, bodies, args.concurrency, args.seconds - 1.0, 0.0,
                                   meter=CpuMeter(proc.pid)))
         threads1 = thread_cpu_seconds(proc.pid)
         if spy.wait(60) != 0 or not raw.is_file():
