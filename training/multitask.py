@@ -330,8 +330,8 @@ def check_embed_teacher(cfg: MultiTaskConfig, tokenizer):
 
 
 def declared_pooling(cfg: MultiTaskConfig):
-    """The pooling this run's encoder is read with: the teacher's, else what the starting checkpoint declares
-    (a sentence-transformers directory's modules.json), else mean pooling."""
+    """Without a teacher, the pooling this run's encoder is read with: what the starting checkpoint declares
+    (a sentence-transformers directory's modules.json, our config.json's "pooling"), else mean pooling."""
     from bert.checkpoint import resolve_checkpoint
     from bert.tasks.embed import Pooling, PoolingError, read_pooling
 
