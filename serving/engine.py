@@ -60,6 +60,7 @@ class Timing:
     queue_s: float = 0.0
     inference_s: float = 0.0
     tokens: int = 0  # model input tokens of all its sequences (special tokens included)
+    verified: int = 0  # items answered again by the exact model (--qa-verify-model)
 
     def add(self, results: list[SequenceResult]) -> None:
         for r in results:
@@ -87,6 +88,7 @@ class Engine:
         self.metrics = metrics
         self.units: list[ModelUnit] = []
         self.by_task: dict[str, ModelUnit] = {}
+        self.verify: dict[str, ModelUnit] = {}  # task -> the exact model that re-answers its unsure items
         # Two lanes for tokenising and decoding: a request with long texts (QA contexts, big batches) waits
         # behind other long ones only, never in front of a one-line /classify. Work per request is bounded
         # anyway (tokens, windows, inputs), so one thread is enough for the long lane.
@@ -111,33 +113,62 @@ class Engine:
             if name is not None:
                 paths.setdefault(resolve_model_path(name), []).append(task)
         for path, explicit in paths.items():
-            spec = read_model_spec(path)
-            if settings.pooling and spec.pooling.source == "default":  # the flag fills in what the directory omits
-                spec.pooling = replace(spec.pooling, mode=settings.pooling, source="flag")
-            tokenizer = BertTokenizer.from_dir(path)  # first: a bad tokenizer is found before a model loads
-            backend = create_backend(spec, settings)
-            missing = [t for t in explicit if t not in backend.tasks]
-            if missing:
-                raise ModelError(f"{path} was given for {', '.join(missing)} but serves only {', '.join(backend.tasks)}")
-            # A sentence-transformers model's max_seq_length is the longest input it was tuned on.
-            limits = [spec.max_position_embeddings, settings.max_input_length, backend.max_sequence_length,
-                      spec.pooling.max_length]
-            max_length = min(x for x in limits if x)
-            if max_length > settings.max_batch_tokens:
-                raise ModelError(f"max_batch_tokens ({settings.max_batch_tokens}) must be at least the longest "
-                                 f"input ({max_length} tokens); raise it or lower --max-input-length")
-            unit = ModelUnit(spec, backend, tokenizer, max_length)
+            unit = self._build_unit(path, explicit)
             self.units.append(unit)
             # An explicit per-task model wins over --model for that task.
-            for task in (explicit or backend.tasks):
+            for task in (explicit or unit.backend.tasks):
                 if task not in self.by_task or explicit:
                     self.by_task[task] = unit
+        if settings.qa_verify_model is not None:
+            self.verify["qa"] = self._verify_unit("qa", settings.qa_verify_model, "--qa-verify-model")
+            self.units.append(self.verify["qa"])
         for unit in self.units:
             unit.tasks = [t for t, u in self.by_task.items() if u is unit]
             quality = unit.spec.config.get("embedding_quality")
             if "embed" in unit.tasks and isinstance(quality, dict) and quality.get("warning"):
                 log.warning("%s: /embed: %s", unit.spec.path.name, quality["warning"])
         log.info("serving %s", {t: str(u.spec.path) for t, u in self.by_task.items()})
+
+    def _build_unit(self, path: Path, explicit: list[str]) -> ModelUnit:
+        settings = self.settings
+        spec = read_model_spec(path)
+        if settings.pooling and spec.pooling.source == "default":  # the flag fills in what the directory omits
+            spec.pooling = replace(spec.pooling, mode=settings.pooling, source="flag")
+        tokenizer = BertTokenizer.from_dir(path)  # first: a bad tokenizer is found before a model loads
+        backend = create_backend(spec, settings)
+        missing = [t for t in explicit if t not in backend.tasks]
+        if missing:
+            raise ModelError(f"{path} was given for {', '.join(missing)} but serves only {', '.join(backend.tasks)}")
+        # A sentence-transformers model's max_seq_length is the longest input it was tuned on.
+        limits = [spec.max_position_embeddings, settings.max_input_length, backend.max_sequence_length,
+                  spec.pooling.max_length]
+        max_length = min(x for x in limits if x)
+        if max_length > settings.max_batch_tokens:
+            raise ModelError(f"max_batch_tokens ({settings.max_batch_tokens}) must be at least the longest "
+                             f"input ({max_length} tokens); raise it or lower --max-input-length")
+        return ModelUnit(spec, backend, tokenizer, max_length)
+
+    def _verify_unit(self, task: str, name: str, flag: str) -> ModelUnit:
+        """The exact model that re-answers `task`'s unsure items: it must read the served model's token ids
+        as the same words and take its longest sequences."""
+        served = self.by_task.get(task)
+        if served is None:
+            raise ModelError(f"{flag} {name}: this server does not serve {task}")
+        path = resolve_model_path(name)
+        if path == served.spec.path:
+            raise ModelError(f"{flag} {name} is the model that already serves {task}; give the exact one "
+                             "(e.g. the fp32 export beside an int8 --model)")
+        try:
+            unit = self._build_unit(path, [task])
+        except ModelError as e:
+            raise ModelError(f"{flag}: {e}") from None
+        if unit.tokenizer.get_vocab() != served.tokenizer.get_vocab():
+            raise ModelError(f"{flag} {name}: its vocabulary is not that of {served.spec.path} (which serves "
+                             f"{task}); it would read the same token ids as other words")
+        if unit.max_length < served.max_length:
+            raise ModelError(f"{flag} {name}: takes at most {unit.max_length} tokens, {served.spec.path} "
+                             f"{served.max_length}")
+        return unit
 
     def warmup(self) -> None:
         for unit in self.units:
@@ -204,6 +235,10 @@ class Engine:
         if unit.spec.config.get("embedding_quality"):
             info["quality"] = unit.spec.config["embedding_quality"]
         return info
+
+    def verify_info(self) -> dict[str, dict]:
+        return {task: {"model": unit.spec.name, "path": str(unit.spec.path), "precision": unit.backend.precision,
+                       "margin": self.settings.qa_verify_margin} for task, unit in self.verify.items()}
 
     def labels(self) -> dict[str, list[str]]:
         """The labels of each served task that has them (classify, ner), in output order."""
@@ -282,7 +317,26 @@ class Engine:
             outputs.append([r.outputs for r in results[at: at + len(item_features)]])
             at += len(item_features)
         facts = unit.facts(task_name)
+        if task_name in self.verify:
+            await self._verify(task_name, items, features, outputs, facts, options, lane, ticket, timing)
         return await self._codec(lambda: codec.decode_request(items, features, outputs, facts, **options), lane)
+
+    async def _verify(self, task_name: str, items: list, features: list, outputs: list, facts: ModelFacts,
+                      options: dict, lane, ticket: Ticket, timing: Timing) -> None:
+        """The items whose answers are unsure (the codec's margins under --qa-verify-margin) run again on the
+        exact model; their outputs are replaced in place."""
+        codec = TASKS[task_name].codec
+        margins = await self._codec(lambda: codec.margins(items, features, outputs, facts, **options), lane)
+        unsure = [i for i, m in enumerate(margins) if m < self.settings.qa_verify_margin]
+        if not unsure:
+            return
+        flat = [f for i in unsure for f in features[i]]
+        results = await self._infer(self.verify[task_name], flat, ticket, timing)
+        at = 0
+        for i in unsure:
+            outputs[i] = [r.outputs for r in results[at: at + len(features[i])]]
+            at += len(features[i])
+        timing.verified += len(unsure)
 
 
 def _chars(items: list) -> int:

@@ -72,6 +72,13 @@ class _Settings(BaseSettings):
     qa_max_question_length: int = Field(64, ge=1, description="question tokens kept in each QA window")
     qa_max_windows: int = Field(256, ge=1, description="most QA windows one request may need, over all its items "
                                                       "(413 beyond): contexts are windowed, never cut")
+    qa_verify_model: Optional[str] = Field(
+        None, description="a second, exact model for /qa (e.g. the fp32 export beside an int8 --model): a question "
+                          "whose best two answers are closer than --qa-verify-margin is answered again by it, so a "
+                          "fast model's answers agree with the exact one's (docs/serving.md, \"Fast QA\")")
+    qa_verify_margin: float = Field(
+        0.1, ge=0, le=1, description="with --qa-verify-model: recompute a question whose best answer's score leads "
+                                     "the second's by less than this (scores are probabilities, 0-1)")
     shutdown_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take "
                                                              "to finish; those still running then get a JSON 503 "
                                                              "and the server exits (a second signal: at once)")

@@ -359,3 +359,15 @@ def decode_request(items: list[dict], windows: list, outputs: list, facts: Model
                        max_answer_len=item.get("max_answer_len", 30))
         answers.append(found or [{"answer": "", "score": 0.0, "start": 0, "end": 0}])
     return answers
+
+
+def margins(items: list[dict], windows: list, outputs: list, facts: ModelFacts, **_) -> list[float]:
+    """Per item, how far its best answer's score leads the second best's (1.0 when nothing competes):
+    how sure these logits are. A slightly perturbed model (int8) changes the answer only where this is small;
+    the engine recomputes those items on an exact model (--qa-verify-model)."""
+    found = []
+    for item, item_windows, sequences in zip(items, windows, outputs):
+        best = decode(item["context"], item_windows, [s["qa_start"] for s in sequences],
+                      [s["qa_end"] for s in sequences], top_k=2, max_answer_len=item.get("max_answer_len", 30))
+        found.append(best[0]["score"] - (best[1]["score"] if len(best) > 1 else 0.0) if best else 1.0)
+    return found

@@ -96,6 +96,7 @@ async def _answer(request: Request, work) -> Response:
     return AnswerResponse(content, headers={
         "x-queue-time-ms": f"{timing.queue_s * 1000:.2f}",
         "x-inference-time-ms": f"{timing.inference_s * 1000:.2f}",
+        **({"x-verified-items": str(timing.verified)} if timing.verified else {}),
     })
 
 
@@ -206,7 +207,7 @@ async def info(request: Request):
                 max_batch_tokens=settings.max_batch_tokens, max_input_length=engine.max_input_length,
                 max_client_batch_size=settings.max_client_batch_size,
                 max_concurrent_requests=settings.max_concurrent_requests, version=version(),
-                labels=engine.labels(), embedding=engine.embedding_info())
+                labels=engine.labels(), embedding=engine.embedding_info(), verify=engine.verify_info())
 
 
 @router.get("/metrics", tags=["status"], response_class=Response,

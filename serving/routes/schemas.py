@@ -158,6 +158,8 @@ class Info(BaseModel):
     labels: dict[str, list[str]] = Field(..., description="labels of each task that has them (classify, ner)")
     embedding: Optional[dict] = Field(None, description="the embed task's pooling, normalisation, dimensions, and "
                                                         "what is known of the vectors' quality")
+    verify: dict[str, dict] = Field(default_factory=dict, description="per task, the exact model that answers "
+                                                                     "its unsure items again, and the margin")
 
 
 # ---- limits that depend on the server's settings, declared in the OpenAPI schema -----------------------

@@ -1,0 +1,113 @@
+"""--qa-verify-model: a fast /qa model's unsure answers (best two closer than --qa-verify-margin) are answered
+again by an exact model. Two real tiny QA checkpoints with different weights play fast and exact; the
+engine runs in-process (torch backend), one real server checks the HTTP side and the startup refusals."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import httpx
+import pytest
+
+from bert.tasks import qa as qa_codec
+from serving.backends.base import ModelError
+from serving.batcher import Ticket
+from serving.engine import Engine, Timing
+from serving.metrics import Metrics
+from serving.settings import Settings
+from test_serving_support import CONTEXT, PYTHON, QA_ITEMS, REPO, Server, build_checkpoint
+
+ITEMS = QA_ITEMS + [
+    {"question": "Which nations share the region?", "context": CONTEXT[:600]},
+    {"question": "How much is in Peru?", "context": CONTEXT[200:700], "top_k": 3},
+    {"question": "What does the basin encompass?", "context": CONTEXT[60:300]},
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verify")
+    return {"fast": build_checkpoint(root / "fast", task="qa", seed=0),
+            "exact": build_checkpoint(root / "exact", task="qa", seed=1),
+            "classify": build_checkpoint(root / "classify", task="classify", seed=2)}
+
+
+def run(items, **settings):
+    """(answers, items verified) of one /qa request through a fresh engine."""
+    engine = Engine(Settings(threads=1, **settings), Metrics())
+    engine.load()
+    timing = Timing()
+
+    async def scenario():
+        engine.start()
+        try:
+            return await engine.infer("qa", items, {}, ticket=Ticket(), timing=timing)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(scenario()), timing.verified
+
+
+def test_unsure_items_are_answered_by_the_exact_model_the_rest_by_the_fast_one(models):
+    fast, _ = run(ITEMS, model=str(models["fast"]))
+    exact, _ = run(ITEMS, model=str(models["exact"]))
+    assert fast != exact  # different weights: the test can tell who answered
+    # the fast model's own margins, from its best two answers
+    ranked, _ = run([dict(item, top_k=2) for item in ITEMS], model=str(models["fast"]))
+    margins = [r[0]["score"] - (r[1]["score"] if len(r) > 1 else 0.0) for r in ranked]
+    threshold = sorted(margins)[len(margins) // 2]  # about half the items are unsure
+    unsure = [m < threshold for m in margins]
+    assert 0 < sum(unsure) < len(ITEMS)
+    mixed, verified = run(ITEMS, model=str(models["fast"]), qa_verify_model=str(models["exact"]),
+                          qa_verify_margin=threshold)
+    assert verified == sum(unsure)
+    for answer, was_unsure, f, e in zip(mixed, unsure, fast, exact):
+        assert answer == (e if was_unsure else f)
+
+
+def test_margin_zero_verifies_nothing_and_one_verifies_everything(models):
+    fast, _ = run(ITEMS, model=str(models["fast"]))
+    exact, _ = run(ITEMS, model=str(models["exact"]))
+    none, verified = run(ITEMS, model=str(models["fast"]), qa_verify_model=str(models["exact"]), qa_verify_margin=0)
+    assert (none, verified) == (fast, 0)
+    every, verified = run(ITEMS, model=str(models["fast"]), qa_verify_model=str(models["exact"]), qa_verify_margin=1)
+    assert (every, verified) == (exact, len(ITEMS))
+
+
+def test_margins_are_the_lead_of_the_best_answer(models):
+    ranked, _ = run([dict(item, top_k=2) for item in ITEMS[:3]], model=str(models["fast"]))
+    for answers in ranked:
+        assert len(answers) == 2 and 0 <= answers[0]["score"] - answers[1]["score"] <= 1
+    assert qa_codec.margins([], [], [], None) == []
+
+
+@pytest.mark.parametrize("case, match", [
+    ("same", "already serves qa"),
+    ("not_qa", "serves only classify"),
+    ("no_qa_served", "does not serve qa"),
+    ("missing", "no such|not found|does not exist|cannot"),
+])
+def test_a_verify_model_that_cannot_do_the_job_is_refused_at_load(models, case, match):
+    settings = {"same": dict(model=str(models["fast"]), qa_verify_model=str(models["fast"])),
+                "not_qa": dict(model=str(models["fast"]), qa_verify_model=str(models["classify"])),
+                "no_qa_served": dict(model=str(models["classify"]), qa_verify_model=str(models["exact"])),
+                "missing": dict(model=str(models["fast"]), qa_verify_model=str(models["fast"].parent / "nope"))}[case]
+    with pytest.raises((ModelError, FileNotFoundError, ValueError), match=match):
+        Engine(Settings(threads=1, **settings), Metrics()).load()
+
+
+def test_the_server_says_what_it_verified_and_refuses_a_bad_verify_model_in_one_line(models):
+    with Server("--model", str(models["fast"]), "--qa-verify-model", str(models["exact"]),
+                "--qa-verify-margin", "1") as server:
+        r = httpx.post(server.url + "/qa", json=ITEMS[:2], timeout=30)
+        assert r.status_code == 200 and r.headers["x-verified-items"] == "2"
+        info = httpx.get(server.url + "/info", timeout=5).json()
+        assert info["verify"]["qa"]["margin"] == 1 and info["verify"]["qa"]["path"] == str(models["exact"])
+        r = httpx.post(server.url + "/qa", json={"question": "q", "context": "c", "top_k": "2"}, timeout=5)
+        assert r.status_code == 422 and r.json()["error_type"] == "validation"
+        assert httpx.get(server.url + "/ready", timeout=5).status_code == 200
+    done = subprocess.run([PYTHON, "-m", "serving", "--model", str(models["fast"]), "--qa-verify-model",
+                           str(models["classify"])], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--qa-verify-model" in errors[0] and "Traceback" not in done.stderr
