@@ -209,7 +209,12 @@ def test_healthy_follows_readiness_promptly(server):
 def test_readme_examples_answered_by_the_demo_model(server):
     client = httpx.Client(base_url=server.url, timeout=30)
     info = client.get("/info").json()
-    assert info["backend"] == "onnxruntime" and info["tasks"] == ["classify", "ner", "qa"]
+    assert info["backend"] == "onnxruntime" and info["tasks"] == ["classify", "ner", "qa", "embed"]
+    # curl -s localhost:8000/embed -d '{"inputs": "What is the capital of France?"}'
+    (vector,) = client.post("/embed", content=b'{"inputs": "What is the capital of France?"}').json()
+    assert len(vector) == 384 and abs(sum(x * x for x in vector) - 1) < 1e-4
+    openai = client.post("/v1/embeddings", json={"input": ["a", "b"], "model": "demo"}).json()
+    assert [d["index"] for d in openai["data"]] == [0, 1] and openai["usage"]["prompt_tokens"] > 0
     # curl -s localhost:8000/classify -d '{"inputs": "I loved this film."}'  (a body without content type)
     (label,) = client.post("/classify", content=b'{"inputs": "I loved this film."}').json()
     assert label["label"] == "positive" and label["score"] > 0.9
