@@ -20,7 +20,7 @@ import sys
 import httpx
 import numpy as np
 
-from bench.common import DATA_DIR, REPO, machine, print_table, write_json
+from bench.common import REPO, heldout_squad_articles, machine, print_table, write_json
 from bench.server_bench import free_port, start, stop
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
@@ -38,9 +38,7 @@ def sentences_with_offsets(context: str) -> list[tuple[int, int]]:
 
 def retrieval_set(heldout_articles: int) -> list[dict]:
     """Per article: its sentences and, per question, the index of the sentence holding the answer start."""
-    from training.data.readers import read_squad_articles, split_heldout
-
-    _, heldout = split_heldout(read_squad_articles(DATA_DIR / "squad-train"), heldout_articles)
+    heldout = heldout_squad_articles(heldout_articles)
     articles = []
     for article in heldout:
         sentences, questions = [], []

@@ -22,7 +22,7 @@ import shlex
 import sys
 import time
 
-from bench.common import DATA_DIR, REPO, machine, print_table, write_json
+from bench.common import DATA_DIR, REPO, heldout_squad_articles, machine, print_table, write_json
 from bench.server_bench import free_port, start
 
 TASKS = ("classify", "ner", "qa")
@@ -83,10 +83,9 @@ def eval_ner(client, chunk: int, limit: int = 0) -> dict:
 def eval_qa(client, heldout_articles: int, chunk: int, doc_stride: int, max_answer_len: int,
             limit: int = 0) -> dict:
     from training import metrics as M
-    from training.data.readers import read_squad_articles, split_heldout, squad_examples
+    from training.data.readers import squad_examples
 
-    _, heldout = split_heldout(read_squad_articles(DATA_DIR / "squad-train"), heldout_articles)
-    examples = squad_examples(heldout)[:limit or None]
+    examples = squad_examples(heldout_squad_articles(heldout_articles))[:limit or None]
     predictions = {}
     for i in range(0, len(examples), chunk):
         part = examples[i:i + chunk]

@@ -28,16 +28,15 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import DATA_DIR, REPO, machine, print_table, write_json
+from bench.common import REPO, heldout_squad_articles, machine, print_table, write_json
 from bench.peers.catalog import bertserve_export
 from bench.server_bench import free_port, start, stop
 
 
 def heldout_questions(articles: int, limit: int = 0):
-    from training.data.readers import read_squad_articles, split_heldout, squad_examples
+    from training.data.readers import squad_examples
 
-    _, heldout = split_heldout(read_squad_articles(DATA_DIR / "squad-train"), articles)
-    return squad_examples(heldout)[:limit or None]
+    return squad_examples(heldout_squad_articles(articles))[:limit or None]
 
 
 async def ask_all(url: str, examples, clients: int, doc_stride: int) -> tuple[list[str], float, int]:
