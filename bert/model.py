@@ -462,34 +462,80 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         return SpanOutput(start_logits, end_logits, loss, out.embedding)
 
 
-@dataclass
 class MultiTaskOutput:
-    classify_logits: torch.Tensor | None = None  # (B, L_cls)
-    ner_logits: torch.Tensor | None = None  # (B, T, L_ner)
-    qa_start_logits: torch.Tensor | None = None  # (B, T)
-    qa_end_logits: torch.Tensor | None = None  # (B, T)
-    embedding: torch.Tensor | None = None  # (B, H), with set_pooling
+    """Every head's outputs under their graph-output names ("classify_logits", "qa_start_logits", ...; the
+    registry's `graph_outputs`), as attributes, plus the pooled `embedding` when asked for (set_pooling)."""
+
+    def __init__(self, outputs: dict[str, torch.Tensor], embedding: torch.Tensor | None = None):
+        self.outputs = outputs
+        self.embedding = embedding
+
+    def __getattr__(self, name: str):
+        outputs = self.__dict__.get("outputs", {})
+        if name in outputs:
+            return outputs[name]
+        if name.endswith("_logits") or name.startswith("fill_mask"):
+            return None  # a head this model does not have
+        raise AttributeError(name)
+
+
+MLM_TOP_K = 50  # candidates per token a fill-mask head hands back (its request's top_k is at most this)
+
+
+def build_head(kind: str, config: BertConfig, width: int) -> nn.Module:
+    """A task head of `kind` (bert.tasks.base.Head) on this encoder: the module transformers has for it."""
+    if kind in ("sequence", "token", "span"):
+        return nn.Linear(config.hidden_size, width)
+    if kind == "mlm":
+        return BertOnlyMLMHead(config)
+    raise ValueError(f"unknown head kind {kind!r}")
+
+
+def run_head(kind: str, head: nn.Module, out: EncoderOutput, dropout: nn.Module) -> tuple[torch.Tensor, ...]:
+    """A head's outputs, in the order of its task's graph outputs."""
+    if kind == "sequence":
+        return (head(dropout(out.pooler_output)),)  # (B, L)
+    if kind == "token":
+        return (head(dropout(out.last_hidden_state)),)  # (B, T, L)
+    if kind == "span":
+        return tuple(head(out.last_hidden_state).unbind(dim=-1))  # (B, T) start, (B, T) end
+    if kind == "mlm":
+        # Probabilities of the MLM_TOP_K likeliest tokens at every position, not (B, T, V) logits: a 30k vocabulary
+        # would make every served sequence tens of megabytes.
+        probs = head.predictions(out.last_hidden_state).float().softmax(dim=-1)
+        scores, ids = probs.topk(min(MLM_TOP_K, probs.shape[-1]), dim=-1)  # (B, T, K)
+        return scores, ids
+    raise ValueError(f"unknown head kind {kind!r}")
 
 
 class BertForMultiTask(BertPreTrainedModel):
-    """One shared encoder with a head per task (config.task_labels), so one forward pass answers any
-    mix of classify / ner / qa requests. Heads are the single-task heads under task names; the
-    encoder keeps transformers' names, so any BERT backbone loads into it."""
+    """One shared encoder with a head per task (config.task_labels), so one forward pass answers any mix of
+    the served tasks' requests. Heads are built from the tasks' declarations (bert.tasks.base.Head) under their
+    multi-task attribute names; the encoder keeps transformers' names, so any BERT backbone loads into it."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
         if not config.task_labels:
             raise ValueError("BertForMultiTask needs config.task_labels, e.g. {'classify': [...], 'ner': [...], 'qa': []}")
-        tasks = config.task_labels
-        self.bert = BertModel(config, add_pooling_layer="classify" in tasks)
+        self.heads = {}  # task -> its Head declaration, in registry order
+        for name in TASKS:
+            task = TASKS[name]
+            if name in config.task_labels and task.head is not None:
+                self.heads[name] = task.head
+        unknown = [t for t in config.task_labels if t not in self.heads]
+        if unknown:
+            raise ValueError(f"config.task_labels names {', '.join(map(repr, unknown))}: not tasks with a head "
+                             f"({', '.join(t for t in TASKS if TASKS[t].head is not None)})")
+        self.bert = BertModel(config, add_pooling_layer=any(h.kind == "sequence" for h in self.heads.values()))
         self.dropout = classifier_dropout(config)
-        if "classify" in tasks:
-            self.classifier = nn.Linear(config.hidden_size, len(tasks["classify"]))
-        if "ner" in tasks:
-            self.token_classifier = nn.Linear(config.hidden_size, len(tasks["ner"]))
-        if "qa" in tasks:
-            self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        for name, head in self.heads.items():
+            setattr(self, head.attribute, build_head(head.kind, config, TASKS[name].head_width(config.task_labels[name])))
         self.init_weights()
+
+    def tie_weights(self) -> None:
+        for head in getattr(self, "heads", {}).values():
+            if head.kind == "mlm":
+                getattr(self, head.attribute).predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
     @property
     def tasks(self) -> list[str]:
@@ -497,14 +543,11 @@ class BertForMultiTask(BertPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> MultiTaskOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        result = MultiTaskOutput(embedding=out.embedding)
-        if hasattr(self, "classifier"):
-            result.classify_logits = self.classifier(self.dropout(out.pooler_output))
-        if hasattr(self, "token_classifier"):
-            result.ner_logits = self.token_classifier(self.dropout(out.last_hidden_state))
-        if hasattr(self, "qa_outputs"):
-            result.qa_start_logits, result.qa_end_logits = self.qa_outputs(out.last_hidden_state).unbind(dim=-1)
-        return result
+        outputs = {}
+        for name, head in self.heads.items():
+            values = run_head(head.kind, getattr(self, head.attribute), out, self.dropout)
+            outputs.update(zip(TASKS[name].graph_outputs, values))
+        return MultiTaskOutput(outputs, out.embedding)
 
 
 # Architecture name in config.json -> class. Names match transformers' where the class exists there.
@@ -514,4 +557,4 @@ ARCHITECTURES: dict[str, type[BertPreTrainedModel]] = {
                 BertForTokenClassification, BertForQuestionAnswering, BertForMultiTask)
 }
 # Task -> the class of a checkpoint made for it alone (the registry names it; embed: the bare encoder).
-TASK_ARCHITECTURES = {task.name: ARCHITECTURES[task.architecture] for task in TASKS.values()}
+TASK_ARCHITECTURES = {task.name: ARCHITECTURES[task.architecture] for task in TASKS.values() if task.architecture}

@@ -5,6 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bert.tasks.base import Head, Route, Task, check_inputs, one_or_list, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, sigmoid, softmax
 from bert.tokenizer import InputTooLong
 
@@ -114,3 +115,32 @@ def decode_request(items: list, features: list, outputs: list, facts: ModelFacts
                    function_to_apply: str | None = None, **_) -> list[list[dict]]:
     logits = np.stack([sequences[0]["classify"] for sequences in outputs])
     return decode(logits, facts.labels, top_k=top_k, function=function_to_apply, problem_type=facts.problem_type)
+
+
+class ClassifyTask(Task):
+    """Sequence (or pair) classification: transformers' text-classification pipeline."""
+
+    name = "classify"
+    order = 10
+    outputs, output_ranks, per_token = ("classify",), (2,), False
+    head = Head("sequence", attribute="classifier", single_attribute="classifier")
+    architectures = ("BertForSequenceClassification",)
+    labelled = True
+    graph_outputs = {"classify_logits": "classify"}
+    single_graph_outputs = {"logits": "classify"}
+    routes = (Route("/classify", "ClassifyRequest", "ClassifyResponse", "Classify texts or text pairs",
+                    to_items=texts_of, shape=one_or_list, check=check_inputs),)
+    trainable = True
+    main_metric = "accuracy"
+
+    def encode_request(self, tokenizer, items, limits, **options):
+        return encode_request(tokenizer, items, limits, **options)
+
+    def decode_request(self, items, features, outputs, facts, **options):
+        return decode_request(items, features, outputs, facts, **options)
+
+    def score(self, metrics: dict) -> float:
+        return 100.0 * float(metrics["accuracy"])  # a fraction in the task's metrics
+
+
+TASK = ClassifyTask()

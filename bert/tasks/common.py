@@ -97,10 +97,7 @@ def _cut_after(text: str, at: int) -> int:
     return found.end() if found else at
 
 
-# ---- what the server's one inference path asks of every codec ------------------------------------
-# encode_request(tokenizer, items, limits, **options) -> one list of Features per item (QA: its windows)
-# decode_request(items, features, outputs, facts, **options) -> one answer per item, where `outputs` holds,
-#   per item, one {output name: array} per sequence, sliced to the sequence's length for per-token outputs.
+# ---- what the server's one inference path gives every task (bert.tasks.base.Task) -----------------
 @dataclass(frozen=True)
 class Limits:
     """What one request may cost, fixed by the server's settings and the model."""
@@ -118,6 +115,7 @@ class ModelFacts:
     labels: dict  # output index -> label name (empty for tasks without labels)
     problem_type: str | None = None
     pooling: object = None  # bert.tasks.embed.Pooling for the embed task
+    tokenizer: object = None  # the served model's tokenizer, for tasks that answer in tokens (fill-mask)
 
 
 class TooMuchWork(ValueError):

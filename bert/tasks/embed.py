@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from bert.tasks import classify
+from bert.tasks.base import Route, Task, check_inputs, check_texts, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts
 
 POOLINGS = ("cls", "mean", "max")
@@ -126,3 +127,57 @@ def encode_request(tokenizer, items: list[str], limits: Limits, *, truncate: boo
 def decode_request(items: list, features: list, outputs: list, facts: ModelFacts, *, normalize: bool = True,
                    **_) -> list[list[float]]:
     return decode(np.stack([o[0]["embed"] for o in outputs]), normalize=normalize)
+
+
+def _openai_items(body) -> tuple[list, dict]:
+    return ([body.input] if isinstance(body.input, str) else list(body.input)), {"normalize": True}
+
+
+def _check_openai(body, info=None) -> None:
+    single = isinstance(body.input, str)
+    check_texts([body.input] if single else body.input, "input" if single else "input[{}]")
+    dimensions = getattr(info, "embedding_dimensions", None)
+    if body.dimensions is not None and body.dimensions != dimensions:
+        raise ValueError(f"dimensions: this model's embeddings have {dimensions} dimensions and cannot be shortened")
+
+
+def _openai_shape(vectors: list, body, info) -> dict:
+    """OpenAI's embeddings response: floats or base64 little-endian float32, and the input tokens as usage."""
+    import base64
+
+    def encoded(vector):
+        if body.encoding_format == "base64":  # what openai-python asks for by default, and decodes with numpy
+            return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+        return vector
+
+    tokens = info.tokens
+    return {"object": "list", "model": body.model or info.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)]}
+
+
+class EmbedTask(Task):
+    """Sentence embeddings, pooled as the model's sentence-transformers configuration says; any encoder serves it."""
+
+    name = "embed"
+    order = 40
+    outputs, output_ranks, per_token = ("embed",), (2,), False
+    head = None
+    architectures = ("BertModel",)
+    graph_outputs = {"embedding": "embed"}
+    single_graph_outputs = {"embedding": "embed"}
+    routes = (
+        Route("/embed", "EmbedRequest", "EmbedResponse", "Embed texts (text-embeddings-inference's shape)",
+              to_items=texts_of, shape=lambda answers, body, info=None: answers, check=check_inputs),
+        Route("/v1/embeddings", "OpenAIEmbeddingRequest", "OpenAIEmbeddingResponse", "Embed texts (OpenAI's shape)",
+              to_items=_openai_items, shape=_openai_shape, check=_check_openai, batch_field="input"),
+    )
+
+    def encode_request(self, tokenizer, items, limits, **options):
+        return encode_request(tokenizer, items, limits, **options)
+
+    def decode_request(self, items, features, outputs, facts, **options):
+        return decode_request(items, features, outputs, facts, **options)
+
+
+TASK = EmbedTask()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import decoders
 
+from bert.tasks.base import Head, Route, Task, check_inputs, one_or_list, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, softmax
 from bert.tokenizer import UNK, InputTooLong
 
@@ -270,3 +271,29 @@ def decode_request(items: list, features: list, outputs: list, facts: ModelFacts
     """Entities per text, each `word` as written in the text (casing kept)."""
     return [decode(f[0], o[0]["ner"], facts.labels, aggregation=aggregation, word_from_text=True)
             for f, o in zip(features, outputs)]
+
+
+class NerTask(Task):
+    """Token classification: transformers' token-classification pipeline, words as written."""
+
+    name = "ner"
+    order = 20
+    outputs, output_ranks, per_token = ("ner",), (3,), True
+    head = Head("token", attribute="token_classifier", single_attribute="classifier")
+    architectures = ("BertForTokenClassification",)
+    labelled = True
+    graph_outputs = {"ner_logits": "ner"}
+    single_graph_outputs = {"logits": "ner"}
+    routes = (Route("/ner", "NerRequest", "NerResponse", "Find named entities",
+                    to_items=texts_of, shape=one_or_list, check=check_inputs),)
+    trainable = True
+    main_metric = "f1"
+
+    def encode_request(self, tokenizer, items, limits, **options):
+        return encode_request(tokenizer, items, limits, **options)
+
+    def decode_request(self, items, features, outputs, facts, **options):
+        return decode_request(items, features, outputs, facts, **options)
+
+
+TASK = NerTask()

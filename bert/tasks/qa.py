@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bert.tasks.base import Head, Route, Task, check_texts
 from bert.tasks.common import CallerGone, Features, Limits, ModelFacts, TooMuchWork, bounded_text
 
 MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
@@ -371,3 +372,51 @@ def margins(items: list[dict], windows: list, outputs: list, facts: ModelFacts, 
                       [s["qa_end"] for s in sequences], top_k=2, max_answer_len=item.get("max_answer_len", 30))
         found.append(best[0]["score"] - (best[1]["score"] if len(best) > 1 else 0.0) if best else 1.0)
     return found
+
+
+def _qa_items(body) -> tuple[list, dict]:
+    """One {question, context, ...} object or a list of them: one item each, its options inside it."""
+    items = body if isinstance(body, list) else [body]
+    return [item.model_dump() for item in items], {}
+
+
+def _check_qa(body, info=None) -> None:
+    single = not isinstance(body, list)
+    items = [body] if single else body
+    for name in ("question", "context"):
+        check_texts([getattr(item, name) for item in items], name if single else "[{}]." + name)
+
+
+def _shape_qa(answers: list, body, info=None):
+    """An item asking for top_k 1 gets its answer, more gets the list; a single object gets its entry alone."""
+    items = body if isinstance(body, list) else [body]
+    shaped = [a[0] if item.top_k == 1 else a for item, a in zip(items, answers)]
+    return shaped if isinstance(body, list) else shaped[0]
+
+
+class QATask(Task):
+    """Extractive question answering: the best spans of a context, windowed with a doc stride, never cut."""
+
+    name = "qa"
+    order = 30
+    outputs, output_ranks, per_token = ("qa_start", "qa_end"), (2, 2), True
+    head = Head("span", attribute="qa_outputs", single_attribute="qa_outputs", width=2)
+    architectures = ("BertForQuestionAnswering",)
+    graph_outputs = {"qa_start_logits": "qa_start", "qa_end_logits": "qa_end"}
+    single_graph_outputs = {"start_logits": "qa_start", "end_logits": "qa_end"}
+    routes = (Route("/qa", "QARequest", "QAResponse", "Answer questions from a context", to_items=_qa_items,
+                    shape=_shape_qa, check=_check_qa, batch_field="body", many=True),)
+    trainable = True
+    main_metric = "f1"
+
+    def encode_request(self, tokenizer, items, limits, **options):
+        return encode_request(tokenizer, items, limits, **options)
+
+    def decode_request(self, items, features, outputs, facts, **options):
+        return decode_request(items, features, outputs, facts, **options)
+
+    def margins(self, items, features, outputs, facts, **options):
+        return margins(items, features, outputs, facts, **options)
+
+
+TASK = QATask()

@@ -1,44 +1,21 @@
-"""The task registry: what a task is, declared once and read everywhere else.
+"""The task registry: every task object (bert/tasks/<name>.py, `TASK = ...`), found once, read everywhere else.
 
-A task is a codec (text -> model inputs, model outputs -> answers) plus what the rest of bertserve needs
-to know about it: the arrays a backend hands back for it, whether they have a row per token, which
-checkpoint architecture is made for it alone, its head in a multi-task model, the names its outputs have
-in an exported graph, its HTTP routes and the names of its request and response schemas. Training,
-export, the backends, the batcher, the engine, the routes, the middleware and the metrics all read this
-table; adding a task is a codec module and one `register(...)` below (plus whatever is truly its own:
-its head in bert/model.py, its schemas, its training data).
+A task module joins by defining `TASK`, an instance of `bert.tasks.base.Task`; nothing else in bertserve
+lists tasks. Training, export, the model's heads, the backends, the batcher, the engine, the routes, the
+middleware and the metrics read this table. An unknown name is `UnknownTask`, one line naming the known ones.
 
-numpy-free and torch-free: only names and the codec modules.
+numpy-free and torch-free at import time.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from types import ModuleType
+import importlib
+import pkgutil
 
-from bert.tasks import classify, embed, ner, qa
-
-
-@dataclass(frozen=True)
-class Task:
-    name: str
-    codec: ModuleType
-    # The backend's arrays for this task, one row per sequence: "classify" (L,), "ner" (T, L), "qa_start" (T,)...
-    outputs: tuple[str, ...]
-    output_ranks: tuple[int, ...]  # each output's dimensions in a batch: (B, L) 2, (B, T, L) 3, (B, T) 2
-    per_token: bool  # those arrays have a row per token (sliced to each sequence's length by the batcher)
-    architecture: str | None  # transformers class of a checkpoint made for this task alone
-    head: str | None  # its head's attribute in BertForMultiTask; None: served by the encoder itself
-    labelled: bool  # its head predicts named labels (id2label)
-    trainable: bool  # python -m training.finetune --task NAME
-    graph_outputs: dict[str, str]  # output names in an exported multi-task graph -> our output names
-    single_graph_outputs: dict[str, str]  # output names in a graph exported for this task alone -> ours
-    routes: tuple[str, ...]  # HTTP routes answering it, the main one first
-    request_schema: str  # class names in serving/routes/schemas.py
-    response_schema: str
-    notes: dict = field(default_factory=dict, compare=False)
-
+import bert.tasks as _package
+from bert.tasks.base import Task, UnknownTask
 
 TASKS: dict[str, Task] = {}
+_NOT_TASKS = {"base", "common", "registry"}
 
 
 def register(task: Task) -> Task:
@@ -48,27 +25,27 @@ def register(task: Task) -> Task:
     return task
 
 
-register(Task(
-    name="classify", codec=classify, outputs=("classify",), output_ranks=(2,), per_token=False,
-    architecture="BertForSequenceClassification", head="classifier", labelled=True, trainable=True,
-    graph_outputs={"classify_logits": "classify"}, single_graph_outputs={"logits": "classify"},
-    routes=("/classify",), request_schema="ClassifyRequest", response_schema="ClassifyResponse"))
-register(Task(
-    name="ner", codec=ner, outputs=("ner",), output_ranks=(3,), per_token=True,
-    architecture="BertForTokenClassification", head="token_classifier", labelled=True, trainable=True,
-    graph_outputs={"ner_logits": "ner"}, single_graph_outputs={"logits": "ner"},
-    routes=("/ner",), request_schema="NerRequest", response_schema="NerResponse"))
-register(Task(
-    name="qa", codec=qa, outputs=("qa_start", "qa_end"), output_ranks=(2, 2), per_token=True,
-    architecture="BertForQuestionAnswering", head="qa_outputs", labelled=False, trainable=True,
-    graph_outputs={"qa_start_logits": "qa_start", "qa_end_logits": "qa_end"},
-    single_graph_outputs={"start_logits": "qa_start", "end_logits": "qa_end"},
-    routes=("/qa",), request_schema="QARequest", response_schema="QAResponse"))
-register(Task(
-    name="embed", codec=embed, outputs=("embed",), output_ranks=(2,), per_token=False,
-    architecture="BertModel", head=None, labelled=False, trainable=False,
-    graph_outputs={"embedding": "embed"}, single_graph_outputs={"embedding": "embed"},
-    routes=("/embed", "/v1/embeddings"), request_schema="EmbedRequest", response_schema="EmbedResponse"))
+def _discover() -> None:
+    found = []
+    for module in pkgutil.iter_modules(_package.__path__):
+        if module.name in _NOT_TASKS or module.name.startswith("_"):
+            continue
+        task = getattr(importlib.import_module(f"bert.tasks.{module.name}"), "TASK", None)
+        if isinstance(task, Task):
+            found.append(task)
+    for task in sorted(found, key=lambda t: (t.order, t.name)):
+        register(task)
+
+
+_discover()
+
+
+def get(name: str) -> Task:
+    """The task called `name`, or UnknownTask naming the known ones."""
+    try:
+        return TASKS[name]
+    except (KeyError, TypeError):
+        raise UnknownTask(f"unknown task {name!r}; the tasks are {', '.join(TASKS)}") from None
 
 
 # ---- derived tables (read these; never re-declare them) -------------------------------------------
@@ -87,13 +64,21 @@ def per_token_outputs() -> frozenset[str]:
     return frozenset(o for t in TASKS.values() if t.per_token for o in t.outputs)
 
 
+def tasks_of_architecture(architecture: str, config: dict | None = None) -> tuple[str, ...]:
+    """The tasks a checkpoint made for one task alone serves, by its architecture (and, where one architecture
+    serves several, what its config says: a one-output sequence classifier is also a reranker)."""
+    return tuple(t.name for t in TASKS.values()
+                 if t.head is not None and architecture in t.architectures and t.serves(config or {}))
+
+
 def task_of_architecture(architecture: str) -> str | None:
-    return next((t.name for t in TASKS.values() if t.architecture == architecture and t.head is not None), None)
+    """The task whose own checkpoints have this architecture first (the one we write for it)."""
+    return next((t.name for t in TASKS.values() if t.head is not None and t.architecture == architecture), None)
 
 
 def routes() -> dict[str, str]:
     """HTTP route -> task."""
-    return {route: t.name for t in TASKS.values() for route in t.routes}
+    return {route.path: t.name for t in TASKS.values() for route in t.routes}
 
 
 def graph_output_names(tasks: list[str]) -> dict[str, str]:

@@ -1,0 +1,155 @@
+"""What a task is: one object that owns everything task-specific.
+
+A task (one module in bert/tasks, one `TASK = SomeTask()` instance in it) declares
+- its codec: request items -> model inputs (`encode_request`) and model outputs -> answers (`decode_request`);
+- its head: how it sits on the encoder (`Head`: a kind the model knows how to build, the attribute it has in a
+  checkpoint, its width), the arrays a backend hands back for it and their names in an exported graph;
+- its HTTP routes (`Route`: path, request and response schema names, how a body becomes items and how the
+  answers are shaped back), which one generic route factory in serving/routes turns into endpoints;
+- its training hooks (read data, encode, collate targets, loss, evaluate, main metric), used by
+  python -m training.finetune / multitask / evaluate.
+
+Everything else (the multi-task model, the backends, export, the routes, the SDK's request plans, training)
+loops over the registry (`bert.tasks.registry`) and never names a task. numpy-free at import time: torch is
+imported inside the training hooks only, so a server with an ONNX backend imports every task without torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+HEAD_KINDS = ("sequence", "token", "span", "mlm")
+
+
+class UnknownTask(ValueError):
+    """A task name the registry does not know; the message lists the known ones."""
+
+
+class EmptyInput(ValueError):
+    """A request with nothing to work on (no inputs, a blank text): the server's 400."""
+
+
+class TooManyInputs(ValueError):
+    """More items in one request than it may carry: the server's 413."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """How a task's head sits on the encoder. The model (bert/model.py) builds one module per kind:
+    - "sequence": dropout + linear on the pooled [CLS] state (the pooler: dense + tanh), one row per sequence;
+    - "token": dropout + linear on every token's state;
+    - "span": one linear H -> 2 on every token, split into start and end logits;
+    - "mlm": the masked-LM transform (dense, activation, LayerNorm) and the decoder tied to the word embeddings,
+      scored as probabilities and cut to the `width` most likely tokens in the graph itself.
+    `attribute` is the head's name in a multi-task model, `single_attribute` in a checkpoint made for this task
+    alone (transformers' names: "classifier", "qa_outputs", "cls"). `width`: outputs per row (None: one per label).
+    """
+
+    kind: str
+    attribute: str
+    single_attribute: str
+    width: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"head kind must be one of {', '.join(HEAD_KINDS)}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One HTTP endpoint of a task. The generic route factory validates the body against `request` (a class
+    name in serving/routes/schemas.py), turns it into items and options with `to_items`, runs the task's one
+    inference path, and answers `shape(answers, body)` documented by `response`."""
+
+    path: str
+    request: str
+    response: str
+    summary: str
+    to_items: Callable[[Any], tuple[list, dict]]  # body -> (items, options)
+    shape: Callable[[list, Any, Any], Any]  # (answers, body, info) -> the response content
+    batch_field: str = "inputs"  # the body's field named in "too many / empty" errors
+    many: bool = False  # the body may also be a list of `request` objects (one item each)
+    check: Callable[[Any, Any], None] | None = None  # (body, info) -> None, or raise ValueError naming the field
+
+
+def texts_of(body) -> tuple[list, dict]:
+    """A body whose `inputs` is a text or a list of texts (or pairs): the texts, and the other fields as
+    options."""
+    inputs = body.inputs
+    return ([inputs] if isinstance(inputs, str) else list(inputs)), body.model_dump(exclude={"inputs"})
+
+
+def one_or_list(answers: list, body, info=None):
+    """A single text's answer alone, a list's answers as a list."""
+    return answers[0] if isinstance(body.inputs, str) else answers
+
+
+def check_texts(texts: list, field: str = "inputs[{}]") -> None:
+    """An empty or blank text has nothing to classify, tag or embed: EmptyInput (400), not a confident answer
+    about nothing. `field` names the text in the message ("{}" takes its index)."""
+    for index, text in enumerate(texts):
+        parts = [text] if isinstance(text, str) else text
+        if any(not part.strip() for part in parts):
+            raise EmptyInput(f"{field.format(index)} is empty")
+
+
+def check_inputs(body, info=None) -> None:
+    """The blank-text check of a body whose `inputs` is a text or a list of them."""
+    single = isinstance(body.inputs, str)
+    check_texts([body.inputs] if single else body.inputs, "inputs" if single else "inputs[{}]")
+
+
+class Task:
+    """Base class of every task; subclasses set the class attributes and implement the codec (and the training
+    hooks when trainable). Class attributes, not instance fields: a task is declared, not configured."""
+
+    name: ClassVar[str]
+    order: ClassVar[int] = 100  # where it stands in listings (registration order of the built-in tasks)
+    outputs: ClassVar[tuple[str, ...]]  # the backend's arrays, one row per sequence: "classify" (L,), "ner" (T, L)
+    output_ranks: ClassVar[tuple[int, ...]]  # each output's dimensions in a batch: (B, L) 2, (B, T, L) 3
+    per_token: ClassVar[bool]  # those arrays have a row per token (sliced to each sequence's length)
+    head: ClassVar[Head | None]  # None: served by the encoder itself (embed)
+    # transformers classes of a checkpoint made for this task alone; the first is the one we write
+    architectures: ClassVar[tuple[str, ...]] = ()
+    labelled: ClassVar[bool] = False  # its head predicts named labels (id2label)
+    graph_outputs: ClassVar[dict[str, str]]  # output names in an exported multi-task graph -> our output names
+    single_graph_outputs: ClassVar[dict[str, str]]  # output names in a graph made for this task alone -> ours
+    routes: ClassVar[tuple[Route, ...]] = ()
+    trainable: ClassVar[bool] = False
+    main_metric: ClassVar[str] = ""  # the metric (0-100 after `score`) best/ is chosen by
+
+    # ---- what a checkpoint offers ------------------------------------------------------------------------
+    def serves(self, config: dict) -> bool:
+        """Whether a checkpoint made for this task alone (its architecture is ours) really is one: e.g. a
+        sequence classifier serves rerank only with one output."""
+        return True
+
+    @property
+    def architecture(self) -> str | None:
+        return self.architectures[0] if self.architectures else None
+
+    def head_width(self, labels: list | dict | None) -> int:
+        return self.head.width if self.head.width is not None else len(labels or ())
+
+    # ---- codec -------------------------------------------------------------------------------------------
+    def encode_request(self, tokenizer, items: list, limits: Limits, **options) -> list[list]:
+        """Items -> one list of Features per item (QA: its windows). Refusals: InputTooLong, TooMuchWork,
+        ValueError (the message names the field)."""
+        raise NotImplementedError
+
+    def decode_request(self, items: list, features: list, outputs: list, facts: ModelFacts, **options) -> list:
+        """One answer per item, where `outputs` holds, per item, one {output name: array} per sequence, sliced
+        to the sequence's length for per-token outputs."""
+        raise NotImplementedError
+
+    def margins(self, items: list, features: list, outputs: list, facts: ModelFacts, **options) -> list[float] | None:
+        """Per item, how sure its answer is (None: the task has no notion of it and is never re-answered)."""
+        return None
+
+    # ---- training hooks (torch imported inside) -------------------------------------------------------
+    def score(self, metrics: dict) -> float:
+        """The main metric on a 0-100 scale."""
+        return float(metrics[self.main_metric])
+
+    def __repr__(self) -> str:
+        return f"<task {self.name}>"
