@@ -305,9 +305,9 @@ class Engine:
         """items (texts, pairs or QA items) -> one answer per item: the task's codec encodes them (in the
         request's lane), the unit's batcher runs their sequences, the codec decodes the outputs."""
         task, unit = TASKS[task_name], self._unit(task_name)
-        codec, lane = task.codec, self._lane(task, _chars(items), options)
+        lane = self._lane(task, _chars(items), options)
         limits = self.limits(unit)
-        features = await self._codec(lambda: codec.encode_request(
+        features = await self._codec(lambda: task.encode_request(
             unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options), lane)
         flat = [f for item_features in features for f in item_features]
         results = await self._infer(unit, flat, ticket, timing)
@@ -319,14 +319,14 @@ class Engine:
         facts = unit.facts(task_name)
         if task_name in self.verify:
             await self._verify(task_name, items, features, outputs, facts, options, lane, ticket, timing)
-        return await self._codec(lambda: codec.decode_request(items, features, outputs, facts, **options), lane)
+        return await self._codec(lambda: task.decode_request(items, features, outputs, facts, **options), lane)
 
     async def _verify(self, task_name: str, items: list, features: list, outputs: list, facts: ModelFacts,
                       options: dict, lane, ticket: Ticket, timing: Timing) -> None:
         """The items whose answers are unsure (the codec's margins under --qa-verify-margin) run again on the
         exact model; their outputs are replaced in place."""
-        codec = TASKS[task_name].codec
-        margins = await self._codec(lambda: codec.margins(items, features, outputs, facts, **options), lane)
+        task = TASKS[task_name]
+        margins = await self._codec(lambda: task.margins(items, features, outputs, facts, **options), lane)
         unsure = [i for i, m in enumerate(margins) if m < self.settings.qa_verify_margin]
         if not unsure:
             return

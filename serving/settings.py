@@ -147,7 +147,7 @@ class _Settings(BaseSettings):
 # A --TASK-model flag (BERTSERVE_TASK_MODEL) for every registered task.
 Settings = create_model(
     "Settings", __base__=_Settings, __module__=__name__,
-    **{f"{task.name}_model": (Optional[str], Field(None, description=f"model for {' and '.join(task.routes)} "
+    **{f"{task.name}_model": (Optional[str], Field(None, description=f"model for {' and '.join(r.path for r in task.routes)} "
                                                                      "(overrides --model for that task)"))
        for task in registry.TASKS.values()})
 Settings.__doc__ = "The server's settings: the fields above, plus a `<task>_model` per registered task."
