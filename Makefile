@@ -39,13 +39,13 @@ test: setup-dev
 demo: setup-dev
 	bash recipes/demo.sh $(if $(CPU),--cpu)
 
-# The GPU proof kit (bench/gpu/README.md): gather what the GPU machine lacks into .gpu-kit/ (carried), and
-# the dry run of its one command on this machine with tiny sizes.
+# The GPU benchmark (bench/gpu/README.md): gather what a CUDA machine without registry access lacks into
+# .gpu-kit/ (copy it there with the checkout), and the dry run of its one command here with tiny sizes.
 gpu-kit: setup-dev
 	$(PY) -m bench.gpu.prepare
 
 gpu-kit-dry-run: setup-dev
-	$(PY) -m bench.gpu.prepare --tiny --no-wheels --no-size-check --out build/gpu-kit-tiny
+	$(PY) -m bench.gpu.prepare --tiny --no-wheels --out build/gpu-kit-tiny
 	$(PY) -m bench.gpu.kit --dry-run --phase all --kit build/gpu-kit-tiny --out build/gpu-kit-out --work build/gpu-kit-work
 
 clean:
