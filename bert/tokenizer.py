@@ -132,8 +132,8 @@ def _tokenizer_settings(path: Path) -> dict:
 
 
 # Up to this many inputs are encoded one by one in the calling thread. tokenizers' encode_batch hands even
-# one input to its rayon pool, whose threads then spin: a server tokenising each request on 2 cores spent
-# 29 % of its CPU there (py-spy, 32 clients, SST-2 sentences).
+# one input to its rayon pool, whose threads then spin on CPU a server needs (measured: docs/serving.md,
+# "Why it is built this way").
 SERIAL_ENCODE_MAX = 8
 
 
