@@ -34,7 +34,6 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-DEFAULT_MAX_SHARD_BYTES = 15_000_000  # under 16 MiB: shards travel through size-capped channels whole
 
 # Keys present in some checkpoints that carry no learned state of ours.
 HARMLESS_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")

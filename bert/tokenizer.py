@@ -12,7 +12,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
@@ -327,10 +327,6 @@ class BertTokenizer:
         if isinstance(ids, (int, np.integer)):
             ids = [ids]
         return [self._tokenizer.id_to_token(int(i)) for i in ids]
-
-    def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
-        """Join word pieces back into text ("play", "##ing" -> "playing"), as transformers does."""
-        return self._tokenizer.decoder.decode(list(tokens))
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

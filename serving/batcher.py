@@ -88,7 +88,6 @@ class Batcher:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
-        self.batches_run = 0
         self._depth_reported = 0
 
     # ---- public (on the event loop) ----------------------------------------------------------
@@ -245,7 +244,6 @@ class Batcher:
             self._running.pop(batch_id, None)
             if not self._running:
                 self._idle.set()
-        self.batches_run += 1
         if isinstance(result, Exception):
             for entry in batch:
                 _fail(entry, result)
