@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import PRESETS, BertConfig
-from .errors import one_line
+from .errors import BadInput, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 
 
-class CheckpointError(Exception):
+class CheckpointError(BadInput):
     """A checkpoint that cannot be found, read or matched to a model."""
 
 

@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, p
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
-from .errors import one_line, read_json_object
+from .errors import BadInput, one_line, read_json_object
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # Order matters for `train`: BERT's own vocabularies start [PAD]=0; the rest of the specials follow.
@@ -48,7 +48,7 @@ class InputTooLong(ValueError):
         return (type(self), (self.index, self.length, self.limit))
 
 
-class TokenizerError(ValueError):
+class TokenizerError(BadInput, ValueError):
     """Tokenizer files that cannot be read, or that lack what BERT needs; the message names the file."""
 
 
