@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: serve test demo setup setup-dev clean gpu-kit gpu-kit-dry-run
+.PHONY: serve test lint demo setup setup-dev clean gpu-kit gpu-kit-dry-run
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,13 @@ setup-dev: $(VENV)/.setup-dev
 serve: setup
 	$(PY) -m serving $(if $(MODEL),--model $(MODEL)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
-test: setup-dev
+# Lint and format check first (ruff, configured in pyproject.toml), then the suite.
+test: setup-dev lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: setup-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Rebuild serving/demo_model/ from ../shared/data: `make demo` on a GPU, `make demo CPU=1` on 2 CPU cores (1 h 47 min).
 demo: setup-dev
