@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: serve test demo setup setup-dev clean gpu-kit gpu-kit-dry-run
+.PHONY: serve test lint demo setup setup-dev clean gpu-kit gpu-kit-dry-run
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,20 +32,25 @@ setup-dev: $(VENV)/.setup-dev
 serve: setup
 	$(PY) -m serving $(if $(MODEL),--model $(MODEL)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
-test: setup-dev
+# Lint and format check first (ruff, configured in pyproject.toml), then the suite.
+test: setup-dev lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: setup-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Rebuild serving/demo_model/ from ../shared/data: `make demo` on a GPU, `make demo CPU=1` on 2 CPU cores (1 h 47 min).
 demo: setup-dev
 	bash recipes/demo.sh $(if $(CPU),--cpu)
 
-# The GPU proof kit (bench/gpu/README.md): gather what the GPU machine lacks into .gpu-kit/ (carried), and
-# the dry run of its one command on this machine with tiny sizes.
+# The GPU benchmark (bench/gpu/README.md): gather what a CUDA machine without registry access lacks into
+# .gpu-kit/ (copy it there with the checkout), and the dry run of its one command here with tiny sizes.
 gpu-kit: setup-dev
 	$(PY) -m bench.gpu.prepare
 
 gpu-kit-dry-run: setup-dev
-	$(PY) -m bench.gpu.prepare --tiny --no-wheels --no-size-check --out build/gpu-kit-tiny
+	$(PY) -m bench.gpu.prepare --tiny --no-wheels --out build/gpu-kit-tiny
 	$(PY) -m bench.gpu.kit --dry-run --phase all --kit build/gpu-kit-tiny --out build/gpu-kit-out --work build/gpu-kit-work
 
 clean:

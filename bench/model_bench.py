@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         agree = float((predictions == reference).mean() * 100)
         for batch_size, seq in shapes:
             batch = padded(tokenizer, [sample[i % len(sample)][0] for i in range(batch_size)], seq)
-            t = time_call(lambda: run(batch), min_seconds=args.seconds)
+            t = time_call(lambda run=run, batch=batch: run(batch), min_seconds=args.seconds)
             rows.append({"variant": variant, "batch": batch_size, "seq": seq, "p50_ms": t["p50"] * 1e3,
                          "p99_ms": t["p99"] * 1e3, "seq_per_s": batch_size / t["mean"], "iters": t["iters"],
                          "accuracy": accuracy, "agree_with_first": agree})

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import PRESETS, BertConfig
-from .errors import one_line
+from .errors import BadInput, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +34,6 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-DEFAULT_MAX_SHARD_BYTES = 15_000_000  # under 16 MiB: shards travel through size-capped channels whole
 
 # Keys present in some checkpoints that carry no learned state of ours.
 HARMLESS_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -43,7 +42,7 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 
 
-class CheckpointError(Exception):
+class CheckpointError(BadInput):
     """A checkpoint that cannot be found, read or matched to a model."""
 
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import json_type
-from .tasks import registry
+from .errors import BadInput, json_type
 
 # Google's BERT family (BERT-FACTS.md): name -> (layers, hidden, heads). Feed-forward is 4 * hidden.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -26,8 +25,6 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
-TASKS = registry.names()  # a checkpoint's `task`
-HEADED_TASKS = registry.with_heads()  # what `task_labels` may name: the tasks with a head of their own
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size")
@@ -44,7 +41,7 @@ _repr.maxstring = _repr.maxother = 60
 _short = _repr.repr  # a value quoted in an error message: short, so the message stays one line
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput, ValueError):
     """A config that cannot describe a working model."""
 
 
@@ -129,15 +126,19 @@ class BertConfig:
             problems.append(f"problem_type {_short(self.problem_type)} is not one of {', '.join(PROBLEM_TYPES)}")
         if self.task_labels is not None and not isinstance(self.task_labels, dict):
             problems.append(f"task_labels must map tasks to label lists, got {_short(self.task_labels)}")
+        # The task names come from the registry, read here rather than at import: a config needs no codec.
+        from .tasks import registry
+
+        tasks, headed_tasks = registry.names(), registry.with_heads()
         for t, labels in (self.task_labels if isinstance(self.task_labels, dict) else {}).items():
-            if t not in HEADED_TASKS:
-                problems.append(f"task_labels names task {_short(t)}, which is not one of {', '.join(HEADED_TASKS)}")
+            if t not in headed_tasks:
+                problems.append(f"task_labels names task {_short(t)}, which is not one of {', '.join(headed_tasks)}")
             elif not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
                 problems.append(f"task_labels[{t!r}] must be a list of label names, got {_short(labels)}")
             elif len(labels) > MAX_LABELS:
                 problems.append(f"task_labels[{t!r}] has {len(labels)} labels, more than {MAX_LABELS}")
-        if self.task is not None and (not isinstance(self.task, str) or self.task not in TASKS):
-            problems.append(f"task {_short(self.task)} is not one of {', '.join(TASKS)}")
+        if self.task is not None and (not isinstance(self.task, str) or self.task not in tasks):
+            problems.append(f"task {_short(self.task)} is not one of {', '.join(tasks)}")
         if problems:
             raise ConfigError("invalid BERT config: " + "; ".join(problems))
 

@@ -1,7 +1,8 @@
 """A failure a command line can explain is one line on stderr and an exit code, never a traceback.
 
 The core's errors that mean "this checkpoint or file is bad" (config.json, the weights, the tokenizer
-files) are listed here once, so export, training and serving give the same one line and exit 2 for them.
+files) subclass BadInput, declared here, so export, training and serving give the same one line and exit 2
+for them without this module knowing (or importing) the modules that raise them.
 Exit codes: 0 done; 1 the work ran but its result is wrong (export: parity out of tolerance);
 2 the request cannot be done as given (bad flag, bad or missing checkpoint); 130 interrupted.
 """
@@ -45,13 +46,14 @@ def read_json_object(path, error: type[Exception] = ValueError) -> dict | None:
     return data
 
 
-def bad_input_errors() -> tuple[type[BaseException], ...]:
-    """The core's errors for a checkpoint, config or tokenizer file that cannot be used; each names the file."""
-    from .checkpoint import CheckpointError
-    from .config import ConfigError
-    from .tokenizer import TokenizerError
+class BadInput(Exception):
+    """A checkpoint, config or tokenizer file that cannot be used; the message names the file. The modules
+    that read them subclass it (CheckpointError, ConfigError, TokenizerError)."""
 
-    return (CheckpointError, ConfigError, TokenizerError)
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The core's errors for a checkpoint, config or tokenizer file that cannot be used."""
+    return (BadInput,)
 
 
 def run_cli(main: Callable, argv: list[str] | None = None,

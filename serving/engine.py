@@ -32,12 +32,10 @@ log = logging.getLogger("bertserve")
 # A request whose texts add up to more than this goes to the long lane (see Engine.__init__).
 LIGHT_REQUEST_CHARS = 8192
 # A request of a sequence-level task (classify, embed) whose texts add up to at most this, and that asks for
-# no truncation, is tokenised and decoded on the event loop: the two thread hand-offs cost more than the work
-# (py-spy, 8 clients, one SST-2 sentence per request: 1.5 ms of GIL time per request in executor submits and
-# loop wake-ups, 0.06 ms tokenising). The bound keeps the loop's stall short whatever the request: at 1,024
-# characters the slowest case measured (embed, 32 inputs) takes 1.2 ms to encode and decode on our 2-core
-# machine. Per-token tasks (ner, qa) stay in threads: their decoding costs ~20 us per token in Python (5 ms
-# for one 250-token NER input). Truncation stays off the loop: it takes a lock a long request may hold.
+# no truncation, is tokenised and decoded on the event loop: the two thread hand-offs cost more than the work.
+# The bound keeps the loop's stall short whatever the request. Per-token tasks (ner, qa) stay in threads:
+# their decoding in Python grows with every token. Truncation stays off the loop: it takes a lock a long
+# request may hold. Measured: docs/serving.md, "Why it is built this way".
 INLINE_REQUEST_CHARS = 1024
 
 

@@ -121,16 +121,14 @@ class _Settings(BaseSettings):
 
     @property
     def effective_inference_workers(self) -> int:
-        # Two single-threaded runs at once beat one run on two threads: measured with MiniLM int8 on 2 cores,
-        # batches of 1-8 x 32 tokens, 493-596 vs 241-403 sequences/s (docs/benchmarks.md).
+        # Two single-threaded runs at once beat one run on two threads on CPU (figures: docs/serving.md,
+        # --inference-workers).
         return self.inference_workers or (1 if self.device == "cuda" else 2)
 
     @property
     def effective_max_batch_requests(self) -> int:
-        # On CPU a batch buys little (int8 MiniLM, 26 tokens: 2.47 ms per sequence at batch 2, 2.21 at 8) and
-        # costs padding: at 32 clients on single SST-2 sentences, batches of up to 32 averaged 7.2 sequences and
-        # 32.3 padded tokens per sequence (25.2 real), batches of up to 4 averaged 26.8; 464 -> 510 req/s
-        # (docs/benchmarks.md). On a GPU the batch is the point.
+        # On CPU a batch buys little per sequence and costs padding, so small batches serve more requests
+        # (figures: docs/serving.md, --max-batch-requests). On a GPU the batch is the point.
         return self.max_batch_requests or (32 if self.device == "cuda" else 4)
 
     @property

@@ -32,7 +32,7 @@ except ImportError:  # not pip-installed: use the checkout's copy
     sys.path.insert(0, str(REPO / "clients"))
     import bertserve_client
 
-from bertserve_client import (
+from bertserve_client import (  # noqa: E402  (after the fallback above)
     Answer,
     APIConnectionError,
     APITimeoutError,

@@ -24,7 +24,7 @@ from serving.backends.torch_packed import (PackedEncoder, PackedRunner, attentio
                                            batch_bucket, pack, token_bucket)
 
 CUDA = torch.cuda.is_available()
-TOKENIZER = Path(__file__).resolve().parents[1] / "serving" / "demo_model"  # travels with the checkout (GPU kit)
+TOKENIZER = Path(__file__).resolve().parents[1] / "serving" / "demo_model"  # part of the checkout, wherever it runs
 NO_CUDA = "needs a CUDA device (torch.cuda.is_available() is False)"
 NER = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 

@@ -167,8 +167,8 @@ def test_streamed_shards_roundtrip(tmp_path):
     corpus = tmp_path / "corpus.txt"
     rng = random.Random(0)
     lines = []
-    for d in range(30):
-        for s in range(8):
+    for _document in range(30):
+        for _sentence in range(8):
             lines.append(" ".join(rng.choice(WORDS[:-4]) for _ in range(rng.randint(3, 12))) + " .")
         lines.append("")
     corpus.write_text("\r\n".join(lines))

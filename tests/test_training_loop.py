@@ -13,7 +13,6 @@ import pytest
 
 from training import evaluate as evaluate_cli
 from training import finetune, pretrain
-from training.config import ConfigError
 from training.loop import learning_rate_at
 
 REPO = Path(__file__).resolve().parents[1]

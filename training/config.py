@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import types
 import typing
 from dataclasses import dataclass
@@ -160,10 +159,6 @@ def run(main, argv=None) -> int:
     from bert.errors import EXIT_BAD_INPUT, run_cli
 
     return run_cli(main, argv, lambda e: EXIT_BAD_INPUT if isinstance(e, ConfigError) else None)
-
-
-def save_config(config, path: Path) -> None:
-    path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def model_config(preset_or_path: str, **overrides):

@@ -1,1 +1,2 @@
-"""The GPU proof kit: prepared here (prepare.py), run there in one command (kit.py); see README.md."""
+"""The GPU benchmark: a bundle prepared where the data and PyPI are (prepare.py), run on a CUDA machine in one
+command (kit.py); see README.md."""

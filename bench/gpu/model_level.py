@@ -360,7 +360,6 @@ def summarise(report: Report) -> None:
 
 def write_profile(path: Path, runners: dict, batches: dict, cuda: bool, append: bool = False) -> None:
     """torch.profiler tables (by device time) of each side on each workload: where the time goes."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

@@ -1,17 +1,19 @@
-"""Prepare the GPU kit on this (CPU) machine: what the GPU machine lacks, in one carried folder.
+"""Prepare the GPU benchmark's bundle on a machine with the data and a package index: what a CUDA machine
+without registry access needs besides the checkout, in one folder to copy there.
 
-    python -m bench.gpu.prepare                 # writes .gpu-kit/ (git-ignored), checks the travel size
-    python -m bench.gpu.prepare --tiny --no-wheels --out /tmp/kit    # the dry run's small kit (tests)
+    python -m bench.gpu.prepare                 # writes .gpu-kit/ (git-ignored)
+    python -m bench.gpu.prepare --target-packages gpu-freeze.txt --backbone DIR
+    python -m bench.gpu.prepare --tiny --no-wheels --out /tmp/kit    # the dry run's small bundle (tests)
 
-The GPU machine receives only the checkout plus carried paths (64 MiB in all) and reaches no registry.
 The folder holds:
 - data.tar.xz: SST-2 train/dev, CoNLL-2003 train/valid, the SQuAD v1.1 train parts (the demo recipe's
-  data; shared/data beside the checkout does not travel);
+  data, which is not part of the checkout);
 - squad_windows.json: the (question tokens, window tokens) of real SQuAD windows, encoded by the
   serving QA codec (384 tokens, stride 128, question <= 64), for the model-level benchmark;
-- wheels/: the serving stack's wheels for Python 3.12 that the GPU image lacks (fastapi, uvicorn,
-  pydantic, ...: the `serve` extra's closure, minus the image's packages);
-- manifest.json: every file's size and sha256, and the measured travel size.
+- wheels/: the serving stack's wheels (for --python-version) that the GPU machine's Python lacks (fastapi,
+  uvicorn, pydantic, ...: the `serve` extra's closure, minus the packages it already has);
+- backbone/ (with --backbone): the checkpoint the demo step fine-tunes (all-MiniLM-L6-v2);
+- manifest.json: every file's size and sha256.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import io
 import json
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -31,11 +34,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
-LIMIT_MIB = 64.0  # the device tool's cap on the working tree plus carried paths
-MARGIN_MIB = 1.0  # other engineers' untracked files come and go; leave room
-
-# The GPU image's Python packages (/work/.library/device/KINDS.md, "Python packages already there", read
-# 2026-11-17): never carried. Names normalised (lower case, '-').
+# The Python packages of a CUDA image with torch, transformers and JAX (the machine the bundle was first made
+# for), used when --target-packages does not list the GPU machine's own: never bundled. Names normalised
+# (lower case, '-').
 GPU_IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
 cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
@@ -56,8 +57,8 @@ six sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-ser
 tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision
 tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug
 wheel wrapt xarray xxhash yarl zipp""".split())
-# Carried although the image has one: pydantic needs a recent typing-extensions, and a newer one is safe.
-ALWAYS_CARRY = {"typing-extensions"}
+# Bundled although the image has one: pydantic needs a recent typing-extensions, and a newer one is safe.
+ALWAYS_BUNDLE = {"typing-extensions"}
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64"]
 SQUAD_WINDOW = {"max_length": 384, "doc_stride": 128, "max_query_length": 64}
@@ -78,13 +79,13 @@ def serve_requirements() -> list[str]:
     return list(project.get("dependencies", [])) + list(project["optional-dependencies"]["serve"])
 
 
-def closure(requirements: list[str]) -> dict[str, str]:
-    """name -> installed version for every requirement and what it needs (markers for Linux, Python 3.12),
+def closure(requirements: list[str], python: str = "3.12") -> dict[str, str]:
+    """name -> installed version for every requirement and what it needs (markers for Linux, `python`),
     read from this environment's installed metadata."""
     from packaging.markers import default_environment
     from packaging.requirements import Requirement
 
-    env = dict(default_environment(), python_version="3.12", python_full_version="3.12.3", sys_platform="linux",
+    env = dict(default_environment(), python_version=python, python_full_version=f"{python}.0", sys_platform="linux",
                platform_system="Linux", platform_machine="x86_64", implementation_name="cpython")
     found: dict[str, str] = {}
     todo = [(Requirement(r), ()) for r in requirements]
@@ -109,14 +110,22 @@ def closure(requirements: list[str]) -> dict[str, str]:
     return versions
 
 
-def download_wheels(out: Path, versions: dict[str, str]) -> list[str]:
+def target_packages(path: str | None) -> set[str]:
+    """The GPU machine's packages: `pip list --format=freeze` (or `pip freeze`) output from there, else GPU_IMAGE."""
+    if not path:
+        return GPU_IMAGE
+    names = (re.split(r"[=<>~!@ ;\[]", line.strip(), maxsplit=1)[0] for line in Path(path).read_text().splitlines())
+    return {normalise(n) for n in names if n and not n.startswith("#")}
+
+
+def download_wheels(out: Path, versions: dict[str, str], have: set[str], python: str = "3.12") -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
-    wanted = {n: v for n, v in versions.items() if n not in GPU_IMAGE or n in ALWAYS_CARRY}
+    wanted = {n: v for n, v in versions.items() if n not in have or n in ALWAYS_BUNDLE}
     for name, version in sorted(wanted.items()):
         if any(normalise(p.name.split("-")[0]) == name for p in out.glob("*.whl")):
             continue
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-               "3.12", "--implementation", "cp", "-d", str(out), "--disable-pip-version-check", "-q"]
+               python, "--implementation", "cp", "-d", str(out), "--disable-pip-version-check", "-q"]
         for platform in PLATFORMS:
             cmd += ["--platform", platform]
         print(f"prepare: wheel {name}=={version}", flush=True)
@@ -178,7 +187,7 @@ def squad_windows(data: Path, tokenizer_dir: Path, questions: int, seed: int, ti
             "columns": ["segment_a_tokens", "window_tokens"], "windows": windows}
 
 
-# ----------------------------------------------------------------------------- sizes
+# ----------------------------------------------------------------------------- manifest
 
 
 def sha256(path: Path) -> str:
@@ -189,31 +198,22 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def tree_bytes() -> int:
-    """What the device tool sends besides carried paths: tracked files and untracked files git does not ignore."""
-    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, check=True).stdout.split(b"\0")
-    total = 0
-    for name in filter(None, names):
-        path = REPO / name.decode()
-        if path.is_file() and not path.is_symlink():
-            total += path.stat().st_size
-    return total
-
-
 def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(REPO / ".gpu-kit"), help="the folder to carry (default .gpu-kit, git-ignored)")
+    p.add_argument("--out", default=str(REPO / ".gpu-kit"), help="the bundle folder (default .gpu-kit, git-ignored)")
     p.add_argument("--data", default=str(DEFAULT_DATA), help="shared/data with SST-2, conll2003, squad-train")
     p.add_argument("--tiny", action="store_true", help="small data subsets and a few windows (the dry run's kit)")
     p.add_argument("--no-wheels", action="store_true", help="skip downloading wheels (the dry run needs none)")
     p.add_argument("--questions", type=int, default=3000, help="SQuAD questions whose windows are measured")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-size-check", action="store_true", help="do not fail when tree + kit exceed the limit")
+    p.add_argument("--target-packages", help="the GPU machine's `pip list --format=freeze`: bundle wheels only for "
+                                             "what it lacks (default: a CUDA image with torch and transformers)")
+    p.add_argument("--python-version", default="3.12", help="the GPU machine's Python (major.minor), for wheels")
+    p.add_argument("--backbone", help="a checkpoint dir (e.g. all-MiniLM-L6-v2) the demo step fine-tunes there")
     args = p.parse_args(argv)
 
     started = time.time()
@@ -225,11 +225,16 @@ def main(argv=None) -> int:
     windows = squad_windows(data, REPO / "serving" / "demo_model", 40 if args.tiny else args.questions,
                             args.seed, args.tiny)
     (out / "squad_windows.json").write_text(json.dumps(windows, separators=(",", ":")) + "\n")
-    wheels = [] if args.no_wheels else download_wheels(out / "wheels", closure(serve_requirements()))
+    wheels = [] if args.no_wheels else download_wheels(
+        out / "wheels", closure(serve_requirements(), args.python_version), target_packages(args.target_packages),
+        args.python_version)
+    if args.backbone:
+        if not (Path(args.backbone) / "config.json").is_file():
+            raise SystemExit(f"prepare: {args.backbone} holds no config.json (--backbone)")
+        shutil.rmtree(out / "backbone", ignore_errors=True)
+        shutil.copytree(args.backbone, out / "backbone", symlinks=False)
 
     kit_bytes = folder_bytes(out)
-    tree = tree_bytes()
-    total_mib = (tree + kit_bytes) / 2**20
     files = {str(f.relative_to(out)): {"bytes": f.stat().st_size, "sha256": sha256(f)}
              for f in sorted(out.rglob("*")) if f.is_file() and f.name != "manifest.json"}
     manifest = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tiny": args.tiny,
@@ -237,16 +242,11 @@ def main(argv=None) -> int:
                                          text=True).stdout.strip(),
                 "files": files, "wheels": wheels, "squad_windows": {k: windows[k] for k in
                                                                     ("questions", "mean_length", "share_full")},
-                "travel": {"tree_mib": round(tree / 2**20, 2), "kit_mib": round(kit_bytes / 2**20, 2),
-                           "total_mib": round(total_mib, 2), "limit_mib": LIMIT_MIB}}
+                "kit_mib": round(kit_bytes / 2**20, 2)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"prepare: {out}: {kit_bytes / 2**20:.1f} MiB ({len(wheels)} wheels, {len(windows['windows'])} SQuAD "
-          f"windows, mean {windows['mean_length']:.0f} tokens); tree {tree / 2**20:.1f} MiB; "
-          f"travels {total_mib:.1f} of {LIMIT_MIB:.0f} MiB; {time.time() - started:.0f} s")
-    if total_mib > LIMIT_MIB - MARGIN_MIB and not args.no_size_check:
-        print(f"prepare: tree + kit = {total_mib:.1f} MiB, over {LIMIT_MIB - MARGIN_MIB:.0f} MiB: the device tool "
-              "would refuse it. Remove untracked files from the checkout or carry less.", file=sys.stderr)
-        return 1
+          f"windows, mean {windows['mean_length']:.0f} tokens); {time.time() - started:.0f} s. Copy it, with the "
+          "checkout, to the GPU machine (bench/gpu/README.md)")
     return 0
 
 

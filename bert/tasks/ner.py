@@ -16,7 +16,6 @@ from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_
 from bert.tokenizer import UNK, InputTooLong
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
-WORD_AGGREGATIONS = ("first", "average", "max")  # these force one label per word
 # Joins word pieces back into text ("new", "##castle" -> "newcastle"), as BertTokenizerFast does.
 _PIECES_TO_TEXT = decoders.WordPiece(prefix="##")
 

@@ -96,7 +96,7 @@ def resolve_model_path(name_or_path: str) -> Path:
         from bert.checkpoint import resolve_checkpoint
         return Path(resolve_checkpoint(name_or_path)).resolve()
     except Exception:  # noqa: BLE001 - any failure means "not found" here
-        raise ModelError(f"model {name_or_path!r} not found: not a directory, nor a name in the checkpoint store")
+        raise ModelError(f"model {name_or_path!r} not found: not a directory, nor a name in the checkpoint store") from None
 
 
 def read_model_spec(path: Path) -> ModelSpec:

@@ -31,8 +31,7 @@ class OnnxBackend(Backend):
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         # Idle intra-op threads sleep instead of spinning: in a server they share the cores with the event
-        # loop that parses the next requests. Measured on 2 cores, 32 clients, MiniLM int8, 2 threads:
-        # 156 req/s spinning, 214 req/s not (docs/benchmarks.md).
+        # loop that parses the next requests (measured: docs/serving.md, "Why it is built this way").
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         available = ort.get_available_providers()
         if settings.device == "cuda":

@@ -20,10 +20,9 @@ from serving.routes.schemas import (ClassifyRequest, ClassifyResponse, EmbedRequ
 
 class AnswerResponse(Response):
     """An answer as compact JSON, rendered by orjson: what starlette's JSONResponse writes (byte for byte
-    but for an exponent's spelling, 1e-7 for 1e-07; every float round-trips exactly), 10-25x faster (a
-    384-float /embed vector: 288 -> 11 us; at 32 clients /embed spent 0.38 ms of the event loop's 1.41 ms
-    per request in json.dumps). A number that is not finite is refused as starlette refuses it (a 500),
-    never written as null."""
+    but for an exponent's spelling, 1e-7 for 1e-07; every float round-trips exactly), at a fraction of
+    json.dumps's cost on the event loop (docs/serving.md, "Why it is built this way"). A number that is
+    not finite is refused as starlette refuses it (a 500), never written as null."""
     media_type = "application/json"
 
     def render(self, content) -> bytes:

@@ -86,14 +86,14 @@ def read_tsv(
         header = named or _looks_like_header(first, label_guess)
     head = names if header else None
     body = rows[1:] if header else rows
-    t, p, l = _column(head, text_column), _column(head, pair_column), _column(head, label_column)
+    t, p, lab = _column(head, text_column), _column(head, pair_column), _column(head, label_column)
     examples = []
     for line_no, row in enumerate(body, 2 if header else 1):
         try:
             examples.append(TextExample(
                 text=row[t].strip(),
                 pair=row[p].strip() if p is not None else None,
-                label=row[l].strip() if l is not None else None,
+                label=row[lab].strip() if lab is not None else None,
             ))
         except IndexError:
             raise DataError(f"{path}:{line_no}: row has {len(row)} columns, fewer than the columns asked for") from None

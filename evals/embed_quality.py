@@ -6,10 +6,10 @@ trained on) is embedded, as is every sentence of its article; a question is answ
 holds its answer ranks first among the article's sentences (recall@1; also recall@5 and MRR). A lexical
 baseline (word overlap) shows what the task gives away for free.
 
-    python -m bench.embed_quality                     # the demo model and all-MiniLM-L6-v2, side by side
-    python -m bench.embed_quality --model DIR ...     # other models (each served by python -m serving)
+    python -m evals.embed_quality                     # the demo model and all-MiniLM-L6-v2, side by side
+    python -m evals.embed_quality --model DIR ...     # other models (each served by python -m serving)
 
-Prints a table and writes JSON (default bench/results/embed_quality.json).
+Prints a table and writes JSON (default evals/results/embed_quality.json).
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import sys
 import httpx
 import numpy as np
 
-from bench.common import REPO, heldout_squad_articles, machine, print_table, write_json
+from bench.common import REPO, machine, print_table, write_json
 from bench.server_bench import free_port, start, stop
+from evals.common import heldout_squad_articles
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 WORD = re.compile(r"\w+")
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--heldout-articles", type=int, default=10)
     p.add_argument("--pooling", choices=("cls", "mean", "max"), help="the server's --pooling (for models that "
                                                                      "do not say how they pool)")
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "embed_quality.json"))
+    p.add_argument("--out", default=str(REPO / "evals" / "results" / "embed_quality.json"))
     args = p.parse_args(argv)
     models = args.model
     if not models:

@@ -1,8 +1,8 @@
 """Held-out quality of a served model, measured through its HTTP endpoints with the Python SDK.
 
-    python -m bench.endpoint_eval                         # starts `python -m serving` (the demo model)
-    python -m bench.endpoint_eval --serving-args "--model runs/demo/best --backend torch"
-    python -m bench.endpoint_eval --url http://127.0.0.1:8000 --tasks qa
+    python -m evals.endpoint_eval                         # starts `python -m serving` (the demo model)
+    python -m evals.endpoint_eval --serving-args "--model runs/demo/best --backend torch"
+    python -m evals.endpoint_eval --url http://127.0.0.1:8000 --tasks qa
 
 What goes over the wire is what a user sends, so the figures include the server's own text handling:
 - classify: the SST-2 dev sentences to /classify; accuracy against the dev labels (gold label i is
@@ -13,7 +13,7 @@ What goes over the wire is what a user sends, so the figures include the server'
 - qa: every question of the held-out SQuAD articles (the last --heldout-articles of the train parts,
   which training never sees) with its context to /qa; EM/F1 with the official normalisation.
 
-Prints a table and writes JSON (default bench/results/endpoint_eval.json).
+Prints a table and writes JSON (default evals/results/endpoint_eval.json).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ import shlex
 import sys
 import time
 
-from bench.common import DATA_DIR, REPO, heldout_squad_articles, machine, print_table, write_json
+from bench.common import DATA_DIR, REPO, machine, print_table, write_json
 from bench.server_bench import free_port, start
+from evals.common import heldout_squad_articles
 
 TASKS = ("classify", "ner", "qa")
 
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-answer-len", type=int, default=30)
     p.add_argument("--limit", type=int, default=0, help="only the first N inputs of each task (quick checks)")
     p.add_argument("--chunk", type=int, default=32, help="inputs per request")
-    p.add_argument("--json", default=str(REPO / "bench" / "results" / "endpoint_eval.json"))
+    p.add_argument("--json", default=str(REPO / "evals" / "results" / "endpoint_eval.json"))
     args = p.parse_args(argv)
     tasks = [t for t in args.tasks.split(",") if t]
     if unknown := set(tasks) - set(TASKS):

@@ -1,7 +1,7 @@
 """QA as fast as int8, answering as fp32 does: int8 alone, and int8 whose unsure questions fp32 answers again.
 
-    python -m bench.qa_fast                                  # the demo model, every held-out question
-    python -m bench.qa_fast --limit 300 --margins 0.05,0.1   # a quick look
+    python -m evals.qa_fast                                  # the demo model, every held-out question
+    python -m evals.qa_fast --limit 300 --margins 0.05,0.1   # a quick look
 
 Exports the checkpoint (default: the demo model) with `python -m export.onnx` to an fp32 and an int8
 (`--int8-scope all`) artifact (cached in bench/.peers, keyed by the checkpoint and the exporter's code),
@@ -10,7 +10,7 @@ then, one server at a time, starts `python -m serving --model ARTIFACT [--qa-ver
 last --heldout-articles of the train parts: the demo model never trained on them), one question per
 request from --clients concurrent clients. Per variant: questions/s, SQuAD EM/F1, the share of answers
 equal to the fp32 server's (same text), and how many questions the fp32 model answered again (the
-servers' x-verified-items headers). Prints a table, writes JSON (bench/results/qa_fast.json).
+servers' x-verified-items headers). Prints a table, writes JSON (evals/results/qa_fast.json).
 
 Why a verifier: int8 moves the logits a little, which changes the answer only where the best two answers
 were nearly tied (the demo model: 8-10 % of held-out questions whatever the int8 scope; a per-layer
@@ -28,9 +28,10 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import REPO, heldout_squad_articles, machine, print_table, write_json
+from bench.common import REPO, machine, print_table, write_json
 from bench.peers.catalog import bertserve_export
 from bench.server_bench import free_port, start, stop
+from evals.common import heldout_squad_articles
 
 
 def heldout_questions(articles: int, limit: int = 0):
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=0, help="only the first N questions (quick checks)")
     p.add_argument("--serving-args", default="", help="more flags for every `python -m serving`")
     p.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".peers", help="export cache")
-    p.add_argument("--json", default=str(REPO / "bench" / "results" / "qa_fast.json"))
+    p.add_argument("--json", default=str(REPO / "evals" / "results" / "qa_fast.json"))
     args = p.parse_args(argv)
     margins = [float(m) for m in args.margins.split(",") if m]
 
