@@ -84,8 +84,11 @@ def test_artifact_runs_without_torch(tiny_classify):
     assert "ok" in result.stdout
 
 
+# qa in fp32: a random tiny model's start logits are near ties, so int8 noise flips their argmax (label agreement
+# 0.765 with onnx 1.23 / onnxruntime 1.32) whatever the export does; int8 parity is tested on real weights in
+# test_export_minilm.py, int8 output names by the classify case below.
 @pytest.mark.parametrize("task,precision,outputs", [
-    ("qa", "int8", ["start_logits", "end_logits"]),
+    ("qa", "fp32", ["start_logits", "end_logits"]),
     ("ner", "fp16", ["logits"]),
     ("encoder", "fp32", ["last_hidden_state", "pooler_output"]),
 ])
