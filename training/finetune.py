@@ -133,6 +133,12 @@ def prepare(cfg: FinetuneConfig, tokenizer):
     return data, evaluate, labels, evaluation
 
 
+def run_labels(task, labels) -> dict:
+    """What finetune_config.json / multitask_config.json record of a labelled head: its label values as written in
+    the data, in head order (evaluate reads them back)."""
+    return {"labels": labels.values} if task.labelled else {}
+
+
 def build_model(cfg: FinetuneConfig, labels):
     import torch
     from bert.checkpoint import init_model, load_checkpoint
@@ -167,7 +173,7 @@ def main(argv=None) -> int:
         print(f"finetune {cfg.task}: {len(data)} training features, {len(data.batches(0))} steps/epoch, "
               f"device {device}, {dist.world_size} process(es)", file=sys.stderr)
 
-    run_settings = dict(cfg.to_dict(), **({"labels": labels.values} if task.labelled else {}))
+    run_settings = dict(cfg.to_dict(), **run_labels(task, labels))
 
     def save_model(m, directory: Path) -> None:
         save_checkpoint(m, directory, tokenizer=tokenizer,

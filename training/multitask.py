@@ -39,7 +39,7 @@ import numpy as np
 
 from bert.tasks import registry
 from training.config import ConfigError, TrainConfig, field_help, is_model_spec, model_config, parse_config, run
-from training.finetune import FinetuneConfig, prepare
+from training.finetune import FinetuneConfig, prepare, run_labels
 
 TASKS = registry.names(trainable=True)
 SAVE_DTYPES = ("fp32", "fp16", "bf16")
@@ -568,7 +568,7 @@ def main(argv=None) -> int:
         data, evaluate, labels, held_out[task] = prepare(cfg.task_config(task), tokenizer)
         data.seed = cfg.seed + k  # each task its own batch order
         parts[task], evaluators[task], task_labels[task] = data, evaluate, list(labels.names or [])
-        extra[task] = {"labels": labels.values} if registry.get(task).labelled else {}
+        extra[task] = run_labels(registry.get(task), labels)
     embed_targets, agreement = embed_teacher_steps(cfg, pooling, parts, held_out, tokenizer, device, dist)
     data = MultiTaskData(parts, seed=cfg.seed, weights=cfg.weights(), embed_targets=embed_targets)
     model = build_model(cfg, task_labels, tokenizer)
