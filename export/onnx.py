@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint directory, or a name in the checkpoint store ($BERTSERVE_HOME/checkpoints, "
                         "default ./checkpoints); with --random-init, an architecture preset "
                         "(tiny, mini, small, medium, base, large)")
-    p.add_argument("--task", choices=TASK_CHOICES, default="auto",
+    p.add_argument("--task", metavar="{" + ",".join(TASK_CHOICES) + "}", default="auto",
                    help="which outputs the graph exposes. auto: the checkpoint's own task (config task / "
                         "architectures; multi-task checkpoints give one output per head); classify: logits "
                         "(batch, labels); ner: logits (batch, seq, labels); qa: start_logits, end_logits "
@@ -110,6 +110,8 @@ def check_args(args, config) -> dict:
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.task not in TASK_CHOICES:  # one line, not argparse's usage block
+        raise UsageError(f"unknown task {args.task!r} for --task; it takes {', '.join(TASK_CHOICES)}")
     if not 14 <= args.opset <= 20:
         raise UsageError(f"--opset must be between 14 and 20, got {args.opset}")
     if args.atol is not None and args.atol <= 0:

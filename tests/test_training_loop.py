@@ -92,7 +92,7 @@ def test_learning_rate_schedule():
     (["--task", "classify", "--regression", "--labels", "a,b"], "contradict"),
     (["--task", "classify", "--batch-size", "10", "--grad-accum-steps", "3"], "divisible"),
     (["--task", "classify", "--precision", "fp16", "--device", "cpu"], "fp16 needs a GPU"),
-    (["--task", "summarise"], "--task must be one of"),
+    (["--task", "classify", "--doc-stride", "64"], "--doc-stride applies to --task qa only"),
 ])
 def test_contradictory_finetune_options_fail_before_work(assets, tmp_path, capsys, flags, message):
     argv = ["--init-preset", str(assets / "tiny.json"), "--tokenizer", str(assets / "tokenizer"),

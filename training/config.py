@@ -138,6 +138,7 @@ def field_help(cls) -> dict[str, str]:
                 name = stripped.split(":", 1)[0].strip()
                 if name.isidentifier():
                     out[name] = stripped.split("#", 1)[1].strip()
+    out.update({f.name: f.metadata["help"] for f in dataclasses.fields(cls) if "help" in f.metadata})  # made fields
     return out
 
 
@@ -157,8 +158,9 @@ def run(main, argv=None) -> int:
     """What `python -m training.X` does with main: a bad checkpoint, config or tokenizer file (bert's errors)
     or options found contradictory once work began is one line on stderr and exit 2, never a traceback."""
     from bert.errors import EXIT_BAD_INPUT, run_cli
+    from bert.tasks.base import UnknownTask
 
-    return run_cli(main, argv, lambda e: EXIT_BAD_INPUT if isinstance(e, ConfigError) else None)
+    return run_cli(main, argv, lambda e: EXIT_BAD_INPUT if isinstance(e, (ConfigError, UnknownTask)) else None)
 
 
 def model_config(preset_or_path: str, **overrides):

@@ -1,4 +1,4 @@
-"""python -m training.evaluate --task {classify,ner,qa} --ckpt NAME|PATH --data FILE: metrics JSON on stdout.
+"""python -m training.evaluate --task TASK --ckpt NAME|PATH --data FILE: metrics JSON on stdout.
 
 Settings the fine-tuning run used (max_seq_length, TSV columns, label values, qa windows, held-out
 articles) are read from the checkpoint's finetune_config.json, so evaluating best/ reproduces its
@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 
 from training.config import ConfigError, build_parser, run
-from training.finetune import TASKS
+from training.finetune import FinetuneConfig, trainable_task
 
 FALLBACKS = {"max_seq_length": 128, "eval_batch_size": 64, "text_column": "0", "pair_column": "",
              "label_column": "-1", "header": "auto", "scheme": "auto", "doc_stride": 128, "max_query_length": 64,
@@ -21,7 +21,7 @@ FALLBACKS = {"max_seq_length": 128, "eval_batch_size": 64, "text_column": "0", "
 
 @dataclass
 class EvaluateConfig:
-    task: str = ""  # classify | ner | qa (default: the checkpoint's task)
+    task: str = ""  # a trainable task: classify | ner | qa ... (default: the checkpoint's task)
     ckpt: str = ""  # checkpoint path or store name
     data: str = ""  # evaluation file(s): TSV, CoNLL, or SQuAD JSON / .gz / comma-separated parts / directory
     max_seq_length: int | None = None  # default: the fine-tuning run's (finetune_config.json), else 128
@@ -50,16 +50,24 @@ class EvaluateConfig:
             values["task"] = saved["task"]
         return dataclasses.replace(self, **values)
 
+    def finetune_config(self) -> FinetuneConfig:
+        """The fine-tuning options these evaluation options stand for, which the task's hooks read: --data as
+        the evaluation data, or, with --heldout-articles, as the training data whose tail is held out."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name in {g.name for g in dataclasses.fields(FinetuneConfig)} and getattr(self, f.name) is not None}
+        held_out = bool(self.heldout_articles)
+        return FinetuneConfig(**shared, train_data=self.data if held_out else "", eval_data="" if held_out else self.data,
+                              max_eval_examples=self.max_examples)
+
     def validate(self) -> None:
+        task = trainable_task(self.task)
         problems = []
-        if self.task not in TASKS:
-            problems.append(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not self.ckpt:
             problems.append("--ckpt is required")
         if not self.data:
             problems.append("--data is required")
-        if self.task == "qa" and self.max_seq_length <= self.max_query_length + 3:
-            problems.append(f"max_seq_length ({self.max_seq_length}) must exceed max_query_length + 3")
+        else:
+            problems += task.train_problems(self.finetune_config())
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -75,10 +83,11 @@ def _run_settings(path) -> dict:
 def evaluate(cfg: EvaluateConfig) -> dict:
     import torch
     from bert.checkpoint import load_checkpoint, resolve_checkpoint
+    from bert.tasks import registry
     from bert.tokenizer import BertTokenizer
-    from training import task_data as T
-    from training.data import readers
 
+    if cfg.task:
+        trainable_task(cfg.task)  # an unknown --task is named before the checkpoint is opened
     directory = resolve_checkpoint(cfg.ckpt)
     saved = _run_settings(directory / "finetune_config.json")
     cfg = cfg.resolved(saved)
@@ -87,30 +96,12 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         torch.set_num_threads(cfg.torch_threads)
     tokenizer = BertTokenizer.from_dir(directory)
     model, _ = load_checkpoint(directory, task=cfg.task, device=cfg.device)
-    id2label = model.config.id2label or {}
-    limit = (lambda xs: xs[:cfg.max_examples]) if cfg.max_examples else (lambda xs: xs)
-
-    if cfg.task == "classify":
-        examples = limit(readers.read_tsv(cfg.data, text_column=cfg.text_column, pair_column=cfg.pair_column or None,
-                                          label_column=cfg.label_column,
-                                          header={"auto": None, "yes": True, "no": False}[cfg.header]))
-        regression = model.config.problem_type == "regression"
-        labels = None if regression else (cfg.labels or saved.get("labels") or [id2label[i] for i in sorted(id2label)])
-        return T.evaluate_classify(model, tokenizer, examples, labels=labels, max_seq_length=cfg.max_seq_length,
-                                   batch_size=cfg.eval_batch_size)
-    if cfg.task == "ner":
-        sentences = limit(readers.read_conll(cfg.data, scheme=cfg.scheme))
-        labels = [id2label[i] for i in sorted(id2label)]
-        return T.evaluate_ner(model, tokenizer, sentences, labels=labels, max_seq_length=cfg.max_seq_length,
-                              batch_size=cfg.eval_batch_size)
-    from training import qa_data as Q
-    articles = readers.read_squad_articles(cfg.data)
-    if cfg.heldout_articles:
-        _, articles = readers.split_heldout(articles, cfg.heldout_articles)
-    examples = limit(readers.squad_examples(articles))
-    return Q.evaluate_qa(model, tokenizer, examples, max_seq_length=cfg.max_seq_length, doc_stride=cfg.doc_stride,
-                         max_query_length=cfg.max_query_length, max_answer_length=cfg.max_answer_length,
-                         batch_size=cfg.eval_batch_size)
+    task = registry.get(cfg.task)
+    settings = cfg.finetune_config()
+    _, examples = task.read_examples(settings, train=False)
+    if cfg.max_examples:
+        examples = examples[:cfg.max_examples]
+    return task.evaluate(model, tokenizer, examples, task.saved_labels(settings, model.config, saved), settings)
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""python -m training.finetune --task {classify,ner,qa}: fine-tune a checkpoint, evaluate, save best/ and last/.
+"""python -m training.finetune --task TASK (a trainable task: classify, ner, qa, ...): fine-tune a checkpoint, evaluate, save best/ and last/.
 
     python -m training.finetune --task classify --ckpt PATH --train-data train.tsv --eval-data dev.tsv \
         --output-dir runs/sst2 --learning-rate 1e-4 --num-epochs 1 --max-seq-length 64
@@ -8,21 +8,29 @@ Writes <output-dir>/best (checkpoint + metrics.json + finetune_config.json), <ou
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bert.tasks import registry
-from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config, run
+from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
 
 TASKS = registry.names(trainable=True)
-BEST_METRIC = {"classify": "accuracy", "regression": "pearson", "ner": "f1", "qa": "f1"}
+
+
+def trainable_task(name: str):
+    """The trainable task called `name`; an unknown or untrainable one is UnknownTask, one line naming the
+    trainable tasks (training.config.run: exit 2)."""
+    if name not in TASKS:
+        raise registry.UnknownTask(f"--task must be one of {', '.join(TASKS)}, got {name!r}")
+    return registry.get(name)
 
 
 @dataclass
 class FinetuneConfig(TrainConfig):
-    task: str = ""  # classify | ner | qa
+    task: str = ""  # a trainable task: classify | ner | qa ...
     ckpt: str = ""  # checkpoint path or store name to start from (its encoder; heads start fresh if absent)
     init_preset: str = ""  # instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)
     tokenizer: str = ""  # tokenizer directory (default: the checkpoint's)
@@ -51,9 +59,8 @@ class FinetuneConfig(TrainConfig):
     stop_at_step: int = 0  # stop as if interrupted after this step (schedule unchanged; then --resume)
 
     def task_problems(self) -> list[str]:
+        task = trainable_task(self.task)
         problems = []
-        if self.task not in TASKS:
-            problems.append(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if bool(self.ckpt) == bool(self.init_preset):
             problems.append("give exactly one of --ckpt (pretrained weights) and --init-preset (random weights)")
         if self.init_preset and not is_model_spec(self.init_preset):
@@ -64,31 +71,10 @@ class FinetuneConfig(TrainConfig):
             problems.append("--init-preset needs --tokenizer (a directory with vocab.txt or tokenizer.json)")
         if not self.train_data:
             problems.append("--train-data is required")
-        if not self.eval_data and not (self.task == "qa" and self.heldout_articles > 0):
-            problems.append("--eval-data is required (for qa, or --heldout-articles N)")
         if self.max_seq_length < 8 or self.max_seq_length > 512:
             problems.append(f"max_seq_length must be in [8, 512], got {self.max_seq_length}")
-        if self.task == "qa":
-            if self.max_seq_length <= self.max_query_length + 3:
-                problems.append(f"max_seq_length ({self.max_seq_length}) must exceed max_query_length + 3 "
-                                f"({self.max_query_length + 3}): [CLS] question [SEP] context [SEP] needs room")
-            elif self.doc_stride >= self.max_seq_length - self.max_query_length - 3:
-                problems.append(f"doc_stride ({self.doc_stride}) must be smaller than the context room "
-                                f"max_seq_length - max_query_length - 3 = {self.max_seq_length - self.max_query_length - 3}")
-            if self.doc_stride <= 0 or self.max_answer_length <= 0:
-                problems.append("doc_stride and max_answer_length must be positive")
-        if self.regression and self.task != "classify":
-            problems.append("--regression applies to --task classify only")
-        if self.regression and self.labels:
-            problems.append("--regression and --labels contradict each other (regression has no classes)")
-        if self.label_names and len(self.label_names) != len(self.labels):
-            problems.append("--label-names needs --labels, one name per label value")
-        if self.task != "classify" and (self.labels or self.label_names or self.pair_column):
-            problems.append("--labels/--label-names/--pair-column apply to --task classify only")
-        if self.header not in ("auto", "yes", "no"):
-            problems.append(f"--header must be auto, yes or no, got {self.header!r}")
-        if self.scheme not in ("auto", "iob1", "iob2"):
-            problems.append(f"--scheme must be auto, iob1 or iob2, got {self.scheme!r}")
+        problems += foreign_options(self, task)
+        problems += task.train_problems(self)
         if self.stop_at_step < 0:
             problems.append("stop_at_step must be >= 0")
         if self.ckpt and not problems:
@@ -107,9 +93,23 @@ class FinetuneConfig(TrainConfig):
 # ----------------------------------------------------------------------------- per task
 
 
-def _tsv_kwargs(cfg) -> dict:
-    return dict(text_column=cfg.text_column, pair_column=cfg.pair_column or None, label_column=cfg.label_column,
-                header={"auto": None, "yes": True, "no": False}[cfg.header])
+def foreign_options(cfg, task) -> list[str]:
+    """Options that belong to other tasks (their `train_options`), set away from their defaults."""
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(FinetuneConfig)}
+    owners: dict[str, list[str]] = {}
+    for other in registry.TASKS.values():
+        for option in other.train_options:
+            owners.setdefault(option, []).append(other.name)
+    return [f"--{option.replace('_', '-')} applies to --task {' or '.join(names)} only"
+            for option, names in owners.items()
+            if option not in task.train_options and getattr(cfg, option) != defaults[option]]
+
+
+def read_data(cfg: FinetuneConfig):
+    """The task's (training, evaluation) examples, each cut to --max-*-examples."""
+    train, evaluation = registry.get(cfg.task).read_examples(cfg)
+    return _limit(train, cfg.max_train_examples), _limit(evaluation, cfg.max_eval_examples)
 
 
 def _limit(items: list, n: int) -> list:
@@ -117,74 +117,44 @@ def _limit(items: list, n: int) -> list:
 
 
 def prepare(cfg: FinetuneConfig, tokenizer):
-    """Read and encode the data: returns (train FeatureData, evaluate(model) -> metrics, head labels, kind)."""
-    from training.data import readers
-    from training import task_data as T
+    """Read and encode the data: returns (train FeatureData, evaluate(model) -> metrics, head Labels, the
+    evaluation examples)."""
+    from training.task_data import FeatureData
 
-    if cfg.task == "classify":
-        train = _limit(readers.read_tsv(cfg.train_data, **_tsv_kwargs(cfg)), cfg.max_train_examples)
-        dev = _limit(readers.read_tsv(cfg.eval_data, **_tsv_kwargs(cfg)), cfg.max_eval_examples)
-        if cfg.regression:
-            values, names, kind = None, ["score"], "regression"
-        else:
-            values = cfg.labels or sorted({e.label for e in train})
-            names, kind = (cfg.label_names or values), "classify"
-        features = T.encode_classify(tokenizer, train, cfg.max_seq_length)
-        data = T.FeatureData(features, T.classify_targets(train, values), kind, cfg.batch_size, cfg.seed,
-                             cfg.group_by_length, tokenizer.pad_token_id)
-
-        def evaluate(model):
-            return T.evaluate_classify(model, tokenizer, dev, labels=values, max_seq_length=cfg.max_seq_length,
-                                       batch_size=cfg.eval_batch_size)
-        return data, evaluate, names, kind, {"labels": values}
-
-    if cfg.task == "ner":
-        train = _limit(readers.read_conll(cfg.train_data, scheme=cfg.scheme), cfg.max_train_examples)
-        dev = _limit(readers.read_conll(cfg.eval_data, scheme=cfg.scheme), cfg.max_eval_examples)
-        kinds = sorted({t.split("-", 1)[1] for s in train for t in s.tags if t != "O"})
-        labels = ["O"] + [f"{p}-{k}" for k in kinds for p in ("B", "I")]
-        unknown = {t for s in dev for t in s.tags} - set(labels)
-        if unknown:
-            raise ConfigError(f"evaluation tags {sorted(unknown)} never occur in the training data")
-        features, targets = T.encode_ner(tokenizer, train, labels, cfg.max_seq_length, cfg.label_all_subtokens)
-        data = T.FeatureData(features, targets, "ner", cfg.batch_size, cfg.seed, cfg.group_by_length,
-                             tokenizer.pad_token_id)
-
-        def evaluate(model):
-            return T.evaluate_ner(model, tokenizer, dev, labels=labels, max_seq_length=cfg.max_seq_length,
-                                  batch_size=cfg.eval_batch_size)
-        return data, evaluate, labels, "ner", {"labels": labels}
-
-    from training import qa_data as Q
-    train_examples, dev_examples = Q.load_qa(cfg)
-    features, targets = Q.train_features(tokenizer, train_examples, max_seq_length=cfg.max_seq_length,
-                                         doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length)
-    data = T.FeatureData(features, targets, "qa", cfg.batch_size, cfg.seed, cfg.group_by_length,
-                         tokenizer.pad_token_id)
+    task = registry.get(cfg.task)
+    train, evaluation = read_data(cfg)
+    labels = task.train_labels(cfg, train, evaluation)
+    features, targets = task.encode_train(tokenizer, train, labels, cfg)
+    data = FeatureData(features, targets, task.name, cfg.batch_size, cfg.seed, cfg.group_by_length,
+                       tokenizer.pad_token_id)
 
     def evaluate(model):
-        return Q.evaluate_qa(model, tokenizer, dev_examples, max_seq_length=cfg.max_seq_length,
-                             doc_stride=cfg.doc_stride, max_query_length=cfg.max_query_length,
-                             max_answer_length=cfg.max_answer_length, batch_size=cfg.eval_batch_size)
-    return data, evaluate, None, "qa", {}
+        return task.evaluate(model, tokenizer, evaluation, labels, cfg)
+    return data, evaluate, labels, evaluation
 
 
-def build_model(cfg: FinetuneConfig, labels, kind):
+def run_labels(task, labels) -> dict:
+    """What finetune_config.json / multitask_config.json record of a labelled head: its label values as written in
+    the data, in head order (evaluate reads them back)."""
+    return {"labels": labels.values} if task.labelled else {}
+
+
+def build_model(cfg: FinetuneConfig, labels):
     import torch
     from bert.checkpoint import init_model, load_checkpoint
 
     torch.manual_seed(cfg.seed)  # fresh heads start the same way every run
-    overrides = {"problem_type": "regression"} if kind == "regression" else None
+    overrides = {"problem_type": labels.problem_type} if labels.problem_type else None
     if cfg.init_preset:
         from bert.tokenizer import BertTokenizer
         vocab = BertTokenizer.from_dir(cfg.tokenizer).vocab_size
         config = model_config(cfg.init_preset, vocab_size=vocab, **(overrides or {}))
-        if labels is not None:
-            config = config.with_labels(labels)
+        if labels.names is not None:
+            config = config.with_labels(labels.names)
         model = init_model(config, cfg.task, seed=cfg.seed)
         model.config.task = cfg.task
     else:
-        model, report = load_checkpoint(cfg.ckpt, task=cfg.task, labels=labels, from_backbone=True,
+        model, report = load_checkpoint(cfg.ckpt, task=cfg.task, labels=labels.names, from_backbone=True,
                                         config_overrides=overrides)
     model.train()
     return model
@@ -196,19 +166,20 @@ def main(argv=None) -> int:
     from training.loop import finish_run, start_run, train
 
     dist, device, tokenizer = start_run(cfg)
-    data, evaluate, labels, kind, extra = prepare(cfg, tokenizer)
-    model = build_model(cfg, labels, kind)
+    task = registry.get(cfg.task)
+    data, evaluate, labels, _ = prepare(cfg, tokenizer)
+    model = build_model(cfg, labels)
     if dist.main:
         print(f"finetune {cfg.task}: {len(data)} training features, {len(data.batches(0))} steps/epoch, "
               f"device {device}, {dist.world_size} process(es)", file=sys.stderr)
 
-    run_settings = dict(cfg.to_dict(), **extra, kind=kind)
+    run_settings = dict(cfg.to_dict(), **run_labels(task, labels))
 
     def save_model(m, directory: Path) -> None:
         save_checkpoint(m, directory, tokenizer=tokenizer,
                         extra_files={"finetune_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"})
 
-    result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric=BEST_METRIC[kind],
+    result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric=task.best_metric(labels),
                    dist=dist, device=device, stop_at_step=cfg.stop_at_step)
     summary = {"task": cfg.task, "steps": result["step"], "total_steps": result["total_steps"],
                "best": result["best"], "last_eval": result["last_eval"]}

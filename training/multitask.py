@@ -1,4 +1,4 @@
-"""python -m training.multitask: one encoder, three heads (classify, ner, qa) fine-tuned together.
+"""python -m training.multitask: one encoder, a head per trainable task (classify, ner, qa, ...) fine-tuned together.
 
     python -m training.multitask --ckpt PATH \
         --classify-train SST-2/train.tsv --classify-eval SST-2/dev.tsv --classify-label-names negative,positive \
@@ -6,11 +6,12 @@
         --qa-train squad-train/ --heldout-articles 10 \
         --output-dir runs/demo --save-dtype fp16 --max-shard-mb 15
 
-Give any subset of the tasks (a task takes part when its --X-train is given). Each task's data is read
-and encoded exactly as `training.finetune` does; each batch holds one task, and the tasks' batches are
+Give any subset of the tasks (a task takes part when its --X-train is given; each trainable task of the registry
+has --X-train, --X-eval, --X-max-seq-length and its own copies of the options it names in `multitask_options`).
+Each task's data is read and encoded exactly as `training.finetune` does (the task's training hooks); each batch holds one task, and the tasks' batches are
 interleaved in proportion to their sizes (or to --task-weights). The loss of a batch is its task's head
 on the shared BertForMultiTask forward pass. Evaluation runs each task's own metrics; best/ is the
-step with the highest mean of the main metrics (classify accuracy in %, ner entity F1, qa F1).
+step with the highest mean of the main metrics on a 0-100 scale (classify accuracy in %, ner entity F1, qa F1).
 
 --embed-teacher DIR keeps the encoder's sentence embeddings (what /embed serves) close to DIR's while the heads
 learn: each batch adds --embed-weight x the cosine distance between the student's pooled embedding of the first
@@ -27,7 +28,9 @@ import bisect
 import dataclasses
 import functools
 import json
+import re
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,33 +38,24 @@ from types import SimpleNamespace
 import numpy as np
 
 from bert.tasks import registry
-from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config, run
-from training.finetune import BEST_METRIC, FinetuneConfig, prepare
+from training.config import ConfigError, TrainConfig, field_help, is_model_spec, model_config, parse_config, run
+from training.finetune import FinetuneConfig, prepare, run_labels
 
 TASKS = registry.names(trainable=True)
 SAVE_DTYPES = ("fp32", "fp16", "bf16")
 DEFAULT_EMBED_WEIGHT = 1.0
-AGREEMENT_TEXTS = 256  # held-out texts per source (classify, ner, qa questions, qa contexts) for the embed agreement
+AGREEMENT_TEXTS = 256  # held-out texts per source (a task's Task.embed_texts: classify, ner, qa questions, qa contexts) for the embed agreement
 
 
 @dataclass
-class MultiTaskConfig(TrainConfig):
+class MultiTaskOptions(TrainConfig):
+    """The options every task shares; MultiTaskConfig adds each trainable task's own (see _task_fields)."""
+
     ckpt: str = ""  # checkpoint path or store name whose encoder all heads share (heads start fresh if absent)
     init_preset: str = ""  # instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)
     tokenizer: str = ""  # tokenizer directory (default: the checkpoint's)
-    classify_train: str = ""  # TSV (text, label) for the classify head; empty = no classify head
-    classify_eval: str = ""  # TSV to evaluate classify on
-    classify_labels: list[str] = field(default_factory=list)  # label values as written in the TSV (default: sorted unique)
-    classify_label_names: list[str] = field(default_factory=list)  # names the checkpoint shows (default: the values)
-    ner_train: str = ""  # CoNLL file for the ner head (IOB1 or IOB2); empty = no ner head
-    ner_eval: str = ""  # CoNLL file to evaluate ner on
-    qa_train: str = ""  # SQuAD JSON / .gz / directory / comma-separated parts for the qa head; empty = no qa head
-    qa_eval: str = ""  # SQuAD files to evaluate qa on (or use --heldout-articles)
     heldout_articles: int = 0  # qa: hold out the last N articles of --qa-train for evaluation (never trained on)
     task_weights: list[str] = field(default_factory=list)  # e.g. classify=1,ner=1,qa=2: share of batches per task (default: by dataset size)
-    classify_max_seq_length: int = 128  # longest classify input (longer ones are truncated)
-    ner_max_seq_length: int = 128  # longest ner input (longer ones are truncated)
-    qa_max_seq_length: int = 384  # qa window length (contexts are windowed by --doc-stride)
     doc_stride: int = 128  # qa: tokens between the starts of consecutive context windows
     max_query_length: int = 64  # qa: questions are cut to this many tokens
     max_answer_length: int = 30  # qa: longest predicted answer, in tokens
@@ -89,44 +83,55 @@ class MultiTaskConfig(TrainConfig):
         return out
 
     def task_config(self, task: str) -> FinetuneConfig:
-        """The single-task fine-tuning config whose data reading and evaluation this task reuses."""
+        """The single-task fine-tuning config whose data reading and evaluation this task reuses: the shared
+        options, this task's own (--<task>-<option>), and of the shared task options only those it reads."""
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
+        declared = registry.get(task)
+        options = {}
+        for option in declared.train_options:
+            name = f"{task}_{option}" if option in declared.multitask_options else option
+            if hasattr(self, name):
+                value = getattr(self, name)
+                options[option] = list(value) if isinstance(value, list) else value
         return FinetuneConfig(
-            **shared, task=task, ckpt=self.ckpt, init_preset=self.init_preset, tokenizer=self.tokenizer,
+            **shared, **options, task=task, ckpt=self.ckpt, init_preset=self.init_preset, tokenizer=self.tokenizer,
             train_data=getattr(self, f"{task}_train"), eval_data=getattr(self, f"{task}_eval"),
             max_seq_length=getattr(self, f"{task}_max_seq_length"), eval_batch_size=self.eval_batch_size,
-            max_train_examples=self.max_train_examples, max_eval_examples=self.max_eval_examples,
-            labels=list(self.classify_labels or []) if task == "classify" else [],
-            label_names=list(self.classify_label_names or []) if task == "classify" else [],
-            scheme=self.scheme, label_all_subtokens=self.label_all_subtokens, doc_stride=self.doc_stride, max_query_length=self.max_query_length,
-            max_answer_length=self.max_answer_length, heldout_articles=self.heldout_articles if task == "qa" else 0)
+            max_train_examples=self.max_train_examples, max_eval_examples=self.max_eval_examples)
 
     def task_problems(self) -> list[str]:
         problems = []
         if not self.tasks():
-            return ["give at least one of --classify-train, --ner-train, --qa-train"]
+            return [f"give at least one of {', '.join(f'--{t}-train' for t in TASKS)}"]
         if bool(self.ckpt) == bool(self.init_preset):
             return ["give exactly one of --ckpt (pretrained weights) and --init-preset (random weights)"]
         if self.init_preset and not is_model_spec(self.init_preset):
             return [f"--init-preset {self.init_preset!r} is neither a preset nor a config.json"]
         for task in TASKS:
-            if not getattr(self, f"{task}_train") and (getattr(self, f"{task}_eval")
-                                                       or (task == "qa" and self.heldout_articles)):
-                problems.append(f"--{task}-eval/--heldout-articles given without --{task}-train")
-        if (self.classify_labels or self.classify_label_names) and not self.classify_train:
-            problems.append("--classify-labels/--classify-label-names need --classify-train")
+            if not getattr(self, f"{task}_train"):
+                own = ["eval"] + [o.replace("_", "-") for o in registry.get(task).multitask_options]
+                given = [f"--{task}-{o}" for o in own if getattr(self, f"{task}_{o.replace('-', '_')}")]
+                if given:
+                    problems.append(f"{'/'.join(given)} given without --{task}-train")
+        for option in shared_task_options():
+            trained = [t for t in self.tasks() if option in registry.get(t).train_options]
+            if not trained and getattr(self, option) != _default(MultiTaskOptions, option):
+                owners = [t for t in TASKS if option in registry.get(t).train_options]
+                problems.append(f"--{option.replace('_', '-')} given without "
+                                f"{' or '.join(f'--{t}-train' for t in owners)}")
         for task in self.tasks():
             for p in self.task_config(task).task_problems():
-                p = p.replace("--train-data", f"--{task}-train").replace("--eval-data", f"--{task}-eval")
-                p = p.replace("max_seq_length", f"{task}_max_seq_length").replace("--labels", "--classify-labels")
-                p = p.replace("--label-names", "--classify-label-names")
-                problems.append(p if p.startswith("--") else f"{task}: {p}")
+                problems.append(self._task_message(task, p))
         try:
             weights = self.weights()
         except ValueError:
             problems.append(f"--task-weights must look like classify=1,ner=1,qa=2, got {self.task_weights}")
         else:
             if weights is not None:
+                unknown = [name for name in weights if name not in TASKS]
+                if unknown:
+                    raise registry.UnknownTask(f"--task-weights names {', '.join(map(repr, unknown))}: the trainable "
+                                               f"tasks are {', '.join(TASKS)}")
                 if set(weights) != set(self.tasks()):
                     problems.append(f"--task-weights must name each trained task ({', '.join(self.tasks())}) "
                                     f"once, got {sorted(weights)}")
@@ -139,6 +144,55 @@ class MultiTaskConfig(TrainConfig):
         if self.embed_weight <= 0:
             problems.append(f"--embed-weight must be positive, got {self.embed_weight}")
         return list(dict.fromkeys(problems))
+
+    @staticmethod
+    def _task_message(task: str, problem: str) -> str:
+        """A single-task run's message in this command's flags: --train-data is --<task>-train, --labels of a
+        task's own option is --<task>-labels ..."""
+        p = problem.replace("--train-data", f"--{task}-train").replace("--eval-data", f"--{task}-eval")
+        p = p.replace("max_seq_length", f"{task}_max_seq_length")
+        for option in registry.get(task).multitask_options:
+            flag = option.replace("_", "-")
+            p = re.sub(rf"--{re.escape(flag)}(?![\w-])", f"--{task}-{flag}", p)
+        return p if p.startswith("--") else f"{task}: {p}"
+
+
+def _default(cls, name: str):
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def shared_task_options() -> list[str]:
+    """Task options that multitask has once, for every task that reads them (--doc-stride, --scheme ...)."""
+    shared = {f.name for f in dataclasses.fields(MultiTaskOptions)}
+    return list(dict.fromkeys(o for t in TASKS for o in registry.get(t).train_options if o in shared))
+
+
+def _task_fields() -> list[tuple]:
+    """Each trainable task's own flags: --<task>-train, --<task>-eval, --<task>-max-seq-length, and a copy of
+    each of its `multitask_options` (e.g. --classify-labels), help from the task's declaration."""
+    hints, helps = typing.get_type_hints(FinetuneConfig), field_help(FinetuneConfig)
+    finetune_fields = {f.name: f for f in dataclasses.fields(FinetuneConfig)}
+    out = []
+    for name in TASKS:
+        task = registry.get(name)
+        what = task.train_data_help or "training data"
+        out += [(f"{name}_train", str, field(default="", metadata={
+                    "help": f"{what} for the {name} head; empty = no {name} head"})),
+                (f"{name}_eval", str, field(default="", metadata={"help": f"{what} to evaluate {name} on"})),
+                (f"{name}_max_seq_length", int, field(default=task.train_max_seq_length, metadata={
+                    "help": f"longest {name} input (longer inputs are truncated or windowed)"}))]
+        for option in task.multitask_options:
+            f = finetune_fields[option]
+            default = ({"default_factory": f.default_factory} if f.default is dataclasses.MISSING
+                       else {"default": f.default})
+            out.append((f"{name}_{option}", hints[option], field(**default, metadata={
+                "help": f"{name}: {helps.get(option, '')}"})))
+    return out
+
+
+MultiTaskConfig = dataclasses.make_dataclass("MultiTaskConfig", _task_fields(), bases=(MultiTaskOptions,))
+MultiTaskConfig.__module__ = __name__
 
 
 # ----------------------------------------------------------------------------- data
@@ -352,22 +406,16 @@ def record_pooling(model, pooling) -> None:
     model.config.extra = dict(extra, pooling={"mode": pooling.mode, "normalize": pooling.normalize})
 
 
-def agreement_sample(cfg: MultiTaskConfig, tokenizer, max_length: int) -> dict[str, list]:
-    """Held-out texts, up to AGREEMENT_TEXTS per source, encoded as /embed encodes them: the classify and ner
-    evaluation sentences, the qa evaluation questions and their contexts (the articles held out)."""
+def agreement_sample(held_out: dict[str, list], tokenizer, max_length: int) -> dict[str, list]:
+    """Held-out texts, up to AGREEMENT_TEXTS per source, encoded as /embed encodes them: what each task's
+    evaluation examples give (Task.embed_texts: the classify and ner evaluation sentences, the qa evaluation
+    questions and their contexts)."""
     from bert.tasks import embed
-    from training import qa_data
-    from training.data import readers
 
     texts: dict[str, list[str]] = {}
-    if cfg.classify_train and cfg.classify_eval:
-        texts["classify"] = [e.text for e in readers.read_tsv(cfg.classify_eval)[:AGREEMENT_TEXTS]]
-    if cfg.ner_train and cfg.ner_eval:
-        texts["ner"] = [" ".join(s.words) for s in readers.read_conll(cfg.ner_eval, scheme=cfg.scheme)[:AGREEMENT_TEXTS]]
-    if cfg.qa_train and (cfg.qa_eval or cfg.heldout_articles):
-        held_out = qa_data.load_qa(dataclasses.replace(cfg.task_config("qa"), max_train_examples=1))[1]
-        texts["qa_questions"] = [e.question for e in held_out[:AGREEMENT_TEXTS]]
-        texts["qa_contexts"] = list(dict.fromkeys(e.context for e in held_out))[:AGREEMENT_TEXTS]
+    for task, examples in held_out.items():
+        for source, items in registry.get(task).embed_texts(examples).items():
+            texts[source] = items[:AGREEMENT_TEXTS]
     return {source: embed.encode(tokenizer, items, max_length=max_length, truncate=True)
             for source, items in texts.items() if items}
 
@@ -407,24 +455,17 @@ def compute_loss(model, batch: dict, embed_weight: float = 0.0):
 
 
 def task_loss(task: str, out, batch: dict):
-    import torch.nn.functional as F
-
-    from bert.model import IGNORE_INDEX, span_loss
-
-    if task == "classify":
-        return F.cross_entropy(out.classify_logits.float(), batch["labels"].view(-1))
-    if task == "ner":
-        return F.cross_entropy(out.ner_logits.float().flatten(0, 1), batch["labels"].flatten(),
-                               ignore_index=IGNORE_INDEX)
-    if task == "qa":
-        return span_loss(out.qa_start_logits, out.qa_end_logits, batch["start_positions"], batch["end_positions"])
-    raise ValueError(f"unknown task {task!r}")
+    """The batch's task's loss from the multi-task forward's outputs (keyed by graph-output names)."""
+    return registry.get(task).loss(out.outputs, batch)
 
 
 def task_view(model, task: str):
-    """`model` seen as a single-task model (outputs named logits / start_logits, end_logits), so the
-    single-task evaluation code in training.task_data and training.qa_data runs on it unchanged."""
+    """`model` seen as a single-task model (its outputs named as in a graph of the task alone: logits,
+    start_logits / end_logits), so the task's own evaluation runs on it unchanged."""
     import torch
+
+    declared = registry.get(task)
+    names = {declared.output_name(o, single=True): declared.output_name(o) for o in declared.outputs}
 
     class TaskView(torch.nn.Module):
         def __init__(self):
@@ -433,19 +474,14 @@ def task_view(model, task: str):
 
         def forward(self, input_ids, attention_mask=None, token_type_ids=None):
             out = self.model(input_ids, attention_mask, token_type_ids)
-            if task == "classify":
-                return SimpleNamespace(logits=out.classify_logits)
-            if task == "ner":
-                return SimpleNamespace(logits=out.ner_logits)
-            return SimpleNamespace(start_logits=out.qa_start_logits, end_logits=out.qa_end_logits)
+            return SimpleNamespace(**{single: out.outputs[multi] for single, multi in names.items()})
 
     return TaskView()
 
 
 def main_score(task: str, metrics: dict) -> float:
     """A task's main metric on a 0-100 scale (classify accuracy is a fraction in task metrics)."""
-    value = float(metrics[BEST_METRIC[task]])
-    return 100.0 * value if task == "classify" else value
+    return registry.get(task).score(metrics)
 
 
 def make_evaluate(evaluators: dict, agreement=None):
@@ -461,13 +497,7 @@ def make_evaluate(evaluators: dict, agreement=None):
 
 
 def summary_line(metrics: dict) -> str:
-    parts = []
-    if "classify" in metrics:
-        parts.append(f"classify accuracy {100 * metrics['classify']['accuracy']:.2f} %")
-    if "ner" in metrics:
-        parts.append(f"ner entity F1 {metrics['ner']['f1']:.2f}")
-    if "qa" in metrics:
-        parts.append(f"qa EM {metrics['qa']['exact_match']:.2f} / F1 {metrics['qa']['f1']:.2f}")
+    parts = [registry.get(name).summary(metrics[name]) for name in TASKS if name in metrics]
     line = "; ".join(parts) + f"; mean {metrics['mean_score']:.2f}"
     if "embed" in metrics:
         line += f"; embedding cosine to the teacher {metrics['embed']['teacher_cosine']:.4f}"
@@ -494,7 +524,7 @@ def build_model(cfg: MultiTaskConfig, task_labels: dict, tokenizer):
     return model
 
 
-def embed_teacher_steps(cfg: MultiTaskConfig, pooling, parts: dict, tokenizer, device, dist):
+def embed_teacher_steps(cfg: MultiTaskConfig, pooling, parts: dict, held_out: dict, tokenizer, device, dist):
     """With --embed-teacher: the teacher embeds every training example's first segment and the held-out
     agreement sample, once, then is freed. Returns (EmbedTargets per task, agreement evaluator), or
     (None, None) without a teacher."""
@@ -508,7 +538,7 @@ def embed_teacher_steps(cfg: MultiTaskConfig, pooling, parts: dict, tokenizer, d
     teacher = load_teacher(cfg.embed_teacher, device)
     targets = teacher_targets(teacher, pooling.mode, parts, batch_size=cfg.eval_batch_size)
     max_length = min(pooling.max_length or 512, teacher.config.max_position_embeddings)
-    sample = agreement_sample(cfg, tokenizer, max_length) if dist.main else {}
+    sample = agreement_sample(held_out, tokenizer, max_length) if dist.main else {}
     sample_vectors = {source: pooled_embeddings(teacher, features, pooling.mode, batch_size=cfg.eval_batch_size,
                                                 pad_token_id=tokenizer.pad_token_id)
                       for source, features in sample.items()}
@@ -533,13 +563,13 @@ def main(argv=None) -> int:
 
     dist, device, tokenizer = start_run(cfg)
     pooling = check_embed_teacher(cfg, tokenizer) if cfg.embed_teacher else declared_pooling(cfg)
-    parts, evaluators, task_labels, extra = {}, {}, {}, {}
+    parts, evaluators, task_labels, extra, held_out = {}, {}, {}, {}, {}
     for k, task in enumerate(cfg.tasks()):
-        data, evaluate, names, kind, settings = prepare(cfg.task_config(task), tokenizer)
+        data, evaluate, labels, held_out[task] = prepare(cfg.task_config(task), tokenizer)
         data.seed = cfg.seed + k  # each task its own batch order
-        parts[task], evaluators[task], task_labels[task] = data, evaluate, list(names or [])
-        extra[task] = settings
-    embed_targets, agreement = embed_teacher_steps(cfg, pooling, parts, tokenizer, device, dist)
+        parts[task], evaluators[task], task_labels[task] = data, evaluate, list(labels.names or [])
+        extra[task] = run_labels(registry.get(task), labels)
+    embed_targets, agreement = embed_teacher_steps(cfg, pooling, parts, held_out, tokenizer, device, dist)
     data = MultiTaskData(parts, seed=cfg.seed, weights=cfg.weights(), embed_targets=embed_targets)
     model = build_model(cfg, task_labels, tokenizer)
     record_pooling(model, pooling)

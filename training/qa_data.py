@@ -1,29 +1,15 @@
 """SQuAD data for fine-tuning and evaluation: windows with answer positions, predictions, EM/F1.
 
-Held-out split: SQuAD v1.1 dev is not in shared/data, so `--heldout-articles N` holds out the last N
-articles of the training files (file order: the end of part-04) and never trains on them.
+Reading the examples (and the `--heldout-articles N` split: the last N articles of the training files, file
+order, never trained on) is the qa task's training hook, bert.tasks.qa.QATask.read_examples.
 """
 from __future__ import annotations
 
 import sys
 
-
 from bert.tasks import qa as qa_codec
 from training import metrics as M
-from training.data.readers import QAExample, read_squad_articles, split_heldout, squad_examples
-
-
-def load_qa(cfg) -> tuple[list[QAExample], list[QAExample]]:
-    """(train, eval) examples as the config says: --eval-data files, or the held-out tail of --train-data."""
-    articles = read_squad_articles(cfg.train_data)
-    train_articles, heldout = split_heldout(articles, cfg.heldout_articles)
-    train = squad_examples(train_articles)
-    dev = squad_examples(read_squad_articles(cfg.eval_data)) if cfg.eval_data else squad_examples(heldout)
-    if cfg.max_train_examples:
-        train = train[:cfg.max_train_examples]
-    if cfg.max_eval_examples:
-        dev = dev[:cfg.max_eval_examples]
-    return train, dev
+from training.data.readers import QAExample
 
 
 def train_features(tokenizer, examples: list[QAExample], *, max_seq_length: int, doc_stride: int,

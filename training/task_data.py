@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from bert.model import IGNORE_INDEX
 from bert.tasks import classify as classify_codec
 from bert.tasks import ner as ner_codec
+from bert.tasks import registry
 from bert.tasks.common import Features, pad_batch
 from training import metrics as M
 from training.data.readers import TaggedSentence, TextExample
@@ -52,8 +52,8 @@ class FeatureData:
     """Encoded training examples for one task; implements training.loop.TrainData."""
 
     features: list  # Features (or subclasses), one per example
-    targets: list  # per example: a class id / float (classify), token labels (ner), (start, end) (qa)
-    kind: str  # classify | regression | ner | qa
+    targets: list  # per example, what its task's collate_targets takes (a class id, token labels, a span ...)
+    task: str  # the task (bert.tasks registry name) whose targets these are
     batch_size: int
     seed: int
     group_by_length: bool = True
@@ -72,19 +72,8 @@ class FeatureData:
 
     def collate(self, indices: list[int], rng=None) -> dict[str, torch.Tensor]:
         batch = _tensors([self.features[i] for i in indices], self.pad_token_id)
-        if self.kind == "classify":
-            batch["labels"] = torch.tensor([self.targets[i] for i in indices], dtype=torch.long)
-        elif self.kind == "regression":
-            batch["labels"] = torch.tensor([self.targets[i] for i in indices], dtype=torch.float32)
-        elif self.kind == "ner":
-            width = batch["input_ids"].shape[1]
-            labels = torch.full((len(indices), width), IGNORE_INDEX, dtype=torch.long)
-            for row, i in enumerate(indices):
-                labels[row, :len(self.targets[i])] = torch.tensor(self.targets[i])
-            batch["labels"] = labels
-        elif self.kind == "qa":
-            batch["start_positions"] = torch.tensor([self.targets[i][0] for i in indices], dtype=torch.long)
-            batch["end_positions"] = torch.tensor([self.targets[i][1] for i in indices], dtype=torch.long)
+        batch.update(registry.get(self.task).collate_targets([self.targets[i] for i in indices],
+                                                             batch["input_ids"].shape[1]))
         return batch
 
 

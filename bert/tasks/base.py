@@ -99,6 +99,17 @@ def check_inputs(body, info=None) -> None:
     check_texts([body.inputs] if single else body.inputs, "inputs" if single else "inputs[{}]")
 
 
+@dataclass(frozen=True)
+class Labels:
+    """What a trained head predicts. `values`: labels as written in the training data, in head order (None: the
+    head predicts no named labels); `names`: what the checkpoint shows for them (config id2label; None: no
+    labels); `problem_type`: transformers' problem_type ("regression": one output, MSE), None by default."""
+
+    values: list | None = None
+    names: list | None = None
+    problem_type: str | None = None
+
+
 class Task:
     """Base class of every task; subclasses set the class attributes and implement the codec (and the training
     hooks when trainable). Class attributes, not instance fields: a task is declared, not configured."""
@@ -147,9 +158,75 @@ class Task:
         return None
 
     # ---- training hooks (torch imported inside) -------------------------------------------------------
+    # python -m training.finetune / multitask / evaluate call these and never name a task. `cfg` is a
+    # training.finetune.FinetuneConfig (multitask builds one per task; evaluate one from its own options): the
+    # task reads its data options from it (train_data, eval_data, max_seq_length, max_*_examples and the fields
+    # in `train_options`). Examples are whatever the task's reader returns; Labels says what its head predicts.
+    train_options: ClassVar[tuple[str, ...]] = ()  # FinetuneConfig fields only this task reads (others leave them at their defaults)
+    multitask_options: ClassVar[tuple[str, ...]] = ()  # of those, the ones multitask gives each task its own copy of: --<task>-<option>
+    train_max_seq_length: ClassVar[int] = 128  # multitask's default --<task>-max-seq-length
+    train_data_help: ClassVar[str] = ""  # what --train-data / --<task>-train holds for this task (help text)
+
+    def train_problems(self, cfg) -> list[str]:
+        """Contradictions among this task's options (one message each), checked before any data is read."""
+        return [] if cfg.eval_data else ["--eval-data is required"]
+
+    def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
+        """(training examples, evaluation examples) as cfg's data options say, before any --max-*-examples cut;
+        with train=False only the evaluation examples are read (the first list is empty)."""
+        raise NotImplementedError
+
+    def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
+        """What the head of a run on these examples predicts (raise training.config.ConfigError when the
+        evaluation examples need a label the training examples never show)."""
+        return Labels()
+
+    def saved_labels(self, cfg, model_config, saved: dict) -> Labels:
+        """What a fine-tuned checkpoint's head predicts: its config (id2label, problem_type) and the run's
+        settings saved beside it (finetune_config.json), for evaluation."""
+        return Labels()
+
+    def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
+        """Training examples -> (Features per training input, its target per input)."""
+        raise NotImplementedError
+
+    def collate_targets(self, targets: list, width: int) -> dict:
+        """A batch's targets as tensors, under the names the single-task model's forward takes (its `labels`,
+        `start_positions`, ...); `width` is the batch's padded length."""
+        raise NotImplementedError
+
+    def loss(self, outputs: dict, batch: dict):
+        """This task's loss from a BertForMultiTask forward: `outputs` maps graph-output names
+        (`graph_outputs`) to tensors, `batch` holds collate_targets' tensors. A single-task model computes its
+        own loss from the same tensors."""
+        raise NotImplementedError
+
+    def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
+        """Predict with `model` (a single-task model, or a multi-task model seen as one: outputs named as in
+        `single_graph_outputs`) and measure: the metrics dict metrics.json records."""
+        raise NotImplementedError
+
+    def best_metric(self, labels: Labels) -> str:
+        """The metric best/ is chosen by (higher is better)."""
+        return self.main_metric
+
     def score(self, metrics: dict) -> float:
         """The main metric on a 0-100 scale."""
         return float(metrics[self.main_metric])
+
+    def summary(self, metrics: dict) -> str:
+        """One line of the metrics a person looks at first."""
+        return f"{self.name} {self.main_metric} {self.score(metrics):.2f}"
+
+    def embed_texts(self, examples: list) -> dict[str, list[str]]:
+        """Texts of evaluation examples, by source name, as /embed would be asked to embed them: what
+        multitask's --embed-teacher agreement is measured on."""
+        return {}
+
+    def output_name(self, output: str, *, single: bool = False) -> str:
+        """The graph-output name (multi-task, or with `single` a graph of this task alone) of one of our outputs."""
+        names = self.single_graph_outputs if single else self.graph_outputs
+        return next(name for name, ours in names.items() if ours == output)
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bert.tasks.base import Head, Route, Task, check_inputs, one_or_list, texts_of
+from bert.tasks.base import Head, Labels, Route, Task, check_inputs, one_or_list, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, sigmoid, softmax
 from bert.tokenizer import InputTooLong
 
@@ -141,6 +141,75 @@ class ClassifyTask(Task):
 
     def score(self, metrics: dict) -> float:
         return 100.0 * float(metrics["accuracy"])  # a fraction in the task's metrics
+
+    # ---- training hooks: TSV rows (training.data.readers.TextExample) -----------------------------------
+    train_options = ("text_column", "pair_column", "label_column", "header", "labels", "label_names", "regression")
+    multitask_options = ("labels", "label_names")
+    train_data_help = "TSV (text, label)"
+
+    def train_problems(self, cfg) -> list[str]:
+        problems = super().train_problems(cfg)
+        if cfg.regression and cfg.labels:
+            problems.append("--regression and --labels contradict each other (regression has no classes)")
+        if cfg.label_names and len(cfg.label_names) != len(cfg.labels):
+            problems.append("--label-names needs --labels, one name per label value")
+        if cfg.header not in ("auto", "yes", "no"):
+            problems.append(f"--header must be auto, yes or no, got {cfg.header!r}")
+        return problems
+
+    def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
+        from training.data.readers import read_tsv
+
+        columns = dict(text_column=cfg.text_column, pair_column=cfg.pair_column or None,
+                       label_column=cfg.label_column, header={"auto": None, "yes": True, "no": False}[cfg.header])
+        return (read_tsv(cfg.train_data, **columns) if train else []), read_tsv(cfg.eval_data, **columns)
+
+    def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
+        if cfg.regression:
+            return Labels(None, ["score"], "regression")
+        values = cfg.labels or sorted({e.label for e in train})
+        return Labels(values, cfg.label_names or values)
+
+    def saved_labels(self, cfg, model_config, saved: dict) -> Labels:
+        if model_config.problem_type == "regression":
+            return Labels(None, None, "regression")
+        id2label = model_config.id2label or {}
+        values = cfg.labels or saved.get("labels") or [id2label[i] for i in sorted(id2label)]
+        return Labels(values, values)
+
+    def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
+        from training.task_data import classify_targets, encode_classify
+
+        return encode_classify(tokenizer, examples, cfg.max_seq_length), classify_targets(examples, labels.values)
+
+    def collate_targets(self, targets: list, width: int) -> dict:
+        import torch
+
+        regression = isinstance(targets[0], float)
+        return {"labels": torch.tensor(targets, dtype=torch.float32 if regression else torch.long)}
+
+    def loss(self, outputs: dict, batch: dict):
+        import torch.nn.functional as F
+
+        logits, labels = outputs[self.output_name("classify")].float(), batch["labels"]
+        if labels.is_floating_point():  # regression: one output
+            return F.mse_loss(logits.squeeze(-1), labels.view(-1))
+        return F.cross_entropy(logits, labels.view(-1))
+
+    def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
+        from training.task_data import evaluate_classify
+
+        return evaluate_classify(model, tokenizer, examples, labels=labels.values, max_seq_length=cfg.max_seq_length,
+                                 batch_size=cfg.eval_batch_size)
+
+    def best_metric(self, labels: Labels) -> str:
+        return "pearson" if labels.problem_type == "regression" else self.main_metric
+
+    def summary(self, metrics: dict) -> str:
+        return f"classify accuracy {self.score(metrics):.2f} %"
+
+    def embed_texts(self, examples: list) -> dict[str, list[str]]:
+        return {self.name: [e.text for e in examples]}
 
 
 TASK = ClassifyTask()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import decoders
 
-from bert.tasks.base import Head, Route, Task, check_inputs, one_or_list, texts_of
+from bert.tasks.base import Head, Labels, Route, Task, check_inputs, one_or_list, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, softmax
 from bert.tokenizer import UNK, InputTooLong
 
@@ -293,6 +293,71 @@ class NerTask(Task):
 
     def decode_request(self, items, features, outputs, facts, **options):
         return decode_request(items, features, outputs, facts, **options)
+
+    # ---- training hooks: CoNLL sentences (training.data.readers.TaggedSentence) --------------------------
+    train_options = ("scheme", "label_all_subtokens")
+    train_data_help = "CoNLL file (IOB1 or IOB2)"
+
+    def train_problems(self, cfg) -> list[str]:
+        problems = super().train_problems(cfg)
+        if cfg.scheme not in ("auto", "iob1", "iob2"):
+            problems.append(f"--scheme must be auto, iob1 or iob2, got {cfg.scheme!r}")
+        return problems
+
+    def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
+        from training.data.readers import read_conll
+
+        return (read_conll(cfg.train_data, scheme=cfg.scheme) if train else []), read_conll(cfg.eval_data, scheme=cfg.scheme)
+
+    def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
+        from training.config import ConfigError
+
+        kinds = sorted({t.split("-", 1)[1] for s in train for t in s.tags if t != "O"})
+        labels = ["O"] + [f"{p}-{k}" for k in kinds for p in ("B", "I")]
+        unknown = {t for s in evaluation for t in s.tags} - set(labels)
+        if unknown:
+            raise ConfigError(f"evaluation tags {sorted(unknown)} never occur in the training data")
+        return Labels(labels, labels)
+
+    def saved_labels(self, cfg, model_config, saved: dict) -> Labels:
+        id2label = model_config.id2label or {}
+        labels = [id2label[i] for i in sorted(id2label)]
+        return Labels(labels, labels)
+
+    def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
+        from training.task_data import encode_ner
+
+        return encode_ner(tokenizer, examples, labels.values, cfg.max_seq_length, cfg.label_all_subtokens)
+
+    def collate_targets(self, targets: list, width: int) -> dict:
+        import torch
+
+        from bert.model import IGNORE_INDEX
+
+        labels = torch.full((len(targets), width), IGNORE_INDEX, dtype=torch.long)
+        for row, target in enumerate(targets):
+            labels[row, :len(target)] = torch.tensor(target)
+        return {"labels": labels}
+
+    def loss(self, outputs: dict, batch: dict):
+        import torch.nn.functional as F
+
+        from bert.model import IGNORE_INDEX
+
+        logits = outputs[self.output_name("ner")]
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
+
+    def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
+        from training.task_data import evaluate_ner
+
+        return evaluate_ner(model, tokenizer, examples, labels=labels.values, max_seq_length=cfg.max_seq_length,
+                            batch_size=cfg.eval_batch_size)
+
+    def summary(self, metrics: dict) -> str:
+        return f"ner entity F1 {metrics['f1']:.2f}"
+
+    def embed_texts(self, examples: list) -> dict[str, list[str]]:
+        return {self.name: [" ".join(s.words) for s in examples]}
 
 
 TASK = NerTask()

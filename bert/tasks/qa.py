@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert.tasks.base import Head, Route, Task, check_texts
+from bert.tasks.base import Head, Labels, Route, Task, check_texts
 from bert.tasks.common import CallerGone, Features, Limits, ModelFacts, TooMuchWork, bounded_text
 
 MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
@@ -417,6 +417,68 @@ class QATask(Task):
 
     def margins(self, items, features, outputs, facts, **options):
         return margins(items, features, outputs, facts, **options)
+
+    # ---- training hooks: SQuAD questions (training.data.readers.QAExample), windowed --------------------
+    train_options = ("doc_stride", "max_query_length", "max_answer_length", "heldout_articles")
+    train_max_seq_length = 384
+    train_data_help = "SQuAD JSON / .gz / directory / comma-separated parts"
+
+    def train_problems(self, cfg) -> list[str]:
+        problems = []
+        if not cfg.eval_data and cfg.heldout_articles <= 0:
+            problems.append("--eval-data is required (for qa, or --heldout-articles N)")
+        if cfg.max_seq_length <= cfg.max_query_length + 3:
+            problems.append(f"max_seq_length ({cfg.max_seq_length}) must exceed max_query_length + 3 "
+                            f"({cfg.max_query_length + 3}): [CLS] question [SEP] context [SEP] needs room")
+        elif cfg.doc_stride >= cfg.max_seq_length - cfg.max_query_length - 3:
+            problems.append(f"doc_stride ({cfg.doc_stride}) must be smaller than the context room "
+                            f"max_seq_length - max_query_length - 3 = {cfg.max_seq_length - cfg.max_query_length - 3}")
+        if cfg.doc_stride <= 0 or cfg.max_answer_length <= 0:
+            problems.append("doc_stride and max_answer_length must be positive")
+        return problems
+
+    def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
+        """--eval-data's questions, or those of the last --heldout-articles articles of --train-data (SQuAD v1.1
+        dev is not in shared/data); training never sees a held-out article."""
+        from training.data.readers import read_squad_articles, split_heldout, squad_examples
+
+        train_articles, heldout = [], []
+        if train or not cfg.eval_data:
+            train_articles, heldout = split_heldout(read_squad_articles(cfg.train_data), cfg.heldout_articles)
+        evaluation = squad_examples(read_squad_articles(cfg.eval_data)) if cfg.eval_data else squad_examples(heldout)
+        return (squad_examples(train_articles) if train else []), evaluation
+
+    def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
+        from training.qa_data import train_features
+
+        return train_features(tokenizer, examples, max_seq_length=cfg.max_seq_length, doc_stride=cfg.doc_stride,
+                              max_query_length=cfg.max_query_length)
+
+    def collate_targets(self, targets: list, width: int) -> dict:
+        import torch
+
+        return {"start_positions": torch.tensor([t[0] for t in targets], dtype=torch.long),
+                "end_positions": torch.tensor([t[1] for t in targets], dtype=torch.long)}
+
+    def loss(self, outputs: dict, batch: dict):
+        from bert.model import span_loss
+
+        return span_loss(outputs[self.output_name("qa_start")], outputs[self.output_name("qa_end")],
+                         batch["start_positions"], batch["end_positions"])
+
+    def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
+        from training.qa_data import evaluate_qa
+
+        return evaluate_qa(model, tokenizer, examples, max_seq_length=cfg.max_seq_length, doc_stride=cfg.doc_stride,
+                           max_query_length=cfg.max_query_length, max_answer_length=cfg.max_answer_length,
+                           batch_size=cfg.eval_batch_size)
+
+    def summary(self, metrics: dict) -> str:
+        return f"qa EM {metrics['exact_match']:.2f} / F1 {metrics['f1']:.2f}"
+
+    def embed_texts(self, examples: list) -> dict[str, list[str]]:
+        return {f"{self.name}_questions": [e.question for e in examples],
+                f"{self.name}_contexts": list(dict.fromkeys(e.context for e in examples))}
 
 
 TASK = QATask()
