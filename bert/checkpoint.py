@@ -62,7 +62,7 @@ def list_checkpoints(root: Path | None = None) -> list[str]:
 
 
 def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
-    """A directory path as given, else a name in the checkpoint store; otherwise a clear error."""
+    """A directory path as given, else a name in the checkpoint store, else a Hub id; otherwise a clear error."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -71,6 +71,9 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
     candidate = store_root() / str(name_or_path)
     if (candidate / "config.json").is_file():
         return candidate
+    from . import hub  # then a Hugging Face Hub id, org/name[@revision] (bert/hub.py)
+    if hub.is_hub_id(name_or_path):
+        return hub.resolve(str(name_or_path), CheckpointError)
     found = list_checkpoints()
     lines = [f"no checkpoint {str(name_or_path)!r}: it is not a directory, and the checkpoint store "
              f"{store_root()} (set BERTSERVE_HOME to move it) has no entry of that name."]

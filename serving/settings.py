@@ -21,7 +21,8 @@ class _Settings(BaseSettings):
 
     # ---- what to serve
     model: Optional[str] = Field(
-        None, description="checkpoint or artifact dir (or checkpoint store name) serving every task it has; "
+        None, description="checkpoint or artifact dir (or checkpoint store name, or Hub id org/name[@revision]) serving "
+                          "every task it has; "
                           "default: the built-in demo model")
     backend: str = Field(
         "auto", description="auto | torch | onnxruntime | tensorrt (auto: onnxruntime for an artifact dir with "

@@ -31,7 +31,7 @@ def trainable_task(name: str):
 @dataclass
 class FinetuneConfig(TrainConfig):
     task: str = ""  # a trainable task: classify | ner | qa ...
-    ckpt: str = ""  # checkpoint path or store name to start from (its encoder; heads start fresh if absent)
+    ckpt: str = ""  # checkpoint path, store name or Hub id `org/name[@revision]` (README "Models from the Hub") to start from (its encoder; heads start fresh if absent)
     init_preset: str = ""  # instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)
     tokenizer: str = ""  # tokenizer directory (default: the checkpoint's)
     train_data: str = ""  # TSV (classify), CoNLL (ner), SQuAD JSON / .gz / comma-separated parts (qa)

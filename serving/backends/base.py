@@ -95,7 +95,10 @@ def resolve_model_path(name_or_path: str) -> Path:
     try:  # a name in the checkpoint store ($BERTSERVE_HOME/checkpoints/NAME); torch-free
         from bert.checkpoint import resolve_checkpoint
         return Path(resolve_checkpoint(name_or_path)).resolve()
-    except Exception:  # noqa: BLE001 - any failure means "not found" here
+    except Exception as e:  # noqa: BLE001 - any failure means "not found" here, but a Hub id's says why
+        from bert.hub import is_hub_id
+        if is_hub_id(name_or_path):
+            raise ModelError(str(e)) from None
         raise ModelError(f"model {name_or_path!r} not found: not a directory, nor a name in the checkpoint store") from None
 
 
