@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -98,7 +99,7 @@ def publish_dir(target: str | os.PathLike) -> Iterator[Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         recover(target)
         remove_stale_temporaries(target)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}{TMP_MARK}", dir=target.parent))
+        tmp = _make_temporary_sibling(target)
     except OSError as e:
         raise WriteError(e.errno, f"cannot write {target}: {_reason(e)}") from None
     try:
@@ -110,6 +111,19 @@ def publish_dir(target: str | os.PathLike) -> Iterator[Path]:
         if isinstance(e, OSError) and not isinstance(e, WriteError):
             raise WriteError(e.errno, f"cannot write {target}: {_reason(e)}") from None
         raise
+
+
+def _make_temporary_sibling(target: Path) -> Path:
+    # Not tempfile.mkdtemp: its mode 0700 would be the published directory's, unreadable to a server or a
+    # container running as another user. mkdir gives what `mkdir` in a shell gives (0777 less the umask).
+    for _ in range(100):
+        tmp = target.parent / f"{TMP_PREFIX}{target.name}{TMP_MARK}{secrets.token_hex(4)}"
+        try:
+            os.mkdir(tmp)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {target}")
 
 
 def _swap_in(tmp: Path, target: Path) -> None:
@@ -132,6 +146,7 @@ def write_file_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}{TMP_MARK}", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from other users
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
@@ -142,6 +157,16 @@ def write_file_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise WriteError(e.errno, f"cannot write {path}: {_reason(e)}") from None
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask sets it, for a moment, for every thread)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    return 0o022
 
 
 def _reason(error: OSError) -> str:

@@ -1,10 +1,12 @@
 """What the export command lines share: one-line errors with fixed exit codes, and step progress.
 
 Exit codes: 0 done; 1 the export ran but its result is wrong (parity out of tolerance, attention
-not fused); 2 the request cannot be done as given (no such checkpoint, bad flag, missing package).
+not fused); 2 the request cannot be done as given (no such checkpoint, bad flag, missing package, a full
+disk or another file system error: one line naming the path and the reason).
 """
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from contextlib import contextmanager
@@ -44,7 +46,23 @@ def exit_code_for(error: BaseException) -> int | None:
 
 def run(main, argv=None) -> int:
     """Call main(argv); known failures become one line on stderr and an exit code, never a traceback."""
-    return run_cli(main, argv, exit_code_for)
+    def guarded(argv):
+        try:
+            return main(argv)
+        except OSError as e:
+            raise UsageError(describe_os_error(e)) from None
+
+    return run_cli(guarded, argv, exit_code_for)
+
+
+def describe_os_error(error: OSError) -> str:
+    """The path and the reason, without errno numbers: "cannot write DIR: no space left on the device"."""
+    from bert.atomic import WriteError
+
+    if isinstance(error, WriteError):
+        return error.strerror or str(error)
+    reason = "no space left on the device" if error.errno == errno.ENOSPC else error.strerror or str(error)
+    return f"{error.filename}: {reason}" if error.filename else reason
 
 
 class Progress:

@@ -7,37 +7,29 @@ Layout (ARCHITECTURE.md "Artifact directory"):
     model.plan            TensorRT engine (written by `python -m export.tensorrt`), optional
     config.json           Hugging Face BERT config with id2label/label2id (or task_labels)
     vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json   (those present)
-    manifest.json         what this file module describes
+    manifest.json         what this module describes, with the size and sha256 of each file above: the
+                          server refuses a directory whose files do not match it (bert/digest.py)
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+from bert.checkpoint import TOKENIZER_FILES
+from bert.digest import file_entry
 from bert.errors import read_json_object
 
 MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
 PORTABLE_FILE = "model.portable.onnx"
 PLAN_FILE = "model.plan"
+CONFIG_FILE = "config.json"
 FORMAT_VERSION = 1
 
 
 class ArtifactError(Exception):
     """An artifact directory that is missing files or does not say what it holds."""
-
-
-def sha256_files(paths: list[Path], chunk: int = 1 << 22) -> str:
-    """One digest over several files, in the given order, each prefixed by its name."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as f:
-            while block := f.read(chunk):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_files(directory: Path) -> list[Path]:
@@ -47,9 +39,13 @@ def checkpoint_files(directory: Path) -> list[Path]:
     return [directory / n for n in names if (directory / n).is_file()]
 
 
-def file_entry(path: Path) -> dict[str, Any]:
-    files = [path] + ([path.with_name(path.name + ".data")] if path.with_name(path.name + ".data").is_file() else [])
-    return {"path": path.name, "bytes": sum(p.stat().st_size for p in files), "sha256": sha256_files(files)}
+def artifact_files(directory: Path) -> dict[str, dict[str, Any]]:
+    """The manifest's "files": size and sha256 of every file an artifact holds, by role (the graphs, config)
+    or by name (tokenizer files). The server checks those it reads against these before serving."""
+    roles = {"model": MODEL_FILE, "portable": PORTABLE_FILE, "plan": PLAN_FILE, "config": CONFIG_FILE}
+    files = {role: file_entry(directory / name) for role, name in roles.items() if (directory / name).is_file()}
+    files.update({name: file_entry(directory / name) for name in TOKENIZER_FILES if (directory / name).is_file()})
+    return files
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:

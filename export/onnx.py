@@ -3,7 +3,9 @@
 Steps: load the checkpoint; record torch's outputs on the shipped sample text; export the portable
 graph (standard ONNX ops); fuse it with onnxruntime's BERT optimizer (fails if attention did not
 fuse); convert to the requested precision; verify every ONNX file against torch; write config,
-tokenizer and manifest. See docs/export.md.
+tokenizer and manifest. All of it is written into a hidden sibling of --out and published there by one
+rename once verified (bert/atomic.py): a kill, a full disk or a failed check leaves the previous artifact
+as it was and nothing partial. See docs/export.md.
 """
 from __future__ import annotations
 
@@ -11,16 +13,16 @@ import argparse
 import gc
 import platform
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bert.atomic import publish_dir
 from bert.tasks.embed import POOLINGS
 from bert.tasks import registry
 
 from .cli import Progress, ResultError, UsageError, run
-from .manifest import MODEL_FILE, PORTABLE_FILE, file_entry, write_manifest
+from .manifest import MANIFEST_FILE, MODEL_FILE, PLAN_FILE, PORTABLE_FILE, artifact_files, write_manifest
 from .source import LAYOUTS
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -33,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export a BERT checkpoint to an ONNX artifact directory (model.onnx for onnxruntime, "
                     "model.portable.onnx for TensorRT, config.json, tokenizer files, manifest.json) and "
                     "verify it against the torch model on built-in sample text.",
-        epilog="Exit status: 0 exported and verified; 1 verification or fusion failed; 2 bad request "
-               "(unknown checkpoint, bad flag). Example: python -m export.onnx --ckpt sst2 --precision int8",
+        epilog="Exit status: 0 exported and verified; 1 verification or fusion failed (nothing published); 2 bad "
+               "request (unknown checkpoint, bad flag) or a file system error such as a full disk (nothing "
+               "published). Example: python -m export.onnx --ckpt sst2 --precision int8",
     )
     p.add_argument("--ckpt", required=True, metavar="NAME|PATH",
                    help="checkpoint directory, or a name in the checkpoint store ($BERTSERVE_HOME/checkpoints, "
@@ -61,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "layer's feed-forward output projection in fp32 (MiniLM SST-2: 99.3%% label agreement with "
                         "fp32, 1.4x faster than fp32 on CPU); all quantises every one (98.6%%, 1.8x)")
     p.add_argument("--out", metavar="DIR",
-                   help="artifact directory to write (created; files of the same name are replaced). "
+                   help="artifact directory to write: created, or an existing artifact directory replaced whole "
+                        "once the new one is verified (until then the old one stays as it was). "
                         "Default: artifacts/NAME-TASK-PRECISION")
     p.add_argument("--max-batch", type=int, default=32, metavar="N",
                    help="largest batch the artifact is built for (recorded in the manifest; TensorRT builds "
@@ -107,6 +111,16 @@ def check_args(args, config) -> dict:
             "min_seq": 1, "opt_seq": opt_seq, "max_seq": max_seq}
 
 
+def check_out(out: Path) -> None:
+    """--out is replaced whole when the new artifact is published: refuse a directory that holds other things."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a directory")
+    artifact = any((out / name).is_file() for name in (MANIFEST_FILE, MODEL_FILE, PLAN_FILE))
+    if out.is_dir() and not artifact and any(out.iterdir()):
+        raise UsageError(f"--out {out} is not empty and not an artifact directory; the export replaces --out "
+                         "whole, so give a new directory or an artifact's")
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -132,6 +146,8 @@ def main(argv=None) -> None:
                           pooling=args.pooling)
     config = source.config
     shape_range = check_args(args, config)
+    out = Path(args.out or f"artifacts/{Path(source.name).name}-{source.task}-{args.precision}")
+    check_out(out)
     tokenizer = BertTokenizer.from_dir(source.tokenizer_dir)
     if tokenizer.vocab_size > config.vocab_size:
         raise UsageError(f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model "
@@ -145,9 +161,6 @@ def main(argv=None) -> None:
     progress.note(f"task {source.task}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
                   f"{params / 1e6:.1f} M parameters; tokenizer from {source.tokenizer_dir}")
 
-    out = Path(args.out or f"artifacts/{Path(source.name).name}-{source.task}-{args.precision}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").unlink(missing_ok=True)  # never leave an old manifest describing new files
     wrapper = ExportWrapper(source.model, source.task)
     batches = parity.sample_batches(tokenizer, shape_range["max_seq"])
     token_level = {n: "sequence" in dims for n, (_, dims) in wrapper.spec.items()}
@@ -181,66 +194,71 @@ def main(argv=None) -> None:
         progress.note(f"{name} ({precision}, {provider}): {summary} -> {'ok' if passed else 'FAILED'}")
         failures.extend(f"{name}: {p}" for p in problems)
 
-    with progress(f"exporting the portable graph (opset {args.opset}, TorchScript exporter)"):
-        prepare_for_export(source.model)
-        portable = variants.export_portable(
-            wrapper, dummy_inputs(config, batch=2, seq=min(16, shape_range["max_seq"])), out / PORTABLE_FILE,
-            input_names=INPUT_NAMES, output_names=wrapper.output_names, dynamic_axes=dynamic_axes(wrapper.spec),
-            opset=args.opset)
-        onnx.checker.check_model(str(portable))
-        # torch is done (reference outputs taken, graph exported): free its weights before onnxruntime
-        # loads two more copies (BERT-large: 1.3 GB each).
-        model_class = type(source.model).__name__
-        del wrapper.model
-        source.model = None
-        gc.collect()
-    if not args.no_verify:
-        with progress("verifying model.portable.onnx against torch"):
-            verify("portable", portable, "fp32")
+    # Everything is written into `tmp`, a hidden sibling of `out`; it replaces `out` only when the block ends
+    # without an exception (verified, manifest written). The old artifact is served until that rename.
+    with publish_dir(out.resolve()) as tmp:
+        with progress(f"exporting the portable graph (opset {args.opset}, TorchScript exporter)"):
+            prepare_for_export(source.model)
+            portable = variants.export_portable(
+                wrapper, dummy_inputs(config, batch=2, seq=min(16, shape_range["max_seq"])), tmp / PORTABLE_FILE,
+                input_names=INPUT_NAMES, output_names=wrapper.output_names,
+                dynamic_axes=dynamic_axes(wrapper.spec), opset=args.opset)
+            onnx.checker.check_model(str(portable))
+            # torch is done (reference outputs taken, graph exported): free its weights before onnxruntime
+            # loads two more copies (BERT-large: 1.3 GB each).
+            model_class = type(source.model).__name__
+            del wrapper.model
+            source.model = None
+            gc.collect()
+        if not args.no_verify:
+            with progress("verifying model.portable.onnx against torch"):
+                verify("portable", portable, "fp32")
 
-    with progress("fusing with onnxruntime's BERT optimizer"):
-        fused = variants.fuse(portable, config)
-        counts = variants.fused_operator_counts(fused.model)
-        progress.note("fused operators: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+        with progress("fusing with onnxruntime's BERT optimizer"):
+            fused = variants.fuse(portable, config)
+            counts = variants.fused_operator_counts(fused.model)
+            progress.note("fused operators: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
 
-    quantization = None
-    with progress(f"writing model.onnx ({args.precision})"):
-        model_path = out / MODEL_FILE
-        if args.precision == "fp32":
-            variants.save(fused, model_path)
-        elif args.precision == "fp16":
-            variants.save(variants.to_fp16(fused), model_path)
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                fused_path = variants.save(fused, Path(tmp) / "fused.onnx")
+        quantization = None
+        with progress(f"writing model.onnx ({args.precision})"):
+            model_path = tmp / MODEL_FILE
+            if args.precision == "fp32":
+                variants.save(fused, model_path)
+            elif args.precision == "fp16":
+                variants.save(variants.to_fp16(fused), model_path)
+            else:
+                fused_path = variants.save(fused, tmp / "fused.onnx")  # the quantiser's input, not published
                 quantization = variants.quantize_int8(fused_path, model_path, args.int8_scope)
+                for leftover in (fused_path, fused_path.with_name(fused_path.name + ".data")):
+                    leftover.unlink(missing_ok=True)
                 progress.note(f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} MatMuls kept fp32")
-        del fused
-    if not args.no_verify:
-        with progress(f"verifying model.onnx ({args.precision}) against torch"):
-            verify("model", model_path, args.precision)
+            del fused
+        if not args.no_verify:
+            with progress(f"verifying model.onnx ({args.precision}) against torch"):
+                verify("model", model_path, args.precision)
+        if failures:
+            raise ResultError(f"parity out of tolerance, so nothing was published at {out} (what was there is "
+                              "untouched): " + "; ".join(failures))
 
-    with progress("writing config.json, tokenizer files and manifest.json"):
-        config.architectures = [model_class]
-        if source.task in LAYOUTS + ("embed",) and not config.task_labels:
-            # the graph has no head: a server must not mistake it for the checkpoint's task
-            config.task = "embed" if source.task == "embed" else None
-        if "embedding" in wrapper.output_names or source.task == "encoder":
-            # How the graph pooled (or, for an encoder graph, how the server should): what the source's
-            # sentence-transformers files said, in config.json, so the artifact needs no copy of them.
-            config.extra["pooling"] = {"mode": source.pooling.mode, "normalize": source.pooling.normalize,
-                                       "max_length": source.pooling.max_length}
-        config.save(out)
-        save_tokenizer_files(source.tokenizer_dir, out)
-        manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, out)
-        if quantization:
-            manifest["quantization"] = {k: v for k, v in quantization.items() if k != "fp32_nodes"} | {
-                "fp32_matmuls": len(quantization["fp32_nodes"])}
-        write_manifest(out, manifest)
+        with progress("writing config.json, tokenizer files and manifest.json"):
+            config.architectures = [model_class]
+            if source.task in LAYOUTS + ("embed",) and not config.task_labels:
+                # the graph has no head: a server must not mistake it for the checkpoint's task
+                config.task = "embed" if source.task == "embed" else None
+            if "embedding" in wrapper.output_names or source.task == "encoder":
+                # How the graph pooled (or, for an encoder graph, how the server should): what the source's
+                # sentence-transformers files said, in config.json, so the artifact needs no copy of them.
+                config.extra["pooling"] = {"mode": source.pooling.mode, "normalize": source.pooling.normalize,
+                                           "max_length": source.pooling.max_length}
+            config.save(tmp)
+            save_tokenizer_files(source.tokenizer_dir, tmp)
+            manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, tmp)
+            if quantization:
+                manifest["quantization"] = {k: v for k, v in quantization.items() if k != "fp32_nodes"} | {
+                    "fp32_matmuls": len(quantization["fp32_nodes"])}
+            write_manifest(tmp, manifest)
 
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
-    if failures:
-        raise ResultError(f"parity out of tolerance, artifact {out} marked unverified: " + "; ".join(failures))
 
 
 def build_manifest(args, source, wrapper, shape_range, counts, results, failures, out: Path) -> dict:
@@ -281,7 +299,7 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
                    and source.task in registry.names(labelled=True) else None),
         "precision": args.precision,
         "opset": args.opset,
-        "files": {"model": file_entry(out / MODEL_FILE), "portable": file_entry(out / PORTABLE_FILE)},
+        "files": artifact_files(out),
         "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUT_NAMES],
         "outputs": outputs,
         "dynamic_axes": {name: {str(k): v for k, v in a.items()} for name, a in axes.items()},

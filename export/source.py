@@ -8,10 +8,11 @@ from pathlib import Path
 
 from bert.checkpoint import TOKENIZER_FILES, check_checkpoint, load_checkpoint, resolve_checkpoint
 from bert.config import PRESETS, BertConfig
+from bert.digest import sha256_files
 from bert.tasks import registry
 from bert.tasks.embed import Pooling, PoolingError, read_pooling
 
-from .manifest import checkpoint_files, sha256_files
+from .manifest import checkpoint_files
 
 REPO = Path(__file__).resolve().parents[1]
 # Where a tokenizer for --random-init presets is looked for when --tokenizer is not given.

@@ -6,19 +6,25 @@ flag. That is the only way on TensorRT 11 (weak-typing flags such as BuilderFlag
 and the recommended one on 10.12+. One optimisation profile spans the manifest's shape range
 (min/opt/max batch and sequence for every input). A timing cache file makes rebuilds fast.
 After the build the engine is checked against onnxruntime on the shipped sample text.
+An engine that lands in its artifact is added as export.onnx writes: a copy of the artifact (hard links) gains
+model.plan and the manifest's entry for it, and replaces the artifact by one rename once verified
+(bert/atomic.py); an engine written elsewhere is renamed into place whole. A kill leaves the previous state.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from bert.atomic import fsync_dir, publish_dir, write_file_atomic
 from bert.tensorrt_runtime import INSTALL_HINT
 
 from .cli import Progress, ResultError, UsageError, run
-from .manifest import PLAN_FILE, PORTABLE_FILE, file_entry, read_manifest, write_manifest
+from .manifest import MANIFEST_FILE, PLAN_FILE, PORTABLE_FILE, file_entry, read_manifest, write_manifest
 
 # Engine outputs vs onnxruntime fp32 on the sample text (fp16 engine).
 TRT_TOLERANCE = {"relative_rms": 0.02, "label_agreement": 0.95}
@@ -81,7 +87,9 @@ def profile_shapes(manifest: dict) -> tuple[tuple[int, int], tuple[int, int], tu
 
 
 def build_engine(onnx_path: Path, manifest: dict, *, workspace_gb: float, timing_cache: Path | None,
-                 progress: Progress | None = None) -> bytes:
+                 progress: Progress | None = None, timing_cache_out: Path | None = None) -> bytes:
+    """The serialized engine. The timing cache is read from `timing_cache` and written, whole, to
+    `timing_cache_out` (default: the same file)."""
     trt = import_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -112,8 +120,8 @@ def build_engine(onnx_path: Path, manifest: dict, *, workspace_gb: float, timing
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise ResultError("TensorRT failed to build the engine (see the TensorRT log above)")
-    if timing_cache:
-        timing_cache.write_bytes(bytes(memoryview(config.get_timing_cache().serialize())))
+    if timing_cache_out or timing_cache:
+        write_file_atomic(timing_cache_out or timing_cache, bytes(memoryview(config.get_timing_cache().serialize())))
     return bytes(memoryview(serialized))
 
 
@@ -200,32 +208,65 @@ def main(argv=None) -> None:
     verify = has_manifest and not args.no_verify and bool(manifest["outputs"])
 
     progress = Progress(total=3 if verify else 2)
-    with tempfile.TemporaryDirectory() as tmp:
+    in_artifact = has_manifest and plan.resolve().parent == artifact.resolve()
+    if in_artifact:
+        with publish_dir(artifact.resolve()) as work:
+            link_contents(artifact, work, skip=(PLAN_FILE, MANIFEST_FILE))
+            cache_out = work / timing_cache.name if timing_cache.parent.resolve() == artifact.resolve() else None
+            figures = build_and_check(args, onnx_path, work / PLAN_FILE, artifact, manifest, timing_cache,
+                                      cache_out, verify, progress, trt)
+            with progress("recording the engine in manifest.json"):
+                manifest.pop("format_version", None)
+                manifest.setdefault("files", {})["plan"] = file_entry(work / PLAN_FILE)
+                manifest["tensorrt"] = {"version": trt.__version__, "precision": "fp16", "strongly_typed": True,
+                                        "workspace_gb": args.workspace_gb, "parity": figures,
+                                        "profile": dict(zip(("min", "opt", "max"), profile_shapes(manifest)))}
+                write_manifest(work, manifest)
+    else:
+        plan.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{plan.name}.tmp-", dir=plan.parent) as work:
+            built = Path(work) / PLAN_FILE
+            build_and_check(args, onnx_path, built, artifact, manifest, timing_cache, None, verify, progress, trt)
+            with progress("moving the engine into place (manifest.json left as it is: the engine is outside "
+                          "the artifact)"):
+                os.chmod(built, 0o644)
+                os.replace(built, plan)
+                fsync_dir(plan.parent)
+    print(f"engine: {plan}")
+
+
+def link_contents(source: Path, destination: Path, skip: tuple[str, ...] = ()) -> None:
+    """The files of `source` in `destination` as hard links (a copy where the file system has none): the
+    artifact's files are never changed in place, every writer publishes a new directory, so sharing is safe."""
+    for entry in source.iterdir():
+        if entry.name in skip or not entry.is_file():
+            continue
+        try:
+            os.link(entry, destination / entry.name)
+        except OSError:
+            shutil.copy2(entry, destination / entry.name)
+
+
+def build_and_check(args, onnx_path: Path, plan: Path, artifact: Path, manifest: dict, timing_cache: Path,
+                    timing_cache_out: Path | None, verify: bool, progress: Progress, trt) -> dict | None:
+    """Build the engine into `plan` and check it; out of tolerance raises ResultError (nothing is published)."""
+    with tempfile.TemporaryDirectory(prefix=".fp16-onnx-", dir=plan.parent) as tmp:
         with progress(f"building the FP16 engine with TensorRT {trt.__version__} from {onnx_path.name} "
                       "(minutes for large models)"):
             onnx_fp16 = fp16_onnx(onnx_path, Path(tmp) / "model.fp16.onnx")
-            plan.parent.mkdir(parents=True, exist_ok=True)
             plan.write_bytes(build_engine(onnx_fp16, manifest, workspace_gb=args.workspace_gb,
-                                          timing_cache=timing_cache, progress=progress))
-            progress.note(f"{plan} ({plan.stat().st_size / 2**20:.1f} MiB)")
-    figures = None
-    if verify:
-        with progress("checking the engine against onnxruntime on the sample text"):
-            figures = verify_engine(plan, artifact, manifest)
-            progress.note(json.dumps({n: round(o["max_abs_diff"], 5) for n, o in figures["outputs"].items()}))
-    with progress("recording the engine in manifest.json"):
-        if has_manifest and plan.resolve().parent == artifact.resolve():
-            manifest.pop("format_version", None)
-            manifest.setdefault("files", {})["plan"] = file_entry(plan)
-            manifest["tensorrt"] = {"version": trt.__version__, "precision": "fp16", "strongly_typed": True,
-                                    "workspace_gb": args.workspace_gb, "parity": figures,
-                                    "profile": dict(zip(("min", "opt", "max"), profile_shapes(manifest)))}
-            write_manifest(artifact, manifest)
-        else:
-            progress.note("engine written outside the artifact: manifest.json left as it is")
-    if figures and not figures["passed"]:
-        raise ResultError("TensorRT engine out of tolerance vs onnxruntime: " + "; ".join(figures["problems"]))
-    print(f"engine: {plan}")
+                                          timing_cache=timing_cache, progress=progress,
+                                          timing_cache_out=timing_cache_out))
+            progress.note(f"{plan.name} ({plan.stat().st_size / 2**20:.1f} MiB)")
+    if not verify:
+        return None
+    with progress("checking the engine against onnxruntime on the sample text"):
+        figures = verify_engine(plan, artifact, manifest)
+        progress.note(json.dumps({n: round(o["max_abs_diff"], 5) for n, o in figures["outputs"].items()}))
+    if not figures["passed"]:
+        raise ResultError("TensorRT engine out of tolerance vs onnxruntime, so nothing was published: "
+                          + "; ".join(figures["problems"]))
+    return figures
 
 
 def cli(argv=None) -> int:

@@ -7,6 +7,8 @@
     REPO/NAME/tokenizer files, config.json, manifest.json   for clients that tokenise (Triton ignores them)
 
 The config is written as text; tests parse it with Triton's own protobuf schema (tritonclient).
+REPO/NAME is written aside and replaces what was there by one rename (bert/atomic.py): Triton polling the
+repository never loads half a model, and a kill leaves the previous one.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from bert.atomic import publish_dir
 from bert.checkpoint import TOKENIZER_FILES
 from bert.tasks import registry
 
@@ -106,17 +109,18 @@ def write_repository(artifact: Path, repo: Path, name: str, backend: str, max_ba
         raise UsageError(f"--max-batch {max_batch} exceeds the engine's profile (max batch {limit})")
 
     model_dir = repo / name
-    version_dir = model_dir / "1"
-    version_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(artifact / model_file, version_dir / model_file)
-    if (artifact / (model_file + ".data")).is_file():
-        shutil.copyfile(artifact / (model_file + ".data"), version_dir / (model_file + ".data"))
-    (model_dir / "config.pbtxt").write_text(config_pbtxt(manifest, name, backend, max_batch, queue_delay_us))
-    for file_name, labels in label_files(manifest).values():
-        (model_dir / file_name).write_text("".join(f"{label}\n" for label in labels), encoding="utf-8")
-    for extra in (*TOKENIZER_FILES, "config.json", "manifest.json"):
-        if (artifact / extra).is_file():
-            shutil.copyfile(artifact / extra, model_dir / extra)
+    with publish_dir(model_dir) as tmp:
+        version_dir = tmp / "1"
+        version_dir.mkdir()
+        shutil.copyfile(artifact / model_file, version_dir / model_file)
+        if (artifact / (model_file + ".data")).is_file():
+            shutil.copyfile(artifact / (model_file + ".data"), version_dir / (model_file + ".data"))
+        (tmp / "config.pbtxt").write_text(config_pbtxt(manifest, name, backend, max_batch, queue_delay_us))
+        for file_name, labels in label_files(manifest).values():
+            (tmp / file_name).write_text("".join(f"{label}\n" for label in labels), encoding="utf-8")
+        for extra in (*TOKENIZER_FILES, "config.json", "manifest.json"):
+            if (artifact / extra).is_file():
+                shutil.copyfile(artifact / extra, tmp / extra)
     return model_dir
 
 

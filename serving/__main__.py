@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                 choices = list(typing.get_args(arg))
         default = field.default
         help_text = f"{field.description} [env BERTSERVE_{name.upper()}]"
+        if annotation is bool:  # a switch: present means true
+            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, action="store_true", help=help_text)
+            continue
         if default is not None:
             help_text += f" (default: {default})"
         parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, choices=choices, help=help_text,

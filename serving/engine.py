@@ -23,7 +23,7 @@ from bert.tasks.common import Limits, ModelFacts, TooMuchWork
 from bert.tokenizer import BertTokenizer, InputTooLong
 from serving.backends import create_backend
 from serving.backends.base import (Backend, ModelError, ModelSpec, read_model_spec,
-                                   resolve_model_path)
+                                   resolve_model_path, verify_artifact)
 from serving.batcher import Batcher, SequenceResult, Ticket
 from serving.errors import BackendFailure, EmptyInput, NotFound, PayloadTooLarge, ServingError, ValidationFailed
 from serving.settings import DEMO_MODEL_DIR, Settings
@@ -130,6 +130,8 @@ class Engine:
     def _build_unit(self, path: Path, explicit: list[str]) -> ModelUnit:
         settings = self.settings
         spec = read_model_spec(path)
+        if not settings.allow_unverified:
+            verify_artifact(spec)  # before the tokenizer or a backend reads any of its files
         if settings.pooling and spec.pooling.source == "default":  # the flag fills in what the directory omits
             spec.pooling = replace(spec.pooling, mode=settings.pooling, source="flag")
         tokenizer = BertTokenizer.from_dir(path)  # first: a bad tokenizer is found before a model loads

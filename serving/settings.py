@@ -31,6 +31,10 @@ class _Settings(BaseSettings):
     pooling: Optional[Literal["cls", "mean", "max"]] = Field(
         None, description="how /embed pools token states, for a model directory that does not say (no "
                           "sentence-transformers modules.json, no \"pooling\" in config.json): default mean")
+    allow_unverified: bool = Field(
+        False, description="serve an artifact directory (model.onnx / model.plan) even when its manifest.json is "
+                           "missing or does not match its files (sizes and sha256); without it such a directory "
+                           "is refused at startup")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu | cuda")
     precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
         None, description="fp32 | fp16 | bf16 for the torch backend (default fp32 on cpu, fp16 on cuda); "

@@ -110,9 +110,12 @@ def export_onnx(checkpoint: Path, directory: Path, task: str = "multi") -> Path:
     for name in ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, directory / name)
+    from export.manifest import artifact_files
+
     manifest = {"task": task if task != "multi" else "multi", "precision": "fp32",
                 "tasks": ["classify", "ner", "qa"] if task == "multi" else [task],
-                "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": names}
+                "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": names,
+                "files": artifact_files(directory)}
     (directory / "manifest.json").write_text(json.dumps(manifest))
     return directory
 

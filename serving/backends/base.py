@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from bert.config import BertConfig, ConfigError
+from bert.digest import listed_entries, mismatches
 from bert.errors import read_json_object
 from bert.tasks import TASKS, registry
 from bert.tasks.embed import Pooling, PoolingError, pool, read_pooling
@@ -89,7 +90,15 @@ def _id2label(mapping) -> dict[int, str]:
 
 
 def resolve_model_path(name_or_path: str) -> Path:
+    from bert.atomic import old_copy
+
     path = Path(name_or_path).expanduser()
+    if not path.is_dir() and old_copy(path).is_dir():
+        # A writer killed (or still running) between its two renames (bert/atomic.py) leaves the previous
+        # directory whole as NAME.old. Served where it lies: renaming it back could break a writer still at work.
+        log.warning("%s is being replaced or its writer was killed; serving the previous copy %s", path,
+                    old_copy(path))
+        path = old_copy(path)
     if path.is_dir():
         return path.resolve()
     try:  # a name in the checkpoint store ($BERTSERVE_HOME/checkpoints/NAME); torch-free
@@ -159,6 +168,34 @@ def read_model_spec(path: Path) -> ModelSpec:
     return ModelSpec(path=path, kind=kind, tasks=tasks, labels={t: labels.get(t, {}) for t in tasks},
                      max_position_embeddings=int(config.get("max_position_embeddings", 512)),
                      problem_type=config.get("problem_type"), config=config, manifest=manifest, pooling=pooling)
+
+
+# What the server reads from an artifact directory: each must be in its manifest, with the same size and sha256.
+ARTIFACT_GRAPHS = ("model.onnx", "model.plan", "model.engine")
+ARTIFACT_READS = (*ARTIFACT_GRAPHS, "config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "modules.json", "sentence_bert_config.json")
+UNVERIFIED_HINT = ("re-export it (python -m export.onnx), or pass --allow-unverified (BERTSERVE_ALLOW_UNVERIFIED=1) "
+                   "to serve it as it is")
+
+
+def verify_artifact(spec: ModelSpec) -> None:
+    """An artifact directory is served only as its manifest describes it: a directory whose manifest is missing,
+    lists no files, or does not match them (a copy cut short, a file edited or swapped, a graph from another
+    export beside this config) is refused with one line. Checkpoint directories are not artifacts."""
+    path = spec.path
+    if spec.kind == "checkpoint":
+        return
+    graphs = ", ".join(n for n in ARTIFACT_GRAPHS if (path / n).is_file())
+    if not (path / "manifest.json").is_file():
+        raise ModelError(f"{path} holds {graphs} but no manifest.json, so nothing says its files are whole and "
+                         f"belong together; {UNVERIFIED_HINT}")
+    listed = listed_entries(spec.manifest.get("files"))
+    if not listed:
+        raise ModelError(f"{path / 'manifest.json'} lists no size and sha256 of the files (an older or hand-made "
+                         f"manifest); {UNVERIFIED_HINT}")
+    problems = mismatches(path, listed, ARTIFACT_READS)
+    if problems:
+        raise ModelError(f"{path} does not match its manifest.json: {'; '.join(problems)}; {UNVERIFIED_HINT}")
 
 
 def servable_tasks(spec: ModelSpec, output_names, model_file: Path | str = "the model") -> list[str]:
