@@ -78,6 +78,15 @@ prepare_tensorrt_engine() {
         log "engine written to $engine_dir/model.plan"
     fi
     exec 9>&-
+    # The artifact is checked against its manifest here, before its files are linked beside the engine: the
+    # engine directory's manifest does not list the plan built on this machine, so the server is told to take
+    # that directory as it is (the plan was moved into the cache whole, above).
+    "$PYTHON" -c 'import sys
+from serving.backends.base import ModelError, read_model_spec, verify_artifact
+try:
+    verify_artifact(read_model_spec(__import__("pathlib").Path(sys.argv[1])))
+except ModelError as e:
+    sys.exit(f"error: {e}")' "$model"
     # The artifact's tokenizer, config and manifest next to the engine, as one model directory.
     for file in "$model"/*; do
         name="$(basename "$file")"
@@ -86,6 +95,7 @@ prepare_tensorrt_engine() {
         fi
     done
     export BERTSERVE_MODEL="$engine_dir"
+    export BERTSERVE_ALLOW_UNVERIFIED=1
 }
 
 if [ "${BERTSERVE_BACKEND:-}" = "tensorrt" ]; then
