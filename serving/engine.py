@@ -130,10 +130,9 @@ class Engine:
         for unit in self.units:
             unit.tasks = [t for t, u in self.by_task.items() if u is unit]
             quality = unit.spec.config.get("embedding_quality")
-            for task in (t for t in unit.tasks if TASKS[t].head is None):
-                if isinstance(quality, dict) and quality.get("warning"):
-                    log.warning("%s: %s: %s", unit.spec.path.name, TASKS[task].routes[0].path if TASKS[task].routes
-                                else task, quality["warning"])
+            vectors = [t for t in unit.tasks if TASKS[t].head is None]  # the tasks the encoder itself serves
+            if vectors and isinstance(quality, dict) and quality.get("warning"):
+                log.warning("%s: %s: %s", unit.spec.path.name, ", ".join(vectors), quality["warning"])
         log.info("serving %s", {t: str(u.spec.path) for t, u in self.by_task.items()})
 
     def _build_unit(self, path: Path, explicit: list[str]) -> ModelUnit:

@@ -133,7 +133,8 @@ def count_items(items: list, limit: int, field: str = "inputs") -> None:
     if not items:
         raise EmptyInput(f"{field} is empty")
     if len(items) > limit:
-        raise TooManyInputs(f"{len(items)} inputs in one request; the limit is {limit} (max_client_batch_size)")
+        where = "" if field in ("inputs", "body") else f"{field}: "  # the usual places need no naming
+        raise TooManyInputs(f"{where}{len(items)} inputs in one request; the limit is {limit} (max_client_batch_size)")
 
 
 def schema_class(name_or_class):
