@@ -24,8 +24,16 @@ from serving.settings import Settings
 log = logging.getLogger("bertserve")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        # One line and exit 2, as every failure of this command (argparse would print its whole usage first).
+        if "-model" in message:  # e.g. --nope-model: a --TASK-model flag exists for each task
+            message += f" (a --TASK-model flag is there for each task: {', '.join(registry.names())})"
+        self.exit(2, f"error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m serving",
         description=f"Serve BERT models' tasks ({', '.join(registry.names())}) over HTTP with dynamic batching. "
                     "Each flag can also be set with the env var shown; flags win.",

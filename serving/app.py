@@ -14,7 +14,7 @@ from serving.engine import Engine, version
 from serving.errors import install_error_handlers
 from serving.metrics import Metrics
 from serving.middleware import RequestMiddleware, ServerState
-from serving.routes.api import router
+from serving.routes.api import build_router
 from serving.routes.schemas import declare_limits
 from serving.settings import Settings
 
@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.server = state
     app.state.engine = engine
     install_error_handlers(app)
-    app.include_router(router)
+    app.include_router(build_router())  # the tasks' routes as the registry holds them now
     _declare_limits_in_openapi(app, settings)
     install_docs(app)
     app.add_middleware(RequestMiddleware, settings=settings, state=state, metrics=metrics)

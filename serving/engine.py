@@ -15,17 +15,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-
-from bert.tasks import TASKS
-from bert.tasks.registry import Task
-from bert.tasks import qa as qa_codec
-from bert.tasks.common import Limits, ModelFacts, TooMuchWork
-from bert.tokenizer import BertTokenizer, InputTooLong
+from bert.tasks import TASKS, registry
+from bert.tasks.base import Task, UnknownTask
+from bert.tasks.common import Limits, ModelFacts
+from bert.tokenizer import BertTokenizer
 from serving.backends import create_backend
 from serving.backends.base import (Backend, ModelError, ModelSpec, read_model_spec,
                                    resolve_model_path, verify_artifact)
 from serving.batcher import Batcher, SequenceResult, Ticket
-from serving.errors import BackendFailure, EmptyInput, NotFound, PayloadTooLarge, ServingError, ValidationFailed
+from serving.errors import BackendFailure, NotFound, ServingError, refusal
 from serving.settings import DEMO_MODEL_DIR, Settings
 
 log = logging.getLogger("bertserve")
@@ -58,7 +56,7 @@ class Timing:
     queue_s: float = 0.0
     inference_s: float = 0.0
     tokens: int = 0  # model input tokens of all its sequences (special tokens included)
-    verified: int = 0  # items answered again by the exact model (--qa-verify-model)
+    verified: int = 0  # items answered again by the exact model (--TASK-verify-model)
 
     def add(self, results: list[SequenceResult]) -> None:
         for r in results:
@@ -77,7 +75,12 @@ class ModelUnit:
 
     def facts(self, task: str) -> ModelFacts:
         return ModelFacts(labels=self.spec.labels.get(task, {}), problem_type=self.spec.problem_type,
-                          pooling=getattr(self.spec, "pooling", None))
+                          pooling=getattr(self.spec, "pooling", None), tokenizer=self.tokenizer)
+
+    @property
+    def dimensions(self) -> int | None:
+        """The width of the encoder's vectors (what a task without a head, served by the encoder, answers)."""
+        return int(self.spec.config.get("hidden_size", 0)) or None
 
 
 class Engine:
@@ -117,14 +120,17 @@ class Engine:
             for task in (explicit or unit.backend.tasks):
                 if task not in self.by_task or explicit:
                     self.by_task[task] = unit
-        if settings.qa_verify_model is not None:
-            self.verify["qa"] = self._verify_unit("qa", settings.qa_verify_model, "--qa-verify-model")
-            self.units.append(self.verify["qa"])
+        for task in TASKS.values():
+            name = getattr(settings, f"{task.name}_verify_model", None)  # a task with margins may have the flag
+            if name is not None:
+                self.verify[task.name] = self._verify_unit(task, name, f"--{task.name.replace('_', '-')}-verify-model")
+                self.units.append(self.verify[task.name])
         for unit in self.units:
             unit.tasks = [t for t, u in self.by_task.items() if u is unit]
             quality = unit.spec.config.get("embedding_quality")
-            if "embed" in unit.tasks and isinstance(quality, dict) and quality.get("warning"):
-                log.warning("%s: /embed: %s", unit.spec.path.name, quality["warning"])
+            vectors = [t for t in unit.tasks if TASKS[t].head is None]  # the tasks the encoder itself serves
+            if vectors and isinstance(quality, dict) and quality.get("warning"):
+                log.warning("%s: %s: %s", unit.spec.path.name, ", ".join(vectors), quality["warning"])
         log.info("serving %s", {t: str(u.spec.path) for t, u in self.by_task.items()})
 
     def _build_unit(self, path: Path, explicit: list[str]) -> ModelUnit:
@@ -148,9 +154,12 @@ class Engine:
                              f"input ({max_length} tokens); raise it or lower --max-input-length")
         return ModelUnit(spec, backend, tokenizer, max_length)
 
-    def _verify_unit(self, task: str, name: str, flag: str) -> ModelUnit:
-        """The exact model that re-answers `task`'s unsure items: it must read the served model's token ids
-        as the same words and take its longest sequences."""
+    def _verify_unit(self, task: Task, name: str, flag: str) -> ModelUnit:
+        """The exact model that re-answers `task`'s unsure items (those its `margins` finds unsure): it must read
+        the served model's token ids as the same words and take its longest sequences."""
+        if type(task).margins is Task.margins:
+            raise ModelError(f"{flag} {name}: {task.name} has no notion of an unsure answer to verify")
+        task = task.name
         served = self.by_task.get(task)
         if served is None:
             raise ModelError(f"{flag} {name}: this server does not serve {task}")
@@ -220,25 +229,30 @@ class Engine:
     def max_input_length(self) -> int:
         return min(u.max_length for u in self.units)
 
-    @property
-    def embedding_dimensions(self) -> int | None:
-        unit = self.by_task.get("embed")
-        return int(unit.spec.config.get("hidden_size", 0)) or None if unit else None
+    def dimensions(self, task: str) -> int | None:
+        """The width of the encoder's vectors in the model serving `task` (None: not served)."""
+        unit = self.by_task.get(task)
+        return unit.dimensions if unit else None
 
     def embedding_info(self) -> dict | None:
-        """How the embed task pools and normalises, and what is known of its vectors (a model directory may
-        say, in config.json's "embedding_quality", how they were measured against a reference)."""
-        unit = self.by_task.get("embed")
-        if unit is None:
+        """What the task served by the encoder itself (no head: embed) answers: how it pools and normalises, the
+        vectors' dimensions, and what is known of them (a model directory may say, in config.json's
+        "embedding_quality", how they were measured against a reference)."""
+        task = next((t for t in self.tasks if TASKS[t].head is None), None)
+        if task is None:
             return None
-        info = {"dimensions": self.embedding_dimensions, **unit.spec.pooling.describe()}
+        unit = self.by_task[task]
+        info = {"dimensions": unit.dimensions, **unit.spec.pooling.describe()}
         if unit.spec.config.get("embedding_quality"):
             info["quality"] = unit.spec.config["embedding_quality"]
         return info
 
+    def verify_margin(self, task: str) -> float:
+        return getattr(self.settings, f"{task}_verify_margin")
+
     def verify_info(self) -> dict[str, dict]:
         return {task: {"model": unit.spec.name, "path": str(unit.spec.path), "precision": unit.backend.precision,
-                       "margin": self.settings.qa_verify_margin} for task, unit in self.verify.items()}
+                       "margin": self.verify_margin(task)} for task, unit in self.verify.items()}
 
     def labels(self) -> dict[str, list[str]]:
         """The labels of each served task that has them (classify, ner), in output order."""
@@ -262,19 +276,16 @@ class Engine:
 
     async def _codec(self, fn: Callable[[], Any], lane: ThreadPoolExecutor | None) -> Any:
         """Run a codec step in `lane` (None: here, on the event loop). A codec's refusals become the client's
-        errors: too much work 413, the rest 422."""
+        errors as serving/errors.py's table says (too much work 413, an input too long 422...)."""
         try:
             if lane is None:
                 return fn()
             return await asyncio.get_running_loop().run_in_executor(lane, fn)
-        except TooMuchWork as e:
-            raise PayloadTooLarge(str(e)) from None
-        except (InputTooLong, qa_codec.QuestionTooLong) as e:
-            raise ValidationFailed(str(e)) from None
-        except ServingError:
-            raise
-        except (ValueError, TypeError, UnicodeError) as e:
-            raise ValidationFailed(f"cannot encode the input: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a refusal is the client's error, anything else stays a fault
+            error = refusal(e)
+            if error is None:
+                raise
+            raise error from None
 
     async def _infer(self, unit: ModelUnit, features: list, ticket: Ticket, timing: Timing) -> list[SequenceResult]:
         futures = unit.batcher.submit(features, ticket)
@@ -304,7 +315,11 @@ class Engine:
     async def infer(self, task_name: str, items: list, options: dict, *, ticket: Ticket, timing: Timing) -> list:
         """items (texts, pairs or QA items) -> one answer per item: the task's codec encodes them (in the
         request's lane), the unit's batcher runs their sequences, the codec decodes the outputs."""
-        task, unit = TASKS[task_name], self._unit(task_name)
+        try:
+            task = registry.get(task_name)
+        except UnknownTask as e:
+            raise refusal(e) from None
+        unit = self._unit(task_name)
         lane = self._lane(task, _chars(items), options)
         limits = self.limits(unit)
         features = await self._codec(lambda: task.encode_request(
@@ -323,11 +338,13 @@ class Engine:
 
     async def _verify(self, task_name: str, items: list, features: list, outputs: list, facts: ModelFacts,
                       options: dict, lane, ticket: Ticket, timing: Timing) -> None:
-        """The items whose answers are unsure (the codec's margins under --qa-verify-margin) run again on the
+        """The items whose answers are unsure (the task's margins under --TASK-verify-margin) run again on the
         exact model; their outputs are replaced in place."""
         task = TASKS[task_name]
         margins = await self._codec(lambda: task.margins(items, features, outputs, facts, **options), lane)
-        unsure = [i for i, m in enumerate(margins) if m < self.settings.qa_verify_margin]
+        if margins is None:
+            return
+        unsure = [i for i, m in enumerate(margins) if m < self.verify_margin(task_name)]
         if not unsure:
             return
         flat = [f for i in unsure for f in features[i]]
@@ -347,19 +364,3 @@ def _chars(items: list) -> int:
         total += sum(len(p) for p in parts if isinstance(p, str))
     return total
 
-
-def check_batch(inputs: list, limit: int, field: str = "inputs") -> None:
-    """Refuse an empty request, or one with more inputs than a request may carry, before any work."""
-    if not inputs:
-        raise EmptyInput(f"{field} is empty")
-    if len(inputs) > limit:
-        raise PayloadTooLarge(f"{len(inputs)} inputs in one request; the limit is {limit} (max_client_batch_size)")
-
-
-def check_texts(texts: list, field: str = "inputs[{}]") -> None:
-    """An empty or blank text has nothing to classify, tag or embed: 400, not a confident answer about nothing.
-    `field` names the text in the message ("{}" takes its index)."""
-    for index, text in enumerate(texts):
-        parts = [text] if isinstance(text, str) else text
-        if any(not part.strip() for part in parts):
-            raise EmptyInput(f"{field.format(index)} is empty")

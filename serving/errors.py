@@ -11,6 +11,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from bert.tasks import base as task_errors
+from bert.tasks.common import TooMuchWork
+from bert.tokenizer import InputTooLong
+
 log = logging.getLogger("bertserve")
 
 
@@ -105,6 +109,27 @@ for _kind in (BadRequest, EmptyInput, Unauthorized, NotFound, MethodNotAllowed, 
               UnsupportedMediaType, ValidationFailed, Overloaded, HeadersTooLarge, ClientClosed, Internal,
               BackendFailure, Unavailable):
     BY_STATUS.setdefault(_kind.status, _kind)
+
+
+# The tasks' refusals (bert.tasks: a route's check, a codec's encode and decode), by exception type: the first
+# row whose type matches gives the client's error. A ValueError from a task names the field it refuses.
+TASK_REFUSALS: tuple[tuple[type[Exception], type[ServingError]], ...] = (
+    (task_errors.EmptyInput, EmptyInput),
+    (task_errors.TooManyInputs, PayloadTooLarge),
+    (TooMuchWork, PayloadTooLarge),
+    (task_errors.UnknownTask, NotFound),
+    (InputTooLong, ValidationFailed),
+    (ValueError, ValidationFailed),  # also UnicodeError, and each task's own (a question too long for a window)
+    (TypeError, ValidationFailed),  # an item of the wrong shape for the task's codec
+)
+
+
+def refusal(error: Exception) -> ServingError | None:
+    """The client's error for an exception a task raised (TASK_REFUSALS), or None: not a refusal, a fault."""
+    if isinstance(error, ServingError):
+        return error
+    kind = next((kind for cause, kind in TASK_REFUSALS if isinstance(error, cause)), None)
+    return kind(str(error)) if kind is not None else None
 
 
 def for_status(status: int, message: str, headers: dict | None = None) -> ServingError:

@@ -111,7 +111,7 @@ class _Settings(BaseSettings):
     # ------------------------------------------------------------------ derived
     def model_paths(self) -> dict[str, str | None]:
         """Task -> the model asked for it (None: whatever --model / the demo model offers)."""
-        return {task: getattr(self, f"{task}_model") for task in registry.names()}
+        return {task: getattr(self, f"{task}_model", None) for task in registry.names()}  # None: no flag
 
     @property
     def qa_window_capacity(self) -> int:
@@ -150,7 +150,7 @@ class _Settings(BaseSettings):
 # A --TASK-model flag (BERTSERVE_TASK_MODEL) for every registered task.
 Settings = create_model(
     "Settings", __base__=_Settings, __module__=__name__,
-    **{f"{task.name}_model": (Optional[str], Field(None, description=f"model for {' and '.join(r.path for r in task.routes)} "
-                                                                     "(overrides --model for that task)"))
+    **{f"{task.name}_model": (Optional[str], Field(
+        None, description=f"model for {' and '.join(r.path for r in task.routes)} (overrides --model for that task)"))
        for task in registry.TASKS.values()})
 Settings.__doc__ = "The server's settings: the fields above, plus a `<task>_model` per registered task."

@@ -1,10 +1,14 @@
-"""What the sync and async clients share: configuration, the request plans for each endpoint,
+"""What the sync and async clients share: configuration, the endpoint methods and their request plans,
 response parsing, error mapping and the retry schedule. Only sending and sleeping differ between
 `Client` and `AsyncClient`, so everything here is free of I/O.
 
 A *plan* is an SDK call written as the HTTP requests it needs plus a function that turns their
 JSON answers back into one typed result. A list longer than the server's per-request limit becomes
 several requests, answered in order and concatenated.
+
+Each endpoint method is declared once, in `Endpoints`: it says how to plan the call and hands that to
+`self._run`, which `Client` runs to its result and `AsyncClient` as a coroutine to await. A new endpoint
+is a plan function and a method here, and its result types in types.py.
 """
 from __future__ import annotations
 
@@ -57,6 +61,16 @@ class Call:
 class Plan:
     calls: list[Call]
     assemble: Callable[[list[Any]], Any]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """An SDK call before its requests are known: `build(batch_limit)` gives its Plan, once the client knows
+    how many inputs one request may carry; it asks the server (/info) only when `inputs` is a list of
+    more than one."""
+
+    inputs: Any
+    build: Callable[[int | None], Plan]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +206,53 @@ def plan_qa(
         raise TypeError(f"qa() takes a question str or a list of items, not {type(question).__name__}")
     items = [{**_qa_item(item), **options} for item in question]
     return _batched("/qa", _chunks(items, batch_limit), lambda data: _answers(data, top_k))
+
+
+# ---------------------------------------------------------------------------------------------
+# The endpoint methods, declared once for both clients
+
+
+class Endpoints:
+    """The inference calls. Each plans its requests and returns `self._run(planned)`: the result for
+    `Client`, a coroutine for `AsyncClient` (whose methods are these, awaited)."""
+
+    def _run(self, planned: Planned) -> Any:
+        raise NotImplementedError
+
+    def classify(self, inputs: ClassifyInput, *, top_k: int = 1, truncate: bool = False) -> list[Label] | list[list[Label]]:
+        """Labels for one text (a list of Label) or for many texts or [text, text_pair] pairs (a list per input)."""
+        return self._run(Planned(inputs, lambda limit: plan_classify(
+            inputs, top_k=top_k, truncate=truncate, batch_limit=limit)))
+
+    def ner(self, inputs: NerInput, *, aggregation: str = "first", truncate: bool = False) -> list[Entity] | list[list[Entity]]:
+        """Entities of one text (a list of Entity) or of many texts (a list per input)."""
+        return self._run(Planned(inputs, lambda limit: plan_ner(
+            inputs, aggregation=aggregation, truncate=truncate, batch_limit=limit)))
+
+    def embed(self, inputs: EmbedInput, *, normalize: bool = True, truncate: bool = False) -> list[float] | list[list[float]]:
+        """The vector of one text (a list of floats), or of many texts (one vector per input), unit length
+        unless `normalize=False`."""
+        return self._run(Planned(inputs, lambda limit: plan_embed(
+            inputs, normalize=normalize, truncate=truncate, batch_limit=limit)))
+
+    def qa(
+        self,
+        question: str | Sequence[QAItem],
+        context: str | None = None,
+        *,
+        top_k: int = 1,
+        max_answer_len: int = 30,
+        doc_stride: int | None = None,
+    ) -> Answer | list[Answer] | list[Answer | list[Answer]]:
+        """`qa(question, context)` gives an Answer (a list of top_k Answers when top_k > 1);
+        `qa([(question, context), ...])` gives one of those per item."""
+        return self._run(Planned(None if isinstance(question, str) else question, lambda limit: plan_qa(
+            question, context, top_k=top_k, max_answer_len=max_answer_len, doc_stride=doc_stride, batch_limit=limit)))
+
+
+def endpoint_names() -> list[str]:
+    """The public methods of Endpoints, in declaration order."""
+    return [name for name in vars(Endpoints) if not name.startswith("_")]
 
 
 # ---------------------------------------------------------------------------------------------

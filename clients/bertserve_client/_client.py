@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -10,27 +9,20 @@ import httpx
 from ._base import (
     BaseClient,
     Call,
-    ClassifyInput,
-    NerInput,
-    Plan,
+    Endpoints,
+    Planned,
     _parse,
-    QAItem,
     is_many,
     json_or_raise,
-    EmbedInput,
-    plan_classify,
-    plan_embed,
-    plan_ner,
-    plan_qa,
     probe_result,
     retry_delay,
     transport_error,
 )
 from ._exceptions import BertserveError
-from .types import Answer, Entity, Info, Label
+from .types import Info
 
 
-class Client(BaseClient):
+class Client(Endpoints, BaseClient):
     """A bertserve server over HTTP, one blocking call at a time.
 
         with Client("http://localhost:8000", api_key="...") as client:
@@ -46,35 +38,7 @@ class Client(BaseClient):
         self._owns_http = http_client is None
         self._http = http_client or httpx.Client()
 
-    # -- endpoints ---------------------------------------------------------------------------
-
-    def classify(self, inputs: ClassifyInput, *, top_k: int = 1, truncate: bool = False) -> list[Label] | list[list[Label]]:
-        """Labels for one text (a list of Label) or for many texts or [text, text_pair] pairs (a list per input)."""
-        return self._run(plan_classify(inputs, top_k=top_k, truncate=truncate, batch_limit=self._batch_limit(inputs)))
-
-    def ner(self, inputs: NerInput, *, aggregation: str = "first", truncate: bool = False) -> list[Entity] | list[list[Entity]]:
-        """Entities of one text (a list of Entity) or of many texts (a list per input)."""
-        return self._run(plan_ner(inputs, aggregation=aggregation, truncate=truncate, batch_limit=self._batch_limit(inputs)))
-
-    def embed(self, inputs: EmbedInput, *, normalize: bool = True, truncate: bool = False) -> list[float] | list[list[float]]:
-        """The vector of one text (a list of floats), or of many texts (one vector per input), unit length
-        unless `normalize=False`."""
-        return self._run(plan_embed(inputs, normalize=normalize, truncate=truncate, batch_limit=self._batch_limit(inputs)))
-
-    def qa(
-        self,
-        question: str | Sequence[QAItem],
-        context: str | None = None,
-        *,
-        top_k: int = 1,
-        max_answer_len: int = 30,
-        doc_stride: int | None = None,
-    ) -> Answer | list[Answer] | list[Answer | list[Answer]]:
-        """`qa(question, context)` gives an Answer (a list of top_k Answers when top_k > 1);
-        `qa([(question, context), ...])` gives one of those per item."""
-        limit = None if isinstance(question, str) else self._batch_limit(question)
-        plan = plan_qa(question, context, top_k=top_k, max_answer_len=max_answer_len, doc_stride=doc_stride, batch_limit=limit)
-        return self._run(plan)
+    # -- endpoints: the inference calls are Endpoints' (_base.py); the status calls ---------------------
 
     def health(self) -> bool:
         """Is the process up? One attempt, no retries; raises APIConnectionError when unreachable."""
@@ -115,7 +79,9 @@ class Client(BaseClient):
             self.info()
         return self.batch_size
 
-    def _run(self, plan: Plan) -> Any:
+    def _run(self, planned: Planned) -> Any:
+        limit = None if planned.inputs is None else self._batch_limit(planned.inputs)
+        plan = planned.build(limit)
         return plan.assemble([self._request(call) for call in plan.calls])
 
     def _send(self, call: Call) -> httpx.Response:

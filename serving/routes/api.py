@@ -1,7 +1,12 @@
-"""The HTTP routes: validate, hand to the engine, await. No model work happens here."""
+"""The HTTP routes: validate, hand to the engine, await. No model work happens here.
+
+The inference routes are made here from the task registry (each task's `Route`s, bert/tasks/base.py): one
+generic endpoint per route, its body the route's request schema (serving/routes/schemas.py). No task is named.
+"""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 from typing import Union
 
@@ -10,12 +15,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from bert.tasks import registry
+from bert.tasks.base import EmptyInput, Route, TooManyInputs
 from serving.batcher import Ticket
-from serving.engine import Timing, check_batch, check_texts, version
-from serving.errors import ClientClosed, Unavailable, ValidationFailed
-from serving.routes.schemas import (ClassifyRequest, ClassifyResponse, EmbedRequest, EmbedResponse, ErrorBody, Info,
-                                    NerRequest, NerResponse, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse,
-                                    QARequest, QAResponse, Status, openai_embedding_response)
+from serving.engine import Timing, version
+from serving.errors import ClientClosed, Unavailable, refusal
+from serving.routes import schemas
+from serving.routes.schemas import ErrorBody, Info, Status
 
 
 class AnswerResponse(Response):
@@ -100,85 +106,87 @@ async def _answer(request: Request, work) -> Response:
     })
 
 
-async def _per_text(request: Request, task: str, inputs, options: dict, *, keep_list: bool = False):
-    """The routes whose `inputs` is a text or a list of them: one answer per text (the answer itself for a
-    single text, unless `keep_list`)."""
-    engine, settings = request.app.state.engine, request.app.state.settings
-    single = isinstance(inputs, str)
-    texts = [inputs] if single else inputs
-    check_batch(texts, settings.max_client_batch_size)
-    check_texts(texts, "inputs" if single else "inputs[{}]")
+class RouteInfo:
+    """What a task's route may know of the server when it checks a body and shapes its answers
+    (bert.tasks.base.Route): the served model's name, the width of its encoder's vectors, and the request's
+    input tokens (0 until its sequences have run)."""
 
-    async def work(ticket, timing):
-        answers = await engine.infer(task, texts, options, ticket=ticket, timing=timing)
-        return answers[0] if single and not keep_list else answers
+    def __init__(self, engine, task: str, timing: Timing):
+        self._engine, self._task, self._timing = engine, task, timing
 
-    return await _answer(request, work)
+    @property
+    def model_name(self) -> str:
+        return self._engine.model_name
 
+    @property
+    def embedding_dimensions(self) -> int | None:
+        return self._engine.dimensions(self._task)
 
-@router.post("/classify", response_model=ClassifyResponse, responses=_ERRORS, tags=["inference"],
-             summary="Classify texts or text pairs")
-async def classify(body: ClassifyRequest, request: Request):
-    """`inputs` a string: a list of {label, score}, best first. A list: one such list per input."""
-    return await _per_text(request, "classify", body.inputs, body.model_dump(exclude={"inputs"}))
+    @property
+    def tokens(self) -> int:
+        return self._timing.tokens
 
 
-@router.post("/ner", response_model=NerResponse, responses=_ERRORS, tags=["inference"],
-             summary="Find named entities")
-async def ner(body: NerRequest, request: Request):
-    """`inputs` a string: a list of entities {entity_group, score, word, start, end} (character offsets; `word`
-    as written). A list: one list of entities per input. With aggregation "none": per token
-    {entity, score, index, word, start, end}."""
-    return await _per_text(request, "ner", body.inputs, body.model_dump(exclude={"inputs"}))
+def count_items(items: list, limit: int, field: str = "inputs") -> None:
+    """Refuse an empty request, or one with more items than a request may carry, before any work."""
+    if not items:
+        raise EmptyInput(f"{field} is empty")
+    if len(items) > limit:
+        where = "" if field in ("inputs", "body") else f"{field}: "  # the usual places need no naming
+        raise TooManyInputs(f"{where}{len(items)} inputs in one request; the limit is {limit} (max_client_batch_size)")
 
 
-@router.post("/qa", response_model=QAResponse, responses=_ERRORS, tags=["inference"],
-             summary="Answer questions from a context")
-async def qa(body: Union[QARequest, list[QARequest]], request: Request):
-    """One {question, context}: an answer {answer, score, start, end} (a list of answers when top_k > 1).
-    A list of them: one entry per item, each as above. Long contexts are windowed (doc_stride), never cut."""
-    engine, settings = request.app.state.engine, request.app.state.settings
-    single = isinstance(body, QARequest)
-    items = [body] if single else body
-    check_batch(items, settings.max_client_batch_size, field="body")
-    for name in ("question", "context"):
-        check_texts([getattr(item, name) for item in items], name if single else "[{}]." + name)
-
-    async def work(ticket, timing):
-        answers = await engine.infer("qa", [item.model_dump() for item in items], {}, ticket=ticket, timing=timing)
-        shaped = [a[0] if item.top_k == 1 else a for item, a in zip(items, answers)]
-        return shaped[0] if single else shaped
-
-    return await _answer(request, work)
+def schema_class(name_or_class):
+    """A route's request or response schema: a class (or type) given as it is, or its name in
+    serving/routes/schemas.py."""
+    if not isinstance(name_or_class, str):
+        return name_or_class
+    try:
+        return getattr(schemas, name_or_class)
+    except AttributeError:
+        raise LookupError(f"serving/routes/schemas.py defines no {name_or_class!r}") from None
 
 
-@router.post("/embed", response_model=EmbedResponse, responses=_ERRORS, tags=["inference"],
-             summary="Embed texts (text-embeddings-inference's shape)")
-async def embed(body: EmbedRequest, request: Request):
-    """One vector per input, always a list of vectors (as text-embeddings-inference answers), pooled as the
-    model's sentence-transformers configuration says and scaled to unit length unless `normalize` is false."""
-    return await _per_text(request, "embed", body.inputs, body.model_dump(exclude={"inputs"}), keep_list=True)
+def _endpoint(task: str, route: Route):
+    """The endpoint of one task's route: validate (pydantic, then the route's check), count the items, run them
+    through the engine's one inference path, shape the answers as the route says."""
+
+    async def endpoint(body, request: Request):
+        engine, settings = request.app.state.engine, request.app.state.settings
+        try:
+            items, options = route.to_items(body)
+            count_items(items, settings.max_client_batch_size, route.batch_field)
+            if route.check is not None:
+                route.check(body, RouteInfo(engine, task, Timing()))
+        except (ValueError, TypeError) as e:  # a refusal (EmptyInput, TooManyInputs, a field named): the table's
+            raise refusal(e) from None
+
+        async def work(ticket, timing):
+            answers = await engine.infer(task, items, options, ticket=ticket, timing=timing)
+            return route.shape(answers, body, RouteInfo(engine, task, timing))
+
+        return await _answer(request, work)
+
+    request_schema = schema_class(route.request)
+    body = Union[request_schema, list[request_schema]] if route.many else request_schema
+    endpoint.__signature__ = inspect.Signature([
+        inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body),
+        inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)])
+    endpoint.__name__ = route.path.strip("/").rsplit("/", 1)[-1].replace("-", "_")
+    endpoint.__doc__ = getattr(request_schema, "endpoint_doc", None) or route.summary
+    return endpoint
 
 
-@router.post("/v1/embeddings", response_model=OpenAIEmbeddingResponse, responses=_ERRORS, tags=["inference"],
-             summary="Embed texts (OpenAI's shape)")
-async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request):
-    """OpenAI's embeddings API: `input` a text or a list of texts; vectors scaled to unit length, as floats or
-    as base64 little-endian float32 (`encoding_format`); `usage` counts the model's input tokens."""
-    engine, settings = request.app.state.engine, request.app.state.settings
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    check_batch(texts, settings.max_client_batch_size, field="input")
-    check_texts(texts, "input" if isinstance(body.input, str) else "input[{}]")
-    if body.dimensions is not None and body.dimensions != engine.embedding_dimensions:
-        raise ValidationFailed(f"dimensions: this model's embeddings have {engine.embedding_dimensions} "
-                               "dimensions and cannot be shortened")
-
-    async def work(ticket, timing):
-        vectors = await engine.infer("embed", texts, {"normalize": True}, ticket=ticket, timing=timing)
-        return openai_embedding_response(vectors, body.encoding_format, model=body.model or engine.model_name,
-                                         tokens=timing.tokens)
-
-    return await _answer(request, work)
+def task_routes() -> APIRouter:
+    """A POST endpoint for every route of every task in the registry, in the registry's order."""
+    routes = APIRouter()
+    for task in registry.TASKS.values():
+        for route in task.routes:
+            endpoint = _endpoint(task.name, route)
+            routes.add_api_route(route.path, endpoint, methods=["POST"], name=endpoint.__name__,
+                                 response_model=schema_class(route.response), responses=_ERRORS,
+                                 tags=["inference"], summary=route.summary)
+    return routes
 
 
 @router.get("/health", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
@@ -217,4 +225,11 @@ async def metrics(request: Request):
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-__all__ = ["router"]
+def build_router() -> APIRouter:
+    """Every route of the server: the tasks' (as the registry holds them now), then the status routes."""
+    routes = task_routes()
+    routes.include_router(router)
+    return routes
+
+
+__all__ = ["build_router", "router"]

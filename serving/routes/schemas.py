@@ -1,5 +1,8 @@
 """Request and response bodies. Field names follow Hugging Face pipelines.
 
+Each task's routes (bert/tasks, `Route`) name their request and response schemas here; a request class's
+`endpoint_doc` is its endpoint's description in the OpenAPI schema.
+
 Shapes (the client SDK relies on them):
 - /classify: `inputs` a str -> a list of {label, score}; a list -> one such list per input.
 - /ner: `inputs` a str -> a list of entities; a list -> one list of entities per input.
@@ -10,11 +13,11 @@ Shapes (the client SDK relies on them):
 """
 from __future__ import annotations
 
-import base64
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, ClassVar, Literal, Optional, Union
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from bert.tasks import registry
 
 TextPair = Annotated[list[str], Field(min_length=2, max_length=2, description="[text, text_pair]")]
 
@@ -26,6 +29,8 @@ class _Body(BaseModel):
 
 
 class ClassifyRequest(_Body):
+    endpoint_doc: ClassVar[str] = ("`inputs` a string: a list of {label, score}, best first. A list: one such list "
+                                   "per input.")
     inputs: Union[str, list[Union[str, TextPair]]] = Field(
         ..., description="a text, a list of texts, or a list of [text, text_pair]",
         examples=["I loved this film.", ["great plot", ["A man is eating.", "Someone eats."]]])
@@ -36,6 +41,10 @@ class ClassifyRequest(_Body):
 
 
 class NerRequest(_Body):
+    endpoint_doc: ClassVar[str] = (
+        "`inputs` a string: a list of entities {entity_group, score, word, start, end} (character offsets; `word` as "
+        "written). A list: one list of entities per input. With aggregation \"none\": per token "
+        "{entity, score, index, word, start, end}.")
     inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts",
                                           examples=["My name is Wolfgang and I live in Berlin."])
     aggregation: Literal["first", "simple", "average", "max", "none"] = Field(
@@ -46,6 +55,9 @@ class NerRequest(_Body):
 
 
 class QARequest(_Body):
+    endpoint_doc: ClassVar[str] = (
+        "One {question, context}: an answer {answer, score, start, end} (a list of answers when top_k > 1). A list "
+        "of them: one entry per item, each as above. Long contexts are windowed (doc_stride), never cut.")
     question: str = Field(..., min_length=1, examples=["Where do I live?"])
     context: str = Field(..., min_length=1, examples=["My name is Wolfgang and I live in Berlin."])
     top_k: int = Field(1, ge=1, le=100, description="answers to return; more than 1 gives a list")
@@ -58,6 +70,9 @@ class QARequest(_Body):
 
 
 class EmbedRequest(_Body):
+    endpoint_doc: ClassVar[str] = (
+        "One vector per input, always a list of vectors (as text-embeddings-inference answers), pooled as the model's "
+        "sentence-transformers configuration says and scaled to unit length unless `normalize` is false.")
     inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts",
                                           examples=["What is the capital of France?"])
     normalize: bool = Field(True, description="scale each vector to unit length (cosine similarity = dot product)")
@@ -68,6 +83,9 @@ class OpenAIEmbeddingRequest(BaseModel):
     # OpenAI's request body, every field it defines (the official client sends them as they are); others are
     # refused as everywhere else.
     model_config = ConfigDict(extra="forbid", strict=True)
+    endpoint_doc: ClassVar[str] = (
+        "OpenAI's embeddings API: `input` a text or a list of texts; vectors scaled to unit length, as floats or as "
+        "base64 little-endian float32 (`encoding_format`); `usage` counts the model's input tokens.")
     input: Union[str, list[str]] = Field(..., description="a text or a list of texts (token arrays are not taken)",
                                          examples=["What is the capital of France?"])
     model: Optional[str] = Field(None, description="echoed back; the server embeds with the model it serves")
@@ -93,16 +111,6 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[OpenAIEmbedding]
     model: str
     usage: OpenAIUsage
-
-
-def openai_embedding_response(vectors: list[list[float]], encoding_format: str, *, model: str, tokens: int) -> dict:
-    def encoded(vector):
-        if encoding_format == "base64":  # what openai-python asks for by default, and decodes with numpy
-            return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-        return vector
-
-    return {"object": "list", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)]}
 
 
 class Label(BaseModel):
@@ -165,22 +173,24 @@ class Info(BaseModel):
 # ---- limits that depend on the server's settings, declared in the OpenAPI schema -----------------------
 def declare_limits(schema: dict, *, max_inputs: int, max_doc_stride: int) -> dict:
     """Write the limits the server enforces into its OpenAPI schema, so clients can know them: at most
-    `max_inputs` inputs (or QA items) per request, at least one, and QA's largest doc_stride."""
+    `max_inputs` items per request and at least one, in each task route's batch field (`Route.batch_field`:
+    the body itself for a route that takes a list of objects), and the largest `doc_stride`."""
     components = schema.get("components", {}).get("schemas", {})
-    for name, field in (("ClassifyRequest", "inputs"), ("NerRequest", "inputs"), ("EmbedRequest", "inputs"),
-                        ("OpenAIEmbeddingRequest", "input")):
-        for branch in _array_branches(components.get(name, {}).get("properties", {}).get(field, {})):
-            branch.update(minItems=1, maxItems=max_inputs)
-    for path_item in schema.get("paths", {}).values():
-        for operation in path_item.values():
-            body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
-            if "QARequest" in str(body.get("schema", {})):
-                for branch in _array_branches(body["schema"]):
-                    branch.update(minItems=1, maxItems=max_inputs)
-    stride = components.get("QARequest", {}).get("properties", {}).get("doc_stride", {})
-    for branch in stride.get("anyOf", [stride]):
-        if branch.get("type") == "integer":
-            branch["maximum"] = max_doc_stride
+    for task in registry.TASKS.values():
+        for route in task.routes:
+            if route.many:
+                operation = schema.get("paths", {}).get(route.path, {}).get("post", {})
+                node = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            else:
+                name = route.request if isinstance(route.request, str) else route.request.__name__
+                node = components.get(name, {}).get("properties", {}).get(route.batch_field)
+            for branch in _array_branches(node or {}):
+                branch.update(minItems=1, maxItems=max_inputs)
+    for component in components.values():
+        stride = component.get("properties", {}).get("doc_stride", {})
+        for branch in stride.get("anyOf", [stride]):
+            if branch.get("type") == "integer":
+                branch["maximum"] = max_doc_stride
     return schema
 
 
