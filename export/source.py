@@ -47,7 +47,8 @@ class Source:
     checkpoint_sha256: str | None  # set by load_model()
     random_init: bool = False
     seed: int | None = None
-    load_args: dict = field(default_factory=dict, repr=False)  # load_checkpoint's arguments (None: load_for_inference)
+    # load_checkpoint's arguments for an encoder graph; None: the checkpoint's heads (load_for_inference)
+    load_args: dict | None = field(default_factory=dict, repr=False)
     pooling: Pooling = field(default_factory=Pooling)  # how the graph pools its embedding (pooled tasks, multi)
 
 
@@ -100,8 +101,6 @@ def check_source(ckpt: str, task: str = "auto", *, random_init: bool = False, to
 
 def load_model(source: Source) -> Source:
     """Load (or randomly initialise) the checked source's model: the long step."""
-    from bert.checkpoint import init_model
-
     import torch
 
     from bert.model import BertForMultiTask, BertModel
@@ -162,7 +161,7 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
 def _random_source(name: str, task: str, seed: int) -> Source:
     if name not in PRESETS:
         raise SourceError(f"--random-init takes an architecture preset ({', '.join(PRESETS)}), not {name!r}")
-    task = registry.names(labelled=True)[0] if task == "auto" else task  # a sequence classifier, as before
+    task = registry.task_of_architecture("BertForSequenceClassification") if task == "auto" else task
     if task == "multi":
         raise SourceError(f"--random-init cannot make a multi-task model; pick --task {', '.join(registry.names())} "
                           "or encoder")
