@@ -2,7 +2,10 @@
 
 Attribute paths equal transformers' `modeling_bert.py`, so a Hugging Face state dict loads key for
 key (see checkpoint.py). The forward pass has no `.item()` and no branch on tensor values, so the
-same module traces cleanly for ONNX export.
+same module traces cleanly for ONNX export. The same modules also run packed batches (only the real tokens,
+sequence after sequence): a `Packing` passed in place of the attention mask selects the "varlen" attention
+implementation, as transformers selects its `attn_implementation`; serving's fast path is that and no other
+copy of the encoder.
 """
 from __future__ import annotations
 
@@ -79,7 +82,8 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        positions = self.position_ids[:, : input_ids.shape[1]] if position_ids is None else position_ids  # (1, T)
+        # (1, T) for a padded batch; a packed one gives each token's own position, (N,)
+        positions = self.position_ids[:, : input_ids.shape[1]] if position_ids is None else position_ids
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
