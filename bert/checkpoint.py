@@ -252,13 +252,17 @@ def _is_head(key: str) -> bool:
 
 
 def _match_shapes(model_name: str, expected: dict[str, tuple], found: dict[str, tuple], *, from_backbone: bool,
-                  source: str) -> LoadReport:
+                  source: str, drop_unused: bool = False) -> LoadReport:
     """Compare the shapes of a file's tensors (names already normalised) with a model's, naming every
-    missing, unexpected or mis-shaped key; `source` says which files the tensors came from."""
+    missing, unexpected or mis-shaped key; `source` says which files the tensors came from. drop_unused: heads
+    in the file that the model has no task for are dropped (a pretraining checkpoint's NSP head and pooler)."""
     report = LoadReport()
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
     mismatched = sorted(k for k in set(found) & set(expected) if found[k] != expected[k])
+    if drop_unused and not from_backbone:
+        report.dropped = [k for k in unexpected if _is_head(k)]
+        unexpected = [k for k in unexpected if k not in report.dropped]
     if from_backbone:
         report.initialised = [k for k in missing if _is_head(k)]
         report.dropped = [k for k in unexpected if _is_head(k)]
@@ -290,7 +294,7 @@ def _comparable(model: "BertPreTrainedModel", state: dict) -> tuple[dict[str, tu
 
 
 def match_state_dict(model: "BertPreTrainedModel", state: dict[str, "torch.Tensor"], *,
-                     from_backbone: bool = False, source: str = "the checkpoint"
+                     from_backbone: bool = False, source: str = "the checkpoint", drop_unused: bool = False
                      ) -> tuple[dict[str, "torch.Tensor"], LoadReport]:
     """Check a file's tensors against a model (see _match_shapes); returns the tensors to load and a report.
 
@@ -299,12 +303,46 @@ def match_state_dict(model: "BertPreTrainedModel", state: dict[str, "torch.Tenso
     """
     expected, state = _comparable(model, state)
     report = _match_shapes(type(model).__name__, expected, {k: tuple(v.shape) for k, v in state.items()},
-                           from_backbone=from_backbone, source=source)
+                           from_backbone=from_backbone, source=source, drop_unused=drop_unused)
     usable = {k: v for k, v in state.items() if k in expected and k not in report.reinitialised}
     return usable, report
 
 
 # ----------------------------------------------------------------------------- loading
+
+
+def head_layout(config: BertConfig) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The task heads a checkpoint holds, as (task -> its labels, task -> the head's attribute); torch-free, so
+    serving reads the same answer from a directory as the model it loads (bert.model.BertForMultiTask):
+    - a multi-task checkpoint (config.task_labels): those tasks, each at its multi-task attribute (Head.attribute);
+    - a checkpoint made for one task alone (config.task, else its architectures): every task its architecture
+      serves (the registry's tasks_of_architecture: a one-output sequence classifier serves classify and rerank
+      from its one head), at their single-task attributes (Head.single_attribute: transformers' names);
+    - a bare encoder, or a config whose task has no head: none (those tasks are served by the encoder)."""
+    from .tasks import registry
+
+    tasks_table = registry.TASKS
+    if config.task_labels:
+        unknown = [t for t in config.task_labels if t not in tasks_table or tasks_table[t].head is None]
+        if unknown:
+            raise CheckpointError(f"config.task_labels names {', '.join(map(repr, unknown))}: not tasks with a head "
+                                  f"({', '.join(registry.with_heads())})")
+        return ({t: list(labels or []) for t, labels in config.task_labels.items()},
+                {t: tasks_table[t].head.attribute for t in config.task_labels})
+    declared = tasks_table.get(config.task) if config.task else None
+    if declared is not None and declared.head is None:
+        return {}, {}
+    architectures = ([declared.architecture] if declared is not None and declared.architecture else []) + list(
+        config.architectures or [])
+    facts = {**config.to_dict(), "num_labels": config.num_labels}
+    found = [t for a in architectures for t in registry.tasks_of_architecture(a, facts)]
+    if declared is not None and declared.name not in found:
+        found.insert(0, declared.name)
+    tasks = list(dict.fromkeys(found))
+    labels = ([config.id2label[i] for i in range(len(config.id2label))] if config.id2label
+              else [f"LABEL_{i}" for i in range(config.num_labels)])
+    return ({t: list(labels) if tasks_table[t].labelled else [] for t in tasks},
+            {t: tasks_table[t].head.single_attribute for t in tasks})
 
 
 def model_class_for(config: BertConfig, task: str | None = None):
@@ -401,6 +439,31 @@ def load_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | None
     if report:
         log.info("loaded %s into %s: initialised %s; dropped %s; re-initialised %s", plan.directory,
                  plan.model_cls.__name__, report.initialised, report.dropped, report.reinitialised)
+    model.to(device=device, dtype=dtype)
+    model.eval()
+    return model, report
+
+
+def load_for_inference(ckpt: str | os.PathLike, *, dtype: "torch.dtype | None" = None,
+                       device: "str | torch.device" = "cpu"):
+    """Any checkpoint as the one model class serving and export run: a BertForMultiTask whose heads are the
+    checkpoint's own, where it has them (bert.model.head_layout: a multi-task checkpoint's at their multi-task
+    attributes, a single-task one's at transformers' names), so that every model gives one output table.
+    Every head the model has must be in the file; what the file holds beyond them that no task reads (NSP,
+    an unused pooler) is dropped. Returns (model, report)."""
+    from .model import BertForMultiTask
+
+    plan = check_checkpoint(ckpt, BertForMultiTask)
+    try:
+        model = BertForMultiTask(plan.config)
+    except (ValueError, CheckpointError) as e:
+        raise CheckpointError(f"{plan.directory / 'config.json'}: {e}") from None
+    state, report = match_state_dict(model, read_state_dict(plan.directory), drop_unused=True,
+                                     source=_weights_source(plan.directory))
+    model.load_state_dict(state, strict=False)  # match_state_dict has already checked every key
+    model.tie_weights()
+    if report:
+        log.info("loaded %s for inference: dropped %s", plan.directory, report.dropped)
     model.to(device=device, dtype=dtype)
     model.eval()
     return model, report

@@ -2,18 +2,25 @@
 
 Attribute paths equal transformers' `modeling_bert.py`, so a Hugging Face state dict loads key for
 key (see checkpoint.py). The forward pass has no `.item()` and no branch on tensor values, so the
-same module traces cleanly for ONNX export.
+same module traces cleanly for ONNX export. The same modules also run packed batches (only the real tokens,
+sequence after sequence): a `Packing` passed in place of the attention mask selects the "varlen" attention
+implementation, as transformers selects its `attn_implementation`; serving's fast path is that and no other
+copy of the encoder.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint import head_layout
 from .config import BertConfig
+from .tasks import registry
+from .tasks.embed import POOLINGS
 from .tasks.registry import TASKS
 
 IGNORE_INDEX = -100  # label value that the losses skip (sub-tokens, padding, unmasked tokens)
@@ -41,6 +48,23 @@ def additive_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> t
     return (1.0 - mask) * torch.finfo(dtype).min
 
 
+@dataclass
+class Packing:
+    """A batch as its real tokens only, sequence after sequence: passed where the padded (B, T) attention mask
+    goes, it makes the same modules run on (N,) ids and (N, H) states. Attention then runs as the "varlen"
+    implementation: `attention(q, k, v, cu_seqlens, max_len, cu_host)` over (N, nh, hs) tensors, a kernel the
+    caller chooses (FlashAttention's varlen form on CUDA, a per-sequence reference elsewhere). Sequences may be
+    empty and tokens after the last sequence belong to none (fixed shapes for CUDA graphs)."""
+
+    positions: torch.Tensor  # (N,) each token's position within its sequence
+    cu_seqlens: torch.Tensor  # (S + 1,) int32: where each sequence starts among the N tokens
+    cls_rows: torch.Tensor  # (S,) int: each sequence's first ([CLS]) token
+    max_len: int  # the longest sequence
+    attention: Callable[..., torch.Tensor]
+    cu_host: list[int] | None = None  # cu_seqlens on the host, for kernels that loop over sequences
+    gelu_epilogue: bool = False  # the feed-forward GELU inside its GEMM (BertIntermediate)
+
+
 # ----------------------------------------------------------------------------- encoder
 
 
@@ -56,8 +80,10 @@ class BertEmbeddings(nn.Module):
         # (Shape-Slice-Gather) onnxruntime's EmbedLayerNormalization fusion matches. Not saved.
         self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None, :], persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        positions = self.position_ids[:, : input_ids.shape[1]]  # (1, T)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # (1, T) for a padded batch; a packed one gives each token's own position, (N,)
+        positions = self.position_ids[:, : input_ids.shape[1]] if position_ids is None else position_ids
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
@@ -74,12 +100,33 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
         # "sdpa": PyTorch's fused kernels (training, torch serving). "eager": explicit
         # matmul-softmax-matmul, the graph pattern onnxruntime's optimizer fuses into Attention.
+        # A packed batch (a Packing instead of a mask) always runs "varlen": chosen per call, not set on the
+        # module, so that padded and packed batches may run on one model at the same time.
         self.implementation = "sdpa"
+        # Query, key and value stacked (3H, H) for one GEMM instead of three: made by fuse_qkv for the varlen
+        # path, a plain attribute (not in the state dict), and stale if the weights change afterwards.
+        self.fused_qkv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def fuse_qkv(self) -> None:
+        with torch.no_grad():
+            self.fused_qkv = (torch.cat([self.query.weight, self.key.weight, self.value.weight]),
+                              torch.cat([self.query.bias, self.key.bias, self.value.bias]))
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.size()[:-1] + (self.num_heads, self.head_size)).transpose(1, 2)  # (B, nh, T, hs)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward_varlen(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
+        n = x.shape[0]  # x: (N, H), the real tokens of every sequence
+        if self.fused_qkv is not None:
+            q, k, v = F.linear(x, *self.fused_qkv).view(n, 3, self.num_heads, self.head_size).unbind(1)
+        else:
+            q, k, v = (lin(x).view(n, self.num_heads, self.head_size) for lin in (self.query, self.key, self.value))
+        y = packing.attention(q, k, v, packing.cu_seqlens, packing.max_len, packing.cu_host)  # (N, nh, hs)
+        return y.reshape(n, self.num_heads * self.head_size)  # (N, H)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> torch.Tensor:
+        if isinstance(mask, Packing):
+            return self.forward_varlen(x, mask)
         q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
         dropout = self.dropout_p if self.training else 0.0
         if self.implementation == "sdpa":
@@ -111,7 +158,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> torch.Tensor:
         return self.output(self.self(x, mask), x)
 
 
@@ -120,8 +167,14 @@ class BertIntermediate(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.act = activation(config.hidden_act)
+        # The GELU epilogue (cuBLASLt's GELU_BIAS on CUDA) is the tanh approximation: usable by models trained
+        # with it, and on request (Packing.gelu_epilogue) by exact-GELU ones.
+        self.epilogue_capable = config.hidden_act in ("gelu", "gelu_new", "gelu_pytorch_tanh")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gelu_epilogue: bool = False) -> torch.Tensor:
+        if gelu_epilogue and self.epilogue_capable and x.dim() == 2:
+            # the activation inside the GEMM: one pass over the 4H-wide activations fewer
+            return torch._addmm_activation(self.dense.bias, x, self.dense.weight.t(), use_gelu=True)
         return self.act(self.dense(x))
 
 
@@ -139,9 +192,9 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> torch.Tensor:
         x = self.attention(x, mask)
-        return self.output(self.intermediate(x), x)
+        return self.output(self.intermediate(x, isinstance(mask, Packing) and mask.gelu_epilogue), x)
 
 
 class BertEncoder(nn.Module):
@@ -150,7 +203,7 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> torch.Tensor:
         for block in self.layer:
             if self.gradient_checkpointing and self.training:
                 x = torch.utils.checkpoint.checkpoint(block, x, mask, use_reentrant=False)
@@ -164,8 +217,8 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))  # the [CLS] state
+    def forward(self, first_token: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(first_token))  # (B, H): the [CLS] states
 
 
 @dataclass
@@ -175,22 +228,40 @@ class EncoderOutput:
     embedding: torch.Tensor | None = None  # (B, H): the sentence embedding, when the encoder has a pooling mode
 
 
-POOLINGS = ("cls", "mean", "max")
+PACKED_POOLINGS = ("cls", "mean")  # max has no packed form with static shapes
 
 
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode: str) -> torch.Tensor:
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | Packing | None, mode: str) -> torch.Tensor:
     """Token states (B, T, H) -> one vector per sequence (B, H): the [CLS] state, or the mean / max over the
-    real tokens. The arithmetic of sentence-transformers' Pooling, so vectors match it."""
+    real tokens. The arithmetic of sentence-transformers' Pooling, so vectors match it. (bert/tasks/embed.py
+    has the numpy twin, for graphs that give token states; the modes are declared there.)"""
+    if mode not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {mode!r}")
+    if isinstance(attention_mask, Packing):
+        return pool_packed(hidden, attention_mask, mode)
     if mode == "cls":
         return hidden[:, 0]
-    if mode not in ("mean", "max"):
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {mode!r}")
     if attention_mask is None:
         return hidden.mean(dim=1) if mode == "mean" else hidden.max(dim=1).values
     mask = attention_mask[..., None].to(hidden.dtype)  # (B, T, 1)
     if mode == "mean":
         return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
     return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
+
+
+def pool_packed(hidden: torch.Tensor, packing: Packing, mode: str) -> torch.Tensor:
+    """pool() over packed states (N, H) -> (S, H)."""
+    if mode == "cls":
+        return hidden.index_select(0, packing.cls_rows)
+    if mode != "mean":
+        raise ValueError(f"{mode} pooling has no packed form (packed: {', '.join(PACKED_POOLINGS)})")
+    # Per-sequence sums as differences of one running sum: static shapes, so it is graph-capturable. In float64,
+    # because the difference of two sums over thousands of tokens would cancel float32 digits.
+    running = F.pad(hidden.double().cumsum(dim=0), (0, 0, 1, 0))  # (N + 1, H)
+    bounds = packing.cu_seqlens.long()
+    counts = (bounds[1:] - bounds[:-1]).clamp(min=1).unsqueeze(1)
+    sums = running.index_select(0, bounds[1:]) - running.index_select(0, bounds[:-1])
+    return (sums / counts).to(hidden.dtype)
 
 
 class BertPreTrainedModel(nn.Module):
@@ -223,6 +294,12 @@ class BertPreTrainedModel(nn.Module):
 
     def tie_weights(self) -> None:
         """Heads that share parameters with the encoder override this."""
+
+    def fuse_qkv(self) -> None:
+        """Stack each layer's query, key and value weights for the varlen path (after moving the model)."""
+        for module in self.modules():
+            if isinstance(module, BertSelfAttention):
+                module.fuse_qkv()
 
     def set_attention_implementation(self, implementation: str) -> None:
         if implementation not in ("sdpa", "eager"):
@@ -259,16 +336,23 @@ class BertModel(BertPreTrainedModel):
         self.pooling: str | None = None  # see set_pooling
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | Packing | None = None,
                 token_type_ids: torch.Tensor | None = None) -> EncoderOutput:
+        """input_ids (B, T) with a (B, T) 1/0 attention_mask, or (N,) packed tokens with a Packing in its place
+        (then every (B, ...) result below is (S, ...) and every (B, T, ...) one (N, ...))."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.embeddings(input_ids, token_type_ids)
-        # No mask means nothing is padded: SDPA then gets no mask and may use its flash kernel, which
-        # any attn_mask rules out (on CUDA, fp16 BERT-large at 32 x 384).
-        mask = additive_padding_mask(attention_mask, x.dtype) if attention_mask is not None else None
+        packed = isinstance(attention_mask, Packing)
+        x = self.embeddings(input_ids, token_type_ids, attention_mask.positions if packed else None)
+        if packed:
+            mask = attention_mask
+        else:
+            # No mask means nothing is padded: SDPA then gets no mask and may use its flash kernel, which
+            # any attn_mask rules out (on CUDA, fp16 BERT-large at 32 x 384).
+            mask = additive_padding_mask(attention_mask, x.dtype) if attention_mask is not None else None
         x = self.encoder(x, mask)
-        return EncoderOutput(x, self.pooler(x) if self.pooler is not None else None,
+        first = x.index_select(0, attention_mask.cls_rows) if packed else x[:, 0]
+        return EncoderOutput(x, self.pooler(first) if self.pooler is not None else None,
                              pool(x, attention_mask, self.pooling) if self.pooling is not None else None)
 
 
@@ -467,8 +551,12 @@ class MultiTaskOutput:
     registry's `graph_outputs`), as attributes, plus the pooled `embedding` when asked for (set_pooling)."""
 
     def __init__(self, outputs: dict[str, torch.Tensor], embedding: torch.Tensor | None = None):
-        self.outputs = outputs
+        self.outputs = dict(outputs)
         self.embedding = embedding
+        if embedding is not None:  # the tasks without a head read the pooled states under their graph names
+            for task in TASKS.values():
+                if task.head is None:
+                    self.outputs.update(dict.fromkeys(task.graph_outputs, embedding))
 
     def __getattr__(self, name: str):
         outputs = self.__dict__.get("outputs", {})
@@ -509,44 +597,61 @@ def run_head(kind: str, head: nn.Module, out: EncoderOutput, dropout: nn.Module)
 
 
 class BertForMultiTask(BertPreTrainedModel):
-    """One shared encoder with a head per task (config.task_labels), so one forward pass answers any mix of
-    the served tasks' requests. Heads are built from the tasks' declarations (bert.tasks.base.Head) under their
-    multi-task attribute names; the encoder keeps transformers' names, so any BERT backbone loads into it."""
+    """One shared encoder with a head per task, so one forward pass answers any mix of the served tasks'
+    requests. Heads are built from the tasks' declarations (bert.tasks.base.Head); the encoder keeps
+    transformers' names, so any BERT backbone loads into it, and so does any checkpoint made for one task
+    (head_layout: its heads at their single-task attributes). Tasks whose heads sit at one attribute share
+    that head and its outputs (a one-output classifier: classify and rerank).
 
-    def __init__(self, config: BertConfig):
+    tasks (task -> labels) and attributes (task -> where its head sits) default to head_layout(config)."""
+
+    def __init__(self, config: BertConfig, tasks: dict[str, list] | None = None,
+                 attributes: dict[str, str] | None = None):
         super().__init__(config)
-        if not config.task_labels:
-            raise ValueError("BertForMultiTask needs config.task_labels, e.g. {'classify': [...], 'ner': [...], 'qa': []}")
-        self.heads = {}  # task -> its Head declaration, in registry order
-        for name in TASKS:
-            task = TASKS[name]
-            if name in config.task_labels and task.head is not None:
-                self.heads[name] = task.head
-        unknown = [t for t in config.task_labels if t not in self.heads]
-        if unknown:
-            raise ValueError(f"config.task_labels names {', '.join(map(repr, unknown))}: not tasks with a head "
-                             f"({', '.join(t for t in TASKS if TASKS[t].head is not None)})")
+        layout_tasks, layout_attributes = head_layout(config) if tasks is None else ({}, {})
+        tasks = dict(layout_tasks if tasks is None else tasks)
+        for name in tasks:
+            if name not in TASKS or TASKS[name].head is None:
+                raise ValueError(f"{name!r} is not a task with a head ({', '.join(registry.with_heads())})")
+        # task -> its Head declaration and labels, in registry order
+        self.heads = {name: TASKS[name].head for name in TASKS if name in tasks}
+        self.task_labels = {name: list(tasks[name] or []) for name in self.heads}
+        self.attributes = {name: (attributes or {}).get(name) or layout_attributes.get(name)
+                           or self.heads[name].attribute for name in self.heads}
         self.bert = BertModel(config, add_pooling_layer=any(h.kind == "sequence" for h in self.heads.values()))
         self.dropout = classifier_dropout(config)
+        built: dict[str, tuple[str, int]] = {}
         for name, head in self.heads.items():
-            setattr(self, head.attribute, build_head(head.kind, config, TASKS[name].head_width(config.task_labels[name])))
+            attribute, width = self.attributes[name], TASKS[name].head_width(self.task_labels[name])
+            if attribute in built:
+                if built[attribute] != (head.kind, width):
+                    raise ValueError(f"tasks sharing the head {attribute!r} need the same kind and width: "
+                                     f"{built[attribute]} and {(head.kind, width)} ({name})")
+                continue
+            built[attribute] = (head.kind, width)
+            setattr(self, attribute, build_head(head.kind, config, width))
         self.init_weights()
 
     def tie_weights(self) -> None:
-        for head in getattr(self, "heads", {}).values():
+        for name, head in getattr(self, "heads", {}).items():
             if head.kind == "mlm":
-                getattr(self, head.attribute).predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+                getattr(self, self.attributes[name]).predictions.decoder.weight = \
+                    self.bert.embeddings.word_embeddings.weight
 
     @property
     def tasks(self) -> list[str]:
-        return list(self.config.task_labels)
+        return list(self.heads)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> MultiTaskOutput:
+        """Padded (B, T) inputs, or packed (N,) ones with a Packing as attention_mask: sequence heads then give
+        one row per sequence (S, ...), the others one per token (N, ...)."""
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        outputs = {}
+        outputs, computed = {}, {}
         for name, head in self.heads.items():
-            values = run_head(head.kind, getattr(self, head.attribute), out, self.dropout)
-            outputs.update(zip(TASKS[name].graph_outputs, values))
+            attribute = self.attributes[name]
+            if attribute not in computed:
+                computed[attribute] = run_head(head.kind, getattr(self, attribute), out, self.dropout)
+            outputs.update(zip(TASKS[name].graph_outputs, computed[attribute]))
         return MultiTaskOutput(outputs, out.embedding)
 
 

@@ -18,12 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bert.atomic import publish_dir
+from bert.tasks import TASKS, registry
 from bert.tasks.embed import POOLINGS
-from bert.tasks import registry
 
 from .cli import Progress, ResultError, UsageError, run
-from .manifest import MANIFEST_FILE, MODEL_FILE, PLAN_FILE, PORTABLE_FILE, artifact_files, write_manifest
-from .source import LAYOUTS
+from .manifest import MANIFEST_FILE, MODEL_FILE, PLAN_FILE, PORTABLE_FILE, artifact_files, file_entry, write_manifest
+from .source import LAYOUTS, pools
 
 PRECISIONS = ("fp32", "fp16", "int8")
 TASK_CHOICES = ("auto", *registry.names(), *LAYOUTS)
@@ -163,9 +163,11 @@ def main(argv=None) -> None:
 
     wrapper = ExportWrapper(source.model, source.task)
     batches = parity.sample_batches(tokenizer, shape_range["max_seq"])
-    token_level = {n: "sequence" in dims for n, (_, dims) in wrapper.spec.items()}
-    scores = {n: ("positions" if n.endswith(("start_logits", "end_logits")) else
-                  "none" if source.task == "encoder" or n == "embedding" else "labels") for n in wrapper.output_names}
+    token_level = {n: "sequence" in dims for n, (_, dims, _) in wrapper.spec.items()}
+    # what parity's agreement figure compares: the argmax over labels, over positions (a span head), or none
+    kinds = {"span": "positions", "sequence": "labels", "token": "labels"}
+    scores = {n: kinds.get(TASKS[t].head.kind, "none") if t is not None and TASKS[t].head is not None else "none"
+              for n, (_, _, t) in wrapper.spec.items()}
     results: dict = {}
     failures: list[str] = []
 
@@ -201,12 +203,19 @@ def main(argv=None) -> None:
             prepare_for_export(source.model)
             portable = variants.export_portable(
                 wrapper, dummy_inputs(config, batch=2, seq=min(16, shape_range["max_seq"])), tmp / PORTABLE_FILE,
-                input_names=INPUT_NAMES, output_names=wrapper.output_names,
-                dynamic_axes=dynamic_axes(wrapper.spec), opset=args.opset)
+                input_names=INPUT_NAMES, output_names=wrapper.output_names, dynamic_axes=dynamic_axes(wrapper.spec),
+                opset=args.opset)
             onnx.checker.check_model(str(portable))
+            graph = onnx.load(str(portable), load_external_data=False).graph
+            wrapper.dtypes = {o.name: onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type).name
+                              for o in graph.output}  # float32, or int64 for token ids
+            del graph
             # torch is done (reference outputs taken, graph exported): free its weights before onnxruntime
             # loads two more copies (BERT-large: 1.3 GB each).
-            model_class = type(source.model).__name__
+            # The class a server reads the graph's task(s) from: a single-task graph keeps its task's own
+            # (transformers') architecture, whatever class exported it.
+            model_class = (TASKS[source.task].architecture if source.task in TASKS and TASKS[source.task].head
+                           else type(source.model).__name__)
             del wrapper.model
             source.model = None
             gc.collect()
@@ -242,10 +251,10 @@ def main(argv=None) -> None:
 
         with progress("writing config.json, tokenizer files and manifest.json"):
             config.architectures = [model_class]
-            if source.task in LAYOUTS + ("embed",) and not config.task_labels:
+            if (source.task in LAYOUTS or pools(source.task)) and not config.task_labels:
                 # the graph has no head: a server must not mistake it for the checkpoint's task
-                config.task = "embed" if source.task == "embed" else None
-            if "embedding" in wrapper.output_names or source.task == "encoder":
+                config.task = source.task if source.task in TASKS else None
+            if any(t is not None and TASKS[t].head is None for t in wrapper.tasks) or source.task == "encoder":
                 # How the graph pooled (or, for an encoder graph, how the server should): what the source's
                 # sentence-transformers files said, in config.json, so the artifact needs no copy of them.
                 config.extra["pooling"] = {"mode": source.pooling.mode, "normalize": source.pooling.normalize,
@@ -269,19 +278,12 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
 
     config = source.config
     axes = dynamic_axes(wrapper.spec)
-    outputs = []
-    for name, (_, dims) in wrapper.spec.items():
-        shape = list(dims)
-        if name in ("logits", "classify_logits", "ner_logits"):
-            labels = (config.task_labels or {}).get(name.split("_")[0]) if source.task == "multi" else None
-            shape.append(len(labels) if labels else config.num_labels)
-        elif name in ("last_hidden_state", "pooler_output", "embedding"):
-            shape.append(config.hidden_size)
-        outputs.append({"name": name, "dtype": "float32", "shape": shape})
-    if source.task == "multi":
-        tasks = list(config.task_labels) + (["embed"] if "embedding" in wrapper.output_names else [])
-    else:
-        tasks = ["embed" if source.task == "encoder" else source.task]  # a server pools last_hidden_state
+    dtypes = getattr(wrapper, "dtypes", {})
+    outputs = [{"name": name, "dtype": dtypes.get(name, "float32"), "shape": shape}
+               for name, shape in wrapper.shapes.items()]
+    tasks = list(wrapper.tasks)
+    if source.task == "encoder":  # a server pools last_hidden_state for the tasks without a head
+        tasks = [t for t in TASKS if TASKS[t].head is None]
     return {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": {
@@ -293,7 +295,7 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
         },
         "task": source.task,
         "tasks": tasks,
-        "pooling": source.pooling.describe() if "embed" in tasks else None,
+        "pooling": source.pooling.describe() if any(TASKS[t].head is None for t in tasks) else None,
         "labels": ({t: list(v) for t, v in config.task_labels.items()} if config.task_labels
                    else [config.id2label[i] for i in range(len(config.id2label))] if config.id2label
                    and source.task in registry.names(labelled=True) else None),

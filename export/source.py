@@ -6,10 +6,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bert.checkpoint import TOKENIZER_FILES, check_checkpoint, load_checkpoint, resolve_checkpoint
+from bert.checkpoint import (TOKENIZER_FILES, CheckpointError, check_checkpoint, head_layout, load_checkpoint,
+                             load_for_inference, resolve_checkpoint)
 from bert.config import PRESETS, BertConfig
 from bert.digest import sha256_files
-from bert.tasks import registry
+from bert.tasks import TASKS, registry
 from bert.tasks.embed import Pooling, PoolingError, read_pooling
 
 from .manifest import checkpoint_files
@@ -23,6 +24,13 @@ DEMO_TOKENIZER_DIRS = (REPO / "serving" / "demo_model", REPO / "artifacts" / "de
 LAYOUTS = ("encoder", "multi")
 # Checkpoint classes with no task head of their own: their natural export is the encoder.
 ENCODER_ARCHITECTURES = ("BertModel", "BertForPreTraining", "BertForMaskedLM")
+# Tasks served by the encoder's pooled states, without a head: a graph for one of them is an encoder that pools.
+POOLED_TASKS = tuple(t for t in TASKS if TASKS[t].head is None)
+
+
+def pools(task: str) -> bool:
+    """Whether a graph of this task or layout gives the encoder's pooled states (a multi-task graph does too)."""
+    return task == "multi" or task in POOLED_TASKS
 
 
 class SourceError(Exception):
@@ -33,20 +41,21 @@ class SourceError(Exception):
 class Source:
     model: object  # a bert.model.BertPreTrainedModel, eval mode, fp32; None until load_model()
     config: BertConfig
-    task: str  # a registered task with a head (classify, ner, qa), embed, or a layout: encoder | multi
+    task: str  # a registered task (with a head, or served by the pooled encoder), or a layout: encoder | multi
     tokenizer_dir: Path
     name: str  # what --ckpt said
     checkpoint_dir: Path | None  # None for --random-init
     checkpoint_sha256: str | None  # set by load_model()
     random_init: bool = False
     seed: int | None = None
-    load_args: dict = field(default_factory=dict, repr=False)  # load_checkpoint's arguments for this task
-    pooling: Pooling = field(default_factory=Pooling)  # how the graph pools its embedding (embed, multi)
+    # load_checkpoint's arguments for an encoder graph; None: the checkpoint's heads (load_for_inference)
+    load_args: dict | None = field(default_factory=dict, repr=False)
+    pooling: Pooling = field(default_factory=Pooling)  # how the graph pools its embedding (pooled tasks, multi)
 
 
 def checkpoint_task(config: BertConfig, directory: Path | None = None) -> str:
-    """What a checkpoint exports as by default: "multi" for a multi-task one, its head's task, else "embed"
-    for a sentence-transformers model (its pooling is known) and "encoder" for another bare encoder."""
+    """What a checkpoint exports as by default: "multi" for a multi-task one, its head's task, else the pooled
+    task (embed) for a sentence-transformers model (its pooling is known) and "encoder" for another bare encoder."""
     if config.task_labels:
         return "multi"
     if config.task:
@@ -55,7 +64,8 @@ def checkpoint_task(config: BertConfig, directory: Path | None = None) -> str:
         if registry.task_of_architecture(name):
             return registry.task_of_architecture(name)
         if name in ENCODER_ARCHITECTURES:
-            return "embed" if directory is not None and (directory / "modules.json").is_file() else "encoder"
+            sentence_model = directory is not None and (directory / "modules.json").is_file()
+            return POOLED_TASKS[0] if sentence_model and POOLED_TASKS else "encoder"
     raise SourceError(f"cannot tell the task of a checkpoint with architectures {config.architectures}; pass --task")
 
 
@@ -92,43 +102,52 @@ def check_source(ckpt: str, task: str = "auto", *, random_init: bool = False, to
 
 def load_model(source: Source) -> Source:
     """Load (or randomly initialise) the checked source's model: the long step."""
-    from bert.checkpoint import init_model
+    import torch
+
+    from bert.model import BertForMultiTask, BertModel
 
     if source.random_init:
-        task = None if source.task in ("encoder", "embed") else source.task
-        source.model = init_model(source.config, task, seed=source.seed).float().eval()
+        with torch.random.fork_rng():
+            torch.manual_seed(source.seed)
+            model_cls = BertModel if source.task == "encoder" or source.task in POOLED_TASKS else BertForMultiTask
+            source.model = model_cls(source.config).float().eval()
     else:
-        model, _ = load_checkpoint(source.checkpoint_dir, **source.load_args)
+        if source.load_args is None:  # a head's task or the multi layout: the one class serving runs too
+            model, _ = load_for_inference(source.checkpoint_dir)
+        else:
+            model, _ = load_checkpoint(source.checkpoint_dir, **source.load_args)
         source.model = model.float().eval()
         source.checkpoint_sha256 = sha256_files(checkpoint_files(source.checkpoint_dir))
-    if source.task in ("embed", "multi"):  # the graph also gives the pooled embedding
+    if pools(source.task):  # the graph also gives the pooled embedding
         source.model.set_pooling(source.pooling.mode)
     return source
 
 
 def _checkpoint_source(ckpt: str, task: str) -> Source:
-    from bert.model import BertModel
+    from bert.model import BertForMultiTask, BertModel
 
     directory = resolve_checkpoint(ckpt)
     config = BertConfig.from_json_file(directory)
     stored = checkpoint_task(config, directory)
     task = stored if task == "auto" else task
-    if stored == "multi" and task not in ("multi", "encoder", "embed"):
+    if stored == "multi" and not (task in ("multi", "encoder") or task in POOLED_TASKS):
         raise SourceError(f"{ckpt} is a multi-task checkpoint ({', '.join(config.task_labels)}); export it "
                           "with --task auto (one graph, one output per head)")
     if task == "multi" and stored != "multi":
         raise SourceError(f"{ckpt} is not a multi-task checkpoint (it has task {stored!r})")
-    if task in ("encoder", "embed"):
+    if task == "encoder" or task in POOLED_TASKS:
         # Any BERT checkpoint has an encoder; heads are dropped.
         load_args = {"model_cls": BertModel, "from_backbone": True}
-    elif task == "multi":
-        load_args = {}
     else:
-        if stored != task:
+        try:
+            heads = head_layout(config)[0]
+        except CheckpointError as e:
+            raise SourceError(f"{directory / 'config.json'}: {e}") from None
+        if task != "multi" and task not in heads:
             raise SourceError(f"{ckpt} holds a {stored!r} model, not a {task!r} head; fine-tune one first "
                               f"(python -m training.finetune --task {task}) or export with --task {stored}")
-        load_args = {"task": task}
-    plan = check_checkpoint(directory, load_args.get("model_cls"), task=load_args.get("task"))
+        load_args = None
+    plan = check_checkpoint(directory, (load_args or {}).get("model_cls", BertForMultiTask))
     tokenizer_dir = directory if has_tokenizer(directory) else fallback_tokenizer_dir()
     if tokenizer_dir is None:
         raise SourceError(f"{directory} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass --tokenizer DIR")
@@ -143,10 +162,10 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
 def _random_source(name: str, task: str, seed: int) -> Source:
     if name not in PRESETS:
         raise SourceError(f"--random-init takes an architecture preset ({', '.join(PRESETS)}), not {name!r}")
-    task = "classify" if task == "auto" else task
+    task = registry.task_of_architecture("BertForSequenceClassification") if task == "auto" else task
     if task == "multi":
-        raise SourceError("--random-init cannot make a multi-task model; pick --task classify, ner, qa, embed or "
-                          "encoder")
+        raise SourceError(f"--random-init cannot make a multi-task model; pick --task {', '.join(registry.names())} "
+                          "or encoder")
     config = BertConfig.preset(name)
     if task in registry.TASKS and registry.TASKS[task].labelled:
         config = config.with_labels([f"LABEL_{i}" for i in range(2)])

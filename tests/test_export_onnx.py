@@ -151,11 +151,15 @@ def test_help_explains_every_flag():
 @pytest.mark.slow
 def test_bert_base_fused_operator_counts(tmp_path):
     """Bar 2: a BERT-base graph fuses to Attention 12, SkipLayerNormalization 24, EmbedLayerNormalization 1."""
-    from bert.checkpoint import init_model
+    import dataclasses
+
+    from bert.config import BertConfig
+    from bert.model import BertForMultiTask
     from export import variants
     from export.wrapper import INPUT_NAMES, ExportWrapper, dummy_inputs, dynamic_axes, prepare_for_export
 
-    model = prepare_for_export(init_model("base", "classify"))
+    # what export runs: the one model class, its classify head at transformers' name
+    model = prepare_for_export(BertForMultiTask(dataclasses.replace(BertConfig.preset("base"), task="classify")))
     wrapper = ExportWrapper(model, "classify")
     path = variants.export_portable(wrapper, dummy_inputs(model.config, seq=8), tmp_path / "base.onnx",
                                     input_names=INPUT_NAMES, output_names=wrapper.output_names,

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 from bert.config import BertConfig  # noqa: E402
 from bert.model import activation  # noqa: E402
+from bert.tasks.registry import TASKS  # noqa: E402
 from serving.backends import torch_backend  # noqa: E402
 from serving.backends.torch_packed import (PackedEncoder, PackedRunner, attention_reference,  # noqa: E402
                                            batch_bucket, pack, token_bucket)
@@ -30,7 +31,9 @@ NER = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
 
 def tiny_model(kind: str, *, hidden=32, layers=2, heads=2, seed=0):
-    from bert.checkpoint import init_model
+    """What the torch backend serves: every checkpoint as a BertForMultiTask (single-task heads at transformers'
+    names), here randomly initialised."""
+    from bert.model import BertForMultiTask
 
     common = dict(vocab_size=1000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                   intermediate_size=2 * hidden, max_position_embeddings=512)
@@ -40,7 +43,9 @@ def tiny_model(kind: str, *, hidden=32, layers=2, heads=2, seed=0):
         config = BertConfig(**common, task="qa")
     else:
         config = BertConfig(**common, task=kind, id2label=dict(enumerate(["a", "b"] if kind == "classify" else NER)))
-    model = init_model(config, seed=seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = BertForMultiTask(config)
     with torch.no_grad():  # decisive heads, so that wrong rows show
         for name, p in model.named_parameters():
             if "classifier" in name or "qa_outputs" in name:
@@ -57,16 +62,17 @@ def random_batch(lengths, width=None, seed=0, vocab=1000):
     return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types}
 
 
+def ours(table: dict) -> dict:
+    """A model's output table (graph-output names) under the backend's output names."""
+    names = {name: out for task in TASKS.values() for name, out in task.graph_outputs.items()}
+    return {names[k]: v for k, v in table.items()}
+
+
 def padded_outputs(model, batch, device="cpu", dtype=torch.float32) -> dict[str, np.ndarray]:
     """What the padded model gives, under the backend's output names."""
     with torch.inference_mode():
         out = model.to(device=device, dtype=dtype)(**{k: torch.from_numpy(v).to(device) for k, v in batch.items()})
-    pairs = (("classify_logits", "classify"), ("ner_logits", "ner"), ("qa_start_logits", "qa_start"),
-             ("qa_end_logits", "qa_end"), ("start_logits", "qa_start"), ("end_logits", "qa_end"))
-    named = {key: getattr(out, field) for field, key in pairs if getattr(out, field, None) is not None}
-    if not named:
-        named = {"classify" if out.logits.dim() == 2 else "ner": out.logits}
-    return {k: v.float().cpu().numpy() for k, v in named.items()}
+    return ours({k: v.float().cpu().numpy() for k, v in out.outputs.items()})
 
 
 def assert_close(got, want, batch, atol, rtol=0.0):
@@ -120,10 +126,47 @@ def test_packed_runner_equals_padded_model_for_every_head(kind):
     # 5 rows -> a bucket of 8 (3 empty sequences); 77 tokens -> a bucket of 128 (51 filler tokens)
     batch = random_batch([1, 30, 17, 24, 5], width=32, seed=1)
     assert runner.key(pack(batch)) == (8, 128)
-    got = runner.run(pack(batch))
+    got = ours(runner.run(pack(batch)))
     want = padded_outputs(model, batch)
     assert set(got) == set(want)
     assert_close(got, want, batch, atol=2e-5)
+
+
+def test_packed_path_runs_the_models_own_modules():
+    """The packed forward is bert/model.py's (a Packing in place of the mask): the encoder holds no weights of
+    its own, every layer module of the model runs, and the only extra tensors are the fused QKV weights."""
+    model = tiny_model("multi")
+    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    encoder = PackedEncoder(model)
+    held = [name for name, value in vars(encoder).items()
+            if isinstance(value, (torch.Tensor, torch.nn.Module)) and value is not model]
+    assert held == []
+    calls = []
+    for module in [*model.bert.encoder.layer, model.bert.embeddings, model.bert.pooler, model.classifier,
+                   model.token_classifier, model.qa_outputs]:
+        module.register_forward_hook(lambda m, args, out: calls.append(type(m).__name__))
+    batch = random_batch([4, 9, 2], seed=3)
+    got = ours(PackedRunner(encoder, torch.device("cpu"), graphs=False).run(pack(batch)))
+    assert calls.count("BertLayer") == 2 and {"BertEmbeddings", "BertPooler", "Linear"} <= set(calls)
+    assert_close(got, padded_outputs(model, batch), batch, atol=2e-5)
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == before  # no copies, no moves
+    extra = [a.fused_qkv for a in model.modules() if isinstance(a, torch.nn.Module) and hasattr(a, "fused_qkv")]
+    assert len(extra) == 2 and all(w.shape == (3 * 32, 32) for w, _ in extra)
+    assert not any("fused" in key for key in model.state_dict())  # not a parameter: checkpoints unchanged
+
+
+@pytest.mark.parametrize("mode", ["cls", "mean"])
+def test_packed_pooling_equals_padded_pooling(mode):
+    model = tiny_model("classify")
+    model.set_pooling(mode)
+    batch = random_batch([7, 31, 1, 12], seed=5)
+    got = ours(PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False).run(pack(batch)))
+    want = padded_outputs(model, batch)
+    assert set(got) == {"classify", "embed"} == set(want)
+    assert_close(got, want, batch, atol=2e-5)
+    model.set_pooling("max")
+    with pytest.raises(TypeError, match="max pooling"):
+        PackedEncoder(model)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new"])
@@ -138,7 +181,7 @@ def test_gelu_inside_the_feed_forward_gemm(act):
     encoder = PackedEncoder(model, gelu_epilogue=True)
     assert encoder.gelu_epilogue
     batch = random_batch([9, 32, 3], seed=8)
-    got = PackedRunner(encoder, torch.device("cpu"), graphs=False).run(pack(batch))
+    got = ours(PackedRunner(encoder, torch.device("cpu"), graphs=False).run(pack(batch)))
     assert_close(got, padded_outputs(model, batch), batch, atol=5e-3, rtol=1e-3)
 
 
@@ -148,7 +191,7 @@ def test_a_bucket_reused_by_a_smaller_batch_forgets_the_larger_one():
     big, small = random_batch([31, 30, 29, 4], seed=2), random_batch([3, 40, 30], seed=3)
     assert runner.key(pack(big)) == runner.key(pack(small)) == (4, 128)  # the same static buffers
     runner.run(pack(big))
-    assert_close(runner.run(pack(small)), padded_outputs(model, small), small, atol=2e-5)
+    assert_close(ours(runner.run(pack(small))), padded_outputs(model, small), small, atol=2e-5)
     assert len(runner.buckets) == 1
 
 
@@ -197,8 +240,9 @@ def test_graph_capture_code_runs_against_torch_cuda_api(monkeypatch):
     with torch.inference_mode():
         bucket = _Bucket(encoder, torch.device("cpu"), 4, 64, graph=True, pool="shared")
         assert ("capture", "shared", "thread_local") in calls and bucket.graph is not None
-        tokens, sequences = bucket.run(pack(random_batch([3, 9, 5])))
-    assert calls[-1] == "replay" and tokens.shape == (17, encoder.token_width) and sequences.shape == (3, 2)
+        outputs = bucket.run(pack(random_batch([3, 9, 5])))
+    assert calls[-1] == "replay"
+    assert outputs["ner_logits"].shape == (17, len(NER)) and outputs["classify_logits"].shape == (3, 2)
 
 
 # ----------------------------------------------------------------------------- the backend and its probe

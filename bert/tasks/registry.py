@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
-import bert.tasks as _package
 from bert.tasks.base import Task, UnknownTask
 
 TASKS: dict[str, Task] = {}
@@ -27,7 +27,7 @@ def register(task: Task) -> Task:
 
 def _discover() -> None:
     found = []
-    for module in pkgutil.iter_modules(_package.__path__):
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if module.name in _NOT_TASKS or module.name.startswith("_"):
             continue
         task = getattr(importlib.import_module(f"bert.tasks.{module.name}"), "TASK", None)

@@ -1,21 +1,25 @@
 """The backend interface and what a model directory says about itself.
 
-A backend turns one padded batch into the arrays its tasks read (bert.tasks.registry names them):
-  run({"input_ids", "attention_mask", "token_type_ids"}: int64 (B, T))
-    -> {"classify": (B, L), "ner": (B, T, L), "qa_start": (B, T), "qa_end": (B, T), "embed": (B, H)}
-       (those of the tasks it serves), float32.
+A backend turns one padded batch into the arrays its tasks read:
+  run({"input_ids", "attention_mask", "token_type_ids"}: int64 (B, T)) -> {output name: array}
+with the outputs of every task it serves, named and shaped as each task declares them (Task.outputs and
+output_ranks in bert/tasks: (B, ...) for a per-sequence output, (B, T, ...) for a per-token one); float32,
+or int64 for ids (a masked-LM head's top-K token ids).
 It knows its `tasks`, runs a `warmup()`, and is called from one inference thread at a time unless it
 sets `concurrent_runs = True` (then from up to --inference-workers threads at once).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bert.checkpoint import CheckpointError, head_layout
 from bert.config import BertConfig, ConfigError
 from bert.digest import listed_entries, mismatches
 from bert.errors import read_json_object
@@ -142,20 +146,19 @@ def read_model_spec(path: Path) -> ModelSpec:
         task = config.get("task") or manifest.get("task")
         if isinstance(task, list) and len(task) == 1:
             task = task[0]
-        if not task:
-            task = next((registry.task_of_architecture(a) for a in config.get("architectures") or []
-                         if registry.task_of_architecture(a)), None)
         if not task and isinstance(manifest.get("tasks"), list) and len(manifest["tasks"]) == 1:
             task = manifest["tasks"][0]
         if task in ("encoder", "multi"):  # export's names for a bare encoder graph / a multi-task one
             task = None
         if task is not None and task not in TASKS:
             raise ModelError(f"{path}: config task {task!r} is not one of {', '.join(TASKS)}")
-        if task is not None and TASKS[task].head is not None:
-            id2label = _id2label(config.get("id2label") or {}) if TASKS[task].labelled else {}
-            if TASKS[task].labelled and not id2label:
-                id2label = {i: f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
-            labels = {task: id2label}
+        # The heads of a checkpoint made for one task: every task its architecture serves (one head may serve
+        # several), what the torch backend's model holds too.
+        try:
+            labels = {t: _id2label(v) for t, v in head_layout(
+                dataclasses.replace(BertConfig.from_json_file(path / "config.json"), task=task))[0].items()}
+        except (ConfigError, CheckpointError) as e:
+            raise ModelError(str(e)) from None
     unknown = [t for t in labels if t not in TASKS or TASKS[t].head is None]
     if unknown:
         raise ModelError(f"{path}: task_labels names {unknown}, not tasks with a head ({', '.join(registry.with_heads())})")
@@ -198,12 +201,24 @@ def verify_artifact(spec: ModelSpec) -> None:
         raise ModelError(f"{path} does not match its manifest.json: {'; '.join(problems)}; {UNVERIFIED_HINT}")
 
 
+def graph_outputs(tasks: list[str]) -> dict[str, list[str]]:
+    """Output names a graph serving `tasks` may have -> the output names of ours each one feeds: every task's
+    multi-task names ("classify_logits") and single-task names ("logits"). One graph output may feed several
+    tasks: a one-output classifier's "logits" is both classify's and rerank's (one head serves both)."""
+    table: dict[str, list[str]] = defaultdict(list)
+    for task in tasks:
+        for name, ours in {**TASKS[task].graph_outputs, **TASKS[task].single_graph_outputs}.items():
+            if ours not in table[name]:
+                table[name].append(ours)
+    return dict(table)
+
+
 def servable_tasks(spec: ModelSpec, output_names, model_file: Path | str = "the model") -> list[str]:
     """The spec's tasks a graph with these outputs can serve: every headed task must find its outputs (else
     ModelError naming them); a task without a head is served when the graph has its outputs, or token states
     to derive them from, and left out otherwise."""
     names = list(output_names)
-    mapped = {ours for name, ours in registry.graph_output_names(spec.tasks).items() if name in names}
+    mapped = {ours for name, feeds in graph_outputs(spec.tasks).items() if name in names for ours in feeds}
     missing = registry.missing_outputs(spec.headed_tasks, mapped)
     if missing:
         raise ModelError(f"{model_file} gives outputs {', '.join(names)}, none for task(s) {', '.join(missing)} that "
@@ -221,13 +236,14 @@ def task_outputs(named: dict[str, Any], tasks: list[str], attention_mask: np.nda
     """A graph's outputs ("logits", "start_logits", "classify_logits", "embedding", ...) under our names, float32.
     A task without a head whose output the graph lacks is derived from its token states (the embed task pools
     `last_hidden_state` with the batch's attention mask)."""
-    mapping = registry.graph_output_names(tasks)
+    mapping = graph_outputs(tasks)
     out: dict[str, np.ndarray] = {}
     for name, value in named.items():
-        key = mapping.get(name)
-        if key is not None:
-            array = np.asarray(value)
-            out[key] = array if array.dtype == np.float32 else array.astype(np.float32)
+        array = np.asarray(value)
+        if array.dtype.kind == "f" and array.dtype != np.float32:
+            array = array.astype(np.float32)  # float16 graphs; integer outputs (token ids) stay integers
+        for key in mapping.get(name, ()):
+            out[key] = array
     if HIDDEN_STATES in named:  # an encoder graph: the pooled embedding is computed here
         for task in registry.missing_outputs([t for t in tasks if TASKS[t].head is None], out):
             out.update({name: pool(named[HIDDEN_STATES], attention_mask, (pooling or Pooling()).mode)
@@ -259,19 +275,23 @@ def check_model_io(model_file: Path, spec: ModelSpec, inputs: dict[str, tuple[li
             raise ModelError(f"{model_file}: input {name} has shape {shape}; it must be (batch, sequence)")
         if not integer:
             raise ModelError(f"{model_file}: input {name} is not an integer tensor (int64 or int32)")
-    mapping = registry.graph_output_names(spec.tasks)
+    mapping = graph_outputs(spec.tasks)
+    mapping[HIDDEN_STATES] = [HIDDEN_STATES]
     ranks = {out: rank for t in TASKS.values() for out, rank in zip(t.outputs, t.output_ranks)}
     ranks[HIDDEN_STATES] = 3
+    owner = {out: t.name for t in TASKS.values() for out in t.outputs}
     for name, shape in outputs.items():
-        key = mapping.get(name, name if name == HIDDEN_STATES else None)
-        if key is None or shape is None:
+        if shape is None:
             continue
-        if len(shape) != ranks[key]:
-            raise ModelError(f"{model_file}: output {name} has {len(shape)} dimensions; {key} needs {ranks[key]}")
-        task_labels = spec.labels.get(key)
-        if task_labels and isinstance(shape[-1], int) and shape[-1] != len(task_labels):
-            raise ModelError(f"{model_file}: output {name} gives {shape[-1]} scores per {key} prediction; "
-                             f"{spec.path / 'config.json'} has {len(task_labels)} {key} labels")
+        for key in mapping.get(name, ()):
+            if len(shape) != ranks[key]:
+                raise ModelError(f"{model_file}: output {name} has {len(shape)} dimensions; {key} needs {ranks[key]}")
+            # an output with a score per label: the labels of the task it belongs to
+            task = owner.get(key)
+            labels = spec.labels.get(task) if task is not None and TASKS[task].labelled else None
+            if labels and isinstance(shape[-1], int) and shape[-1] != len(labels):
+                raise ModelError(f"{model_file}: output {name} gives {shape[-1]} scores per {key} prediction; "
+                                 f"{spec.path / 'config.json'} has {len(labels)} {key} labels")
     return servable_tasks(spec, outputs, model_file)
 
 

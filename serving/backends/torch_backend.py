@@ -15,7 +15,7 @@ import logging
 import numpy as np
 import torch
 
-from bert.tasks import registry
+from bert.tasks import TASKS
 from serving.backends.base import Backend, ModelError, ModelSpec, threads_per_run
 from serving.backends.torch_packed import (CUDA_ATTENTIONS, PackedEncoder, PackedRunner, attention_reference,
                                            pack)
@@ -38,7 +38,7 @@ class TorchBackend(Backend):
         PackedEncoder (None = only for tanh-GELU models). Settings may carry `torch_packed`,
         `torch_cuda_graphs`, `torch_gelu_epilogue` to override."""
         super().__init__(spec)
-        from bert.checkpoint import load_checkpoint
+        from bert.checkpoint import load_for_inference
 
         if settings.device == "cuda" and not torch.cuda.is_available():
             raise ModelError("--device cuda was asked for, but torch sees no CUDA device")
@@ -47,15 +47,17 @@ class TorchBackend(Backend):
             torch.set_num_threads(threads)
         self.precision = settings.effective_precision
         self.device = torch.device(settings.device)
-        headed = spec.headed_tasks
-        task = headed[0] if len(headed) == 1 and not spec.config.get("task_labels") else None
-        self.model, _ = load_checkpoint(spec.path, task=task, dtype=DTYPES[self.precision], device=self.device)
+        # Every checkpoint loads as one class, whose outputs are one table under the graph-output names.
+        self.model, _ = load_for_inference(spec.path, dtype=DTYPES[self.precision], device=self.device)
+        missing = [t for t in spec.headed_tasks if t not in self.model.heads]
+        if missing:
+            raise ModelError(f"{spec.path}: the model has no head for task(s) {', '.join(missing)}")
         self.model.set_attention_implementation("sdpa")
-        if "embed" in self.tasks:  # the pooled states come out of the same forward pass as the heads
+        if any(TASKS[t].head is None for t in self.tasks):  # pooled states come out of the heads' forward pass
             self.model.set_pooling(spec.pooling.mode)
         self.model.eval()
-        # The model's result fields under the graph-output names they are exported as -> our names.
-        self.outputs = registry.graph_output_names(self.tasks)
+        # The model's output table (graph-output names) -> our output names.
+        self.outputs = {name: ours for t in self.tasks for name, ours in TASKS[t].graph_outputs.items()}
 
         cuda = self.device.type == "cuda"
         packed = _choice(packed, getattr(settings, "torch_packed", None), cuda)
@@ -77,8 +79,11 @@ class TorchBackend(Backend):
         if self.runner is not None:
             packed = pack(batch)
             if packed is not None and packed.max_len <= self.runner.encoder.max_positions:
-                return self.runner.run(packed)
+                return self._named(self.runner.run(packed))
         return self.run_padded(batch)
+
+    def _named(self, table: dict) -> dict[str, np.ndarray]:
+        return {self.outputs[name]: value for name, value in table.items() if name in self.outputs}
 
     @torch.inference_mode()
     def run_padded(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -86,17 +91,16 @@ class TorchBackend(Backend):
                   for k in ("input_ids", "attention_mask", "token_type_ids")}
         if np.all(batch["attention_mask"]):  # nothing padded: no mask, so SDPA may use its flash kernel
             inputs["attention_mask"] = None
-        output = self.model(**inputs)
-        return {ours: getattr(output, field).float().cpu().numpy() for field, ours in self.outputs.items()
-                if getattr(output, field, None) is not None}
+        table = self.model(**inputs).outputs
+        return self._named({name: (value.float() if value.is_floating_point() else value).cpu().numpy()
+                            for name, value in table.items()})
 
     # ---- choosing the packed path on this device ----------------------------------------------
     def _packed_runner(self, cuda_graphs: bool, gelu_epilogue: bool | None) -> PackedRunner | None:
         """The fastest packed runner that matches the padded path on a probe batch here, or None."""
         notes = self.fast_path["notes"]
         try:
-            encoder = PackedEncoder(self.model, gelu_epilogue=gelu_epilogue,
-                                    pooling=self.spec.pooling.mode if "embed" in self.tasks else None)
+            encoder = PackedEncoder(self.model, gelu_epilogue=gelu_epilogue)
         except TypeError as e:
             notes.append(f"packed path off: {e}")
             return None
@@ -113,7 +117,7 @@ class TorchBackend(Backend):
                 runner = PackedRunner(encoder, self.device, graphs=graphs)
                 # Twice: the second run replays the captured graph on other inputs of the same bucket.
                 runner.run(pack(probe))
-                got = runner.run(pack(probe))
+                got = self._named(runner.run(pack(probe)))
             except Exception as e:  # noqa: BLE001 - a kernel this torch/GPU lacks: try the next
                 notes.append(f"{label}: {type(e).__name__}: {str(e)[:160]}")
                 continue

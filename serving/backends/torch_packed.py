@@ -16,6 +16,11 @@ Part of the torch backend (serving/backends/torch_backend.py is its only user). 
 - One pinned host buffer per bucket for all int32 inputs (one host-to-device copy), pinned output
   buffers, non_blocking copies, one synchronisation per batch.
 
+The packed forward itself is the model's (bert/model.py): a `Packing` passed in place of the attention mask
+makes the same embeddings, layers and heads run over (N, H) tokens, attention as the "varlen"
+implementation with the kernel chosen here. This module holds what is serving's: packing and unpacking
+batches, shape buckets, CUDA graphs, and the attention kernels to choose from.
+
 Every piece except the flash kernel and the graph capture itself runs on CPU too (attention by a
 per-sequence reference, graphs replaced by eager calls on the same static buffers), which is how the
 tests prove the packing, the bucket padding and the heads equal the padded model.
@@ -32,7 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bert.model import activation
+from bert.model import Packing
+from bert.tasks.registry import TASKS
 
 log = logging.getLogger("bertserve")
 
@@ -143,155 +149,53 @@ CUDA_ATTENTIONS: list[Attention] = [attention_varlen, attention_aten_flash,
                                     contiguous(attention_varlen), contiguous(attention_aten_flash)]
 
 
-# ----------------------------------------------------------------------------- the encoder over packed tokens
-
-
-@dataclass
-class _Layer:
-    qkv_w: torch.Tensor  # (3H, H): query, key, value stacked
-    qkv_b: torch.Tensor
-    out_w: torch.Tensor
-    out_b: torch.Tensor
-    ln1: tuple
-    inter_w: torch.Tensor
-    inter_b: torch.Tensor
-    ffn_w: torch.Tensor
-    ffn_b: torch.Tensor
-    ln2: tuple
+# ----------------------------------------------------------------------------- the model over packed tokens
 
 
 class PackedEncoder:
-    """A loaded bertserve model (eval, on its device and dtype) run over packed tokens.
+    """A loaded BertForMultiTask (eval, on its device and dtype) run over packed tokens: its own modules, with a
+    Packing in place of the attention mask (bert/model.py's varlen attention implementation), so it computes
+    what the padded forward computes: per-token heads on every token, sequence heads on each sequence's [CLS]
+    row, the pooled embedding. It holds no weights; the model's attention modules keep a fused QKV copy.
 
-    Shares the model's weights (only the stacked QKV weights are new) and computes what the model's
-    heads compute: per-token heads (ner, qa) as one matrix over all tokens, the sequence head
-    (classify: pooler + classifier) on each sequence's [CLS] row, and the embed task's pooled vector."""
+    gelu_epilogue: the feed-forward GELU inside the GEMM (cuBLASLt's GELU_BIAS epilogue on CUDA: one pass over
+    the 4H-wide activations fewer). That epilogue is the tanh approximation, so by default only for models
+    trained with it (gelu_new / gelu_pytorch_tanh); True applies it to exact-GELU models too (differences far
+    below fp16 rounding; an opt-in, measured as its own piece by the GPU kit)."""
 
-    def __init__(self, model, attention: Attention = attention_reference, gelu_epilogue: bool | None = None,
-                 pooling: str | None = None):
-        """gelu_epilogue: the feed-forward GELU inside the GEMM (cuBLASLt's GELU_BIAS epilogue on CUDA: one pass
-        over the 4H-wide activations fewer). That epilogue is the tanh approximation, so by default only for
-        models trained with it (gelu_new / gelu_pytorch_tanh); True applies it to exact-GELU models too
-        (differences far below fp16 rounding; an opt-in, measured as its own piece by the GPU kit).
-        pooling: also compute the embed task's vector of each sequence ("cls" or "mean"; "max" has no packed form)."""
-        from bert.model import (BertForMultiTask, BertForQuestionAnswering, BertForSequenceClassification,
-                                BertForTokenClassification)
+    def __init__(self, model, attention: Attention = attention_reference, gelu_epilogue: bool | None = None):
+        from bert.model import PACKED_POOLINGS, BertForMultiTask
 
+        if not isinstance(model, BertForMultiTask):
+            raise TypeError(f"no packed path for {type(model).__name__} (load checkpoints with load_for_inference)")
+        pooling = model.encoder_module().pooling
+        if not model.heads and pooling is None:
+            raise TypeError("no packed path for a model with neither heads nor pooling")
+        if pooling is not None and pooling not in PACKED_POOLINGS:
+            raise TypeError(f"no packed path for {pooling} pooling")
         config = model.config
+        self.model = model
         self.attention = attention
-        self.heads, self.head_size = config.num_attention_heads, config.head_size
-        self.hidden = config.hidden_size
-        self.eps = config.layer_norm_eps
-        self.act = activation(config.hidden_act)
         tanh_gelu = config.hidden_act in ("gelu_new", "gelu_pytorch_tanh")
         self.gelu_epilogue = (tanh_gelu if gelu_epilogue is None else gelu_epilogue) and (
             tanh_gelu or config.hidden_act == "gelu")
-        encoder = model.encoder_module()
-        emb = encoder.embeddings
-        self.word, self.position, self.segment = (emb.word_embeddings.weight, emb.position_embeddings.weight,
-                                                  emb.token_type_embeddings.weight)
-        self.emb_ln = (emb.LayerNorm.weight, emb.LayerNorm.bias)
-        self.max_positions = self.position.shape[0]
-        self.layers = []
-        with torch.no_grad():
-            for block in encoder.encoder.layer:
-                sa, so = block.attention.self, block.attention.output
-                self.layers.append(_Layer(
-                    torch.cat([sa.query.weight, sa.key.weight, sa.value.weight]),
-                    torch.cat([sa.query.bias, sa.key.bias, sa.value.bias]),
-                    so.dense.weight, so.dense.bias, (so.LayerNorm.weight, so.LayerNorm.bias),
-                    block.intermediate.dense.weight, block.intermediate.dense.bias,
-                    block.output.dense.weight, block.output.dense.bias,
-                    (block.output.LayerNorm.weight, block.output.LayerNorm.bias)))
+        self.max_positions = config.max_position_embeddings
+        model.fuse_qkv()
+        # The model's outputs with a row per token (unpacked into the padded layout); the others have one per
+        # sequence. From the tasks' declarations: which of their outputs are per token.
+        self.per_token = {name for task in TASKS.values() if task.per_token for name in task.graph_outputs}
 
-        # Heads: name -> linear over tokens, and the one sequence-level head.
-        token_heads: list[tuple[str, torch.nn.Linear]] = []
-        self.pooler = self.classifier = None
-        if isinstance(model, BertForMultiTask):
-            if hasattr(model, "token_classifier"):
-                token_heads.append(("ner", model.token_classifier))
-            if hasattr(model, "qa_outputs"):
-                token_heads.append(("qa", model.qa_outputs))
-            if hasattr(model, "classifier"):
-                self.pooler, self.classifier = model.bert.pooler.dense, model.classifier
-        elif isinstance(model, BertForTokenClassification):
-            token_heads.append(("ner", model.classifier))
-        elif isinstance(model, BertForQuestionAnswering):
-            token_heads.append(("qa", model.qa_outputs))
-        elif isinstance(model, BertForSequenceClassification):
-            self.pooler, self.classifier = model.bert.pooler.dense, model.classifier
-        elif pooling is None:  # a bare encoder is served packed only for its embeddings
-            raise TypeError(f"no packed path for {type(model).__name__}")
-        if pooling not in (None, "cls", "mean"):
-            raise TypeError(f"no packed path for {pooling} pooling")
-        self.pooling = pooling
-        # Per-sequence outputs side by side in one (S, width) array: the classifier's logits, then the embedding.
-        self.sequence_columns: dict[str, slice] = {}
-        if self.classifier is not None:
-            self.sequence_columns["classify"] = slice(0, self.classifier.out_features)
-        if pooling is not None:
-            start = self.classifier.out_features if self.classifier is not None else 0
-            self.sequence_columns["embed"] = slice(start, start + self.hidden)
-        self.sequence_width = max((c.stop for c in self.sequence_columns.values()), default=0)
-        self.token_columns: dict[str, slice] = {}
-        start = 0
-        for name, linear in token_heads:
-            width = linear.out_features
-            if name == "qa":  # start and end logits: columns of one (H, 2) head
-                self.token_columns["qa_start"] = slice(start, start + 1)
-                self.token_columns["qa_end"] = slice(start + 1, start + 2)
-            else:
-                self.token_columns[name] = slice(start, start + width)
-            start += width
-        self.token_width = start
-        with torch.no_grad():
-            self.token_w = torch.cat([lin.weight for _, lin in token_heads]) if token_heads else None
-            self.token_b = torch.cat([lin.bias for _, lin in token_heads]) if token_heads else None
+    def forward(self, ids, types, positions, cu, cls_rows, max_len: int, cu_host=None) -> dict[str, torch.Tensor]:
+        """ids, types, positions: (N,) int; cu: (S+1,) int32; cls_rows: (S,) int -> the model's output table:
+        per-token outputs (N, ...), per-sequence ones (S, ...); floating ones in float32."""
+        packing = Packing(positions, cu, cls_rows, max_len, self.attention, cu_host, self.gelu_epilogue)
+        table = self.model(ids, packing, types).outputs
+        return {name: value.float() if value.is_floating_point() else value for name, value in table.items()}
 
-    def forward(self, ids, types, positions, cu, cls_rows, max_len: int, cu_host=None):
-        """ids, types, positions: (N,) int; cu: (S+1,) int32; cls_rows: (S,) int -> (per-token (N, L) float32
-        or None, per-sequence (S, L) float32 or None)."""
-        n = ids.shape[0]
-        x = F.embedding(ids, self.word) + F.embedding(types, self.segment) + F.embedding(positions, self.position)
-        x = F.layer_norm(x, (self.hidden,), *self.emb_ln, self.eps)  # (N, H)
-        for layer in self.layers:
-            q, k, v = F.linear(x, layer.qkv_w, layer.qkv_b).view(n, 3, self.heads, self.head_size).unbind(1)
-            y = self.attention(q, k, v, cu, max_len, cu_host).reshape(n, self.hidden)  # (N, nh, hs) -> (N, H)
-            x = F.layer_norm(F.linear(y, layer.out_w, layer.out_b) + x, (self.hidden,), *layer.ln1, self.eps)
-            if self.gelu_epilogue:
-                h = torch._addmm_activation(layer.inter_b, x, layer.inter_w.t(), use_gelu=True)
-            else:
-                h = self.act(F.linear(x, layer.inter_w, layer.inter_b))
-            x = F.layer_norm(F.linear(h, layer.ffn_w, layer.ffn_b) + x, (self.hidden,), *layer.ln2, self.eps)
-        tokens = F.linear(x, self.token_w, self.token_b).float() if self.token_w is not None else None
-        parts = []
-        if self.classifier is not None:
-            pooled = torch.tanh(self.pooler(x.index_select(0, cls_rows)))  # the [CLS] states
-            parts.append(self.classifier(pooled).float())
-        if self.pooling == "cls":
-            parts.append(x.index_select(0, cls_rows).float())
-        elif self.pooling == "mean":
-            # Per-sequence sums as differences of one running sum: static shapes, so it is graph-capturable. In
-            # float64, because the difference of two sums over thousands of tokens would cancel float32 digits.
-            running = F.pad(x.double().cumsum(dim=0), (0, 0, 1, 0))  # (N + 1, H)
-            bounds = cu.long()
-            counts = (bounds[1:] - bounds[:-1]).clamp(min=1).unsqueeze(1)
-            sums = running.index_select(0, bounds[1:]) - running.index_select(0, bounds[:-1])
-            parts.append((sums / counts).float())
-        sequences = torch.cat(parts, dim=1) if parts else None
-        return tokens, sequences
-
-    def named(self, tokens: np.ndarray | None, sequences: np.ndarray | None, where: np.ndarray) -> dict:
-        """The backend's task-named outputs, per-token ones back in the padded (B, T) layout."""
-        out = {}
-        if sequences is not None:
-            for name, cols in self.sequence_columns.items():
-                out[name] = sequences[:, cols]
-        if tokens is not None:
-            padded = unpack_tokens(tokens, where)
-            for name, cols in self.token_columns.items():
-                out[name] = padded[..., cols.start] if name in ("qa_start", "qa_end") else padded[..., cols]
-        return out
+    def unpack(self, outputs: dict[str, np.ndarray], where: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-token outputs back in the padded (B, T, ...) layout; per-sequence ones as they are."""
+        return {name: unpack_tokens(value, where) if name in self.per_token else value
+                for name, value in outputs.items()}
 
 
 # ----------------------------------------------------------------------------- static buckets and CUDA graphs
@@ -314,15 +218,13 @@ class _Bucket:
         self.cu_host: list[int] | None = None  # read by the reference attention (CPU); graphs never need it
         self.encoder = encoder
         self.graph = None
-        self.outputs = (None, None)
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.pinned = cuda
+        self.host_outputs: dict[str, torch.Tensor] | None = None  # made on the first run, shaped like the outputs
         if graph:
             self._capture(pool)
-        self.host_tokens = (torch.empty((tokens, encoder.token_width), dtype=torch.float32, pin_memory=cuda)
-                            if encoder.token_w is not None else None)
-        self.host_sequences = (torch.empty((sequences, encoder.sequence_width), dtype=torch.float32,
-                                           pin_memory=cuda) if encoder.sequence_width else None)
 
-    def _run(self):
+    def _run(self) -> dict[str, torch.Tensor]:
         ids, types, positions, cu, cls_rows = self.views
         return self.encoder.forward(ids, types, positions, cu, cls_rows, self.max_len, self.cu_host)
 
@@ -354,21 +256,24 @@ class _Bucket:
         self.cu_host = cu_all.tolist()
         self.device_in.copy_(self.host, non_blocking=True)
 
-    def run(self, packed: Packed) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def run(self, packed: Packed) -> dict[str, np.ndarray]:
+        """The model's output table for these packed sequences: per-token outputs (N, ...), per-sequence (B, ...)."""
         self._fill(packed.ids, packed.types, packed.positions, packed.cu_seqlens)
         if self.graph is not None:
             self.graph.replay()
-            tokens, sequences = self.outputs
+            outputs = self.outputs
         else:
-            tokens, sequences = self._run()
-        for host, dev in ((self.host_tokens, tokens), (self.host_sequences, sequences)):
-            if host is not None:
-                host.copy_(dev, non_blocking=True)
+            outputs = self._run()
+        if self.host_outputs is None:
+            self.host_outputs = {name: torch.empty(value.shape, dtype=value.dtype, pin_memory=self.pinned)
+                                 for name, value in outputs.items()}
+        for name, host in self.host_outputs.items():
+            host.copy_(outputs[name], non_blocking=True)
         if self.device_in.is_cuda:
             torch.cuda.current_stream().synchronize()
         n, b = packed.tokens, packed.batch
-        return (self.host_tokens.numpy()[:n].copy() if self.host_tokens is not None else None,
-                self.host_sequences.numpy()[:b].copy() if self.host_sequences is not None else None)
+        return {name: host.numpy()[:n if name in self.encoder.per_token else b].copy()
+                for name, host in self.host_outputs.items()}
 
 
 class PackedRunner:
@@ -404,6 +309,7 @@ class PackedRunner:
 
     @torch.inference_mode()
     def run(self, packed: Packed) -> dict[str, np.ndarray]:
+        """The model's output table (graph-output names), per-token outputs in the padded (B, T, ...) layout."""
         key = self.key(packed)
         with self.lock:
             bucket = self.buckets.get(key)
@@ -413,5 +319,5 @@ class PackedRunner:
                 while len(self.buckets) > self.max_buckets:
                     self.buckets.popitem(last=False)
             self.buckets.move_to_end(key)
-            tokens, sequences = bucket.run(packed)
-        return self.encoder.named(tokens, sequences, packed.where)
+            outputs = bucket.run(packed)
+        return self.encoder.unpack(outputs, packed.where)
