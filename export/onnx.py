@@ -22,7 +22,7 @@ from bert.tasks import TASKS, registry
 from bert.tasks.embed import POOLINGS
 
 from .cli import Progress, ResultError, UsageError, run
-from .manifest import MANIFEST_FILE, MODEL_FILE, PLAN_FILE, PORTABLE_FILE, artifact_files, file_entry, write_manifest
+from .manifest import MANIFEST_FILE, MODEL_FILE, PLAN_FILE, PORTABLE_FILE, artifact_files, write_manifest
 from .source import LAYOUTS, pools
 
 PRECISIONS = ("fp32", "fp16", "int8")

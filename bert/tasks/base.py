@@ -16,7 +16,10 @@ imported inside the training hooks only, so a server with an ONNX backend import
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+if TYPE_CHECKING:
+    from bert.tasks.common import Limits, ModelFacts
 
 HEAD_KINDS = ("sequence", "token", "span", "mlm")
 
