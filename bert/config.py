@@ -241,3 +241,36 @@ def _is_int(value) -> bool:
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
+
+def head_layout(config: BertConfig) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The task heads a checkpoint holds, as (task -> its labels, task -> the head's attribute); torch-free, so
+    serving reads the same answer from a directory as the model it loads (bert.model.BertForMultiTask):
+    - a multi-task checkpoint (config.task_labels): those tasks, each at its multi-task attribute (Head.attribute);
+    - a checkpoint made for one task alone (config.task, else its architectures): every task its architecture
+      serves (the registry's tasks_of_architecture: a one-output sequence classifier serves classify and rerank
+      from its one head), at their single-task attributes (Head.single_attribute: transformers' names);
+    - a bare encoder, or a config whose task has no head: none (those tasks are served by the encoder)."""
+    from .tasks import registry
+
+    tasks_table = registry.TASKS
+    if config.task_labels:
+        unknown = [t for t in config.task_labels if t not in tasks_table or tasks_table[t].head is None]
+        if unknown:
+            raise ConfigError(f"config.task_labels names {', '.join(map(repr, unknown))}: not tasks with a head "
+                                  f"({', '.join(registry.with_heads())})")
+        return ({t: list(labels or []) for t, labels in config.task_labels.items()},
+                {t: tasks_table[t].head.attribute for t in config.task_labels})
+    declared = tasks_table.get(config.task) if config.task else None
+    if declared is not None and declared.head is None:
+        return {}, {}
+    architectures = ([declared.architecture] if declared is not None and declared.architecture else []) + list(
+        config.architectures or [])
+    facts = {**config.to_dict(), "num_labels": config.num_labels}
+    found = [t for a in architectures for t in registry.tasks_of_architecture(a, facts)]
+    if declared is not None and declared.name not in found:
+        found.insert(0, declared.name)
+    tasks = list(dict.fromkeys(found))
+    labels = ([config.id2label[i] for i in range(len(config.id2label))] if config.id2label
+              else [f"LABEL_{i}" for i in range(config.num_labels)])
+    return ({t: list(labels) if tasks_table[t].labelled else [] for t in tasks},
+            {t: tasks_table[t].head.single_attribute for t in tasks})

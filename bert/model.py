@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import head_layout
-from .config import BertConfig
+from .config import BertConfig, head_layout
 from .tasks import registry
 from .tasks.embed import POOLINGS
 from .tasks.registry import TASKS

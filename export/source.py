@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bert.checkpoint import (TOKENIZER_FILES, CheckpointError, check_checkpoint, head_layout, load_checkpoint,
+from bert.checkpoint import (TOKENIZER_FILES, CheckpointError, check_checkpoint, load_checkpoint,
                              load_for_inference, resolve_checkpoint)
-from bert.config import PRESETS, BertConfig
+from bert.config import PRESETS, BertConfig, head_layout
 from bert.digest import sha256_files
 from bert.tasks import TASKS, registry
 from bert.tasks.embed import Pooling, PoolingError, read_pooling

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from bert.checkpoint import CheckpointError, head_layout
-from bert.config import BertConfig, ConfigError
+from bert.checkpoint import CheckpointError
+from bert.config import BertConfig, ConfigError, head_layout
 from bert.digest import listed_entries, mismatches
 from bert.errors import read_json_object
 from bert.tasks import TASKS, registry
