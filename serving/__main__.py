@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     except PortError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    log.info("listening on %s:%d; loading the model", settings.host, sock.getsockname()[1])
     loading = LoadingResponder(sock)  # /health 200, /ready and the rest 503 "loading" meanwhile
     engine = _load(settings)
     loading.stop()
     if engine is None:
         sock.close()
         return 2
+    log.info("listening on http://%s:%d", settings.host, sock.getsockname()[1])  # uvicorn's line needs its own bind
     if not settings.api_key and not is_loopback(settings.host):
         log.warning("listening on %s with no API key: anyone who reaches this address can use the model "
                     "(set BERTSERVE_API_KEY, or keep the port on a private network)", settings.host)
