@@ -19,7 +19,6 @@ import typing
 import uvicorn
 from pydantic import ValidationError
 
-from serving.middleware import wait_for_idle
 from bert.tasks import registry
 from serving.settings import Settings
 
@@ -58,8 +57,9 @@ class GracefulServer(uvicorn.Server):
 
     First SIGTERM/SIGINT: /ready turns 503 while requests are still served for `drain_delay_s`, then stop
     admitting (new requests get a JSON 503), give admitted requests up to `timeout_s` to finish, answer any
-    still running with a JSON 503, then stop: exit 0 within about drain_delay_s + timeout_s + 2 s. A second signal: every admitted request gets its JSON 503 at once and the process
-    exits within a second (exit 128 + signal). A model that fails warm-up stops the server (exit 2).
+    still running with a JSON 503, then stop: exit 0 within about drain_delay_s + timeout_s + 2 s. A second
+    signal: every admitted request gets its JSON 503 at once and the process exits within a second (exit
+    128 + signal). A model that fails warm-up stops the server (exit 2).
     """
 
     def __init__(self, config: uvicorn.Config, app, timeout_s: float, drain_delay_s: float = 0.0):
@@ -100,6 +100,8 @@ class GracefulServer(uvicorn.Server):
             self.app_state.draining = True
         log.info("shutting down: answering %d admitted requests first (at most %gs)", self.app_state.in_flight,
                  self.timeout_s)
+        from serving.middleware import wait_for_idle  # imported with the app by now
+
         if not await wait_for_idle(self.app_state, self.timeout_s):
             log.warning("shutdown timeout (%gs): %d requests unfinished get a 503", self.timeout_s,
                         self.app_state.in_flight)
@@ -108,6 +110,8 @@ class GracefulServer(uvicorn.Server):
 
     async def _abort(self, grace_s: float) -> None:
         """Answer every admitted request with a JSON 503 now, give the answers `grace_s` to be written, stop."""
+        from serving.middleware import wait_for_idle
+
         self.app_state.abort()
         await wait_for_idle(self.app_state, grace_s)
         self.should_exit = True

@@ -94,7 +94,7 @@ class RequestMiddleware:
         self.state = state
         self.metrics = metrics
         self._api_key = settings.api_key.encode() if settings.api_key else None
-        self._access_log = getattr(settings, "access_log", False)
+        self._access_log = settings.access_log
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
