@@ -121,9 +121,10 @@ USER 10001:10001
 WORKDIR /home/bertserve
 VOLUME ["/cache"]
 EXPOSE 8000
-# The server drains on SIGTERM: new requests get 503, admitted ones finish within --shutdown-timeout-s
-# (30 s) and the process exits about 2 s later. Docker's default stop timeout (10 s) is shorter than that
-# worst drain of 32 s: run with --stop-timeout 45 (compose: stop_grace_period 45s).
+# The server drains on SIGTERM: /ready says 503 while it still serves for --drain-delay-s (5 s), then new
+# requests get 503, admitted ones finish within --shutdown-timeout-s (30 s) and the process exits about 2 s
+# later. Docker's default stop timeout (10 s) is shorter than that worst stop of 37 s: run with
+# --stop-timeout 45 (compose: stop_grace_period 50s).
 STOPSIGNAL SIGTERM
 # Healthy = /ready answers 200, on whatever port the server listens (healthcheck.py reads it from /proc).
 # Every 5 s, so "healthy" follows readiness within 5 s: Docker 20.10 has no --start-interval (Docker 25+)

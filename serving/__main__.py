@@ -1,9 +1,11 @@
 """`python -m serving`: run the bertserve HTTP server (uvicorn).
 
 Every setting is a flag and an env var (BERTSERVE_<NAME>); flags win. With no model given it serves
-the built-in demo model (serving/demo_model/). On SIGTERM/SIGINT it stops admitting requests (503),
-answers every admitted one (those still running after --shutdown-timeout-s get a JSON 503), then exits 0;
-a second signal exits at once.
+the built-in demo model (serving/demo_model/). It takes its port before loading the model (a busy port:
+one line, exit 2); while it loads, /health answers and /ready is 503. On SIGTERM/SIGINT /ready turns 503
+while requests are still served for --drain-delay-s (load balancers take the replica out), then it stops
+admitting requests (503), answers every admitted one (those still running after --shutdown-timeout-s get a
+JSON 503), then exits 0; a second signal exits at once.
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import typing
 import uvicorn
 from pydantic import ValidationError
 
-from serving.middleware import wait_for_idle
 from bert.tasks import registry
 from serving.settings import Settings
 
@@ -46,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
             if typing.get_origin(arg) is typing.Literal:
                 choices = list(typing.get_args(arg))
         default = field.default
+        if annotation is bool:  # `--access-log` alone turns it on; `--access-log false` off
+            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, nargs="?", const="true",
+                                metavar="true|false",
+                                help=f"{field.description} [env BERTSERVE_{name.upper()}] (default: {default})")
+            continue
         help_text = f"{field.description} [env BERTSERVE_{name.upper()}]"
         if annotation is bool:  # a switch: present means true
             parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, action="store_true", help=help_text)
@@ -60,16 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
 class GracefulServer(uvicorn.Server):
     """uvicorn, with a shutdown that is right under every orchestrator.
 
-    First SIGTERM/SIGINT: stop admitting (new requests get a JSON 503), give admitted requests up to
-    `timeout_s` to finish, answer any still running with a JSON 503, then stop: exit 0 within about
-    timeout_s + 2 s. A second signal: every admitted request gets its JSON 503 at once and the process
-    exits within a second (exit 128 + signal). A model that fails warm-up stops the server (exit 2).
+    First SIGTERM/SIGINT: /ready turns 503 while requests are still served for `drain_delay_s`, then stop
+    admitting (new requests get a JSON 503), give admitted requests up to `timeout_s` to finish, answer any
+    still running with a JSON 503, then stop: exit 0 within about drain_delay_s + timeout_s + 2 s. A second
+    signal: every admitted request gets its JSON 503 at once and the process exits within a second (exit
+    128 + signal). A model that fails warm-up stops the server (exit 2).
     """
 
-    def __init__(self, config: uvicorn.Config, app, timeout_s: float):
+    def __init__(self, config: uvicorn.Config, app, timeout_s: float, drain_delay_s: float = 0.0):
         super().__init__(config)
         self.app_state = app.state.server
         self.timeout_s = timeout_s
+        self.drain_delay_s = drain_delay_s
         self.exit_code = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._signals = 0
@@ -86,15 +94,25 @@ class GracefulServer(uvicorn.Server):
         if self._loop is None:
             self.should_exit = True
         elif self._signals == 1:
-            self.app_state.draining = True
+            if self.drain_delay_s > 0:
+                self.app_state.leaving = True
+            else:
+                self.app_state.draining = True
             self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
         else:
             self.exit_code = 128 + sig
             self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._abort(grace_s=0.5)))
 
     async def _drain(self) -> None:
+        if self.drain_delay_s > 0:
+            # Load balancers see /ready fail and stop sending here; whatever they send until then is served.
+            log.info("shutting down: not ready, still serving for %gs (drain delay)", self.drain_delay_s)
+            await asyncio.sleep(self.drain_delay_s)
+            self.app_state.draining = True
         log.info("shutting down: answering %d admitted requests first (at most %gs)", self.app_state.in_flight,
                  self.timeout_s)
+        from serving.middleware import wait_for_idle  # imported with the app by now
+
         if not await wait_for_idle(self.app_state, self.timeout_s):
             log.warning("shutdown timeout (%gs): %d requests unfinished get a 503", self.timeout_s,
                         self.app_state.in_flight)
@@ -103,6 +121,8 @@ class GracefulServer(uvicorn.Server):
 
     async def _abort(self, grace_s: float) -> None:
         """Answer every admitted request with a JSON 503 now, give the answers `grace_s` to be written, stop."""
+        from serving.middleware import wait_for_idle
+
         self.app_state.abort()
         await wait_for_idle(self.app_state, grace_s)
         self.should_exit = True
@@ -127,31 +147,55 @@ def main(argv: list[str] | None = None) -> int:
             message = str(error["msg"]).removeprefix("Value error, ")
             print(f"error: --{where.replace('_', '-')}: {message}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from bert.errors import one_line
+    from serving.logs import configure as configure_logs
+    from serving.startup import LoadingResponder, PortError, is_loopback, listen
+
+    log_config = configure_logs(settings.log_level, settings.log_format)
+    try:  # the port first: a busy one is one line at once, not after loading and warming the model
+        sock = listen(settings.host, settings.port)
+    except PortError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    loading = LoadingResponder(sock)  # /health 200, /ready and the rest 503 "loading" meanwhile
+    engine = _load(settings)
+    loading.stop()
+    if engine is None:
+        sock.close()
+        return 2
+    log.info("listening on http://%s:%d", settings.host, sock.getsockname()[1])  # uvicorn's line needs its own bind
+    if not settings.api_key and not is_loopback(settings.host):
+        log.warning("listening on %s with no API key: anyone who reaches this address can use the model "
+                    "(set BERTSERVE_API_KEY, or keep the port on a private network)", settings.host)
     from serving.app import create_app
-    from serving.backends.base import ModelError
-    from serving.engine import Engine
-    from serving.metrics import Metrics
     from serving.protocol import http_protocol
 
-    engine = Engine(settings, Metrics())
-    try:  # load before uvicorn starts, so a bad model is one clear line and exit 2, not a traceback
-        engine.load()
-    except (ModelError, OSError, ValueError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - e.g. a checkpoint whose weights do not fit its config
-        print(f"error: cannot load the model: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
-        return 2
     app = create_app(settings, engine=engine)
     # What is left after the drain (responses being written, idle keep-alive connections) gets 2 s more.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             http=http_protocol(settings.header_timeout_s), timeout_graceful_shutdown=2,
-                            access_log=False)
-    server = GracefulServer(config, app, settings.shutdown_timeout_s)
-    server.run()
+                            access_log=False, log_config=log_config)
+    server = GracefulServer(config, app, settings.shutdown_timeout_s, settings.drain_delay_s)
+    server.run(sockets=[sock])
     return server.exit_code if server.started else 3
+
+
+def _load(settings: Settings):
+    """The engine, loaded; or None after one clear `error:` line (a bad model, never a traceback)."""
+    from bert.errors import one_line
+    from serving.backends.base import ModelError
+    from serving.engine import Engine
+    from serving.metrics import Metrics
+
+    engine = Engine(settings, Metrics())
+    try:
+        engine.load()
+    except (ModelError, OSError, ValueError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return None
+    except Exception as e:  # noqa: BLE001 - e.g. a checkpoint whose weights do not fit its config
+        print(f"error: cannot load the model: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
+        return None
+    return engine
 
 
 def exit_now(code: int) -> None:

@@ -56,6 +56,7 @@ class Timing:
     queue_s: float = 0.0
     inference_s: float = 0.0
     tokens: int = 0  # model input tokens of all its sequences (special tokens included)
+    items: int = 0  # texts, pairs or QA items asked for (the access log's "items")
     verified: int = 0  # items answered again by the exact model (--TASK-verify-model)
 
     def add(self, results: list[SequenceResult]) -> None:
@@ -327,6 +328,7 @@ class Engine:
         flat = [f for item_features in features for f in item_features]
         results = await self._infer(unit, flat, ticket, timing)
         timing.tokens += sum(len(f) for f in flat)
+        timing.items += len(items)
         outputs, at = [], 0
         for item_features in features:
             outputs.append([r.outputs for r in results[at: at + len(item_features)]])

@@ -16,8 +16,10 @@ from starlette.exceptions import HTTPException
 from bert.tasks import registry
 from serving.docs import DOCS_PATHS
 from serving.errors import Overloaded, PayloadTooLarge, Unauthorized, Unavailable, for_status
+from serving.logs import log_access, request_id as current_request_id
 
 INFERENCE_PATHS = frozenset(registry.routes())
+TASK_OF_PATH = registry.routes()
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"}) | DOCS_PATHS
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 
@@ -28,7 +30,10 @@ class ServerState:
     def __init__(self) -> None:
         self.ready = False
         self.failed: str | None = None
-        self.draining = False
+        # SIGTERM's first phase (--drain-delay-s): /ready answers 503 so load balancers take this replica out,
+        # while every request that still arrives is served.
+        self.leaving = False
+        self.draining = False  # the second phase: admission closed, admitted requests finishing
         self.in_flight = 0  # admitted inference requests not yet answered
         # Set by abort() when the server gives up on admitted work (shutdown past its timeout, or a second
         # signal): every waiting route answers a JSON 503 at once instead of being cut off by the ASGI server.
@@ -55,11 +60,12 @@ class ServerState:
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
-    def unavailable(self, *, warming: bool = True) -> Unavailable | None:
-        """Why the model cannot answer now (None: it can): failed, shutting down, or (if `warming`) warming up."""
+    def unavailable(self, *, warming: bool = True, leaving: bool = True) -> Unavailable | None:
+        """Why the model cannot answer now (None: it can): failed, shutting down, (if `leaving`) in the drain
+        delay, or (if `warming`) warming up. All of them for /ready; requests are still served while leaving."""
         if self.failed:
             return Unavailable(f"the model failed to start: {self.failed}", retry_after_s=0)
-        if self.draining:
+        if self.draining or (leaving and self.leaving):
             return Unavailable("the server is shutting down")
         if warming and not self.ready:
             return Unavailable("the model is warming up")
@@ -88,6 +94,7 @@ class RequestMiddleware:
         self.state = state
         self.metrics = metrics
         self._api_key = settings.api_key.encode() if settings.api_key else None
+        self._access_log = settings.access_log
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -98,6 +105,7 @@ class RequestMiddleware:
         given_id = headers.get("x-request-id", "")
         request_id = given_id if _REQUEST_ID.match(given_id) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        id_token = current_request_id.set(request_id)
         path = scope["path"]
         endpoint = self.metrics.endpoint_label(path)
         status = [500]
@@ -110,6 +118,10 @@ class RequestMiddleware:
                 out = MutableHeaders(scope=message)
                 out["x-request-id"] = request_id
                 out["x-total-time-ms"] = f"{(time.perf_counter() - started) * 1000:.2f}"
+                if self.state.leaving or self.state.draining:
+                    # No kept-alive connection outlives the drain delay: a balancer's next request opens a new
+                    # one, to a replica that is staying.
+                    out["connection"] = "close"
             await send(message)
 
         admitted = False
@@ -135,7 +147,25 @@ class RequestMiddleware:
             if admitted:
                 self.state.in_flight -= 1
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
-            self.metrics.request_duration.labels(endpoint).observe(time.perf_counter() - started)
+            total_s = time.perf_counter() - started
+            self.metrics.request_duration.labels(endpoint).observe(total_s)
+            if self._access_log:
+                self._log_access(scope, request_id, status[0], total_s)
+            current_request_id.reset(id_token)
+
+    @staticmethod
+    def _log_access(scope, request_id: str, status: int, total_s: float) -> None:
+        timing = scope.get("state", {}).get("timing")  # set by the inference routes
+        client = scope.get("client")
+        log_access(request_id, {
+            "method": scope["method"], "route": scope["path"][:200], "status": status,
+            "task": TASK_OF_PATH.get(scope["path"]),
+            "items": getattr(timing, "items", None), "tokens": getattr(timing, "tokens", None),
+            "queue_ms": round(timing.queue_s * 1000, 2) if timing is not None else None,
+            "inference_ms": round(timing.inference_s * 1000, 2) if timing is not None else None,
+            "total_ms": round(total_s * 1000, 2),
+            "client": f"{client[0]}:{client[1]}" if client else None,
+        })
 
     def _refuse(self, scope, headers: Headers, path: str):
         if self._api_key is not None and path not in OPEN_PATHS:
@@ -147,7 +177,7 @@ class RequestMiddleware:
         if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
             return PayloadTooLarge(f"request body larger than {self.settings.max_body_bytes} bytes").response()
         if path in INFERENCE_PATHS or path == "/info":
-            refusal = self.state.unavailable(warming=path != "/info")
+            refusal = self.state.unavailable(warming=path != "/info", leaving=False)
             if refusal is not None:
                 return refusal.response()
         return None

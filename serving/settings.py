@@ -87,7 +87,16 @@ class _Settings(BaseSettings):
     shutdown_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take "
                                                              "to finish; those still running then get a JSON 503 "
                                                              "and the server exits (a second signal: at once)")
+    drain_delay_s: float = Field(
+        5.0, ge=0, description="on SIGTERM, how long /ready answers 503 while requests are still served, so load "
+                               "balancers stop sending before admission closes (docs/serving.md, \"Stopping\"); the "
+                               "default leaves half of docker stop's 10 s grace for the requests then in flight")
     log_level: str = Field("info", description="uvicorn log level (debug, info, warning, error)")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text | json (one JSON object per line: time, level, request id, route, task, status, "
+                            "items, tokens, queue/inference/total ms)")
+    access_log: bool = Field(False, description="log one line per request (request id from x-request-id, route, "
+                                                "task, status, items, tokens, times)")
 
     @field_validator("api_key")
     @classmethod

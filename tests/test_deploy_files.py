@@ -432,15 +432,33 @@ def _seconds(value) -> float:
     return float(value)
 
 
-def test_kubernetes_grace_period_covers_prestop_and_the_worst_drain():
+def _default_drain_delay_s() -> float:
+    from serving.settings import Settings
+
+    return Settings.model_fields["drain_delay_s"].default
+
+
+def test_kubernetes_grace_period_covers_the_drain_delay_and_the_worst_drain():
     resources = manifests()
     pod = resources[("Deployment", "bertserve")]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     config = resources[("ConfigMap", "bertserve-config")]["data"]
-    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre_stop[0] == "sleep"
-    worst = int(pre_stop[1]) + float(config["BERTSERVE_SHUTDOWN_TIMEOUT_S"]) + SHUTDOWN_EXIT_S
+    assert "lifecycle" not in container, "the server's drain delay replaces a preStop sleep"
+    delay = float(config.get("BERTSERVE_DRAIN_DELAY_S", _default_drain_delay_s()))
+    assert delay >= 5, "endpoint removal needs seconds to reach kube-proxy and the ingresses"
+    worst = delay + float(config["BERTSERVE_SHUTDOWN_TIMEOUT_S"]) + SHUTDOWN_EXIT_S
     assert pod["terminationGracePeriodSeconds"] >= worst + 10, (pod["terminationGracePeriodSeconds"], worst)
+
+
+def test_kubernetes_keeps_capacity_through_restarts_and_disruptions():
+    resources = manifests()
+    deployment = resources[("Deployment", "bertserve")]
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert resources[("HorizontalPodAutoscaler", "bertserve")]["spec"]["minReplicas"] >= 2
+    pdb = resources[("PodDisruptionBudget", "bertserve")]
+    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
 
 
 def test_kubernetes_api_key_secret_is_required():
@@ -521,7 +539,7 @@ def test_compose_drains_and_does_not_crash_loop():
         service = compose["services"][name]
         env = dict(e.split("=", 1) if "=" in e else (e, None) for e in service["environment"])
         timeout = float(re.search(r":-(\d+)", env["BERTSERVE_SHUTDOWN_TIMEOUT_S"]).group(1))
-        assert _seconds(service["stop_grace_period"]) >= timeout + SHUTDOWN_EXIT_S + 10
+        assert _seconds(service["stop_grace_period"]) >= _default_drain_delay_s() + timeout + SHUTDOWN_EXIT_S + 10
         assert service.get("stop_signal", "SIGTERM") == "SIGTERM"
         assert service["restart"].startswith("on-failure:"), "a server that cannot start must not restart forever"
         assert env["BERTSERVE_MODEL"] is None, "optional: passed through when set, else the image's default"
@@ -577,3 +595,93 @@ def test_docker_requirements_expand_the_extras():
     assert any(r.startswith("onnxruntime") for r in serve) and not any(r.startswith("torch") for r in serve)
     assert any(r.startswith("torch") for r in export), "bertserve[torch] inside [export] is expanded"
     assert set(project["dependencies"]) <= set(serve)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fleet: replicas behind haproxy (run for real by tests/test_fleet.py)
+
+FLEET = DEPLOY / "fleet"
+
+
+def test_fleet_compose_file_matches_compose_spec():
+    jsonschema = pytest.importorskip("jsonschema", reason="pip install check-jsonschema")
+    try:
+        schema_file = importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+        schema = json.loads(schema_file.read_text())
+    except ModuleNotFoundError:
+        pytest.skip("pip install check-jsonschema (it ships the compose-spec schema)")
+    compose = yaml.safe_load((FLEET / "docker-compose.yml").read_text())
+    errors = [f"{list(e.path)}: {e.message}" for e in jsonschema.validators.validator_for(schema)(schema)
+              .iter_errors(compose)]
+    assert not errors, errors
+
+
+def test_fleet_replicas_drain_behind_a_balancer_that_checks_ready_and_retries():
+    compose = yaml.safe_load((FLEET / "docker-compose.yml").read_text())
+    assert "name" not in compose and "version" not in compose, "Compose v1 rejects a top-level name"
+    services = compose["services"]
+    replicas = sorted(name for name in services if name.startswith("bertserve-"))
+    assert len(replicas) >= 2
+    config = (FLEET / "haproxy.cfg").read_text()
+    servers = re.findall(r"^\s+server (\S+) (\S+):8000\b", config, re.M)
+    assert sorted(name for name, _ in servers) == replicas and all(n == h for n, h in servers)
+    for name in replicas:
+        service = services[name]
+        assert "ports" not in service, "only the balancer publishes a port"
+        env = dict(e.split("=", 1) if "=" in e else (e, None) for e in service["environment"])
+        delay = float(re.search(r":-(\d+)", env["BERTSERVE_DRAIN_DELAY_S"]).group(1))
+        timeout = float(re.search(r":-(\d+)", env["BERTSERVE_SHUTDOWN_TIMEOUT_S"]).group(1))
+        assert _seconds(service["stop_grace_period"]) >= delay + timeout + SHUTDOWN_EXIT_S + 10
+        assert env["BERTSERVE_MODEL"] is None and env["BERTSERVE_API_KEY"] is None
+        assert service["restart"].startswith("on-failure:")
+    # The checks take a leaving replica out well within its drain delay: fall x inter.
+    checks = re.search(r"^\s+default-server check inter (\d+)s .*\bfall (\d+)\b", config, re.M)
+    assert int(checks.group(1)) * int(checks.group(2)) <= delay - 2, checks.group(0)
+    assert re.search(r"^\s+option httpchk GET /ready$", config, re.M)
+    assert re.search(r"^\s+http-check expect status 200$", config, re.M)
+    retry_on = re.search(r"^\s+retry-on (.*)$", config, re.M).group(1).split()
+    assert {"conn-failure", "empty-response", "502", "503", "504"} <= set(retry_on)
+    assert re.search(r"^\s+option redispatch\b", config, re.M)
+    assert re.search(r"set-header x-request-id .* unless \{ req.hdr\(x-request-id\) -m found \}", config)
+    lb = services["lb"]
+    assert lb["image"].startswith("${BERTSERVE_LB_IMAGE:-"), "the balancer's image is a variable"
+    assert lb["build"]["args"]["BASE_IMAGE"].startswith("${BERTSERVE_LB_BASE_IMAGE:-python:3.11-slim-bookworm")
+    assert lb["ports"] == ["${BERTSERVE_FLEET_ADDRESS:-127.0.0.1}:${BERTSERVE_FLEET_PORT:-8000}:8080"]
+    assert re.search(r"^\s+bind :8080$", config, re.M)
+    assert any(v.endswith(":/usr/local/etc/haproxy/haproxy.cfg:ro") for v in lb["volumes"])
+    assert "/usr/local/etc/haproxy/haproxy.cfg" in lb["command"]
+
+
+def test_fleet_balancer_image_builds_from_the_base_image():
+    dockerfile = (FLEET / "haproxy.Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=python:3.11-slim-bookworm$", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", dockerfile, re.M) and "# syntax" not in dockerfile
+    result = subprocess.run([tool("hadolint"), "--failure-threshold", "style", "--no-color",
+                             str(FLEET / "haproxy.Dockerfile")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_fleet_haproxy_config_is_valid():
+    """haproxy -c, where haproxy is installed (Debian: apt-get install haproxy)."""
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        pytest.skip("haproxy not installed (its config is checked in the fleet's image by tests/test_fleet.py)")
+    result = subprocess.run([haproxy, "-c", "-f", str(FLEET / "haproxy.cfg")], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("cli", [("docker-compose",), ("docker", "compose")], ids=["compose-v1", "compose-v2"])
+def test_fleet_compose_file_validates_with_compose(cli):
+    command = _compose_cli(*cli)
+    if command is None:
+        pytest.skip(f"`{' '.join(cli)}` is not installed (v1: apt-get install docker-compose; v2: the compose plugin)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BERTSERVE_")}
+    result = subprocess.run([*command, "-f", str(FLEET / "docker-compose.yml"), "config"], capture_output=True,
+                            text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)["services"]
+    assert {"bertserve-1", "bertserve-2", "bertserve-3", "lb"} == set(resolved)
+    assert resolved["bertserve-2"]["environment"]["BERTSERVE_DRAIN_DELAY_S"] == "5"
+    assert resolved["lb"]["ports"][0]["host_ip"] == "127.0.0.1" if isinstance(resolved["lb"]["ports"][0], dict) \
+        else resolved["lb"]["ports"][0].startswith("127.0.0.1:")

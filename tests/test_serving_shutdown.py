@@ -152,3 +152,69 @@ def test_second_sigterm_exits_at_once(tmp_path):
     assert set(statuses) <= {200, 503} and 503 in statuses, statuses
     assert second_to_exit < 2.0, second_to_exit
     assert server.process.returncode == 128 + signal.SIGTERM, server.log()[-3000:]
+
+
+def test_drain_delay_keeps_serving_while_ready_says_503(tmp_path):
+    """Issue 21: on SIGTERM /ready turns 503 at once, while every request that arrives during --drain-delay-s
+    is still answered (a load balancer needs that long to notice); after it, admission closes as before."""
+    checkpoint = build_checkpoint(tmp_path / "multi")
+    delay = 2.0
+    server = Server("--model", str(checkpoint), "--backend", "test_serving_shutdown:slow_backend",
+                    "--drain-delay-s", str(delay)).wait_ready()
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            sent: list[tuple[float, object]] = []  # (seconds after SIGTERM it was sent, response or exception)
+            signalled = [None]
+
+            async def client():  # closed loop, new requests all through the delay
+                while signalled[0] is None or time.monotonic() - signalled[0] < delay - 0.3:
+                    at = time.monotonic() - (signalled[0] or time.monotonic())
+                    try:
+                        sent.append((at, await c.post("/classify", json={"inputs": TEXT})))
+                    except httpx.TransportError as e:
+                        sent.append((at, e))
+
+            clients = [asyncio.create_task(client()) for _ in range(4)]
+            await asyncio.sleep(0.5)
+            signalled[0] = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.1)
+            ready = await c.get("/ready")
+            await asyncio.gather(*clients)
+            await asyncio.sleep(delay + 0.5 - (time.monotonic() - signalled[0]))
+            try:  # past the delay: admission closed (a JSON 503), or the port already closed
+                late = await c.post("/classify", json={"inputs": TEXT}, headers={"connection": "close"})
+            except httpx.TransportError as e:
+                late = e
+            return signalled[0], ready, sent, late
+
+    signalled, ready, sent, late = asyncio.run(scenario())
+    returncode = server.process.wait(timeout=30)
+    exit_s = time.monotonic() - signalled
+    during = [r for at, r in sent if at >= 0]
+    statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in during]
+    print(f"drain delay {delay}s: /ready -> {ready.status_code} at 0.1 s; {len(during)} requests sent during the "
+          f"delay: {set(statuses)}; late -> {getattr(late, 'status_code', type(late).__name__)}; "
+          f"exit {returncode} after {exit_s:.2f}s")
+    assert ready.status_code == 503 and "shutting down" in ready.json()["error"]
+    assert len(during) >= 8 and statuses == [200] * len(during), statuses
+    assert all(r.headers["connection"] == "close" for r in during)  # no kept-alive connection outlives the delay
+    if isinstance(late, httpx.Response):
+        assert late.status_code == 503 and late.json()["error_type"] == "unavailable"
+    assert returncode == 0, server.log()[-2000:]
+    assert delay <= exit_s < delay + 3, exit_s
+
+
+def test_second_sigterm_during_the_drain_delay_exits_at_once(tmp_path):
+    checkpoint = build_checkpoint(tmp_path / "multi")
+    server = Server("--model", str(checkpoint), "--drain-delay-s", "30").wait_ready()
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert httpx.get(server.url + "/ready").status_code == 503
+    assert httpx.post(server.url + "/classify", json={"inputs": TEXT}).status_code == 200
+    second = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    returncode = server.process.wait(timeout=10)
+    assert time.monotonic() - second < 2.0
+    assert returncode == 128 + signal.SIGTERM, server.log()[-2000:]

@@ -134,7 +134,9 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = tempfile.NamedTemporaryFile("w+", prefix="bertserve-", suffix=".log", delete=False)
         full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-                    "OMP_NUM_THREADS": "1", **(env or {})}
+                    "OMP_NUM_THREADS": "1",
+                    # No load balancer to wait for: stop as soon as asked (tests of the delay set their own).
+                    "BERTSERVE_DRAIN_DELAY_S": "0", **(env or {})}
         command = [PYTHON, *python_args, "--port", str(self.port), "--threads", "1",
                    "--log-level", "warning", *args]
         self.process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=self.log_file,

@@ -75,6 +75,7 @@ async def _answer(request: Request, work) -> Response:
     The work runs in the route's own task, which a disconnect or the abort cancels: one task per request
     beside it (the disconnect watcher) instead of three (work, watcher, abort waiter) and an asyncio.wait."""
     ticket, timing = Ticket(), Timing()
+    request.state.timing = timing  # for the access log (serving/middleware.py)
     route = asyncio.current_task()
     stopped: list = []  # why the route was stopped (a response to give instead); [None] once the work is done
 
