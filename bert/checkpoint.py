@@ -469,13 +469,13 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
     metadata = {"format": "pt"}
     shards = _shards(state, max_shard_bytes) if max_shard_bytes else [state]
     if len(shards) == 1:
-        save_file(state, directory / WEIGHTS_NAME, metadata=metadata)
+        _save_safetensors(save_file, state, directory / WEIGHTS_NAME, metadata)
         pause_point(f"{directory.name}:weights", partial=directory / WEIGHTS_NAME)
     else:
         weight_map = {}
         for i, shard in enumerate(shards, 1):
             name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, directory / name, metadata=metadata)
+            _save_safetensors(save_file, shard, directory / name, metadata)
             pause_point(f"{directory.name}:weights", partial=directory / name)
             weight_map.update(dict.fromkeys(shard, name))
         total = sum(v.numel() * v.element_size() for v in state.values())
@@ -486,6 +486,32 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
         save_tokenizer_files(tokenizer, directory)
     for name, text in (extra_files or {}).items():
         (directory / name).write_text(text)
+
+
+def _save_safetensors(save_file, state: dict, path: Path, metadata: dict) -> None:
+    try:
+        save_file(state, path, metadata=metadata)
+    except Exception as e:  # noqa: BLE001 - safetensors reports a full disk as SafetensorError "... (os error 28)"
+        found = re.search(r"\(os error (\d+)\)", str(e))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
+def save_torch_file(obj, path: str | os.PathLike) -> None:
+    """torch.save through a Python file, so that a full disk or another write failure is the OSError naming
+    `path` (torch's own writer reports it as "RuntimeError: basic_ios::clear: iostream error")."""
+    import torch
+
+    with open(path, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
+                cause = e.__context__
+                raise OSError(cause.errno, cause.strerror, str(path)) from None
+            raise
 
 
 # ----------------------------------------------------------------------------- what a directory holds

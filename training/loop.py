@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from bert.atomic import old_copy, pause_point, publish_dir, recover, write_file_atomic
-from bert.checkpoint import CheckpointError, read_state_dict, verify_manifest, write_manifest
+from bert.checkpoint import CheckpointError, read_state_dict, save_torch_file, verify_manifest, write_manifest
 from bert.errors import one_line
 
 if TYPE_CHECKING:
@@ -161,14 +161,14 @@ def save_trainer_state(directory: Path, *, optimizer, scaler, state: dict, rank_
     with weights_only=True); counters and the Python/numpy RNG states to trainer_state.json; under
     torchrun each process's dropout RNG to rng_rank<N>.pt. Then checkpoint.json names the step and every
     file, so that resume can tell that weights, optimizer and trainer state belong together."""
-    torch.save({"optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-               directory / OPTIMIZER_STATE)
+    save_torch_file({"optimizer": optimizer.state_dict(),
+                     "scaler": scaler.state_dict() if scaler is not None else None,
+                     "torch_rng": torch.get_rng_state(),
+                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                    directory / OPTIMIZER_STATE)
     pause_point(f"{directory.name}:optimizer", partial=directory / OPTIMIZER_STATE)
     for rank, blob in enumerate(rank_rngs or []):
-        torch.save(blob, directory / f"rng_rank{rank}.pt")
+        save_torch_file(blob, directory / f"rng_rank{rank}.pt")
     payload = dict(state, python_rng=_jsonable(random.getstate()),
                    numpy_rng=_jsonable(np.random.get_state()))
     (directory / TRAINER_STATE).write_text(json.dumps(payload, indent=1) + "\n")
