@@ -188,7 +188,7 @@ def test_kill_9_at_30_moments_and_resume_ends_bit_exact(assets, tmp_path):
     plan = phases + [None] * 12
     # A random kill comes within 6 steps' time of the start of training (measured on the uninterrupted run),
     # so that 12 of them, whatever the machine's speed, leave steps to run.
-    step_s = json.loads((whole / "log.jsonl").read_text().splitlines()[-1])["elapsed_s"] / STEPS
+    step_s = max(r.get("elapsed_s", 0) for r in map(json.loads, (whole / "log.jsonl").read_text().splitlines())) / STEPS
     out = tmp_path / "killed"
     kills, fallbacks, hit = 0, 0, []
     for moment in plan:
@@ -397,3 +397,41 @@ def test_a_model_cut_from_a_multitask_checkpoint_fine_tunes_and_exports(assets, 
                               timeout=300)
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert json.loads((tmp_path / "artifact" / "config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
+
+
+# ----------------------------------------------------------------------------- bert.atomic as the savers use it
+
+
+def test_publish_dir_gives_the_final_name_nests_in_place_and_keeps_the_umask_mode(tmp_path):
+    from bert.atomic import publish_dir, write_file_atomic
+
+    target = tmp_path / "last"
+    with publish_dir(target) as outer:
+        assert outer.name == "last" and outer != target  # a writer may read the name (last/ vs best/)
+        with publish_dir(outer) as inner:  # save_checkpoint inside a training save: written in place
+            assert inner == outer
+            (inner / "model.safetensors").write_bytes(b"w")
+        (outer / "optimizer.pt").write_bytes(b"o")
+        assert not target.exists()
+    assert sorted(p.name for p in target.iterdir()) == ["model.safetensors", "optimizer.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask
+    write_file_atomic(tmp_path / "metrics.json", "{}")
+    assert (tmp_path / "metrics.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_pause_point_half_writes_then_restores_when_nobody_kills(tmp_path, monkeypatch, capsys):
+    from bert import atomic
+
+    path = tmp_path / "optimizer.pt"
+    path.write_bytes(b"0123456789")
+    seen = []
+    monkeypatch.setattr(atomic.time, "sleep", lambda s: seen.append(path.read_bytes()))
+    atomic.pause_point("last:optimizer", partial=path)  # not asked for: nothing happens
+    assert seen == []
+    monkeypatch.setenv(PAUSE_ENV, "last:optimizer")
+    atomic.pause_point("last:optimizer", partial=path)
+    assert seen == [b"01234"] and path.read_bytes() == b"0123456789"
+    assert "paused at last:optimizer" in capsys.readouterr().err
