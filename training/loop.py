@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import numpy as np
 import torch
 
-from bert.atomic import old_copy, pause_point, publish_dir, recover, write_file_atomic
+from bert.atomic import old_copy, pause_point, publish_dir, recover, remove_stale_temporaries, write_file_atomic
 from bert.checkpoint import CheckpointError, read_state_dict, save_torch_file, verify_manifest, write_manifest
 from bert.errors import one_line
 
@@ -204,6 +205,9 @@ def resume_directory(requested: Path) -> Path:
     if replaced:
         print(f"resume: {requested} was being replaced when the run stopped; using the previous copy "
               f"({old_copy(requested).name}, now {found})", file=sys.stderr)
+    elif old_copy(requested).is_dir():  # killed after the new copy was in place: the old one is stale
+        shutil.rmtree(old_copy(requested), ignore_errors=True)
+    remove_stale_temporaries(requested)
     return found
 
 
