@@ -466,14 +466,27 @@ def _shards(state: dict[str, "torch.Tensor"], max_bytes: int) -> list[dict[str, 
 def save_checkpoint(model: "BertPreTrainedModel", directory: str | os.PathLike, *, tokenizer=None,
                     dtype: "torch.dtype | None" = None, max_shard_bytes: int | None = None,
                     extra_files: dict[str, str] | None = None) -> Path:
-    """Write config.json, weights (one file, or shards of at most max_shard_bytes + an index) and the
-    tokenizer (an object with .save(dir), or a directory to copy its tokenizer files from)."""
-    from safetensors.torch import save_file
+    """Write config.json, weights (one file, or shards of at most max_shard_bytes + an index), the
+    tokenizer (an object with .save(dir), or a directory to copy its tokenizer files from) and
+    checkpoint.json (what the directory holds). The directory is written aside and published whole
+    (bert.atomic.publish_dir): a kill or a full disk leaves the previous one as it was."""
+    from .atomic import publish_dir
 
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for old in list(directory.glob("model*.safetensors")) + [directory / INDEX_NAME]:
-        old.unlink(missing_ok=True)  # never leave shards of an earlier save next to this one
+    with publish_dir(directory) as tmp:
+        # In place inside an outer publish (a training save): clear what an earlier writer left there.
+        for old in list(tmp.glob("model*.safetensors")) + [tmp / INDEX_NAME]:
+            old.unlink(missing_ok=True)
+        _write_checkpoint(model, tmp, tokenizer=tokenizer, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                          extra_files=extra_files)
+        write_manifest(tmp)
+    return directory
+
+
+def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_bytes, extra_files) -> None:
+    from safetensors.torch import save_file
+
+    from .atomic import pause_point
 
     state = {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
     state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
@@ -489,12 +502,14 @@ def save_checkpoint(model: "BertPreTrainedModel", directory: str | os.PathLike, 
     metadata = {"format": "pt"}
     shards = _shards(state, max_shard_bytes) if max_shard_bytes else [state]
     if len(shards) == 1:
-        save_file(state, directory / WEIGHTS_NAME, metadata=metadata)
+        _save_safetensors(save_file, state, directory / WEIGHTS_NAME, metadata)
+        pause_point(f"{directory.name}:weights", partial=directory / WEIGHTS_NAME)
     else:
         weight_map = {}
         for i, shard in enumerate(shards, 1):
             name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, directory / name, metadata=metadata)
+            _save_safetensors(save_file, shard, directory / name, metadata)
+            pause_point(f"{directory.name}:weights", partial=directory / name)
             weight_map.update(dict.fromkeys(shard, name))
         total = sum(v.numel() * v.element_size() for v in state.values())
         (directory / INDEX_NAME).write_text(json.dumps(
@@ -504,7 +519,88 @@ def save_checkpoint(model: "BertPreTrainedModel", directory: str | os.PathLike, 
         save_tokenizer_files(tokenizer, directory)
     for name, text in (extra_files or {}).items():
         (directory / name).write_text(text)
-    return directory
+
+
+def _save_safetensors(save_file, state: dict, path: Path, metadata: dict) -> None:
+    try:
+        save_file(state, path, metadata=metadata)
+    except Exception as e:  # noqa: BLE001 - safetensors reports a full disk as SafetensorError "... (os error 28)"
+        found = re.search(r"\(os error (\d+)\)", str(e))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
+def save_torch_file(obj, path: str | os.PathLike) -> None:
+    """torch.save through a Python file, so that a full disk or another write failure is the OSError naming
+    `path` (torch's own writer reports it as "RuntimeError: basic_ios::clear: iostream error")."""
+    import torch
+
+    with open(path, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
+                cause = e.__context__
+                raise OSError(cause.errno, cause.strerror, str(path)) from None
+            raise
+
+
+# ----------------------------------------------------------------------------- what a directory holds
+
+MANIFEST_NAME = "checkpoint.json"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: str | os.PathLike, **fields) -> dict:
+    """checkpoint.json: the size and sha256 of every file in `directory` (itself excepted), plus `fields`
+    (a training save adds the step its weights, optimizer and trainer state come from)."""
+    directory = Path(directory)
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST_NAME}
+    manifest = dict(fields, files=files)
+    (directory / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def verify_manifest(directory: str | os.PathLike) -> dict | None:
+    """The manifest of `directory` once every file it lists is there with its size and sha256; None for a
+    directory written before manifests existed. Anything else is a CheckpointError naming the file and why."""
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is not a readable JSON file: {one_line(e, 200) or type(e).__name__}") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{path} has no \"files\" object listing what the checkpoint holds")
+    for name, entry in files.items():
+        file = directory / name
+        if not isinstance(entry, dict) or Path(name).name != name:
+            raise CheckpointError(f"{path} lists {name!r:.80} oddly; it is not a checkpoint manifest")
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing, though {path} lists it")
+        size = file.stat().st_size
+        if size != entry.get("bytes"):
+            raise CheckpointError(f"{file} is {size} bytes, but {path} says {entry.get('bytes')} "
+                                  "(truncated or replaced after the checkpoint was written)")
+        if entry.get("sha256") and _sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{file} does not match the sha256 in {path} (corrupt or replaced after "
+                                  "the checkpoint was written)")
+    return manifest
 
 
 def save_tokenizer_files(tokenizer, directory: Path) -> None:

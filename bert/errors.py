@@ -4,7 +4,8 @@ The core's errors that mean "this checkpoint or file is bad" (config.json, the w
 files) subclass BadInput, declared here, so export, training and serving give the same one line and exit 2
 for them without this module knowing (or importing) the modules that raise them.
 Exit codes: 0 done; 1 the work ran but its result is wrong (export: parity out of tolerance);
-2 the request cannot be done as given (bad flag, bad or missing checkpoint); 130 interrupted.
+2 the request cannot be done as given (bad flag, bad or missing checkpoint, a file that cannot be written:
+full disk, permissions); 130 interrupted.
 """
 from __future__ import annotations
 
@@ -67,9 +68,20 @@ def run_cli(main: Callable, argv: list[str] | None = None,
         return EXIT_INTERRUPTED
     except Exception as e:
         code = exit_code_for(e) if exit_code_for is not None else None
-        if code is None and isinstance(e, bad_input_errors()):
+        if code is None and isinstance(e, (*bad_input_errors(), OSError)):
             code = EXIT_BAD_INPUT
         if code is None:
             raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        print(f"error: {os_error_line(e) if isinstance(e, OSError) else one_line(e)}", file=sys.stderr)
         return code
+
+
+def os_error_line(error: OSError) -> str:
+    """An OSError as one line naming the path and the reason ("[Errno 28] ..." says neither plainly).
+    bert.atomic's WriteError already reads that way."""
+    import errno
+
+    if error.filename is None:
+        return one_line(error.strerror or error)  # WriteError(errno, message): the message without "[Errno N]"
+    reason = "no space left on the device" if error.errno == errno.ENOSPC else (error.strerror or str(error))
+    return one_line(f"cannot use {error.filename}: {reason}")

@@ -67,7 +67,8 @@ class TrainConfig:
             problems.append("precision fp16 needs a GPU (use fp32 or bf16 on CPU)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             problems.append(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        if self.resume and not (Path(self.resume) / "trainer_state.json").is_file():
+        # last.old: a save was killed between its two renames; the run resumes from that previous copy
+        if self.resume and not any((Path(d) / "trainer_state.json").is_file() for d in (self.resume, self.resume + ".old")):
             problems.append(f"--resume {self.resume}: no trainer_state.json there (pass a last/ directory)")
         for name in ("eval_every", "save_every", "log_every", "max_steps", "warmup_steps", "torch_threads"):
             if getattr(self, name) < 0:

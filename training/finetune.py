@@ -154,9 +154,49 @@ def build_model(cfg: FinetuneConfig, labels):
         model = init_model(config, cfg.task, seed=cfg.seed)
         model.config.task = cfg.task
     else:
-        model, report = load_checkpoint(cfg.ckpt, task=cfg.task, labels=labels.names, from_backbone=True,
-                                        config_overrides=overrides)
+        model = _from_multitask(cfg, labels, overrides)
+        if model is None:
+            model, report = load_checkpoint(cfg.ckpt, task=cfg.task, labels=labels.names, from_backbone=True,
+                                            config_overrides=overrides)
     model.train()
+    return model
+
+
+def _from_multitask(cfg: FinetuneConfig, labels, overrides):
+    """For a multi-task checkpoint (config.task_labels): the task's single-task model cut from it, the
+    shared encoder and, when the labels are the same, that task's head; None for any other checkpoint.
+    The model saved from it is a plain single-task checkpoint (no task_labels), so it exports as one."""
+    from bert.checkpoint import check_checkpoint, match_state_dict, read_state_dict, resolve_checkpoint
+    from bert.config import BertConfig
+    from bert.model import TASK_ARCHITECTURES
+
+    directory = resolve_checkpoint(cfg.ckpt)
+    stored = BertConfig.from_json_file(directory / "config.json").task_labels
+    if not stored:
+        return None
+    cls = TASK_ARCHITECTURES[cfg.task]
+    names = labels.names if labels is not None else None
+    plan = check_checkpoint(directory, cls, labels=names,
+                            config_overrides=dict(overrides or {}, task_labels=None, task=cfg.task))
+    model = cls(plan.config)
+    state = read_state_dict(directory)
+    # Where the multi-task checkpoint keeps the task's head, and where the task's own model keeps it.
+    declared = registry.get(cfg.task).head
+    source_head, head = f"{declared.attribute}.", f"{declared.single_attribute}."
+    kept = cfg.task in stored and (not registry.get(cfg.task).labelled or list(names or []) == stored[cfg.task])
+    heads = tuple(f"{registry.get(t).head.attribute}." for t in stored)
+    state = {(head + k[len(source_head):] if kept and k.startswith(source_head) else k): v
+             for k, v in state.items() if not k.startswith(heads) or (kept and k.startswith(source_head))}
+    state, _ = match_state_dict(model, state, from_backbone=True, source=str(directory))
+    model.load_state_dict(state, strict=False)
+    if kept:
+        print(f"finetune: {directory} is a multi-task checkpoint ({', '.join(stored)}); fine-tuning its "
+              f"{cfg.task} head on the shared encoder", file=sys.stderr)
+    else:
+        why = (f"it has no {cfg.task} head" if cfg.task not in stored
+               else f"its {cfg.task} labels {stored[cfg.task]} are not {list(names or [])}")
+        print(f"finetune: {directory} is a multi-task checkpoint ({', '.join(stored)}); the {cfg.task} "
+              f"model starts from its shared encoder with a fresh head ({why})", file=sys.stderr)
     return model
 
 

@@ -16,6 +16,8 @@ import json
 import math
 import os
 import random
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import numpy as np
 import torch
 
-from bert.checkpoint import CheckpointError, read_state_dict
+from bert.atomic import old_copy, pause_point, publish_dir, recover, remove_stale_temporaries, write_file_atomic
+from bert.checkpoint import CheckpointError, read_state_dict, save_torch_file, verify_manifest, write_manifest
 from bert.errors import one_line
 
 if TYPE_CHECKING:
@@ -147,24 +150,32 @@ def finish_run(dist: "Dist", output_dir: str | Path, summary: dict | None, print
     """The last step of every training CLI: metrics.json and one JSON line on stdout from the main
     process (`printed`, default the summary itself), then leave the process group. Returns exit code 0."""
     if dist.main and summary is not None:
-        (Path(output_dir) / "metrics.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        write_file_atomic(Path(output_dir) / "metrics.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(json.dumps(summary if printed is None else printed, sort_keys=True))
     if dist.world_size > 1:
         torch.distributed.destroy_process_group()
     return 0
 
 
-def save_trainer_state(directory: Path, *, optimizer, scaler, state: dict) -> None:
+def save_trainer_state(directory: Path, *, optimizer, scaler, state: dict, rank_rngs: list | None = None) -> None:
     """Everything besides the weights that exact resume needs. Tensors go to optimizer.pt (loadable
-    with weights_only=True); counters and the Python/numpy RNG states to trainer_state.json."""
-    torch.save({"optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-               directory / OPTIMIZER_STATE)
+    with weights_only=True); counters and the Python/numpy RNG states to trainer_state.json; under
+    torchrun each process's dropout RNG to rng_rank<N>.pt. Then checkpoint.json names the step and every
+    file, so that resume can tell that weights, optimizer and trainer state belong together."""
+    save_torch_file({"optimizer": optimizer.state_dict(),
+                     "scaler": scaler.state_dict() if scaler is not None else None,
+                     "torch_rng": torch.get_rng_state(),
+                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                    directory / OPTIMIZER_STATE)
+    pause_point(f"{directory.name}:optimizer", partial=directory / OPTIMIZER_STATE)
+    for rank, blob in enumerate(rank_rngs or []):
+        save_torch_file(blob, directory / f"rng_rank{rank}.pt")
     payload = dict(state, python_rng=_jsonable(random.getstate()),
                    numpy_rng=_jsonable(np.random.get_state()))
     (directory / TRAINER_STATE).write_text(json.dumps(payload, indent=1) + "\n")
+    pause_point(f"{directory.name}:state", partial=directory / TRAINER_STATE)
+    write_manifest(directory, step=state["step"], epoch=state["epoch"], position=state["position"])
+    pause_point(f"{directory.name}:manifest")
 
 
 def _jsonable(value):
@@ -183,12 +194,45 @@ def _from_json(value):
     return value
 
 
+def resume_directory(requested: Path) -> Path:
+    """The directory --resume names, or the previous copy when a save was killed between its two renames
+    (bert.atomic.recover puts it back, and one line says so)."""
+    replaced = not requested.is_dir() and old_copy(requested).is_dir()
+    found = recover(requested)
+    if found is None:
+        raise CheckpointError(f"--resume {requested}: no such directory (nor a previous copy "
+                              f"{old_copy(requested).name} beside it)")
+    if replaced:
+        print(f"resume: {requested} was being replaced when the run stopped; using the previous copy "
+              f"({old_copy(requested).name}, now {found})", file=sys.stderr)
+    elif old_copy(requested).is_dir():  # killed after the new copy was in place: the old one is stale
+        shutil.rmtree(old_copy(requested), ignore_errors=True)
+    remove_stale_temporaries(requested)
+    return found
+
+
+def _why(error: BaseException) -> str:
+    return one_line(error, 200) or type(error).__name__
+
+
 def load_trainer_state(directory: Path, *, model, optimizer, scaler, device) -> dict:
+    """Restore weights, optimizer and RNGs from a last/ directory and return its counters. The directory's
+    checkpoint.json must list every file with its size and sha256 and the step trainer_state.json says:
+    weights, optimizer and trainer state from one step, or a CheckpointError naming the file and why."""
+    manifest = verify_manifest(directory)
+    if manifest is None:
+        print(f"resume: {directory} has no checkpoint.json (saved by an older version); its files are "
+              "not verified", file=sys.stderr)
+    path = directory / TRAINER_STATE
     try:
-        state = json.loads((directory / TRAINER_STATE).read_text(encoding="utf-8"))
+        state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"--resume: {directory / TRAINER_STATE} is not readable JSON: "
-                              f"{one_line(e, 200)}") from None
+        raise CheckpointError(f"--resume: {path} is not readable JSON: {_why(e)}") from None
+    if not isinstance(state, dict) or not all(k in state for k in ("step", "epoch", "position", "python_rng")):
+        raise CheckpointError(f"--resume: {path} lacks the step, epoch, position or RNG state of a trainer")
+    if manifest is not None and manifest.get("step") != state["step"]:
+        raise CheckpointError(f"--resume: {path} is at step {state['step']} but {directory / 'checkpoint.json'} "
+                              f"says step {manifest.get('step')}: not one save")
     weights = read_state_dict(directory)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.startswith("cls.predictions.decoder")]  # tied to embeddings
@@ -197,11 +241,14 @@ def load_trainer_state(directory: Path, *, model, optimizer, scaler, device) -> 
                               f"unexpected {unexpected[:8]})")
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+    path = directory / OPTIMIZER_STATE
+    if path.is_file() and path.stat().st_size == 0:
+        raise CheckpointError(f"--resume: {path} is empty (0 bytes): the save that wrote it did not finish")
     try:
-        blob = torch.load(directory / OPTIMIZER_STATE, map_location=device, weights_only=True)
+        blob = torch.load(path, map_location=device, weights_only=True)
+        optimizer.load_state_dict(blob["optimizer"])
     except Exception as e:  # noqa: BLE001 - a missing, truncated or foreign file: UnpicklingError, RuntimeError, ...
-        raise CheckpointError(f"--resume: {directory / OPTIMIZER_STATE} cannot be read: {one_line(e, 200)}") from None
-    optimizer.load_state_dict(blob["optimizer"])
+        raise CheckpointError(f"--resume: {path} cannot be read: {_why(e)}") from None
     if scaler is not None and blob.get("scaler"):
         scaler.load_state_dict(blob["scaler"])
     torch.set_rng_state(blob["torch_rng"].cpu())
@@ -270,10 +317,15 @@ def train(
     best = None
     last_eval: dict = {}
     if cfg.resume:
-        state = load_trainer_state(Path(cfg.resume), model=model, optimizer=optimizer, scaler=scaler, device=device)
+        resume_dir = Path(cfg.resume)
+        if dist.main:
+            resume_dir = resume_directory(resume_dir)
+        _barrier(dist)
+        resume_dir = recover(resume_dir) or resume_dir  # the other processes: what the main one recovered
+        state = load_trainer_state(resume_dir, model=model, optimizer=optimizer, scaler=scaler, device=device)
         step, epoch, position = state["step"], state["epoch"], state["position"]
         best, last_eval = state.get("best"), state.get("last_eval", {})
-        rank_rng = Path(cfg.resume) / f"rng_rank{dist.rank}.pt"
+        rank_rng = resume_dir / f"rng_rank{dist.rank}.pt"
         if dist.world_size > 1 and rank_rng.is_file() and state.get("world_size") == dist.world_size:
             blob = torch.load(rank_rng, map_location="cpu", weights_only=True)
             torch.set_rng_state(blob["torch_rng"])
@@ -296,19 +348,20 @@ def train(
                 f.write(json.dumps(record) + "\n")
 
     def save_last(reason: str) -> None:
-        directory = out / "last"
+        rank_rngs = None
+        if dist.world_size > 1:  # every process has its own dropout RNG stream; all go into the one last/
+            rank_rngs = [None] * dist.world_size
+            torch.distributed.all_gather_object(rank_rngs, {
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
         if dist.main:
-            save_model(model, directory)
-            save_trainer_state(directory, optimizer=optimizer, scaler=scaler, state={
-                "step": step, "epoch": epoch, "position": position, "total_steps": total_steps,
-                "best": best, "last_eval": last_eval, "reason": reason, "config": cfg.to_dict(),
-                "world_size": dist.world_size})
+            with publish_dir(out / "last") as directory:  # weights, optimizer and state published together
+                save_model(model, directory)
+                save_trainer_state(directory, optimizer=optimizer, scaler=scaler, rank_rngs=rank_rngs, state={
+                    "step": step, "epoch": epoch, "position": position, "total_steps": total_steps,
+                    "best": best, "last_eval": last_eval, "reason": reason, "config": cfg.to_dict(),
+                    "world_size": dist.world_size})
         _barrier(dist)
-        if dist.world_size > 1:  # every process has its own dropout RNG stream
-            torch.save({"torch_rng": torch.get_rng_state(),
-                        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None},
-                       directory / f"rng_rank{dist.rank}.pt")
-            _barrier(dist)
 
     def run_eval() -> None:
         nonlocal best, last_eval
@@ -322,9 +375,12 @@ def train(
                 value = metrics[best_metric]
                 if best is None or value > best["value"]:
                     best = {"value": value, "step": step, "metric": best_metric}
-                    save_model(model, out / "best")
-                    (out / "best" / "metrics.json").write_text(json.dumps(
-                        dict(metrics, step=step, epoch=epoch), indent=2, sort_keys=True) + "\n")
+                    with publish_dir(out / "best") as directory:  # the weights and the score that claims them
+                        save_model(model, directory)
+                        (directory / "metrics.json").write_text(json.dumps(
+                            dict(metrics, step=step, epoch=epoch), indent=2, sort_keys=True) + "\n")
+                        pause_point("best:metrics", partial=directory / "metrics.json")
+                        write_manifest(directory, step=step)
                     if bar is not None:
                         bar.write(f"step {step}: new best {best_metric} = {value:.4f}")
         _barrier(dist)

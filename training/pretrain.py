@@ -165,6 +165,7 @@ def _data_matches(index: dict, cfg: PretrainConfig, vocab_size: int) -> bool:
 def main(argv=None) -> int:
     cfg = parse_config(PretrainConfig, argv, description=__doc__.split("\n")[0])
     import torch
+    from bert.atomic import publish_dir
     from bert.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
     from bert.model import BertForMaskedLM, BertForPreTraining
     from bert.tokenizer import BertTokenizer
@@ -182,12 +183,15 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         if cfg.vocab_size and not (tokenizer_dir / "vocab.txt").is_file():
             print(f"training a {cfg.vocab_size}-piece WordPiece vocabulary on {cfg.corpus}", file=sys.stderr)
-            BertTokenizer.train(cfg.corpus, vocab_size=cfg.vocab_size, do_lower_case=cfg.do_lower_case,
-                                show_progress=False, model_max_length=cfg.max_seq_length).save(tokenizer_dir)
+            trained = BertTokenizer.train(cfg.corpus, vocab_size=cfg.vocab_size, do_lower_case=cfg.do_lower_case,
+                                          show_progress=False, model_max_length=cfg.max_seq_length)
+            with publish_dir(tokenizer_dir) as directory:  # a killed run never leaves half a vocabulary
+                trained.save(directory)
     _barrier(dist)
     source = tokenizer_dir if cfg.vocab_size else Path(cfg.tokenizer or resolve_checkpoint(cfg.ckpt))
     if dist.main and not cfg.vocab_size:
-        BertTokenizer.from_dir(source).save(tokenizer_dir)  # the run keeps the vocabulary it was trained with
+        with publish_dir(tokenizer_dir) as directory:  # the run keeps the vocabulary it was trained with
+            BertTokenizer.from_dir(source).save(directory)
     tokenizer = BertTokenizer.from_dir(source)
 
     data_dir = Path(cfg.data_dir or out / "data")
