@@ -366,10 +366,11 @@ def test_finetune_from_a_multitask_checkpoint_cuts_the_task_model(multitask_ckpt
     import torch
 
     from bert.checkpoint import read_state_dict
+    from bert.tasks.base import Labels
     from training import finetune as cli
 
     cfg = cli.FinetuneConfig(task=task, ckpt=str(multitask_ckpt), train_data="x", eval_data="x")
-    model = cli.build_model(cfg, labels, task)
+    model = cli.build_model(cfg, Labels(labels, labels))
     said = capsys.readouterr().err
     assert type(model).__name__ == {"classify": "BertForSequenceClassification", "ner": "BertForTokenClassification"}[task]
     assert model.config.task_labels is None and model.config.task == task
