@@ -32,7 +32,7 @@ from ._exceptions import (
     error_class_for,
 )
 from ._version import __version__
-from .types import Answer, Entity, Info, Label, QAInput
+from .types import Answer, Entity, Info, Label, QAInput, Ranked
 
 DEFAULT_BASE_URL = "http://localhost:8000"
 DEFAULT_TIMEOUT = 60.0
@@ -208,6 +208,32 @@ def plan_qa(
     return _batched("/qa", _chunks(items, batch_limit), lambda data: _answers(data, top_k))
 
 
+def plan_rerank(query: str, texts: Sequence[str], *, raw_scores: bool, truncate: bool, return_text: bool,
+                batch_limit: int | None) -> Plan:
+    """/rerank, in as many requests as the server's per-request limit needs; a pair's score does not depend on
+    the other texts, so the chunks' rankings merge into the one ranking a single request would give."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a str, not {type(query).__name__}")
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+        raise TypeError("texts must be a list of str")
+    texts = list(texts)
+    chunks = _chunks(texts, batch_limit)
+    bodies = [{"query": query, "texts": chunk, "raw_scores": raw_scores, "truncate": truncate,
+               "return_text": return_text} for chunk in chunks]
+
+    def assemble(answers: list[Any]) -> list[Ranked]:
+        ranked, offset = [], 0
+        for body, answer in zip(bodies, answers):
+            parsed = _parse_list(Ranked, answer)
+            if sorted(r.index for r in parsed) != list(range(len(body["texts"]))):
+                raise BertserveError(f"/rerank: server ranked {len(parsed)} texts for {len(body['texts'])} sent")
+            ranked += [r.model_copy(update={"index": r.index + offset}) for r in parsed]
+            offset += len(body["texts"])
+        return sorted(ranked, key=lambda r: (-r.score, r.index))
+
+    return Plan([Call("POST", "/rerank", body) for body in bodies], assemble)
+
+
 # ---------------------------------------------------------------------------------------------
 # The endpoint methods, declared once for both clients
 
@@ -248,6 +274,13 @@ class Endpoints:
         `qa([(question, context), ...])` gives one of those per item."""
         return self._run(Planned(None if isinstance(question, str) else question, lambda limit: plan_qa(
             question, context, top_k=top_k, max_answer_len=max_answer_len, doc_stride=doc_stride, batch_limit=limit)))
+
+    def rerank(self, query: str, texts: Sequence[str], *, raw_scores: bool = False, truncate: bool = False,
+               return_text: bool = False) -> list[Ranked]:
+        """`texts` ranked by relevance to `query`, best first: one Ranked (index into `texts`, score, and the
+        text with `return_text`) per text. Scores are the cross-encoder's sigmoid, or its logit with `raw_scores`."""
+        return self._run(Planned(texts, lambda limit: plan_rerank(
+            query, texts, raw_scores=raw_scores, truncate=truncate, return_text=return_text, batch_limit=limit)))
 
 
 def endpoint_names() -> list[str]:

@@ -43,6 +43,14 @@ class Answer(_Result):
     end: int
 
 
+class Ranked(_Result):
+    """One text of a /rerank answer: its position in the request, its score, and the text when asked for."""
+
+    index: int
+    score: float
+    text: str | None = None
+
+
 class QAInput(BaseModel):
     """One question over one context, for `qa([...])`."""
 

@@ -147,6 +147,54 @@ NerResponse = Union[list[Entity], list[list[Entity]]]
 QAResponse = Union[Answer, list[Union[Answer, list[Answer]]]]
 
 
+# ---- rerank: text-embeddings-inference's /rerank, and the /v1/rerank of infinity, Cohere and Jina ----------
+class RerankRequest(_Body):
+    endpoint_doc: ClassVar[str] = (
+        "Each (query, text) pair is scored by the cross-encoder (one model input each, batched with all other "
+        "requests); the texts come back best first as {index, score, text?}. Scores are the logit's sigmoid, or "
+        "the logit itself with `raw_scores`.")
+    query: str = Field(..., description="what the texts are ranked for", examples=["What is the capital of France?"])
+    texts: list[str] = Field(..., description="the texts to rank; each (query, text) pair is one model input",
+                             examples=[["Paris is the capital of France.", "Berlin is in Germany."]])
+    raw_scores: bool = Field(False, description="the model's logit instead of its sigmoid")
+    return_text: bool = Field(False, description="echo each text beside its score")
+    truncate: bool = Field(False, description="cut pairs longer than the model's limit instead of refusing them")
+
+
+class Ranked(BaseModel):
+    index: int = Field(..., description="the text's position in the request")
+    score: float
+    text: Optional[str] = None
+
+
+RerankResponse = list[Ranked]
+
+
+class V1RerankRequest(_Body):
+    endpoint_doc: ClassVar[str] = (
+        "The rerank API of infinity, Cohere and Jina: the documents by relevance to the query, best first, the "
+        "best `top_n` of them; `relevance_score` is the cross-encoder's sigmoid; `usage` counts the input tokens.")
+    query: str = Field(..., examples=["What is the capital of France?"])
+    documents: list[str] = Field(..., examples=[["Paris is the capital of France.", "Berlin is in Germany."]])
+    model: Optional[str] = Field(None, description="echoed back; the server ranks with the model it serves")
+    top_n: Optional[int] = Field(None, ge=1, description="return only the best N (default: all)")
+    return_documents: bool = Field(False, description="echo each document beside its score")
+    truncate: bool = Field(False, description="cut pairs longer than the model's limit instead of refusing them")
+
+
+class V1Ranked(BaseModel):
+    index: int
+    relevance_score: float
+    document: Optional[str] = None
+
+
+class V1RerankResponse(BaseModel):
+    object: Literal["rerank"] = "rerank"
+    model: str
+    results: list[V1Ranked]
+    usage: OpenAIUsage
+
+
 class Status(BaseModel):
     status: str
 

@@ -1,0 +1,278 @@
+"""Rerank: a cross-encoder scores how well each text answers a query; the texts come back best first.
+
+A cross-encoder is a sequence-pair classifier with one output (sentence-transformers' `CrossEncoder`): each
+(query, text) pair is one model input, `[CLS] query [SEP] text [SEP]`, and one item of the server's shared
+token-budget batch. Scores are the logit through a sigmoid (CrossEncoder.predict's default for one output), or
+the raw logit with `raw_scores`. Two HTTP shapes: text-embeddings-inference's `/rerank` and the `/v1/rerank`
+that infinity, Cohere and Jina use.
+
+Trainable (python -m training.finetune --task rerank): a TSV of (query, text, label) rows with 0/1 or graded
+labels, or `squad:PATH[,PATH...]`, which makes each SQuAD question a query against the sentences of its paragraph
+(the one holding the answer is relevant; --heldout-articles N keeps the last N articles for evaluation). Loss: BCE
+with logits on the one output; metrics: MRR (the main one) and recall@1 over each query's candidates.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from bert.tasks import classify
+from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, check_texts
+from bert.tasks.common import Limits, ModelFacts, sigmoid
+
+
+def encode(tokenizer, pairs: list, *, max_length: int = 512, truncate: bool = False):
+    """(query, text) pairs -> Features; too long: InputTooLong, or with `truncate` cut longest-first."""
+    return classify.encode(tokenizer, [tuple(p) for p in pairs], max_length=max_length, truncate=truncate)
+
+
+def scores(logits, *, raw: bool = False) -> list[float]:
+    """(N, 1) logits -> one score per pair: sigmoid(logit), or the logit itself."""
+    logits = np.asarray(logits, dtype=np.float32).reshape(len(logits), -1)[:, 0]
+    return [float(s) for s in (logits if raw else sigmoid(logits))]
+
+
+def ranked(values: list[float]) -> list[int]:
+    """Indices by descending score; ties keep the texts' order."""
+    return sorted(range(len(values)), key=lambda i: -values[i])
+
+
+# ---- training data: TSV rows or SQuAD questions against their paragraph's sentences -------------------
+SQUAD_PREFIX = "squad:"
+
+
+# ---------------------------------------------------------------------- module level (above the Task class)
+
+
+@dataclass
+class RerankQuery:
+    """One query with its candidate texts and their labels (0/1 or graded, as read)."""
+
+    query: str
+    texts: list[str]
+    labels: list[float]
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) character spans of the sentences of a paragraph: cut after . ! or ? followed by white space;
+    blank pieces dropped. Simple on purpose: SQuAD paragraphs are edited prose."""
+    spans, start = [], 0
+    for cut in re.finditer(r"(?<=[.!?])\s+", text):
+        spans.append((start, cut.start()))
+        start = cut.end()
+    spans.append((start, len(text)))
+    return [(a, b) for a, b in spans if text[a:b].strip()]
+
+
+def squad_queries(articles: list[dict]) -> list[RerankQuery]:
+    """Per answerable SQuAD question: its paragraph's sentences, 1 for the one holding the first answer's start."""
+    queries = []
+    for article in articles:
+        for paragraph in article["paragraphs"]:
+            context = paragraph["context"]
+            spans = sentence_spans(context)
+            for qa in paragraph["qas"]:
+                answers = qa.get("answers") or []
+                if qa.get("is_impossible") or not answers or len(spans) < 2:
+                    continue  # nothing to rank: no answer, or a one-sentence paragraph
+                start = int(answers[0]["answer_start"])
+                labels = [1.0 if a <= start < b else 0.0 for a, b in spans]
+                if sum(labels) != 1.0:
+                    continue  # the answer starts in white space between sentences: no target
+                queries.append(RerankQuery(qa["question"], [context[a:b] for a, b in spans], labels))
+    return queries
+
+
+def read_rerank_tsv(path: str, cfg) -> list[RerankQuery]:
+    """(query, text, label) rows; rows sharing a query text are one query's candidates, in first-seen order."""
+    from training.config import ConfigError
+    from training.data.readers import read_tsv
+
+    rows = read_tsv(path, text_column=cfg.text_column, pair_column=cfg.pair_column or 1,
+                    label_column=cfg.label_column, header={"auto": None, "yes": True, "no": False}[cfg.header])
+    queries: dict[str, RerankQuery] = {}
+    for row in rows:
+        try:
+            label = float(row.label)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: rerank label {row.label!r} is not a number (0/1 or a grade)") from None
+        if label < 0:
+            raise ConfigError(f"{path}: rerank label {row.label!r} is negative")
+        group = queries.setdefault(row.text, RerankQuery(row.text, [], []))
+        group.texts.append(row.pair)
+        group.labels.append(label)
+    return list(queries.values())
+
+
+def ranking_metrics(groups: list[tuple[list[float], list[float]]]) -> dict:
+    """recall@1 and MRR over queries, each given as (scores, labels) of its candidates. Relevant: a candidate with
+    the query's highest label, when that is above 0; ties in score rank the lower index first (stable)."""
+    reciprocal, top1, counted = 0.0, 0, 0
+    for scores, labels in groups:
+        best = max(labels) if labels else 0.0
+        if best <= 0:
+            continue
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])
+        rank = next(r for r, i in enumerate(order, 1) if labels[i] == best)
+        reciprocal += 1.0 / rank
+        top1 += rank == 1
+        counted += 1
+    return {"mrr": reciprocal / counted if counted else 0.0, "recall_at_1": top1 / counted if counted else 0.0,
+            "queries": counted, "candidates": sum(len(s) for s, _ in groups)}
+
+
+# ---- the two HTTP shapes ------------------------------------------------------------------------------
+def _tei_items(body) -> tuple[list, dict]:
+    return [[body.query, text] for text in body.texts], {"raw_scores": body.raw_scores, "truncate": body.truncate}
+
+
+def _check_tei(body, info=None) -> None:
+    check_texts([body.query], "query")
+    if not body.texts:
+        raise EmptyInput("texts is empty")
+    check_texts(body.texts, "texts[{}]")
+
+
+def _tei_shape(values: list[float], body, info=None) -> list[dict]:
+    return [{"index": i, "score": values[i], **({"text": body.texts[i]} if body.return_text else {})}
+            for i in ranked(values)]
+
+
+def _v1_items(body) -> tuple[list, dict]:
+    return [[body.query, doc] for doc in body.documents], {"raw_scores": False, "truncate": body.truncate}
+
+
+def _check_v1(body, info=None) -> None:
+    check_texts([body.query], "query")
+    if not body.documents:
+        raise EmptyInput("documents is empty")
+    check_texts(body.documents, "documents[{}]")
+
+
+def _v1_shape(values: list[float], body, info) -> dict:
+    order = ranked(values)[: body.top_n] if body.top_n is not None else ranked(values)
+    tokens = info.tokens
+    return {"object": "rerank", "model": body.model or info.model_name,
+            "results": [{"index": i, "relevance_score": values[i],
+                         **({"document": body.documents[i]} if body.return_documents else {})} for i in order],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+class RerankTask(Task):
+    """A cross-encoder: a one-output sequence-pair classifier; any such checkpoint serves it."""
+
+    name = "rerank"
+    order = 50
+    outputs, output_ranks, per_token = ("rerank",), (2,), False
+    head = Head("sequence", attribute="rerank_classifier", single_attribute="classifier", width=1)
+    architectures = ("BertForSequenceClassification",)
+    graph_outputs = {"rerank_logits": "rerank"}
+    single_graph_outputs = {"logits": "rerank"}
+    routes = (
+        Route("/rerank", "RerankRequest", "RerankResponse", "Rerank texts by relevance to a query "
+              "(text-embeddings-inference's shape)", to_items=_tei_items, shape=_tei_shape, check=_check_tei,
+              batch_field="texts"),
+        Route("/v1/rerank", "V1RerankRequest", "V1RerankResponse", "Rerank documents by relevance to a query "
+              "(the shape of infinity, Cohere and Jina)", to_items=_v1_items, shape=_v1_shape, check=_check_v1,
+              batch_field="documents"),
+    )
+
+    def serves(self, config: dict) -> bool:
+        labels = config.get("id2label") or {}
+        return len(labels) == 1 or config.get("num_labels") == 1
+
+    def encode_request(self, tokenizer, items: list, limits: Limits, *, truncate: bool = False, **_):
+        return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+
+    def decode_request(self, items, features, outputs, facts: ModelFacts, *, raw_scores: bool = False, **_):
+        return scores(np.stack([o[0]["rerank"] for o in outputs]), raw=raw_scores)
+
+    # ---- training hooks: queries with candidate texts (RerankQuery) --------------------------------------
+    trainable = True
+    main_metric = "mrr"
+    train_options = ("text_column", "pair_column", "label_column", "header", "heldout_articles")
+    train_data_help = "TSV (query, text, label) or squad:PATH[,PATH...]"
+
+    def train_problems(self, cfg) -> list[str]:
+        problems = []
+        squad = cfg.train_data.startswith(SQUAD_PREFIX)
+        if not cfg.eval_data and not (squad and cfg.heldout_articles > 0):
+            # (--heldout-articles with a TSV and --eval-data is ignored: multitask shares the flag with qa)
+            problems.append("--eval-data is required (or --train-data squad:PATH with --heldout-articles N)")
+        if cfg.header not in ("auto", "yes", "no"):
+            problems.append(f"--header must be auto, yes or no, got {cfg.header!r}")
+        return problems
+
+    def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
+        from training.data.readers import read_squad_articles, split_heldout
+
+        def read(path: str) -> list[RerankQuery]:
+            if path.startswith(SQUAD_PREFIX):
+                return squad_queries(read_squad_articles(path[len(SQUAD_PREFIX):]))
+            return read_rerank_tsv(path, cfg)
+
+        training, heldout = [], []
+        if cfg.train_data.startswith(SQUAD_PREFIX) and (train or not cfg.eval_data):
+            articles = read_squad_articles(cfg.train_data[len(SQUAD_PREFIX):])
+            kept, held = split_heldout(articles, cfg.heldout_articles)
+            training, heldout = squad_queries(kept), squad_queries(held)
+        elif train:
+            training = read(cfg.train_data)
+        evaluation = read(cfg.eval_data) if cfg.eval_data else heldout
+        return (training if train else []), evaluation
+
+    def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
+        # One output; BCE with logits (transformers' multi-label rule), so the single-task model's own loss is ours.
+        return Labels(None, ["relevance"], "multi_label_classification")
+
+    def saved_labels(self, cfg, model_config, saved: dict) -> Labels:
+        return Labels(None, ["relevance"], "multi_label_classification")
+
+    def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
+        from bert.tasks import classify
+
+        top = max((label for q in examples for label in q.labels), default=1.0)
+        scale = top if top > 1.0 else 1.0  # graded 0..G -> [0, 1]; 0/1 labels unchanged
+        pairs = [(q.query, text) for q in examples for text in q.texts]
+        targets = [label / scale for q in examples for label in q.labels]
+        return classify.encode(tokenizer, pairs, max_length=cfg.max_seq_length, truncate=True), targets
+
+    def collate_targets(self, targets: list, width: int) -> dict:
+        import torch
+
+        return {"labels": torch.tensor(targets, dtype=torch.float32).view(-1, 1)}  # (B, 1), as the logits
+
+    def loss(self, outputs: dict, batch: dict):
+        import torch.nn.functional as F
+
+        logits = outputs[self.output_name("rerank")].float()
+        return F.binary_cross_entropy_with_logits(logits.view(-1), batch["labels"].view(-1))
+
+    def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
+        from bert.tasks import classify
+        from training.task_data import run_model
+
+        pairs = [(q.query, text) for q in examples for text in q.texts]
+        features = classify.encode(tokenizer, pairs, max_length=cfg.max_seq_length, truncate=True)
+        scores = [float(r[0][0]) for r in run_model(model, features, batch_size=cfg.eval_batch_size,
+                                                    pad_token_id=tokenizer.pad_token_id)]
+        groups, cursor = [], 0
+        for q in examples:
+            groups.append((scores[cursor:cursor + len(q.texts)], q.labels))
+            cursor += len(q.texts)
+        return ranking_metrics(groups)
+
+    def score(self, metrics: dict) -> float:
+        return 100.0 * float(metrics["mrr"])  # a fraction in the task's metrics
+
+    def summary(self, metrics: dict) -> str:
+        return f"rerank MRR {self.score(metrics):.2f} / recall@1 {100 * metrics['recall_at_1']:.2f} %"
+
+    def embed_texts(self, examples: list) -> dict[str, list[str]]:
+        return {f"{self.name}_queries": [q.query for q in examples],
+                f"{self.name}_texts": list(dict.fromkeys(t for q in examples for t in q.texts))}
+
+
+TASK = RerankTask()

@@ -1,0 +1,143 @@
+"""/rerank and /v1/rerank (issue 19, bar 3): a cross-encoder written by transformers (a one-output
+BertForSequenceClassification, random weights) served by bertserve scores every (query, text) pair as
+sentence-transformers' CrossEncoder.predict does (sigmoid), from the torch backend and an ONNX fp32 export."""
+from __future__ import annotations
+
+import subprocess
+
+import httpx
+import numpy as np
+import pytest
+
+from test_serving_support import PYTHON, REPO, Server, minilm_dir
+
+QUERY = "where is the eiffel tower?"
+TEXTS = ["The Eiffel Tower is in Paris.", "Berlin is the capital of Germany.",
+         "Bananas are yellow and grow in bunches on large plants.", "Paris is in France.",
+         "The tower was built in 1889 for the world's fair, and it is made of wrought iron."]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    directory = tmp_path_factory.mktemp("rerank") / "cross-encoder"
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, num_labels=1)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(30)  # random heads give near-equal scores: spread them so order is tested
+    model.save_pretrained(directory)
+    transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def reference(cross_encoder) -> tuple[np.ndarray, np.ndarray]:
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(str(cross_encoder), device="cpu")
+    pairs = [(QUERY, t) for t in TEXTS]
+    return model.predict(pairs), model.predict(pairs, activation_fn=__import__("torch").nn.Identity())
+
+
+@pytest.fixture(scope="module")
+def artifact(cross_encoder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rerank-onnx") / "artifact"
+    run = subprocess.run([PYTHON, "-m", "export.onnx", "--ckpt", str(cross_encoder), "--task", "rerank", "--out",
+                          str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("backend,tolerance", [("torch", 1e-5), ("onnx", 1e-4)])
+def test_rerank_equals_cross_encoder(backend, tolerance, cross_encoder, artifact, reference):
+    scores, logits = reference
+    model = cross_encoder if backend == "torch" else artifact
+    with Server("--model", str(model)) as server:
+        info = httpx.get(server.url + "/info").json()
+        assert "rerank" in info["tasks"], info
+        tei = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS, "return_text": True}).json()
+        raw = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS, "raw_scores": True}).json()
+        v1 = httpx.post(server.url + "/v1/rerank", json={"query": QUERY, "documents": TEXTS, "top_n": 3,
+                                                         "return_documents": True, "model": "m"}).json()
+        one = [httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": [t]}).json()[0]["score"]
+               for t in TEXTS]
+    order = list(np.argsort(-scores, kind="stable"))
+    assert [r["index"] for r in tei] == order
+    assert [r["text"] for r in tei] == [TEXTS[i] for i in order]
+    got = np.array([r["score"] for r in sorted(tei, key=lambda r: r["index"])])
+    got_raw = np.array([r["score"] for r in sorted(raw, key=lambda r: r["index"])])
+    print(f"bar 3, rerank {backend}: max |bertserve - CrossEncoder| {np.abs(got - scores).max():.2e} (sigmoid), "
+          f"{np.abs(got_raw - logits).max():.2e} (raw)")
+    assert np.abs(got - scores).max() <= tolerance and np.abs(got_raw - logits).max() <= tolerance * 10
+    assert np.abs(np.array(one) - scores).max() <= tolerance  # one pair per request = all in one
+    assert [r["index"] for r in v1["results"]] == order[:3] and v1["model"] == "m"
+    assert [r["document"] for r in v1["results"]] == [TEXTS[i] for i in order[:3]]
+    assert np.allclose([r["relevance_score"] for r in v1["results"]], scores[order[:3]], atol=tolerance)
+    assert v1["usage"]["total_tokens"] > len(TEXTS) * 4
+
+
+def test_rerank_refusals(cross_encoder):
+    with Server("--model", str(cross_encoder), "--max-client-batch-size", "4") as server:
+        post = lambda path, body: httpx.post(server.url + path, json=body)  # noqa: E731
+        for path, body, status in [
+            ("/rerank", {"query": "q", "texts": []}, 400),
+            ("/rerank", {"query": " ", "texts": ["a"]}, 400),
+            ("/rerank", {"query": "q", "texts": ["a", ""]}, 400),
+            ("/rerank", {"query": "q", "texts": ["a"] * 5}, 413),
+            ("/rerank", {"query": "q", "texts": "a"}, 422),
+            ("/rerank", {"query": "q", "texts": ["word " * 600]}, 422),
+            ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422),
+            ("/v1/rerank", {"query": "q", "documents": ["a"] * 5}, 413),
+        ]:
+            response = post(path, body)
+            assert response.status_code == status, (path, body, response.text)
+            assert set(response.json()) == {"error", "error_type"}
+        assert post("/rerank", {"query": "q", "texts": ["word " * 600], "truncate": True}).status_code == 200
+        assert httpx.get(server.url + "/ready").status_code == 200
+
+
+def _finetune(tmp_path, *args: str) -> dict:
+    import json
+
+    out = tmp_path / "run"
+    done = subprocess.run([PYTHON, "-m", "training.finetune", "--task", "rerank", "--init-preset", "tiny",
+                           "--tokenizer", str(minilm_dir()), "--output-dir", str(out), "--batch-size", "8",
+                           "--max-seq-length", "64", "--no-progress", "--torch-threads", "1", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((out / "best" / "metrics.json").read_text())
+    config = json.loads((out / "best" / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and len(config["id2label"]) == 1
+    return metrics
+
+
+def test_finetune_rerank_on_graded_pairs(tmp_path):
+    """A TSV of (query, text, label) rows with graded labels trains a one-output cross-encoder; its metrics are
+    ranking metrics over each query's candidates."""
+    rows = ["query\ttext\tlabel"]
+    for q in range(12):
+        rows += [f"what colour is thing {q}\tthing {q} is red\t2", f"what colour is thing {q}\tthe sky was grey\t0",
+                 f"what colour is thing {q}\tthing {q} was bought today\t1"]
+    (tmp_path / "pairs.tsv").write_text("\n".join(rows) + "\n")
+    metrics = _finetune(tmp_path, "--train-data", str(tmp_path / "pairs.tsv"), "--eval-data",
+                        str(tmp_path / "pairs.tsv"), "--max-steps", "4")
+    best = metrics.get("best", metrics)
+    found = best.get("metrics", best)
+    assert {"mrr", "recall_at_1"} <= set(str(k) for k in _flatten(found)), metrics
+
+
+def test_finetune_rerank_from_squad_with_heldout_articles(tmp_path, data_dir):
+    metrics = _finetune(tmp_path, "--train-data", f"squad:{data_dir / 'squad-train'}", "--heldout-articles", "1",
+                        "--max-train-examples", "40", "--max-eval-examples", "20", "--max-steps", "3")
+    assert {"mrr", "recall_at_1"} <= set(str(k) for k in _flatten(metrics)), metrics
+
+
+def _flatten(value, keys=()):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _flatten(v)
