@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig, head_layout
+from .tasks.base import MLM_CANDIDATES
 from .tasks import registry
 from .tasks.embed import POOLINGS
 from .tasks.registry import TASKS
@@ -566,7 +567,7 @@ class MultiTaskOutput:
         raise AttributeError(name)
 
 
-MLM_TOP_K = 50  # candidates per token a fill-mask head hands back (its request's top_k is at most this)
+MLM_TOP_K = MLM_CANDIDATES  # candidates per token an mlm head hands back (bert.tasks.base says why)
 
 
 def build_head(kind: str, config: BertConfig, width: int) -> nn.Module:
@@ -587,8 +588,6 @@ def run_head(kind: str, head: nn.Module, out: EncoderOutput, dropout: nn.Module)
     if kind == "span":
         return tuple(head(out.last_hidden_state).unbind(dim=-1))  # (B, T) start, (B, T) end
     if kind == "mlm":
-        # Probabilities of the MLM_TOP_K likeliest tokens at every position, not (B, T, V) logits: a 30k vocabulary
-        # would make every served sequence tens of megabytes.
         probs = head.predictions(out.last_hidden_state).float().softmax(dim=-1)
         scores, ids = probs.topk(min(MLM_TOP_K, probs.shape[-1]), dim=-1)  # (B, T, K)
         return scores, ids

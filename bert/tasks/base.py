@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from bert.tasks.common import Limits, ModelFacts
 
 HEAD_KINDS = ("sequence", "token", "span", "mlm")
+# Candidates per token an "mlm" head hands back (probabilities and ids of its likeliest tokens), not (B, T, V)
+# logits: a 30k vocabulary would make every served sequence tens of megabytes. A request's top_k is at most this.
+MLM_CANDIDATES = 50
 
 
 class UnknownTask(ValueError):
