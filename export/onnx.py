@@ -186,8 +186,10 @@ def main(argv=None) -> None:
             progress.note(f"{name}: not verified ({results[name]['not_run']}); verify on a GPU")
             return
         provider = sess.get_providers()[0]
+        kinds = {n: "ids" if getattr(wrapper, "dtypes", {}).get(n, "float32").startswith("int") else kind
+                 for n, kind in scores.items()}
         figures = parity.compare(reference, parity.onnx_outputs(sess, batches, wrapper.output_names), batches,
-                                 token_level, scores)
+                                 token_level, kinds)
         passed, problems = parity.judge(figures, precision, args.atol)
         results[name] = parity.report(figures, precision, passed, problems, provider, args.atol)
         summary = ", ".join(f"{n} max|diff| {f.max_abs_diff:.2e}"
