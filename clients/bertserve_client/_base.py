@@ -32,7 +32,7 @@ from ._exceptions import (
     error_class_for,
 )
 from ._version import __version__
-from .types import Answer, Entity, Info, Label, QAInput, Ranked
+from .types import Answer, Entity, Info, Label, MaskCandidate, QAInput, Ranked
 
 DEFAULT_BASE_URL = "http://localhost:8000"
 DEFAULT_TIMEOUT = 60.0
@@ -46,6 +46,7 @@ NerInput = Union[str, Sequence[str]]
 QAItem = Union[QAInput, Mapping[str, str], Sequence[str]]
 NER_AGGREGATIONS = ("first", "simple", "average", "max", "none")
 EmbedInput = Union[str, Sequence[str]]
+FillMaskInput = Union[str, Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,20 @@ def plan_rerank(query: str, texts: Sequence[str], *, raw_scores: bool, truncate:
     return Plan([Call("POST", "/rerank", body) for body in bodies], assemble)
 
 
+def _candidates(data: Any) -> list[list[MaskCandidate]]:
+    if not isinstance(data, list):
+        raise BertserveError("/fill-mask: expected one list of candidates per [MASK]")
+    return [_parse_list(MaskCandidate, mask) for mask in data]
+
+
+def plan_fill_mask(inputs: FillMaskInput, *, top_k: int, truncate: bool, batch_limit: int | None) -> Plan:
+    options = {"top_k": top_k, "truncate": truncate}
+    if not is_many(inputs):
+        return Plan([Call("POST", "/fill-mask", {"inputs": inputs, **options})], lambda a: _candidates(a[0]))
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
+    return _batched("/fill-mask", bodies, _candidates)
+
+
 # ---------------------------------------------------------------------------------------------
 # The endpoint methods, declared once for both clients
 
@@ -281,6 +296,13 @@ class Endpoints:
         text with `return_text`) per text. Scores are the cross-encoder's sigmoid, or its logit with `raw_scores`."""
         return self._run(Planned(texts, lambda limit: plan_rerank(
             query, texts, raw_scores=raw_scores, truncate=truncate, return_text=return_text, batch_limit=limit)))
+
+    def fill_mask(self, inputs: FillMaskInput, *, top_k: int = 5,
+                  truncate: bool = False) -> list[list[MaskCandidate]] | list[list[list[MaskCandidate]]]:
+        """For a text, one list of candidates per [MASK] in it, best first (transformers' fill-mask fields); for
+        a list of texts, that per text."""
+        return self._run(Planned(inputs, lambda limit: plan_fill_mask(
+            inputs, top_k=top_k, truncate=truncate, batch_limit=limit)))
 
 
 def endpoint_names() -> list[str]:

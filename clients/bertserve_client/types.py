@@ -51,6 +51,16 @@ class Ranked(_Result):
     text: str | None = None
 
 
+class MaskCandidate(_Result):
+    """One proposal for a [MASK] of a /fill-mask answer: its probability, the token id and text, and the input
+    with that [MASK] filled."""
+
+    score: float
+    token: int
+    token_str: str
+    sequence: str
+
+
 class QAInput(BaseModel):
     """One question over one context, for `qa([...])`."""
 

@@ -195,6 +195,29 @@ class V1RerankResponse(BaseModel):
     usage: OpenAIUsage
 
 
+# ---- fill-mask: transformers' fill-mask pipeline ---------------------------------------------------------
+class FillMaskRequest(_Body):
+    endpoint_doc: ClassVar[str] = (
+        "The masked-LM head's proposals for each [MASK] token, best first, with transformers' fill-mask fields "
+        "{score, token, token_str, sequence}: for a text, one list per [MASK]; for a list of texts, that per text. "
+        "A text without a [MASK] is a 422.")
+    inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts, each with [MASK] tokens",
+                                          examples=["Paris is the [MASK] of France."])
+    top_k: int = Field(5, ge=1, le=50, description="candidates per [MASK], best first")
+    truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
+
+
+class MaskCandidate(BaseModel):
+    score: float
+    token: int
+    token_str: str
+    sequence: str = Field(..., description="the text with this [MASK] filled")
+
+
+# a text: one list of candidates per [MASK]; a list of texts: that, per text
+FillMaskResponse = Union[list[list[MaskCandidate]], list[list[list[MaskCandidate]]]]
+
+
 class Status(BaseModel):
     status: str
 

@@ -1,0 +1,81 @@
+"""Fill-mask: the masked-LM head of a pretraining checkpoint proposes tokens for each [MASK] of a text.
+
+Answers carry transformers' fill-mask pipeline's fields (`score`, `token`, `token_str`, `sequence`), best first,
+one list per [MASK]. The model's graph hands back, for every token, the probabilities and ids of its
+likeliest tokens (MLM_CANDIDATES of them, softmax over the whole vocabulary), so `top_k` is at most that.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bert.tasks import classify
+from bert.tasks.base import MLM_CANDIDATES, Head, Route, Task, check_inputs, texts_of
+from bert.tasks.common import Features, Limits, ModelFacts
+
+
+class NoMaskToken(ValueError):
+    """A fill-mask input without the mask token: nothing to fill."""
+
+
+def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False) -> list[Features]:
+    """Texts -> Features ([CLS] text [SEP]); each must hold at least one mask token after tokenising (a cut
+    that drops every mask is refused too)."""
+    mask = tokenizer.mask_token_id
+    if mask is None:
+        raise NoMaskToken("this model's tokenizer has no mask token")
+    features = classify.encode(tokenizer, list(texts), max_length=max_length, truncate=truncate)
+    for index, feature in enumerate(features):
+        if mask not in feature.input_ids:
+            where = "inputs" if len(features) == 1 else f"inputs[{index}]"
+            raise NoMaskToken(f"{where} has no {tokenizer.convert_ids_to_tokens(mask)[0]} token to fill")
+    return features
+
+
+def decode(tokenizer, feature: Features, scores: np.ndarray, ids: np.ndarray, *, top_k: int = 5) -> list[list[dict]]:
+    """One sequence's (T, K) probabilities and token ids -> per mask token, its `top_k` candidates best first.
+    `sequence` is the text with that mask filled, decoded as the pipeline does: special tokens skipped when the
+    text has one mask, kept (so the other masks show) when it has several."""
+    input_ids = np.asarray(feature.input_ids)
+    masks = np.flatnonzero(input_ids == tokenizer.mask_token_id)
+    single = len(masks) == 1
+    answers = []
+    for position in masks:
+        candidates = []
+        for score, token in zip(scores[position][:top_k], ids[position][:top_k]):
+            filled = input_ids.copy()
+            filled[position] = int(token)
+            candidates.append({"score": float(score), "token": int(token),
+                               "token_str": tokenizer.decode([int(token)], skip_special_tokens=True),
+                               "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=single)})
+        answers.append(candidates)
+    return answers
+
+
+class FillMaskTask(Task):
+    """transformers' fill-mask pipeline over a masked-LM head (BertForMaskedLM, BertForPreTraining)."""
+
+    name = "fill_mask"
+    order = 60
+    outputs, output_ranks, per_token = ("fill_mask_scores", "fill_mask_ids"), (3, 3), True
+    head = Head("mlm", attribute="cls", single_attribute="cls")
+    architectures = ("BertForMaskedLM", "BertForPreTraining")
+    graph_outputs = {"fill_mask_scores": "fill_mask_scores", "fill_mask_ids": "fill_mask_ids"}
+    single_graph_outputs = {"fill_mask_scores": "fill_mask_scores", "fill_mask_ids": "fill_mask_ids"}
+    routes = (Route("/fill-mask", "FillMaskRequest", "FillMaskResponse", "Fill the [MASK] tokens of texts",
+                    to_items=texts_of, shape=lambda answers, body, info=None: answers[0] if isinstance(body.inputs, str)
+                    else answers, check=check_inputs),)
+
+    def head_width(self, labels) -> int:
+        return 0  # the tied decoder's width is the vocabulary
+
+    def encode_request(self, tokenizer, items: list, limits: Limits, *, truncate: bool = False, **_):
+        return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+
+    def decode_request(self, items, features, outputs, facts: ModelFacts, *, top_k: int = 5, **_):
+        if top_k > MLM_CANDIDATES:
+            raise ValueError(f"top_k: at most {MLM_CANDIDATES}")
+        return [decode(facts.tokenizer, f[0], o[0]["fill_mask_scores"], o[0]["fill_mask_ids"], top_k=top_k)
+                for f, o in zip(features, outputs)]
+
+
+TASK = FillMaskTask()
