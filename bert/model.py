@@ -562,8 +562,8 @@ class MultiTaskOutput:
         outputs = self.__dict__.get("outputs", {})
         if name in outputs:
             return outputs[name]
-        if name.endswith("_logits") or name.startswith("fill_mask"):
-            return None  # a head this model does not have
+        if any(name in task.graph_outputs or name in task.single_graph_outputs for task in TASKS.values()):
+            return None  # a task's output this model has no head for
         raise AttributeError(name)
 
 
