@@ -150,24 +150,41 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"error: {' '.join(message.split())}\n")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a flag named in a help text is never split at its dashes (`--no-access-` / `log`)."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
 class _YesNo(argparse.Action):
-    """--name (true), --name true|false, --no-name (false)."""
+    """--name (true) or --name true|false; --no-name is _No."""
 
     def __init__(self, option_strings, dest, option: Option, **kwargs):
         self.option = option
         super().__init__(option_strings, dest, nargs="?", metavar="true|false", **kwargs)
 
     def __call__(self, parser, namespace, value, option_string=None):
-        negative = option_string != self.option.flag
-        if value is None:
-            setattr(namespace, self.dest, not negative)
-            return
-        if negative:
-            raise argparse.ArgumentError(self, "takes no value")
         try:
-            setattr(namespace, self.dest, self.option.convert(value))
+            setattr(namespace, self.dest, True if value is None else self.option.convert(value))
         except ValueError as e:
             raise argparse.ArgumentError(self, str(e)) from None
+
+
+class _No(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, False)
 
 
 def _default_text(o: Option) -> str:
@@ -183,7 +200,7 @@ def build_parser(cls, *, prog: str | None = None, description: str | None = None
     """The argparse parser of `cls`'s options (what `--help` shows). Its defaults are left out of the namespace:
     `read` fills what the command line did not give from the env, then the declaration."""
     parser = _OneLineParser(prog=prog or f"python -m {cls.__module__}", description=description, epilog=epilog,
-                            allow_abbrev=False)
+                            allow_abbrev=False, formatter_class=_HelpFormatter)
     parser.hint = hint
     groups: dict[str, Any] = {}
     for o in options_of(cls):
@@ -192,15 +209,19 @@ def build_parser(cls, *, prog: str | None = None, description: str | None = None
             if o.one_of not in groups:
                 groups[o.one_of] = parser.add_mutually_exclusive_group()
             target = groups[o.one_of]
-        text = o.help.replace("%", "%%")
+        text = o.help
         if o.kind is list:
             text += " (comma-separated)"
-        text += _default_text(o).replace("%", "%%") + f" [env {o.env}]"
+        if o.kind is bool and not o.name.startswith("no_"):  # --no-verify stays one flag, never --no-no-verify
+            text += f"; --no-{o.flag[2:]}: false"
+        text = (text + _default_text(o) + f" [env {o.env}]").replace("%", "%%")
         if o.required and not o.one_of:
             text += " (required)"
         if o.kind is bool:
-            names = [o.flag] if o.name.startswith("no_") else [o.flag, "--no-" + o.flag[2:]]
-            target.add_argument(*names, dest=o.name, action=_YesNo, option=o, default=argparse.SUPPRESS, help=text)
+            if not o.name.startswith("no_"):
+                target.add_argument("--no-" + o.flag[2:], dest=o.name, action=_No, default=argparse.SUPPRESS,
+                                    help=argparse.SUPPRESS)
+            target.add_argument(o.flag, dest=o.name, action=_YesNo, option=o, default=argparse.SUPPRESS, help=text)
             continue
 
         def typed(text_value: str, o=o):

@@ -164,7 +164,8 @@ def test_yes_no_options(argv, expected):
 
 def test_a_no_option_has_no_double_negative():
     assert options.read(Example, ["--no-check"], environ={})["no_check"] is True
-    assert "--no-no-check" not in options.build_parser(Example).format_help()
+    text = options.build_parser(Example).format_help()
+    assert "--no-no-check" not in text and "--no-fast: false" in text
 
 
 @pytest.mark.parametrize("argv, env, message", [
