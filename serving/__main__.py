@@ -14,53 +14,29 @@ import asyncio
 import logging
 import os
 import sys
-import typing
 
 import uvicorn
 from pydantic import ValidationError
 
+from bert import options
 from bert.tasks import registry
 from serving.settings import Settings
 
 log = logging.getLogger("bertserve")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        # One line and exit 2, as every failure of this command (argparse would print its whole usage first).
-        if "-model" in message:  # e.g. --nope-model: a --TASK-model flag exists for each task
-            message += f" (a --TASK-model flag is there for each task: {', '.join(registry.names())})"
-        self.exit(2, f"error: {message}\n")
+def _hint(message: str) -> str:
+    if "-model" in message:  # e.g. --nope-model: a --TASK-model flag exists for each task
+        message += f" (a --TASK-model flag is there for each task: {', '.join(registry.names())})"
+    return message
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m serving",
+    """The server's flags: one per Settings field, help from its description (bert/options.py, as every command)."""
+    return options.build_parser(
+        Settings, prog="python -m serving", hint=_hint,
         description=f"Serve BERT models' tasks ({', '.join(registry.names())}) over HTTP with dynamic batching. "
-                    "Each flag can also be set with the env var shown; flags win.",
-)
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        annotation = field.annotation
-        choices = None
-        for arg in (annotation, *typing.get_args(annotation)):
-            if typing.get_origin(arg) is typing.Literal:
-                choices = list(typing.get_args(arg))
-        default = field.default
-        if annotation is bool:  # `--access-log` alone turns it on; `--access-log false` off
-            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, nargs="?", const="true",
-                                metavar="true|false",
-                                help=f"{field.description} [env BERTSERVE_{name.upper()}] (default: {default})")
-            continue
-        help_text = f"{field.description} [env BERTSERVE_{name.upper()}]"
-        if annotation is bool:  # a switch: present means true
-            parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, action="store_true", help=help_text)
-            continue
-        if default is not None:
-            help_text += f" (default: {default})"
-        parser.add_argument(flag, dest=name, default=argparse.SUPPRESS, choices=choices, help=help_text,
-                            metavar=None if choices else name.upper())
-    return parser
+                    "Each flag can also be set with the env var shown; flags win.")
 
 
 class GracefulServer(uvicorn.Server):
@@ -138,14 +114,15 @@ class GracefulServer(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    values = options.read(Settings, argv, parser=build_parser())
     try:
-        settings = Settings(**vars(args))
+        settings = Settings(**{name: v for name, v in values.items() if values.sources[name] != "default"})
     except ValidationError as e:
         for error in e.errors():
-            where = ".".join(str(x) for x in error["loc"]) or "settings"
+            name = ".".join(str(x) for x in error["loc"])
+            where = values.sources.get(name, "--" + name.replace("_", "-")) if name else "settings"
             message = str(error["msg"]).removeprefix("Value error, ")
-            print(f"error: --{where.replace('_', '-')}: {message}", file=sys.stderr)
+            print(f"error: {where}: {message}", file=sys.stderr)
         return 2
     from serving.logs import configure as configure_logs
     from serving.startup import LoadingResponder, PortError, is_loopback, listen

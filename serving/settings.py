@@ -1,6 +1,7 @@
 """Server settings: one pydantic-settings model read from `BERTSERVE_*` env vars, overridable by flags.
 
-Every field's description is also its `--help` line (see `serving/__main__.py`), so the two never drift.
+Every field's description is also its `--help` line: `python -m serving` reads this model through bert/options.py,
+as every command reads its options (flag > env var > default), so the two never drift.
 """
 from __future__ import annotations
 

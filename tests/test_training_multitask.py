@@ -183,7 +183,7 @@ def test_flags_checked_before_work(assets):
         cfg.validate()
     message = str(e.value)
     assert "--qa-eval is required" in message or "--heldout-articles" in message
-    assert "--task-weights" in message and "--save-dtype" in message and "qa_max_seq_length" in message
+    assert "--task-weights" in message and "--save-dtype" in message and "--qa-max-seq-length" in message
     assert "--embed-weight must be positive" in message
 
 

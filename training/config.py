@@ -1,17 +1,18 @@
 """Typed run configurations and the command line that fills them.
 
-Every field of a config dataclass is one `--flag` (underscores become dashes); argparse rejects
-unknown flags, and `validate()` rejects contradictory ones, both before any data is read.
+Every field of a config dataclass is one option, declared with its help (bert/options.py: `--flag` with dashes,
+env var BERTSERVE_<NAME>; flag > env > default); unknown flags and, through `validate()`, contradictory ones
+are refused before any data is read.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bert import options
+from bert.options import option
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -24,30 +25,30 @@ class ConfigError(ValueError):
 class TrainConfig:
     """What every training run shares: optimisation, schedule, batching, checkpoints, logging."""
 
-    output_dir: str = "runs/out"  # checkpoints (best/, last/), log.jsonl and metrics go here
-    seed: int = 42  # one seed for data order, masking, dropout and head initialisation
-    learning_rate: float = 5e-5  # peak learning rate (after warmup)
-    weight_decay: float = 0.01  # AdamW decay; never applied to biases or LayerNorm weights
-    adam_beta1: float = 0.9  # AdamW beta1
-    adam_beta2: float = 0.999  # AdamW beta2
-    adam_epsilon: float = 1e-6  # AdamW epsilon
-    warmup_ratio: float = 0.1  # fraction of total steps spent warming up (ignored if warmup_steps > 0)
-    warmup_steps: int = 0  # warmup length in optimizer steps; 0 = use warmup_ratio
-    num_epochs: float = 3.0  # passes over the training data (fractions allowed)
-    max_steps: int = 0  # stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length
-    batch_size: int = 32  # examples per optimizer step (across accumulation and processes)
-    grad_accum_steps: int = 1  # micro-batches per optimizer step (per process); batch_size must divide by it
-    max_grad_norm: float = 1.0  # gradient clipping (0 = off)
-    eval_every: int = 0  # evaluate every N optimizer steps (0 = at the end of each epoch)
-    save_every: int = 0  # write last/ (resumable) every N steps (0 = with each evaluation)
-    log_every: int = 10  # write a log.jsonl line every N steps
-    precision: str = "fp32"  # fp32 | bf16 | fp16 autocast (fp16: GPU only, with a GradScaler)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    torch_threads: int = 0  # torch.set_num_threads (0 = torch's default)
-    group_by_length: bool = True  # batches of similar length (less padding, same examples per epoch)
-    resume: str = ""  # a last/ checkpoint directory written by an earlier run of the same config
-    progress: bool = True  # tqdm progress bar (rank 0)
-    gradient_checkpointing: bool = False  # trade compute for activation memory
+    output_dir: str = option("runs/out", "checkpoints (best/, last/), log.jsonl and metrics go here")
+    seed: int = option(42, "one seed for data order, masking, dropout and head initialisation")
+    learning_rate: float = option(5e-5, "peak learning rate (after warmup)")
+    weight_decay: float = option(0.01, "AdamW decay; never applied to biases or LayerNorm weights")
+    adam_beta1: float = option(0.9, "AdamW beta1")
+    adam_beta2: float = option(0.999, "AdamW beta2")
+    adam_epsilon: float = option(1e-6, "AdamW epsilon")
+    warmup_ratio: float = option(0.1, "fraction of total steps spent warming up (ignored if warmup_steps > 0)")
+    warmup_steps: int = option(0, "warmup length in optimizer steps; 0 = use warmup_ratio")
+    num_epochs: float = option(3.0, "passes over the training data (fractions allowed)")
+    max_steps: int = option(0, "stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length")
+    batch_size: int = option(32, "examples per optimizer step (across accumulation and processes)")
+    grad_accum_steps: int = option(1, "micro-batches per optimizer step (per process); batch_size must divide by it")
+    max_grad_norm: float = option(1.0, "gradient clipping (0 = off)")
+    eval_every: int = option(0, "evaluate every N optimizer steps (0 = at the end of each epoch)")
+    save_every: int = option(0, "write last/ (resumable) every N steps (0 = with each evaluation)")
+    log_every: int = option(10, "write a log.jsonl line every N steps")
+    precision: str = option("fp32", "fp32 | bf16 | fp16 autocast (fp16: GPU only, with a GradScaler)")
+    device: str = option("auto", "auto | cpu | cuda | cuda:N")
+    torch_threads: int = option(0, "torch.set_num_threads (0 = torch's default)")
+    group_by_length: bool = option(True, "batches of similar length (less padding, same examples per epoch)")
+    resume: str = option("", "a last/ checkpoint directory written by an earlier run of the same config")
+    progress: bool = option(True, "tqdm progress bar (rank 0)")
+    gradient_checkpointing: bool = option(False, "trade compute for activation memory")
 
     def validate(self) -> None:
         problems = []
@@ -87,71 +88,14 @@ class TrainConfig:
 # ----------------------------------------------------------------------------- command line
 
 
-def _field_type(cls, f: dataclasses.Field):
-    hint = typing.get_type_hints(cls)[f.name]
-    args = typing.get_args(hint)
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        hint = next(a for a in args if a is not type(None))
-    return hint
-
-
-def build_parser(cls, description: str, defaults: dict | None = None) -> argparse.ArgumentParser:
-    """One flag per dataclass field; the comment after each field (its help) comes from `HELP`."""
-    parser = argparse.ArgumentParser(description=description, allow_abbrev=False,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    help_text = field_help(cls)
-    for f in dataclasses.fields(cls):
-        kind = _field_type(cls, f)
-        flag = "--" + f.name.replace("_", "-")
-        if f.default is not dataclasses.MISSING:
-            field_default = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # e.g. lists: [] rather than None
-            field_default = f.default_factory()
-        else:
-            field_default = None
-        default = (defaults or {}).get(f.name, field_default)
-        h = help_text.get(f.name, "") or " "
-        if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=h)
-        elif typing.get_origin(kind) is list:
-            parser.add_argument(flag, dest=f.name, default=default, help=h + " (comma-separated)",
-                                type=lambda s: [x for x in s.split(",") if x])
-        else:
-            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=h)
-    return parser
-
-
-def field_help(cls) -> dict[str, str]:
-    """The trailing comment of each field in the class source: the single source of the CLI help."""
-    import inspect
-
-    out = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            lines = inspect.getsource(klass).splitlines()
-        except (OSError, TypeError):
-            continue
-        for line in lines:
-            stripped = line.strip()
-            if ":" in stripped and "#" in stripped and not stripped.startswith(("#", "def", "\"")):
-                name = stripped.split(":", 1)[0].strip()
-                if name.isidentifier():
-                    out[name] = stripped.split("#", 1)[1].strip()
-    out.update({f.name: f.metadata["help"] for f in dataclasses.fields(cls) if "help" in f.metadata})  # made fields
-    return out
-
-
 def parse_config(cls, argv=None, description: str = ""):
-    """argv -> a validated config; exits with a clear message (status 2) on bad or contradictory flags."""
-    parser = build_parser(cls, description)
-    args = parser.parse_args(argv)
-    config = cls(**vars(args))
+    """argv (and BERTSERVE_<NAME> env vars) -> a validated config (bert/options.py: flag > env > default); a bad or
+    contradictory option is one `error:` line and exit 2, before any data is read."""
+    config = cls(**options.read(cls, argv, description=description))
     try:
         config.validate()
     except ConfigError as e:
-        parser.error(str(e))
+        options.fail(str(e))
     return config
 
 

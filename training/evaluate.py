@@ -9,43 +9,48 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from training.config import ConfigError, build_parser, run
+from bert import options
+from bert.options import like, option
+from training.config import ConfigError, run
 from training.finetune import FinetuneConfig, trainable_task
 
-FALLBACKS = {"max_seq_length": 128, "eval_batch_size": 64, "text_column": "0", "pair_column": "",
-             "label_column": "-1", "header": "auto", "scheme": "auto", "doc_stride": 128, "max_query_length": 64,
-             "max_answer_length": 30, "heldout_articles": 0}
+RUN = " (default: the fine-tuning run's, from finetune_config.json, else training.finetune's)"
+
+
+def _from_run(name: str):
+    """A fine-tuning option that evaluation reads: finetune's declaration, unset (None) by default, so that the
+    run's own value applies unless the flag is given."""
+    return like(FinetuneConfig, name, None, suffix=RUN)
 
 
 @dataclass
 class EvaluateConfig:
-    task: str = ""  # a trainable task: classify | ner | qa ... (default: the checkpoint's task)
-    ckpt: str = ""  # checkpoint path or store name
-    data: str = ""  # evaluation file(s): TSV, CoNLL, or SQuAD JSON / .gz / comma-separated parts / directory
-    max_seq_length: int | None = None  # default: the fine-tuning run's (finetune_config.json), else 128
-    eval_batch_size: int | None = None  # examples per batch (default: the run's, else 64)
-    max_examples: int = 0  # evaluate only the first N examples (0 = all)
-    text_column: str | None = None  # classify: TSV text column (index or header name)
-    pair_column: str | None = None  # classify: TSV second-text column ("" = none)
-    label_column: str | None = None  # classify: TSV label column
-    header: str | None = None  # classify: auto | yes | no
-    labels: list[str] = field(default_factory=list)  # classify: label values as in the data, in head order
-    scheme: str | None = None  # ner: auto | iob1 | iob2
-    doc_stride: int | None = None  # qa: tokens shared by neighbouring windows
-    max_query_length: int | None = None  # qa
-    max_answer_length: int | None = None  # qa: longest answer in tokens
-    heldout_articles: int | None = None  # qa: evaluate on the last N articles of --data (the held-out split)
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    torch_threads: int = 0  # torch.set_num_threads (0 = default)
+    task: str = option("", "a trainable task: classify | ner | qa ... (default: the checkpoint's task)")
+    ckpt: str = option("", "checkpoint path or store name")
+    data: str = option("", "evaluation file(s): TSV, CoNLL, or SQuAD JSON / .gz / comma-separated parts / directory")
+    max_seq_length: int | None = _from_run("max_seq_length")
+    eval_batch_size: int | None = _from_run("eval_batch_size")
+    max_examples: int = option(0, "evaluate only the first N examples (0 = all)")
+    text_column: str | None = _from_run("text_column")
+    pair_column: str | None = _from_run("pair_column")
+    label_column: str | None = _from_run("label_column")
+    header: str | None = _from_run("header")
+    labels: list[str] = option([], "classify: label values as in the data, in head order")
+    scheme: str | None = _from_run("scheme")
+    doc_stride: int | None = _from_run("doc_stride")
+    max_query_length: int | None = _from_run("max_query_length")
+    max_answer_length: int | None = _from_run("max_answer_length")
+    heldout_articles: int | None = like(FinetuneConfig, "heldout_articles", None, suffix=RUN,
+                                        help="qa: evaluate on the last N articles of --data (the held-out split)")
+    device: str = option("cpu", "cpu | cuda | cuda:N")
+    torch_threads: int = like(FinetuneConfig, "torch_threads")
 
     def resolved(self, saved: dict) -> "EvaluateConfig":
-        """Unset options take the fine-tuning run's value, then the finetune default."""
-        values = {}
-        for name, fallback in FALLBACKS.items():
-            if getattr(self, name) is None:
-                values[name] = saved.get(name, fallback)
+        """Unset options take the fine-tuning run's value, then finetune's declared default."""
+        defaults = FinetuneConfig()
+        values = {name: saved.get(name, getattr(defaults, name)) for name in _RUN_OPTIONS if getattr(self, name) is None}
         if self.task == "" and saved.get("task"):
             values["task"] = saved["task"]
         return dataclasses.replace(self, **values)
@@ -70,6 +75,9 @@ class EvaluateConfig:
             problems += task.train_problems(self.finetune_config())
         if problems:
             raise ConfigError("; ".join(problems))
+
+
+_RUN_OPTIONS = [f.name for f in dataclasses.fields(EvaluateConfig) if f.default is None]
 
 
 def _run_settings(path) -> dict:
@@ -105,12 +113,11 @@ def evaluate(cfg: EvaluateConfig) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = build_parser(EvaluateConfig, __doc__.split("\n")[0])
-    cfg = EvaluateConfig(**vars(parser.parse_args(argv)))
+    cfg = EvaluateConfig(**options.read(EvaluateConfig, argv, description=__doc__.split("\n")[0]))
     try:
         metrics = evaluate(cfg)
     except ConfigError as e:
-        parser.error(str(e))
+        options.fail(str(e))
     print(json.dumps(metrics, indent=2, sort_keys=True))
     return 0
 

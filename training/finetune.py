@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from bert.options import flag, option
 from bert.tasks import registry
 from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
 
@@ -30,33 +31,33 @@ def trainable_task(name: str):
 
 @dataclass
 class FinetuneConfig(TrainConfig):
-    task: str = ""  # a trainable task: classify | ner | qa ...
-    ckpt: str = ""  # checkpoint path, store name or Hub id `org/name[@revision]` (README "Models from the Hub") to start from (its encoder; heads start fresh if absent)
-    init_preset: str = ""  # instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)
-    tokenizer: str = ""  # tokenizer directory (default: the checkpoint's)
-    train_data: str = ""  # TSV (classify), CoNLL (ner), SQuAD JSON / .gz / comma-separated parts (qa)
-    eval_data: str = ""  # same format; for qa it may be empty when --heldout-articles > 0
-    max_seq_length: int = 128  # longest encoded input (longer inputs are truncated; qa: windowed)
-    eval_batch_size: int = 64  # examples per evaluation batch
-    max_train_examples: int = 0  # use only the first N training examples (0 = all)
-    max_eval_examples: int = 0  # evaluate on only the first N examples (0 = all)
+    task: str = option("", "a trainable task: classify | ner | qa ...")
+    ckpt: str = option("", 'checkpoint path, store name or Hub id `org/name[@revision]` (README "Models from the Hub") to start from (its encoder; heads start fresh if absent)')
+    init_preset: str = option("", "instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)")
+    tokenizer: str = option("", "tokenizer directory (default: the checkpoint's)")
+    train_data: str = option("", "TSV (classify), CoNLL (ner), SQuAD JSON / .gz / comma-separated parts (qa)")
+    eval_data: str = option("", "same format; for qa it may be empty when --heldout-articles > 0")
+    max_seq_length: int = option(128, "longest encoded input (longer inputs are truncated; qa: windowed)")
+    eval_batch_size: int = option(64, "examples per evaluation batch")
+    max_train_examples: int = option(0, "use only the first N training examples (0 = all)")
+    max_eval_examples: int = option(0, "evaluate on only the first N examples (0 = all)")
     # classify
-    text_column: str = "0"  # TSV column (index or header name) of the text
-    pair_column: str = ""  # TSV column of the second text of a pair (empty = single texts)
-    label_column: str = "-1"  # TSV column of the label
-    header: str = "auto"  # auto | yes | no: whether the TSV's first row names its columns
-    labels: list[str] = field(default_factory=list)  # label values as written in the data (default: sorted unique)
-    label_names: list[str] = field(default_factory=list)  # names the checkpoint shows for them (default: the values)
-    regression: bool = False  # one output, MSE loss, Pearson/Spearman (e.g. STS-B)
+    text_column: str = option("0", "TSV column (index or header name) of the text")
+    pair_column: str = option("", "TSV column of the second text of a pair (empty = single texts)")
+    label_column: str = option("-1", "TSV column of the label")
+    header: str = option("auto", "auto | yes | no: whether the TSV's first row names its columns")
+    labels: list[str] = option([], "label values as written in the data (default: sorted unique)")
+    label_names: list[str] = option([], "names the checkpoint shows for them (default: the values)")
+    regression: bool = option(False, "one output, MSE loss, Pearson/Spearman (e.g. STS-B)")
     # ner
-    scheme: str = "auto"  # auto | iob1 | iob2: tag scheme of the CoNLL files (IOB1 is converted to IOB2)
-    label_all_subtokens: bool = False  # ner: train every sub-token (B- becomes I- after a word's first; default: first only)
+    scheme: str = option("auto", "ner: auto | iob1 | iob2: tag scheme of the CoNLL files (IOB1 is converted to IOB2)")
+    label_all_subtokens: bool = option(False, "ner: train every sub-token (B- becomes I- after a word's first; default: first only)")
     # qa
-    doc_stride: int = 128  # tokens between the starts of consecutive context windows
-    max_query_length: int = 64  # questions are cut to this many tokens
-    max_answer_length: int = 30  # longest predicted answer, in tokens
-    heldout_articles: int = 0  # qa: hold out the last N articles of --train-data for evaluation (never trained on)
-    stop_at_step: int = 0  # stop as if interrupted after this step (schedule unchanged; then --resume)
+    doc_stride: int = option(128, "qa: tokens between the starts of consecutive context windows")
+    max_query_length: int = option(64, "qa: questions are cut to this many tokens")
+    max_answer_length: int = option(30, "qa: longest predicted answer, in tokens")
+    heldout_articles: int = option(0, "qa: hold out the last N articles of the training data for evaluation (never trained on)")
+    stop_at_step: int = option(0, "stop as if interrupted after this step (schedule unchanged; then --resume)")
 
     def task_problems(self) -> list[str]:
         task = trainable_task(self.task)
@@ -70,9 +71,9 @@ class FinetuneConfig(TrainConfig):
         if self.init_preset and not self.tokenizer:
             problems.append("--init-preset needs --tokenizer (a directory with vocab.txt or tokenizer.json)")
         if not self.train_data:
-            problems.append("--train-data is required")
+            problems.append(f"{flag(self, 'train_data')} is required")
         if self.max_seq_length < 8 or self.max_seq_length > 512:
-            problems.append(f"max_seq_length must be in [8, 512], got {self.max_seq_length}")
+            problems.append(f"{flag(self, 'max_seq_length')} must be in [8, 512], got {self.max_seq_length}")
         problems += foreign_options(self, task)
         problems += task.train_problems(self)
         if self.stop_at_step < 0:
@@ -85,7 +86,7 @@ class FinetuneConfig(TrainConfig):
             # goes to the command line as it is.
             ckpt_config = BertConfig.from_json_file(resolve_checkpoint(self.ckpt))
             if self.max_seq_length > ckpt_config.max_position_embeddings:
-                problems.append(f"max_seq_length {self.max_seq_length} exceeds the model's "
+                problems.append(f"{flag(self, 'max_seq_length')} {self.max_seq_length} exceeds the model's "
                                 f"max_position_embeddings {ckpt_config.max_position_embeddings}")
         return problems
 
@@ -99,11 +100,11 @@ def foreign_options(cfg, task) -> list[str]:
                 for f in dataclasses.fields(FinetuneConfig)}
     owners: dict[str, list[str]] = {}
     for other in registry.TASKS.values():
-        for option in other.train_options:
-            owners.setdefault(option, []).append(other.name)
-    return [f"--{option.replace('_', '-')} applies to --task {' or '.join(names)} only"
-            for option, names in owners.items()
-            if option not in task.train_options and getattr(cfg, option) != defaults[option]]
+        for name in other.train_options:
+            owners.setdefault(name, []).append(other.name)
+    return [f"--{name.replace('_', '-')} applies to --task {' or '.join(names)} only"
+            for name, names in owners.items()
+            if name not in task.train_options and getattr(cfg, name) != defaults[name]]
 
 
 def read_data(cfg: FinetuneConfig):

@@ -28,17 +28,17 @@ import bisect
 import dataclasses
 import functools
 import json
-import re
 import sys
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from bert.options import like, option
 from bert.tasks import registry
-from training.config import ConfigError, TrainConfig, field_help, is_model_spec, model_config, parse_config, run
+from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config, run
 from training.finetune import FinetuneConfig, prepare, run_labels
 
 TASKS = registry.names(trainable=True)
@@ -49,26 +49,27 @@ AGREEMENT_TEXTS = 256  # held-out texts per source (a task's Task.embed_texts: c
 
 @dataclass
 class MultiTaskOptions(TrainConfig):
-    """The options every task shares; MultiTaskConfig adds each trainable task's own (see _task_fields)."""
+    """The options every task shares; MultiTaskConfig adds each trainable task's own (see _task_fields). Those
+    that mean what they mean to training.finetune are its declarations (bert.options.like)."""
 
-    ckpt: str = ""  # checkpoint path or store name whose encoder all heads share (heads start fresh if absent)
-    init_preset: str = ""  # instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)
-    tokenizer: str = ""  # tokenizer directory (default: the checkpoint's)
-    heldout_articles: int = 0  # qa: hold out the last N articles of --qa-train for evaluation (never trained on)
-    task_weights: list[str] = field(default_factory=list)  # e.g. classify=1,ner=1,qa=2: share of batches per task (default: by dataset size)
-    doc_stride: int = 128  # qa: tokens between the starts of consecutive context windows
-    max_query_length: int = 64  # qa: questions are cut to this many tokens
-    max_answer_length: int = 30  # qa: longest predicted answer, in tokens
-    scheme: str = "auto"  # ner: auto | iob1 | iob2 tag scheme of the CoNLL files
-    label_all_subtokens: bool = False  # ner: train every sub-token (B- becomes I- after a word's first)
-    eval_batch_size: int = 64  # examples per evaluation batch
-    max_train_examples: int = 0  # per task: use only the first N training examples (0 = all)
-    max_eval_examples: int = 0  # per task: evaluate on only the first N examples (0 = all)
-    save_dtype: str = "fp32"  # fp32 | fp16 | bf16 weights of best/ (last/ keeps full precision for exact resume)
-    max_shard_mb: float = 0.0  # shard the weights into files of at most this many MB (+ index); 0 = one file
-    stop_at_step: int = 0  # stop as if interrupted after this step (schedule unchanged; then --resume)
-    embed_teacher: str = ""  # checkpoint (sentence-transformers or BERT) whose sentence embeddings the encoder keeps; empty = none
-    embed_weight: float = DEFAULT_EMBED_WEIGHT  # weight of the embedding loss (cosine distance to --embed-teacher's vectors)
+    ckpt: str = option("", "checkpoint path or store name whose encoder all heads share (heads start fresh if absent)")
+    init_preset: str = like(FinetuneConfig, "init_preset")
+    tokenizer: str = like(FinetuneConfig, "tokenizer")
+    heldout_articles: int = like(FinetuneConfig, "heldout_articles")
+    task_weights: list[str] = option([], "e.g. classify=1,ner=1,qa=2: share of batches per task (default: by dataset size)")
+    doc_stride: int = like(FinetuneConfig, "doc_stride")
+    max_query_length: int = like(FinetuneConfig, "max_query_length")
+    max_answer_length: int = like(FinetuneConfig, "max_answer_length")
+    scheme: str = like(FinetuneConfig, "scheme")
+    label_all_subtokens: bool = like(FinetuneConfig, "label_all_subtokens")
+    eval_batch_size: int = like(FinetuneConfig, "eval_batch_size")
+    max_train_examples: int = like(FinetuneConfig, "max_train_examples")
+    max_eval_examples: int = like(FinetuneConfig, "max_eval_examples")
+    save_dtype: str = option("fp32", "fp32 | fp16 | bf16 weights of best/ (last/ keeps full precision for exact resume)")
+    max_shard_mb: float = option(0.0, "shard the weights into files of at most this many MB (+ index); 0 = one file")
+    stop_at_step: int = like(FinetuneConfig, "stop_at_step")
+    embed_teacher: str = option("", "checkpoint (sentence-transformers or BERT) whose sentence embeddings the encoder keeps; empty = none")
+    embed_weight: float = option(DEFAULT_EMBED_WEIGHT, "weight of the embedding loss (cosine distance to --embed-teacher's vectors)")
 
     def tasks(self) -> list[str]:
         return [t for t in TASKS if getattr(self, f"{t}_train")]
@@ -88,16 +89,18 @@ class MultiTaskOptions(TrainConfig):
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
         declared = registry.get(task)
         options = {}
-        for option in declared.train_options:
-            name = f"{task}_{option}" if option in declared.multitask_options else option
+        for opt in declared.train_options:
+            name = f"{task}_{opt}" if opt in declared.multitask_options else opt
             if hasattr(self, name):
                 value = getattr(self, name)
-                options[option] = list(value) if isinstance(value, list) else value
-        return FinetuneConfig(
+                options[opt] = list(value) if isinstance(value, list) else value
+        config = FinetuneConfig(
             **shared, **options, task=task, ckpt=self.ckpt, init_preset=self.init_preset, tokenizer=self.tokenizer,
             train_data=getattr(self, f"{task}_train"), eval_data=getattr(self, f"{task}_eval"),
             max_seq_length=getattr(self, f"{task}_max_seq_length"), eval_batch_size=self.eval_batch_size,
             max_train_examples=self.max_train_examples, max_eval_examples=self.max_eval_examples)
+        config.flag_names = task_flags(task)  # its messages name this command's flags (--qa-train, --classify-labels)
+        return config
 
     def task_problems(self) -> list[str]:
         problems = []
@@ -113,11 +116,11 @@ class MultiTaskOptions(TrainConfig):
                 given = [f"--{task}-{o}" for o in own if getattr(self, f"{task}_{o.replace('-', '_')}")]
                 if given:
                     problems.append(f"{'/'.join(given)} given without --{task}-train")
-        for option in shared_task_options():
-            trained = [t for t in self.tasks() if option in registry.get(t).train_options]
-            if not trained and getattr(self, option) != _default(MultiTaskOptions, option):
-                owners = [t for t in TASKS if option in registry.get(t).train_options]
-                problems.append(f"--{option.replace('_', '-')} given without "
+        for opt in shared_task_options():
+            trained = [t for t in self.tasks() if opt in registry.get(t).train_options]
+            if not trained and getattr(self, opt) != _default(MultiTaskOptions, opt):
+                owners = [t for t in TASKS if opt in registry.get(t).train_options]
+                problems.append(f"--{opt.replace('_', '-')} given without "
                                 f"{' or '.join(f'--{t}-train' for t in owners)}")
         for task in self.tasks():
             for p in self.task_config(task).task_problems():
@@ -147,14 +150,16 @@ class MultiTaskOptions(TrainConfig):
 
     @staticmethod
     def _task_message(task: str, problem: str) -> str:
-        """A single-task run's message in this command's flags: --train-data is --<task>-train, --labels of a
-        task's own option is --<task>-labels ..."""
-        p = problem.replace("--train-data", f"--{task}-train").replace("--eval-data", f"--{task}-eval")
-        p = p.replace("max_seq_length", f"{task}_max_seq_length")
-        for option in registry.get(task).multitask_options:
-            flag = option.replace("_", "-")
-            p = re.sub(rf"--{re.escape(flag)}(?![\w-])", f"--{task}-{flag}", p)
-        return p if p.startswith("--") else f"{task}: {p}"
+        """A single-task run's message (in this command's flags, task_flags): prefixed with its task unless it
+        starts with a flag of that task."""
+        return problem if problem.startswith("--") else f"{task}: {problem}"
+
+
+def task_flags(task: str) -> dict[str, str]:
+    """The flags a task's own options have here: --<task>-train for --train-data, --<task>-labels ..."""
+    own = {"train_data": "train", "eval_data": "eval", "max_seq_length": "max_seq_length",
+           **{o: o for o in registry.get(task).multitask_options}}
+    return {name: f"--{task}-{suffix.replace('_', '-')}" for name, suffix in own.items()}
 
 
 def _default(cls, name: str):
@@ -169,25 +174,19 @@ def shared_task_options() -> list[str]:
 
 
 def _task_fields() -> list[tuple]:
-    """Each trainable task's own flags: --<task>-train, --<task>-eval, --<task>-max-seq-length, and a copy of
-    each of its `multitask_options` (e.g. --classify-labels), help from the task's declaration."""
-    hints, helps = typing.get_type_hints(FinetuneConfig), field_help(FinetuneConfig)
-    finetune_fields = {f.name: f for f in dataclasses.fields(FinetuneConfig)}
+    """Each trainable task's own flags: --<task>-train, --<task>-eval, --<task>-max-seq-length, and each of its
+    `multitask_options` as training.finetune declares it (e.g. --classify-labels); help from those declarations."""
+    hints = typing.get_type_hints(FinetuneConfig)
     out = []
     for name in TASKS:
         task = registry.get(name)
         what = task.train_data_help or "training data"
-        out += [(f"{name}_train", str, field(default="", metadata={
-                    "help": f"{what} for the {name} head; empty = no {name} head"})),
-                (f"{name}_eval", str, field(default="", metadata={"help": f"{what} to evaluate {name} on"})),
-                (f"{name}_max_seq_length", int, field(default=task.train_max_seq_length, metadata={
-                    "help": f"longest {name} input (longer inputs are truncated or windowed)"}))]
-        for option in task.multitask_options:
-            f = finetune_fields[option]
-            default = ({"default_factory": f.default_factory} if f.default is dataclasses.MISSING
-                       else {"default": f.default})
-            out.append((f"{name}_{option}", hints[option], field(**default, metadata={
-                "help": f"{name}: {helps.get(option, '')}"})))
+        out += [(f"{name}_train", str, option("", f"{what} for the {name} head; empty = no {name} head")),
+                (f"{name}_eval", str, option("", f"{what} to evaluate {name} on")),
+                (f"{name}_max_seq_length", int, option(task.train_max_seq_length,
+                                                       f"longest {name} input (longer inputs are truncated or windowed)"))]
+        for opt in task.multitask_options:
+            out.append((f"{name}_{opt}", hints[opt], like(FinetuneConfig, opt, prefix=f"{name}: ")))
     return out
 
 

@@ -12,37 +12,38 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from bert.options import option
 from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
 
 
 @dataclass
 class PretrainConfig(TrainConfig):
-    corpus: list[str] = field(default_factory=list)  # corpus files: one sentence per line, blank line between documents
-    data_dir: str = ""  # where the instance shards go (default: <output-dir>/data); reused when settings match
-    tokenizer: str = ""  # an existing tokenizer directory (vocab.txt / tokenizer.json)
-    vocab_size: int = 0  # instead of --tokenizer: train a WordPiece vocabulary of this size on the corpus
-    do_lower_case: bool = True  # lower-case when training a new vocabulary
-    preset: str = "mini"  # architecture, randomly initialised: tiny | mini | small | medium | base | large, or a config.json
-    ckpt: str = ""  # instead of --preset: continue pretraining this checkpoint
-    max_seq_length: int = 128  # tokens per instance, [CLS] A [SEP] B [SEP] included
-    short_seq_prob: float = 0.1  # probability of a shorter target length for an instance
-    masked_lm_prob: float = 0.15  # fraction of tokens chosen for prediction
-    max_predictions_per_seq: int = 20  # cap on predicted tokens per sequence
-    whole_word_mask: bool = False  # choose whole words (a word piece and its ## continuations)
-    dupe_factor: int = 5  # copies of the corpus with different pairings and truncations
-    nsp: bool = True  # next-sentence prediction (off: MLM only, B is always the real continuation)
-    heldout_percent: float = 5.0  # percent of documents (stable hash of the first line) held out for evaluation
-    data_seed: int = 12345  # seed of instance creation and of the fixed evaluation masks
-    max_eval_instances: int = 2000  # held-out instances scored per evaluation
-    eval_batch_size: int = 64  # instances per evaluation batch
-    instances_per_shard: int = 20000  # instances per shard file
-    documents_per_buffer: int = 2000  # documents tokenized together (NotNext partners come from the same buffer)
-    stop_at_step: int = 0  # stop as if interrupted after this step (schedule unchanged; then --resume)
+    corpus: list[str] = option([], "corpus files: one sentence per line, blank line between documents")
+    data_dir: str = option("", "where the instance shards go (default: <output-dir>/data); reused when settings match")
+    tokenizer: str = option("", "an existing tokenizer directory (vocab.txt / tokenizer.json)")
+    vocab_size: int = option(0, "instead of --tokenizer: train a WordPiece vocabulary of this size on the corpus")
+    do_lower_case: bool = option(True, "lower-case when training a new vocabulary")
+    preset: str = option("mini", "architecture, randomly initialised: tiny | mini | small | medium | base | large, or a config.json")
+    ckpt: str = option("", "instead of --preset: continue pretraining this checkpoint")
+    max_seq_length: int = option(128, "tokens per instance, [CLS] A [SEP] B [SEP] included")
+    short_seq_prob: float = option(0.1, "probability of a shorter target length for an instance")
+    masked_lm_prob: float = option(0.15, "fraction of tokens chosen for prediction")
+    max_predictions_per_seq: int = option(20, "cap on predicted tokens per sequence")
+    whole_word_mask: bool = option(False, "choose whole words (a word piece and its ## continuations)")
+    dupe_factor: int = option(5, "copies of the corpus with different pairings and truncations")
+    nsp: bool = option(True, "next-sentence prediction (off: MLM only, B is always the real continuation)")
+    heldout_percent: float = option(5.0, "percent of documents (stable hash of the first line) held out for evaluation")
+    data_seed: int = option(12345, "seed of instance creation and of the fixed evaluation masks")
+    max_eval_instances: int = option(2000, "held-out instances scored per evaluation")
+    eval_batch_size: int = option(64, "instances per evaluation batch")
+    instances_per_shard: int = option(20000, "instances per shard file")
+    documents_per_buffer: int = option(2000, "documents tokenized together (NotNext partners come from the same buffer)")
+    stop_at_step: int = option(0, "stop as if interrupted after this step (schedule unchanged; then --resume)")
 
     def task_problems(self) -> list[str]:
         from bert.config import PRESETS

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
+from bert.options import flag
+
 if TYPE_CHECKING:
     from bert.tasks.common import Limits, ModelFacts
 
@@ -175,7 +177,7 @@ class Task:
 
     def train_problems(self, cfg) -> list[str]:
         """Contradictions among this task's options (one message each), checked before any data is read."""
-        return [] if cfg.eval_data else ["--eval-data is required"]
+        return [] if cfg.eval_data else [f"{flag(cfg, 'eval_data')} is required"]
 
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
         """(training examples, evaluation examples) as cfg's data options say, before any --max-*-examples cut;

@@ -5,6 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bert.options import flag
 from bert.tasks.base import Head, Labels, Route, Task, check_inputs, one_or_list, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, sigmoid, softmax
 from bert.tokenizer import InputTooLong
@@ -150,9 +151,9 @@ class ClassifyTask(Task):
     def train_problems(self, cfg) -> list[str]:
         problems = super().train_problems(cfg)
         if cfg.regression and cfg.labels:
-            problems.append("--regression and --labels contradict each other (regression has no classes)")
+            problems.append(f"--regression and {flag(cfg, 'labels')} contradict each other (regression has no classes)")
         if cfg.label_names and len(cfg.label_names) != len(cfg.labels):
-            problems.append("--label-names needs --labels, one name per label value")
+            problems.append(f"{flag(cfg, 'label_names')} needs {flag(cfg, 'labels')}, one name per label value")
         if cfg.header not in ("auto", "yes", "no"):
             problems.append(f"--header must be auto, yes or no, got {cfg.header!r}")
         return problems

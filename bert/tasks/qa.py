@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bert.options import flag
 from bert.tasks.base import Head, Labels, Route, Task, check_texts
 from bert.tasks.common import CallerGone, Features, Limits, ModelFacts, TooMuchWork, bounded_text
 
@@ -426,13 +427,13 @@ class QATask(Task):
     def train_problems(self, cfg) -> list[str]:
         problems = []
         if not cfg.eval_data and cfg.heldout_articles <= 0:
-            problems.append("--eval-data is required (for qa, or --heldout-articles N)")
+            problems.append(f"{flag(cfg, 'eval_data')} is required (for qa, or --heldout-articles N)")
         if cfg.max_seq_length <= cfg.max_query_length + 3:
-            problems.append(f"max_seq_length ({cfg.max_seq_length}) must exceed max_query_length + 3 "
+            problems.append(f"{flag(cfg, 'max_seq_length')} ({cfg.max_seq_length}) must exceed max_query_length + 3 "
                             f"({cfg.max_query_length + 3}): [CLS] question [SEP] context [SEP] needs room")
         elif cfg.doc_stride >= cfg.max_seq_length - cfg.max_query_length - 3:
             problems.append(f"doc_stride ({cfg.doc_stride}) must be smaller than the context room "
-                            f"max_seq_length - max_query_length - 3 = {cfg.max_seq_length - cfg.max_query_length - 3}")
+                            f"{flag(cfg, 'max_seq_length')} - max_query_length - 3 = {cfg.max_seq_length - cfg.max_query_length - 3}")
         if cfg.doc_stride <= 0 or cfg.max_answer_length <= 0:
             problems.append("doc_stride and max_answer_length must be positive")
         return problems

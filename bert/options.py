@@ -1,0 +1,284 @@
+"""Command-line options, declared once: a typed field with its help beside it becomes a `--flag` and an env var.
+
+Every command (training.*, export.*, python -m serving) declares its options as the fields of one class: a
+dataclass whose fields come from `option(default, "help")`, or, for the server, a pydantic-settings model whose
+fields carry `Field(description=...)`. `parse(cls, argv)` reads them the same way for all:
+
+- the flag is the field's name with dashes (`max_seq_length` -> `--max-seq-length`);
+- the env var is `BERTSERVE_` + the name in capitals (`BERTSERVE_MAX_SEQ_LENGTH`), for every option of every
+  command: a name means the same thing wherever it appears (`BERTSERVE_DEVICE=cuda` moves training, export
+  checks and the server alike);
+- precedence: a flag given on the command line, else its env var, else the declared default;
+- a yes/no option is `--name` (true), `--name false|true`, and `--no-name` (false); env `1/0, true/false,
+  yes/no, on/off`;
+- a list option takes comma-separated values;
+- `--help` lists every option with its help, its env var and its default;
+- an unknown flag, a bad value (from a flag or an env var) or a missing required option is one line on stderr,
+  `error: ...`, and exit 2, never argparse's usage block.
+
+Standard library only: `bert/` stays importable with numpy + tokenizers, and training and export need no
+pydantic. The server's model is read through the same `Option` records (`options_of`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+ENV_PREFIX = "BERTSERVE_"
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+EXIT_USAGE = 2
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None,
+           metavar: str | None = None, required: bool = False, one_of: str | None = None) -> Any:
+    """A dataclass field that is a command-line option. `one_of`: options sharing this group name exclude each
+    other (and `required` on them means one of the group is needed)."""
+    metadata = {"help": help, "choices": choices, "metavar": metavar, "required": required, "one_of": one_of}
+    if isinstance(default, (list, dict, set)):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata)
+    if default is dataclasses.MISSING:
+        return dataclasses.field(default=None, metadata=dict(metadata, required=True))
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def like(cls, name: str, default: Any = dataclasses.MISSING, *, help: str | None = None, prefix: str = "",
+         suffix: str = "") -> Any:
+    """The option `name` as `cls` declares it (help, choices), for a command that reads the same setting:
+    declared once, reused. `default` / `help` replace the declared ones where given; `prefix` goes before the
+    help, `suffix` after it (multitask's `--classify-labels`: "classify: " + finetune's `--labels` help)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if default is dataclasses.MISSING:
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    meta = f.metadata
+    return option(default, prefix + (meta["help"] if help is None else help) + suffix,
+                  **{k: meta.get(k) for k in ("choices", "metavar", "one_of")})
+
+
+def flag(config, name: str) -> str:
+    """How the command that built `config` spells option `name` (for messages): `--max-seq-length`, or what
+    the config's `flag_names` maps it to (multitask runs a task's config under `--qa-max-seq-length`)."""
+    return getattr(config, "flag_names", {}).get(name) or "--" + name.replace("_", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    kind: type  # str | int | float | bool | list (of str)
+    default: Any
+    help: str
+    choices: tuple | None = None
+    metavar: str | None = None
+    required: bool = False
+    one_of: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def convert(self, text: str):
+        """A flag's or env var's text as this option's value; ValueError names what was expected."""
+        if self.kind is bool:
+            low = text.strip().lower()
+            if low in TRUE or low in FALSE:
+                return low in TRUE
+            raise ValueError(f"expected true or false, got {text!r}")
+        if self.kind is list:
+            return [x for x in text.split(",") if x]
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise ValueError(f"expected {'an integer' if self.kind is int else 'a number'}, got {text!r}") from None
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"invalid choice {text!r} (choose from {', '.join(map(str, self.choices))})")
+        return value
+
+
+def _kind(hint) -> tuple[type, tuple | None]:
+    """(value kind, Literal choices) of an annotation: Optional[X] is X, list[str] is list."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is typing.Literal:
+        choices = typing.get_args(hint)
+        return type(choices[0]), choices
+    if typing.get_origin(hint) is list or hint is list:
+        return list, None
+    return (hint if hint in (str, int, float, bool) else str), None
+
+
+def options_of(cls) -> list[Option]:
+    """The options `cls` declares: a dataclass's fields (help in `metadata["help"]`, from `option`) or a pydantic
+    model's fields (help in `Field(description=...)`), in declaration order."""
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in dataclasses.fields(cls):
+            kind, choices = _kind(hints[f.name])
+            meta = f.metadata
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out.append(Option(f.name, kind, default, meta.get("help", ""), meta.get("choices") or choices,
+                              meta.get("metavar"), bool(meta.get("required")), meta.get("one_of")))
+        return out
+    out = []
+    for name, f in cls.model_fields.items():  # a pydantic (settings) model
+        kind, choices = _kind(f.annotation)
+        required = f.is_required()
+        out.append(Option(name, kind, None if required else f.default, f.description or "", choices,
+                          required=required))
+    return out
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one `error:` line and exit 2 (not the usage block)."""
+
+    hint: Callable[[str], str] | None = None
+
+    def error(self, message: str) -> NoReturn:
+        if self.hint is not None:
+            message = self.hint(message)
+        self.exit(EXIT_USAGE, f"error: {' '.join(message.split())}\n")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a flag named in a help text is never split at its dashes (`--no-access-` / `log`)."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
+class _YesNo(argparse.Action):
+    """--name (true) or --name true|false; --no-name is _No."""
+
+    def __init__(self, option_strings, dest, option: Option, **kwargs):
+        self.option = option
+        super().__init__(option_strings, dest, nargs="?", metavar="true|false", **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        try:
+            setattr(namespace, self.dest, True if value is None else self.option.convert(value))
+        except ValueError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+
+
+class _No(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, False)
+
+
+def _default_text(o: Option) -> str:
+    if o.kind is bool:
+        return f" (default: {str(bool(o.default)).lower()})"
+    if o.default is None or o.default == "" or o.default == []:
+        return ""
+    return f" (default: {','.join(o.default) if isinstance(o.default, list) else o.default})"
+
+
+def build_parser(cls, *, prog: str | None = None, description: str | None = None, epilog: str | None = None,
+                 hint: Callable[[str], str] | None = None) -> argparse.ArgumentParser:
+    """The argparse parser of `cls`'s options (what `--help` shows). Its defaults are left out of the namespace:
+    `read` fills what the command line did not give from the env, then the declaration."""
+    parser = _OneLineParser(prog=prog or f"python -m {cls.__module__}", description=description, epilog=epilog,
+                            allow_abbrev=False, formatter_class=_HelpFormatter)
+    parser.hint = hint
+    groups: dict[str, Any] = {}
+    for o in options_of(cls):
+        target = parser
+        if o.one_of:
+            if o.one_of not in groups:
+                groups[o.one_of] = parser.add_mutually_exclusive_group()
+            target = groups[o.one_of]
+        text = o.help
+        if o.kind is list:
+            text += " (comma-separated)"
+        if o.kind is bool and not o.name.startswith("no_"):  # --no-verify stays one flag, never --no-no-verify
+            text += f"; --no-{o.flag[2:]}: false"
+        text = (text + _default_text(o) + f" [env {o.env}]").replace("%", "%%")
+        if o.required and not o.one_of:
+            text += " (required)"
+        if o.kind is bool:
+            if not o.name.startswith("no_"):
+                target.add_argument("--no-" + o.flag[2:], dest=o.name, action=_No, default=argparse.SUPPRESS,
+                                    help=argparse.SUPPRESS)
+            target.add_argument(o.flag, dest=o.name, action=_YesNo, option=o, default=argparse.SUPPRESS, help=text)
+            continue
+
+        def typed(text_value: str, o=o):
+            try:
+                return o.convert(text_value)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        typed.__name__ = o.kind.__name__
+        target.add_argument(o.flag, dest=o.name, type=typed, default=argparse.SUPPRESS,
+                            metavar=o.metavar or ("{" + ",".join(map(str, o.choices)) + "}" if o.choices
+                                                  else o.name.upper()),
+                            help=text)
+    return parser
+
+
+class Values(dict):
+    """Option values by name; `sources[name]` says where each came from: the flag, the env var, or "default"."""
+
+    sources: dict[str, str]
+
+
+def read(cls, argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None,
+         parser: argparse.ArgumentParser | None = None, **parser_args) -> Values:
+    """Every option of `cls`: from its flag, else its env var (BERTSERVE_<NAME>), else its default. A bad or
+    missing one exits 2 with one `error:` line."""
+    parser = parser or build_parser(cls, **parser_args)
+    given = vars(parser.parse_args(argv))
+    environ = os.environ if environ is None else environ
+    options = options_of(cls)
+    flagged_groups = {o.one_of for o in options if o.one_of and o.name in given}
+    values, sources = Values(), {}
+    for o in options:
+        if o.name in given:
+            values[o.name], sources[o.name] = given[o.name], o.flag
+        elif o.env in environ and not (o.one_of and o.one_of in flagged_groups):
+            try:
+                values[o.name] = o.convert(environ[o.env])
+            except ValueError as e:
+                parser.error(f"{o.env}: {e}")
+            sources[o.name] = o.env
+        else:
+            values[o.name], sources[o.name] = o.default, "default"
+    for group in dict.fromkeys(o.one_of for o in options if o.one_of):
+        members = [o for o in options if o.one_of == group]
+        chosen = [o for o in members if sources[o.name] != "default"]
+        if len(chosen) > 1:
+            parser.error(f"{' and '.join(sources[o.name] for o in chosen)} exclude each other: give one")
+        if not chosen and any(o.required for o in members):
+            parser.error(f"one of {', '.join(o.flag for o in members)} is required")
+    missing = [o for o in options if o.required and not o.one_of and sources[o.name] == "default"]
+    if missing:
+        parser.error("the following arguments are required: " + ", ".join(f"{o.flag} (or env {o.env})" for o in missing))
+    values.sources = sources
+    return values
+
+
+def fail(message: str) -> NoReturn:
+    """A contradiction found after parsing: one `error:` line and exit 2, as the parser's own."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
