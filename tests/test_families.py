@@ -199,3 +199,111 @@ def test_parameter_names_map_both_ways():
     assert roberta.name_from_bert("classifier.weight", None) == "classifier.weight"  # a token classifier
     assert roberta.architecture_to_ours("XLMRobertaForTokenClassification") == "BertForTokenClassification"
     assert roberta.architecture_to_theirs("BertModel", "camembert") == "CamembertModel"
+
+
+# ---- tokenizers: byte-level BPE (RoBERTa) and Unigram (XLM-R), trained here, saved as transformers saves them
+
+
+def _sst2_sentences(data_dir, split: str) -> list[str]:
+    with open(data_dir / "SST-2" / f"{split}.tsv", encoding="utf-8") as f:
+        next(f)
+        return [line.split("\t")[0] for line in f]
+
+
+def _squad_contexts(data_dir, count: int) -> list[tuple[str, str]]:
+    import gzip
+
+    with gzip.open(data_dir / "squad-train" / "train-v1.1.part-01.json.gz", "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    pairs = []
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            pairs.append((paragraph["qas"][0]["question"], paragraph["context"]))
+            if len(pairs) == count:
+                return pairs
+    return pairs
+
+
+def _train_tokenizer(kind: str, corpus: list[str], directory):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(corpus, trainers.BpeTrainer(
+            vocab_size=2000, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False))
+        tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True,
+                                                          add_prefix_space=False)
+        hf = transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                               sep_token="</s>", cls_token="<s>", unk_token="<unk>",
+                                               pad_token="<pad>", mask_token="<mask>")
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC()])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        tok.train_from_iterator(corpus, trainers.UnigramTrainer(
+            vocab_size=2000, special_tokens=specials, unk_token="<unk>", show_progress=False))
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+        hf = transformers.XLMRobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                  sep_token="</s>", cls_token="<s>", unk_token="<unk>",
+                                                  pad_token="<pad>", mask_token="<mask>")
+    hf.save_pretrained(directory)
+    # transformers rebuilds a class's own pipeline on load (XLM-R's: WhitespaceSplit + Metaspace, no normalizer):
+    # saved once more, tokenizer.json holds what transformers runs
+    transformers.AutoTokenizer.from_pretrained(directory).save_pretrained(directory)
+    return transformers.AutoTokenizer.from_pretrained(directory)
+
+
+@pytest.fixture(scope="module", params=["bpe", "unigram"])
+def trained_tokenizers(request, data_dir, tmp_path_factory):
+    from bert.tokenizer import BertTokenizer
+
+    directory = tmp_path_factory.mktemp(request.param)
+    corpus = _sst2_sentences(data_dir, "train")[:20000] + [c for _, c in _squad_contexts(data_dir, 300)]
+    theirs = _train_tokenizer(request.param, corpus, directory)
+    return BertTokenizer.from_dir(directory), theirs, directory
+
+
+def test_tokenizer_ids_and_offsets_equal_transformers(trained_tokenizers, data_dir):
+    ours, theirs, _ = trained_tokenizers
+    sentences = _sst2_sentences(data_dir, "dev")  # all 872
+    assert ours.pad_token_id == theirs.pad_token_id and ours.cls_token_id == theirs.cls_token_id
+    mine = ours.encode_batch(sentences)
+    ref = theirs(sentences, return_offsets_mapping=True)
+    for e, ids, offsets in zip(mine, ref["input_ids"], ref["offset_mapping"]):
+        assert e.ids == ids and [tuple(o) for o in e.offsets] == [tuple(o) for o in offsets]
+    # pairs: <s> A </s></s> B </s>, one token type
+    firsts, seconds = sentences[:400], sentences[400:800]
+    mine = ours.encode_batch(firsts, seconds)
+    ref = theirs(firsts, seconds, return_offsets_mapping=True)
+    for e, ids, offsets in zip(mine, ref["input_ids"], ref["offset_mapping"]):
+        assert e.ids == ids and [tuple(o) for o in e.offsets] == [tuple(o) for o in offsets]
+        assert set(e.type_ids) == {0}
+    before, between, after, context_type = ours.pair_template
+    assert (before, between, after, context_type) == ([0], [2, 2], [2], 0)
+
+
+def test_qa_windows_equal_transformers_overflow(trained_tokenizers, data_dir):
+    """Our QA windows (bert/tasks/qa.py) against transformers' only_second truncation with a stride: the same
+    ids, and every context token's character offsets into the context."""
+    from bert.tasks import qa
+
+    ours, theirs, _ = trained_tokenizers
+    compared = 0
+    for question, context in _squad_contexts(data_dir, 200):
+        windows = qa.encode(ours, question, context, max_length=96, doc_stride=32, max_query_length=64)
+        ref = theirs(question, context, truncation="only_second", max_length=96, stride=32,
+                     return_overflowing_tokens=True, return_offsets_mapping=True)
+        assert len(windows) == len(ref["input_ids"])
+        for k, window in enumerate(windows):
+            assert window.input_ids == ref["input_ids"][k]
+            sequence = ref.sequence_ids(k)
+            expected = [tuple(o) if s == 1 else None for o, s in zip(ref["offset_mapping"][k], sequence)]
+            assert window.offsets == expected
+            compared += 1
+    assert compared >= 200
