@@ -26,16 +26,17 @@ BERTISH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, inter
 def hf_config(model_type: str, **overrides):
     """A tiny transformers config of `model_type`, as its own checkpoints are configured."""
     if model_type == "distilbert":
-        return transformers.DistilBertConfig(**TINY, dim=32, n_layers=2, n_heads=2, hidden_dim=37, **overrides)
+        return transformers.DistilBertConfig(**{**TINY, "dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37,
+                                                **overrides})
     if model_type == "electra":
-        return transformers.ElectraConfig(**TINY, **BERTISH, embedding_size=16, **overrides)
+        return transformers.ElectraConfig(**{**TINY, **BERTISH, "embedding_size": 16, **overrides})
     cls = {"roberta": transformers.RobertaConfig, "xlm-roberta": transformers.XLMRobertaConfig,
            "camembert": transformers.CamembertConfig, "bert": transformers.BertConfig}[model_type]
     if model_type == "bert":
-        return cls(**TINY, **BERTISH, **overrides)
+        return cls(**{**TINY, **BERTISH, **overrides})
     # fairseq's layout: pad 1, positions after it (max_position_embeddings counts pad + 1 extra rows), one type
-    return cls(**{**TINY, "max_position_embeddings": 66}, **BERTISH, pad_token_id=1, bos_token_id=0,
-               eos_token_id=2, type_vocab_size=1, layer_norm_eps=1e-5, **overrides)
+    return cls(**{**TINY, "max_position_embeddings": 66, **BERTISH, "pad_token_id": 1, "bos_token_id": 0,
+                  "eos_token_id": 2, "type_vocab_size": 1, "layer_norm_eps": 1e-5, **overrides})
 
 
 HEADS = {  # our task -> transformers' Auto class and the output we compare
@@ -307,3 +308,126 @@ def test_qa_windows_equal_transformers_overflow(trained_tokenizers, data_dir):
             assert window.offsets == expected
             compared += 1
     assert compared >= 200
+
+
+# ---- served (torch backend, real server) and exported (ONNX fp32) -----------------------------------------
+
+SERVE_FAMILIES = ("roberta", "distilbert", "electra")
+CORPUS = ["Hugging Face is based in New York City and Paris.", "The quick brown fox jumps over the lazy dog.",
+          "Alice moved from Paris to Berlin in 2019 to work at the museum.", "A gripping, beautifully shot film.",
+          "Where does Alice work? She restores old paintings at the Louvre."] * 4
+TEXT = "Hugging Face is based in New York City and Paris."
+QUESTION, CONTEXT = "Where does Alice work?", "Alice moved from Paris to Berlin in 2019 to work at the museum."
+
+
+@pytest.fixture(scope="module")
+def family_checkpoints(tmp_path_factory):
+    """model_type -> {task: checkpoint dir}: tiny transformers models with a byte-level BPE tokenizer."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("families")
+    _train_tokenizer("bpe", CORPUS, root / "tokenizer")
+    vocab = len(json.loads((root / "tokenizer" / "tokenizer.json").read_text())["model"]["vocab"])
+    found = {}
+    for model_type in SERVE_FAMILIES:
+        for head in HEADS:
+            config = hf_config(model_type, num_labels=2 if head == "qa" else 3, vocab_size=vocab)
+            config.pad_token_id = 1  # the tokenizer's <pad>
+            torch.manual_seed(0)
+            directory = root / f"{model_type}-{head}"
+            HEADS[head][0].from_config(config).eval().save_pretrained(directory)
+            for file in (root / "tokenizer").iterdir():
+                shutil.copy(file, directory / file.name)
+            found.setdefault(model_type, {})[head] = directory
+    return found
+
+
+def _hf_qa_answer(directory, question, context):
+    """transformers' logits for our QA windows, decoded as we decode: the reference for /qa."""
+    from bert.tasks import qa
+    from bert.tokenizer import BertTokenizer
+
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(directory).eval()
+    windows = qa.encode(BertTokenizer.from_dir(directory), question, context, max_length=64, doc_stride=12, max_query_length=32)
+    starts, ends = [], []
+    with torch.no_grad():
+        for window in windows:
+            out = model(input_ids=torch.tensor([window.input_ids]))
+            starts.append(out.start_logits[0].numpy())
+            ends.append(out.end_logits[0].numpy())
+    return qa.decode(context, windows, starts, ends)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", SERVE_FAMILIES)
+def test_served_answers_equal_transformers(family_checkpoints, model_type):
+    import httpx
+    from test_serving_support import Server
+
+    dirs = family_checkpoints[model_type]
+    args = [a for task, d in dirs.items() for a in (f"--{task}-model", str(d))]
+    with Server(*args) as server:
+        def post(path, body):
+            response = httpx.post(server.url + path, json=body, timeout=30)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        classified = post("/classify", {"inputs": [TEXT, QUESTION], "top_k": 3})
+        pipe = transformers.pipeline("text-classification", model=str(dirs["classify"]), top_k=3)
+        for ours, theirs in zip(classified, pipe([TEXT, QUESTION])):
+            assert [a["label"] for a in ours] == [b["label"] for b in theirs]
+            assert np.allclose([a["score"] for a in ours], [b["score"] for b in theirs], atol=1e-5)
+
+        entities = post("/ner", {"inputs": [TEXT, CONTEXT], "aggregation": "first"})
+        pipe = transformers.pipeline("token-classification", model=str(dirs["ner"]), aggregation_strategy="first")
+        for text, ours, theirs in zip([TEXT, CONTEXT], entities, pipe([TEXT, CONTEXT])):
+            assert [(e["entity_group"], e["start"], e["end"]) for e in ours] == \
+                [(e["entity_group"], e["start"], e["end"]) for e in theirs]
+            assert np.allclose([e["score"] for e in ours], [float(e["score"]) for e in theirs], atol=1e-5)
+            assert all(e["word"] == text[e["start"]:e["end"]] for e in ours)
+
+        answer = post("/qa", {"question": QUESTION, "context": CONTEXT, "doc_stride": 12})
+        expected = _hf_qa_answer(dirs["qa"], QUESTION, CONTEXT)
+        assert (answer["answer"], answer["start"], answer["end"]) == \
+            (expected["answer"], expected["start"], expected["end"])
+        assert abs(answer["score"] - expected["score"]) < 1e-5
+
+        vectors = np.array(post("/embed", {"inputs": [TEXT], "normalize": False}))
+        theirs = transformers.AutoModel.from_pretrained(dirs["embed"]).eval()
+        from bert.tokenizer import BertTokenizer
+
+        ids = torch.tensor([BertTokenizer.from_dir(dirs["embed"]).encode_batch([TEXT])[0].ids])
+        with torch.no_grad():
+            states = theirs(input_ids=ids).last_hidden_state[0]
+        # the default pooling of a directory without sentence-transformers files: the first token's state
+        assert vectors.shape == (1, 32)
+        assert any(np.allclose(vectors[0], p.numpy(), atol=1e-5) for p in (states[0], states.mean(0)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", SERVE_FAMILIES)
+@pytest.mark.parametrize("head", ["classify", "ner", "qa"])
+def test_onnx_export_equals_transformers_with_fused_attention(family_checkpoints, tmp_path, model_type, head):
+    """python -m export.onnx on the family's checkpoint: fp32 outputs within 1e-4 of transformers' logits; Attention
+    fused once per layer (RoBERTa's embeddings stay unfused: onnxruntime's EmbedLayerNormalization counts positions
+    from 0)."""
+    import onnxruntime as ort
+    from test_serving_support import export_artifact
+
+    directory = family_checkpoints[model_type][head]
+    artifact = export_artifact(directory, tmp_path / "artifact")
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    fused = manifest["fused_operators"]
+    assert fused["Attention"] == 2 and fused["SkipLayerNormalization"] == 4
+    assert fused["EmbedLayerNormalization"] == (0 if model_type == "roberta" else 1)
+    assert json.loads((artifact / "config.json").read_text())["model_type"] == model_type
+
+    theirs = HEADS[head][0].from_pretrained(directory).eval()
+    config = BertConfig.from_json_file(directory / "config.json")
+    ids, mask = inputs(config, width=16)
+    expected = hf_outputs(theirs, head, ids, mask)
+    session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": np.zeros_like(ids.numpy())}
+    feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
+    got = session.run(None, feeds)
+    assert_close([torch.from_numpy(g) for g in got], expected, mask, per_token=head != "classify", tol=1e-4)
