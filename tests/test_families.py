@@ -431,3 +431,34 @@ def test_onnx_export_equals_transformers_with_fused_attention(family_checkpoints
     feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
     got = session.run(None, feeds)
     assert_close([torch.from_numpy(g) for g in got], expected, mask, per_token=head != "classify", tol=1e-4)
+
+
+# ---- real weights in each family's layout: all-MiniLM-L6-v2 rewritten (tests/family_layouts.py) ---------------
+
+SENTENCES = ["A gripping, beautifully shot film.", "Alice moved from Paris to Berlin in 2019.",
+             "The museum's restorers work on old paintings every day, even on weekends.", "dull"]
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "distilbert", "electra"])
+def test_minilm_rewritten_into_family_layout_gives_the_same_states(tmp_path, minilm_dir, model_type):
+    from family_layouts import rewrite
+
+    from bert.tokenizer import BertTokenizer
+
+    rewritten = rewrite(minilm_dir, tmp_path / model_type, model_type)
+    batch = BertTokenizer.from_dir(minilm_dir)(SENTENCES)
+    ids, mask = torch.from_numpy(batch["input_ids"]), torch.from_numpy(batch["attention_mask"])
+    with torch.no_grad():
+        original = transformers.AutoModel.from_pretrained(minilm_dir).eval()(
+            input_ids=ids, attention_mask=mask).last_hidden_state
+        # first: transformers itself gives the original's states from the rewritten layout
+        theirs = transformers.AutoModel.from_pretrained(rewritten).eval()(
+            input_ids=ids, attention_mask=mask).last_hidden_state
+    keep = mask.bool()
+    assert (theirs - original)[keep].abs().max().item() < 1e-5
+    # then ours, from the rewritten directory, equal it
+    model, report = load_for_inference(rewritten)
+    assert not report and model.config.model_type == model_type
+    with torch.no_grad():
+        ours = model.bert(ids, mask).last_hidden_state
+    assert (ours - original)[keep].abs().max().item() < 1e-5
