@@ -3,7 +3,8 @@ family's code path runs on real weights (no pretrained RoBERTa, DistilBERT or EL
 offline).
 
 - RoBERTa: positions start at pad_token_id + 1, so the position table moves down pad_token_id + 1 rows; there
-  is one token type, so BERT's type-0 row is folded into every position row and the type table is zero.
+  is one token type, so BERT's type-0 row is folded into every position row and the type table is zero. The
+  pooler stays (RobertaModel has one; a classifier fine-tuned from it starts from it, as from BERT's).
 - DistilBERT: no token types at all: type 0 folded into the positions (exact for single segments, which is all
   DistilBERT ever sees); its own parameter and config names.
 - ELECTRA: BERT with other names (embedding_size = hidden_size: no projection).
@@ -40,7 +41,8 @@ def rewrite(source: Path, out: Path, model_type: str) -> Path:
     positions = state.pop("embeddings.position_embeddings.weight")
     types = state.pop("embeddings.token_type_embeddings.weight")
     folded = positions + types[0]  # (P, H): every token is type 0
-    state = {k: v for k, v in state.items() if not k.startswith("pooler.")}  # no family has BERT's pooler unused
+    if model_type != "roberta":  # RoBERTa's bare encoder keeps BERT's pooler; DistilBERT and ELECTRA have none
+        state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
     pad = config.get("pad_token_id", 0)
     if model_type == "roberta":
         offset = pad + 1
