@@ -479,3 +479,18 @@ def test_minilm_rewritten_into_family_layout_gives_the_same_states(tmp_path, min
         labels = theirs.config.id2label
         assert all(abs(a["score"] - probs[i].item()) < 1e-5 for a in answer
                    for i in [next(k for k, v in labels.items() if v == a["label"])])
+
+
+@pytest.mark.parametrize("model_type", SERVE_FAMILIES)
+@pytest.mark.parametrize("head", ["classify", "ner", "qa"])
+def test_packed_backend_runner_equals_padded_model(family_checkpoints, model_type, head):
+    """serving's packed path (serving/backends/torch_packed.py, its CPU reference attention) on each family:
+    positions offset, no token types or a single one, the embedding projection all taken by the same modules."""
+    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
+    from test_torch_packed import assert_close as assert_backend_close
+    from test_torch_packed import ours as by_output, padded_outputs, random_batch
+
+    model, _ = load_for_inference(family_checkpoints[model_type][head])
+    batch = random_batch([1, 30, 17, 24, 5], width=32, seed=1, vocab=model.config.vocab_size)
+    got = by_output(PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False).run(pack(batch)))
+    assert_backend_close(got, padded_outputs(model, batch), batch, atol=2e-5)
