@@ -78,12 +78,24 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         self.single_token_type = config.type_vocab_size == 1
         self.position_offset = offset
+        # DistilBERT's option: fixed sin/cos positions instead of learned ones (set at init, never trained)
+        self.sinusoidal = bool(config.extra.get("sinusoidal_pos_embds", False))
         self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Sliced per call rather than arange(T): the same numbers, but the graph pattern
         # (Shape-Slice-Gather) onnxruntime's EmbedLayerNormalization fusion matches. Not saved.
         self.register_buffer("position_ids", torch.arange(offset, config.max_position_embeddings + offset)[None, :],
                              persistent=False)
+
+    def fill_sinusoidal(self) -> None:
+        """The position table as transformers' DistilBERT makes it when sinusoidal_pos_embds is set."""
+        rows, dim = self.position_embeddings.weight.shape
+        position = torch.arange(rows, dtype=torch.float64)[:, None]
+        angle = position / torch.pow(10000.0, 2 * (torch.arange(dim) // 2) / dim).double()[None, :]
+        with torch.no_grad():
+            self.position_embeddings.weight[:, 0::2] = torch.sin(angle[:, 0::2]).float()
+            self.position_embeddings.weight[:, 1::2] = torch.cos(angle[:, 1::2]).float()
+        self.position_embeddings.weight.requires_grad = False
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -291,6 +303,9 @@ class BertPreTrainedModel(nn.Module):
 
     def init_weights(self) -> None:
         self.apply(self._init_module)
+        for module in self.modules():
+            if isinstance(module, BertEmbeddings) and module.sinusoidal:
+                module.fill_sinusoidal()
         self.tie_weights()
 
     def _init_module(self, module: nn.Module) -> None:

@@ -431,6 +431,21 @@ def test_onnx_export_equals_transformers_with_fused_attention(family_checkpoints
     feeds = {i.name: feeds[i.name] for i in session.get_inputs()}
     got = session.run(None, feeds)
     assert_close([torch.from_numpy(g) for g in got], expected, mask, per_token=head != "classify", tol=1e-4)
+    if head == "classify":  # and served from the artifact by the onnxruntime backend
+        import httpx
+        from test_serving_support import Server
+
+        from bert.tokenizer import BertTokenizer
+
+        with Server("--model", str(artifact)) as server:
+            assert httpx.get(server.url + "/info").json()["backend"] == "onnxruntime"
+            answer = httpx.post(server.url + "/classify", json={"inputs": TEXT, "top_k": 3}, timeout=30).json()
+        with torch.no_grad():
+            ids = torch.tensor([BertTokenizer.from_dir(directory).encode_batch([TEXT])[0].ids])
+            probs = theirs(input_ids=ids).logits[0].softmax(-1)
+        labels = theirs.config.id2label
+        assert all(abs(a["score"] - probs[i].item()) < 1e-5 for a in answer
+                   for i in [next(k for k, v in labels.items() if v == a["label"])])
 
 
 # ---- real weights in each family's layout: all-MiniLM-L6-v2 rewritten (tests/family_layouts.py) ---------------
@@ -464,21 +479,6 @@ def test_minilm_rewritten_into_family_layout_gives_the_same_states(tmp_path, min
     with torch.no_grad():
         ours = model.bert(ids, mask).last_hidden_state
     assert (ours - original)[keep].abs().max().item() < 1e-5
-    if head == "classify":  # and served from the artifact by the onnxruntime backend
-        import httpx
-        from test_serving_support import Server
-
-        from bert.tokenizer import BertTokenizer
-
-        with Server("--model", str(artifact)) as server:
-            assert httpx.get(server.url + "/info").json()["backend"] == "onnxruntime"
-            answer = httpx.post(server.url + "/classify", json={"inputs": TEXT, "top_k": 3}, timeout=30).json()
-        with torch.no_grad():
-            ids = torch.tensor([BertTokenizer.from_dir(directory).encode_batch([TEXT])[0].ids])
-            probs = theirs(input_ids=ids).logits[0].softmax(-1)
-        labels = theirs.config.id2label
-        assert all(abs(a["score"] - probs[i].item()) < 1e-5 for a in answer
-                   for i in [next(k for k, v in labels.items() if v == a["label"])])
 
 
 @pytest.mark.parametrize("model_type", SERVE_FAMILIES)
@@ -494,3 +494,14 @@ def test_packed_backend_runner_equals_padded_model(family_checkpoints, model_typ
     batch = random_batch([1, 30, 17, 24, 5], width=32, seed=1, vocab=model.config.vocab_size)
     got = by_output(PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False).run(pack(batch)))
     assert_backend_close(got, padded_outputs(model, batch), batch, atol=2e-5)
+
+
+def test_distilbert_sinusoidal_positions_are_made_as_transformers_makes_them(tmp_path):
+    from bert.checkpoint import init_model
+
+    theirs = transformers.DistilBertModel(hf_config("distilbert", sinusoidal_pos_embds=True))
+    config = BertConfig.from_dict(hf_config("distilbert", sinusoidal_pos_embds=True).to_dict())
+    ours = init_model(config)
+    table = ours.embeddings.position_embeddings.weight
+    assert not table.requires_grad
+    assert (table - theirs.embeddings.position_embeddings.weight).abs().max().item() < 1e-6
