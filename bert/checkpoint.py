@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import PRESETS, BertConfig
+from .families import BERT, Family
 from .errors import BadInput, one_line
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "spec
 HARMLESS_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
 # Parameters tied to another one: written by older transformers, never by us.
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+ENCODER_PREFIXES = ("embeddings.", "embeddings_project.", "encoder.", "pooler.")
 
 
 class CheckpointError(BadInput):
@@ -226,9 +227,10 @@ class LoadReport:
         return bool(self.initialised or self.dropped or self.reinitialised)
 
 
-def _normalise_names(state: dict[str, "torch.Tensor"], model_keys: set[str]) -> dict[str, "torch.Tensor"]:
-    """Map a file's names onto the model's: legacy gamma/beta, and the `bert.` prefix that
-    BertModel checkpoints lack and head models have."""
+def _normalise_names(state: dict[str, "torch.Tensor"], model_keys: set[str], family: Family = BERT
+                     ) -> dict[str, "torch.Tensor"]:
+    """Map a file's names onto the model's: the family's layout onto BERT's (bert/families.py), legacy
+    gamma/beta, and the `bert.` prefix that BertModel checkpoints lack and head models have."""
     wants_prefix = any(k.startswith("bert.") for k in model_keys)
     out = {}
     for key, tensor in state.items():
@@ -236,6 +238,7 @@ def _normalise_names(state: dict[str, "torch.Tensor"], model_keys: set[str]) -> 
             key = key[: -len("gamma")] + "weight"
         elif key.endswith(".beta"):
             key = key[: -len("beta")] + "bias"
+        key = family.name_to_bert(key)
         if wants_prefix and key.startswith(ENCODER_PREFIXES):
             key = "bert." + key
         elif not wants_prefix and key.startswith("bert."):
@@ -248,7 +251,7 @@ def _is_head(key: str) -> bool:
     """Parameters a fine-tuning run may create fresh: anything outside the encoder, and the pooler
     (token-level checkpoints have none)."""
     body = key[len("bert."):] if key.startswith("bert.") else key
-    return not body.startswith(("embeddings.", "encoder.")) or body.startswith("pooler.")
+    return not body.startswith(("embeddings.", "embeddings_project.", "encoder.")) or body.startswith("pooler.")
 
 
 def _match_shapes(model_name: str, expected: dict[str, tuple], found: dict[str, tuple], *, from_backbone: bool,
@@ -289,7 +292,7 @@ def _comparable(model: "BertPreTrainedModel", state: dict) -> tuple[dict[str, tu
     """The model's parameter shapes, and the file's entries under the model's names, with the keys that
     carry nothing to load (tied, harmless) left out of both."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in TIED_KEYS}
-    state = _normalise_names(state, set(expected))
+    state = _normalise_names(state, set(expected), model.config.family)
     return expected, {k: v for k, v in state.items() if not k.endswith(HARMLESS_SUFFIXES) and k not in TIED_KEYS}
 
 
@@ -344,16 +347,18 @@ def _check_sizes(config: BertConfig, shapes: dict[str, tuple], directory: Path) 
     """The config's sizes against the weights' own (embeddings, feed-forward width, layer count), read from
     the headers: a config that disagrees with its weights is an error naming both files before a model is
     allocated, so that the model loading allocates is the size of the weights on disk, not the config's."""
-    found = _normalise_names(shapes, set())  # encoder names without a head model's "bert." prefix
-    hidden = config.hidden_size
-    # Each of these is (size, hidden_size): embedding tables have a row per id, nn.Linear stores (out, in).
-    sized_by = {"embeddings.word_embeddings.weight": "vocab_size",
-                "embeddings.position_embeddings.weight": "max_position_embeddings",
-                "embeddings.token_type_embeddings.weight": "type_vocab_size",
-                "encoder.layer.0.intermediate.dense.weight": "intermediate_size"}
+    found = _normalise_names(shapes, set(), config.family)  # encoder names without a head model's "bert." prefix
+    hidden, width = config.hidden_size, config.embedding_width
+    # Each of these is (size, width): embedding tables have a row per id, nn.Linear stores (out, in).
+    sized_by = {"embeddings.word_embeddings.weight": ("vocab_size", config.vocab_size, width),
+                "embeddings.position_embeddings.weight": ("max_position_embeddings",
+                                                          config.max_position_embeddings + config.position_offset,
+                                                          width),
+                "embeddings.token_type_embeddings.weight": ("type_vocab_size", config.type_vocab_size, width),
+                "encoder.layer.0.intermediate.dense.weight": ("intermediate_size", config.intermediate_size, hidden)}
     problems = [f"{field} {getattr(config, field)} and hidden_size {hidden} in config.json, but {key} is {found[key]}"
-                for key, field in sized_by.items()
-                if key in found and tuple(found[key]) != (getattr(config, field), hidden)]
+                for key, (field, rows, columns) in sized_by.items()
+                if key in found and tuple(found[key]) != (rows, columns)]
     # A layer counts by its feed-forward weight; any other stray name is left to the per-tensor check.
     layers = sum(1 for k in found if re.fullmatch(r"encoder\.layer\.\d+\.intermediate\.dense\.weight", k))
     if layers and layers != config.num_hidden_layers:
@@ -489,6 +494,10 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
     from .atomic import pause_point
 
     state = {k: v for k, v in model.state_dict().items() if k not in TIED_KEYS}
+    family = model.config.family
+    if family.name != "bert":  # written in the family's own layout, so that transformers loads it
+        sequence_head = _sequence_head(model)
+        state = {family.name_from_bert(k, sequence_head): v for k, v in state.items()}
     state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
              for k, v in state.items()}
 
@@ -519,6 +528,16 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
         save_tokenizer_files(tokenizer, directory)
     for name, text in (extra_files or {}).items():
         (directory / name).write_text(text)
+
+
+def _sequence_head(model) -> str | None:
+    """The attribute of a model's sequence classifier, if it has one (a family lays those out its own way)."""
+    heads = getattr(model, "heads", None)
+    if heads is not None:  # BertForMultiTask
+        return next((model.attributes[name] for name, head in heads.items() if head.kind == "sequence"), None)
+    from .model import BertForSequenceClassification
+
+    return "classifier" if isinstance(model, BertForSequenceClassification) else None
 
 
 def _save_safetensors(save_file, state: dict, path: Path, metadata: dict) -> None:

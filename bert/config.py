@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInput, json_type
+from .families import Family, UnsupportedFamily, family_of
 
 # Google's BERT family (BERT-FACTS.md): name -> (layers, hidden, heads). Feed-forward is 4 * hidden.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -67,6 +68,9 @@ class BertConfig:
     task: str | None = None  # bertserve task this checkpoint was made for (bert.tasks.registry)
     # Multi-task checkpoints (one encoder, several heads): task -> its labels; qa needs none.
     task_labels: dict[str, list[str]] | None = None
+    # The layout family (bert/families.py): its model_type, as config.json names it ("roberta", "distilbert", ...)
+    model_type: str = "bert"
+    embedding_size: int | None = None  # ELECTRA: width of the embedding tables, projected to hidden_size (None: H)
     # Keys we do not model (transformers_version, torch_dtype, ...): kept so a round trip loses nothing.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -84,8 +88,14 @@ class BertConfig:
         """Every value checked for its type before it is compared, so that a config.json of the wrong
         shape is one ConfigError naming the field, never a TypeError."""
         problems = []
+        try:
+            family = self.family
+        except UnsupportedFamily as e:
+            raise ConfigError(str(e)) from None
         for name in SIZE_FIELDS:
             value = getattr(self, name)
+            if name == "type_vocab_size" and not family.token_types and value == 0:
+                continue  # a family without token types (DistilBERT)
             if not _is_int(value) or value <= 0:
                 problems.append(f"{name} must be a positive integer, got {_short(value)}")
         sizes_ok = not problems
@@ -115,6 +125,8 @@ class BertConfig:
             problems.append(f"pad_token_id must be an integer, got {_short(self.pad_token_id)}")
         elif _is_int(self.vocab_size) and not 0 <= self.pad_token_id < self.vocab_size:
             problems.append(f"pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+        if self.embedding_size is not None and (not _is_int(self.embedding_size) or self.embedding_size <= 0):
+            problems.append(f"embedding_size must be a positive integer, got {_short(self.embedding_size)}")
         if self.architectures is not None and (not isinstance(self.architectures, list)
                                                or not all(isinstance(a, str) for a in self.architectures)):
             problems.append(f"architectures must be a list of class names, got {_short(self.architectures)}")
@@ -151,6 +163,20 @@ class BertConfig:
         return embeddings + self.num_hidden_layers * (4 * hidden * hidden + 2 * hidden * inner)
 
     @property
+    def family(self) -> Family:
+        return family_of(self.model_type)
+
+    @property
+    def position_offset(self) -> int:
+        """The position id of a sequence's first token: 0, or pad_token_id + 1 in RoBERTa's layout (its position
+        table has that many rows more than max_position_embeddings, which counts usable positions)."""
+        return self.pad_token_id + 1 if self.family.position_offset else 0
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+    @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -181,14 +207,18 @@ class BertConfig:
     def from_dict(cls, data: dict[str, Any]) -> "BertConfig":
         if not isinstance(data, dict):
             raise ConfigError(f"a BERT config is a JSON object of settings, not a JSON {json_type(data)}")
-        if data.get("model_type", "bert") != "bert":
-            raise ConfigError(f"model_type is {_short(data['model_type'])}; only BERT checkpoints are supported")
+        model_type = data.get("model_type", "bert")
+        try:
+            family = family_of(model_type)
+        except UnsupportedFamily as e:
+            raise ConfigError(str(e)) from None
+        data = {**family.config_to_ours(data), "model_type": model_type}
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
             raise ConfigError(f"invalid BERT config: it lacks {', '.join(missing)}")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         args = {k: v for k, v in data.items() if k in known}
-        extra = {k: v for k, v in data.items() if k not in known and k not in ("label2id", "model_type")}
+        extra = {k: v for k, v in data.items() if k not in known and k != "label2id"}
         if "num_labels" in extra and "id2label" not in args:
             count = extra["num_labels"]
             if not _is_int(count) or not 1 <= count <= MAX_LABELS:  # checked before a dict of that size is built
@@ -201,11 +231,11 @@ class BertConfig:
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in dataclasses.asdict(self).items() if k != "extra"}
         data = {**self.extra, **{k: v for k, v in data.items() if v is not None}}
-        data["model_type"] = "bert"
+        data["model_type"] = self.model_type
         if self.id2label is not None:
             data["id2label"] = {str(i): label for i, label in self.id2label.items()}
             data["label2id"] = self.label2id
-        return data
+        return self.family.config_to_theirs(data, self.model_type)
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> "BertConfig":

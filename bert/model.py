@@ -71,20 +71,45 @@ class Packing:
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        width = config.embedding_width  # ELECTRA's tables are narrower than H (BertModel.embeddings_project)
+        offset = config.position_offset  # RoBERTa's positions start after pad_token_id
+        self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings + offset, width)
+        # DistilBERT has no token types; RoBERTa one, so whatever ids a pair template gives, every token is type 0
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
+        self.single_token_type = config.type_vocab_size == 1
+        self.position_offset = offset
+        # DistilBERT's option: fixed sin/cos positions instead of learned ones (set at init, never trained)
+        self.sinusoidal = bool(config.extra.get("sinusoidal_pos_embds", False))
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Sliced per call rather than arange(T): the same numbers, but the graph pattern
         # (Shape-Slice-Gather) onnxruntime's EmbedLayerNormalization fusion matches. Not saved.
-        self.register_buffer("position_ids", torch.arange(config.max_position_embeddings)[None, :], persistent=False)
+        self.register_buffer("position_ids", torch.arange(offset, config.max_position_embeddings + offset)[None, :],
+                             persistent=False)
+
+    def fill_sinusoidal(self) -> None:
+        """The position table as transformers' DistilBERT makes it when sinusoidal_pos_embds is set."""
+        rows, dim = self.position_embeddings.weight.shape
+        position = torch.arange(rows, dtype=torch.float64)[:, None]
+        angle = position / torch.pow(10000.0, 2 * (torch.arange(dim) // 2) / dim).double()[None, :]
+        with torch.no_grad():
+            self.position_embeddings.weight[:, 0::2] = torch.sin(angle[:, 0::2]).float()
+            self.position_embeddings.weight[:, 1::2] = torch.cos(angle[:, 1::2]).float()
+        self.position_embeddings.weight.requires_grad = False
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         # (1, T) for a padded batch; a packed one gives each token's own position, (N,)
-        positions = self.position_ids[:, : input_ids.shape[1]] if position_ids is None else position_ids
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        if position_ids is None:
+            positions = self.position_ids[:, : input_ids.shape[1]]
+        else:
+            positions = position_ids + self.position_offset if self.position_offset else position_ids
+        x = self.word_embeddings(input_ids)
+        if self.token_type_embeddings is not None:
+            if self.single_token_type:
+                token_type_ids = torch.zeros_like(input_ids)
+            x = x + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
 
@@ -213,12 +238,18 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
+    """The first token's state through dense + activation: BERT's pooler (tanh), and what the other families
+    put before a sequence classifier (RoBERTa's classifier.dense, tanh; ELECTRA's, GELU; DistilBERT's
+    pre_classifier, ReLU: bert/families.py maps their names here)."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = torch.tanh if config.family.pooler_activation == "tanh" else activation(
+            config.family.pooler_activation)
 
     def forward(self, first_token: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(first_token))  # (B, H): the [CLS] states
+        return self.act(self.dense(first_token))  # (B, H): the [CLS] states
 
 
 @dataclass
@@ -273,6 +304,9 @@ class BertPreTrainedModel(nn.Module):
 
     def init_weights(self) -> None:
         self.apply(self._init_module)
+        for module in self.modules():
+            if isinstance(module, BertEmbeddings) and module.sinusoidal:
+                module.fill_sinusoidal()
         self.tie_weights()
 
     def _init_module(self, module: nn.Module) -> None:
@@ -328,10 +362,16 @@ class BertPreTrainedModel(nn.Module):
 
 
 class BertModel(BertPreTrainedModel):
-    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+    def __init__(self, config: BertConfig, add_pooling_layer: bool | None = None):
+        """add_pooling_layer: None gives a bare encoder of the config's family its pooler where it has one."""
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
+        # ELECTRA: embeddings narrower than the encoder, projected up (an attribute of the encoder, as there)
+        self.embeddings_project = (nn.Linear(config.embedding_width, config.hidden_size)
+                                   if config.embedding_width != config.hidden_size else None)
         self.encoder = BertEncoder(config)
+        if add_pooling_layer is None:
+            add_pooling_layer = config.family.bare_pooler
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.pooling: str | None = None  # see set_pooling
         self.init_weights()
@@ -344,6 +384,8 @@ class BertModel(BertPreTrainedModel):
             token_type_ids = torch.zeros_like(input_ids)
         packed = isinstance(attention_mask, Packing)
         x = self.embeddings(input_ids, token_type_ids, attention_mask.positions if packed else None)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         if packed:
             mask = attention_mask
         else:
@@ -435,7 +477,7 @@ class BertForPreTraining(BertForMaskedLM):
 
     def __init__(self, config: BertConfig):
         BertPreTrainedModel.__init__(self, config)
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, add_pooling_layer=True)
         self.cls = BertPreTrainingHeads(config)
         self.init_weights()
 
@@ -483,7 +525,7 @@ def sequence_classification_loss(config: BertConfig, logits: torch.Tensor, label
 class BertForSequenceClassification(BertPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, add_pooling_layer=True)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()

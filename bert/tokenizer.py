@@ -1,7 +1,9 @@
-"""BERT WordPiece tokenizer: a thin, torch-free wrapper over Hugging Face `tokenizers`.
+"""BERT-family tokenizers: a thin, torch-free wrapper over Hugging Face `tokenizers`.
 
-Token ids and character offsets are identical to transformers' `BertTokenizerFast`: the same
-normalizer, pre-tokenizer, WordPiece model and `[CLS] A [SEP] B [SEP]` template are used.
+Token ids and character offsets are identical to transformers' fast tokenizers: from vocab.txt, the same
+normalizer, pre-tokenizer, WordPiece model and `[CLS] A [SEP] B [SEP]` template as `BertTokenizerFast`; from
+a tokenizer.json, whatever model and template it holds (WordPiece, RoBERTa's byte-level BPE with
+`<s> A </s></s> B </s>`, XLM-R's Unigram), with the special tokens its tokenizer_config.json names.
 The wrapper never truncates or pads behind the caller's back (a `tokenizer.json` saved with
 truncation or padding settings has them switched off on load); the task codecs in `bert.tasks`
 decide what happens to long inputs.
@@ -107,6 +109,25 @@ def _normalizer_options(tokenizer: Tokenizer) -> dict:
     }
 
 
+SPECIAL_ROLES = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
+BERT_SPECIALS = dict(zip(SPECIAL_ROLES, SPECIAL_TOKENS))
+
+
+def _special_names(directory: Path) -> dict[str, str]:
+    """role -> token text, as tokenizer_config.json (or special_tokens_map.json) names them; BERT's by default.
+    RoBERTa's <s>/</s> serve as its [CLS]/[SEP] (its bos/eos)."""
+    names = dict(BERT_SPECIALS)
+    for file in ("special_tokens_map.json", "tokenizer_config.json"):
+        config = _read_json(directory / file)
+        for role in SPECIAL_ROLES:
+            value = config.get(role)
+            if isinstance(value, dict):  # an AddedToken written out: {"content": "<s>", ...}
+                value = value.get("content")
+            if isinstance(value, str) and value:
+                names[role] = value
+    return names
+
+
 def _model_max_length(value) -> int:
     if value is None or int(value) >= _NO_LIMIT_SENTINEL:
         return DEFAULT_MODEL_MAX_LENGTH
@@ -155,6 +176,7 @@ class BertTokenizer:
         strip_accents: bool | None = None,
         tokenize_chinese_chars: bool = True,
         model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
+        specials: dict[str, str] | None = None,
     ):
         tokenizer.no_truncation()
         tokenizer.no_padding()
@@ -168,9 +190,11 @@ class BertTokenizer:
         self.strip_accents = strip_accents
         self.tokenize_chinese_chars = tokenize_chinese_chars
         self.model_max_length = _model_max_length(model_max_length)
-        for token in (PAD, UNK, CLS, SEP):
-            if tokenizer.token_to_id(token) is None:
-                raise ValueError(f"vocabulary lacks the special token {token}")
+        self.specials = {**BERT_SPECIALS, **(specials or {})}  # role ("cls_token") -> its text ("[CLS]", "<s>")
+        for role in ("pad_token", "unk_token", "cls_token", "sep_token"):
+            if tokenizer.token_to_id(self.specials[role]) is None:
+                raise ValueError(f"vocabulary lacks the special token {self.specials[role]}")
+        self._pair_template: tuple | None = None
 
     def __getstate__(self) -> dict:  # picklable (DataLoader workers, process pools): drop the lock & copy
         state = dict(self.__dict__)
@@ -192,7 +216,8 @@ class BertTokenizer:
             try:
                 tokenizer = Tokenizer.from_file(str(source))
                 options = _normalizer_options(tokenizer)
-                return cls(tokenizer, model_max_length=settings["model_max_length"], **options)
+                return cls(tokenizer, model_max_length=settings["model_max_length"], specials=_special_names(path),
+                           **options)
             except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for a file it cannot parse
                 raise TokenizerError(f"{source} is not a usable BERT tokenizer: {one_line(e, 300)}") from None
         if not (path / "vocab.txt").is_file():
@@ -260,17 +285,18 @@ class BertTokenizer:
         """Write vocab.txt, tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        by_id = sorted(self.get_vocab().items(), key=lambda item: item[1])
-        if [index for _, index in by_id] != list(range(len(by_id))):
-            raise ValueError("vocabulary ids are not contiguous; cannot write vocab.txt")
-        with open(path / "vocab.txt", "w", encoding="utf-8") as f:
-            f.writelines(token + "\n" for token, _ in by_id)
+        wordpiece = isinstance(self._tokenizer.model, WordPiece)
+        if wordpiece:  # vocab.txt is WordPiece's; the others live in tokenizer.json alone
+            by_id = sorted(self.get_vocab().items(), key=lambda item: item[1])
+            if [index for _, index in by_id] != list(range(len(by_id))):
+                raise ValueError("vocabulary ids are not contiguous; cannot write vocab.txt")
+            with open(path / "vocab.txt", "w", encoding="utf-8") as f:
+                f.writelines(token + "\n" for token, _ in by_id)
         self._tokenizer.save(str(path / "tokenizer.json"))
-        special_tokens = {
-            "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK,
-        }
+        special_tokens = {role: token for role, token in self.specials.items()
+                          if self._tokenizer.token_to_id(token) is not None}
         config = {
-            "tokenizer_class": "BertTokenizer",
+            "tokenizer_class": "BertTokenizer" if wordpiece else "PreTrainedTokenizerFast",
             "do_lower_case": self.do_lower_case,
             "strip_accents": self.strip_accents,
             "tokenize_chinese_chars": self.tokenize_chinese_chars,
@@ -301,27 +327,48 @@ class BertTokenizer:
 
     @property
     def pad_token_id(self) -> int:
-        return self._tokenizer.token_to_id(PAD)
+        return self._tokenizer.token_to_id(self.specials["pad_token"])
 
     @property
     def cls_token_id(self) -> int:
-        return self._tokenizer.token_to_id(CLS)
+        return self._tokenizer.token_to_id(self.specials["cls_token"])
 
     @property
     def sep_token_id(self) -> int:
-        return self._tokenizer.token_to_id(SEP)
+        return self._tokenizer.token_to_id(self.specials["sep_token"])
 
     @property
     def mask_token_id(self) -> int | None:
-        return self._tokenizer.token_to_id(MASK)
+        return self._tokenizer.token_to_id(self.specials["mask_token"])
 
     @property
     def unk_token_id(self) -> int:
-        return self._tokenizer.token_to_id(UNK)
+        return self._tokenizer.token_to_id(self.specials["unk_token"])
+
+    @property
+    def unk_token(self) -> str:
+        return self.specials["unk_token"]
 
     @property
     def all_special_ids(self) -> list[int]:
-        return [i for i in (self.token_to_id(t) for t in SPECIAL_TOKENS) if i is not None]
+        return [i for i in (self.token_to_id(t) for t in self.specials.values()) if i is not None]
+
+    @property
+    def pair_template(self) -> tuple[list[int], list[int], list[int], int]:
+        """How the post-processor wraps a pair: (ids before A, ids between A and B, ids after B, B's token type):
+        ([CLS], [SEP], [SEP], 1) for BERT, (<s>, </s></s>, </s>, 0) for RoBERTa. For code that assembles pairs
+        from pieces (QA windows); read once from the template itself."""
+        if self._pair_template is None:
+            encoding = self._tokenizer.encode(["a"], ["b"], is_pretokenized=True)
+            sequence = encoding.sequence_ids
+            ids, types = encoding.ids, encoding.type_ids
+            first_a = sequence.index(0)
+            last_a = len(sequence) - 1 - sequence[::-1].index(0)
+            first_b = sequence.index(1)
+            last_b = len(sequence) - 1 - sequence[::-1].index(1)
+            self._pair_template = (list(ids[:first_a]), list(ids[last_a + 1:first_b]), list(ids[last_b + 1:]),
+                                   int(types[first_b]))
+        return self._pair_template
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         if isinstance(ids, (int, np.integer)):

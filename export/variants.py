@@ -64,6 +64,9 @@ def fuse(portable: Path, config: BertConfig):
 
     options = FusionOptions("bert")
     options.enable_gelu_approximation = False  # keep exact erf GELU: parity with torch
+    # EmbedLayerNormalization computes positions 0..T-1 itself: a family whose positions start elsewhere
+    # (RoBERTa's, after the pad id) keeps its embeddings unfused (docs/export.md, "Model families").
+    options.enable_embed_layer_norm = embed_fusion(config)
     optimized = optimizer.optimize_model(str(portable), model_type="bert", num_heads=config.num_attention_heads,
                                          hidden_size=config.hidden_size, optimization_options=options,
                                          opt_level=0)
@@ -71,9 +74,14 @@ def fuse(portable: Path, config: BertConfig):
     return optimized
 
 
+def embed_fusion(config: BertConfig) -> bool:
+    return config.position_offset == 0
+
+
 def check_fusion(counts: dict[str, int], config: BertConfig) -> None:
     layers = config.num_hidden_layers
-    expected = {"Attention": layers, "SkipLayerNormalization": 2 * layers, "EmbedLayerNormalization": 1}
+    expected = {"Attention": layers, "SkipLayerNormalization": 2 * layers,
+                "EmbedLayerNormalization": 1 if embed_fusion(config) else 0}
     wrong = {op: (counts.get(op, 0), n) for op, n in expected.items() if counts.get(op, 0) != n}
     if wrong:
         detail = ", ".join(f"{op} {got} (expected {want})" for op, (got, want) in wrong.items())

@@ -119,5 +119,5 @@ def dummy_inputs(config, batch: int = 2, seq: int = 8) -> tuple[torch.Tensor, ..
     if batch > 1:
         attention_mask[-1, seq // 2:] = 0
     token_type_ids = torch.zeros_like(input_ids)
-    token_type_ids[:, seq // 2:] = min(1, config.type_vocab_size - 1)
+    token_type_ids[:, seq // 2:] = max(0, min(1, config.type_vocab_size - 1))  # DistilBERT has no types
     return input_ids, attention_mask, token_type_ids

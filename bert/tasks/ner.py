@@ -27,10 +27,19 @@ class NerFeatures(Features):
     special_tokens_mask: list[int]  # 1 for [CLS]/[SEP]
     text: str  # the text the offsets index (for pre-split words: the words joined by single spaces)
     tokens: list[str] = field(default_factory=list)  # the word pieces, so decoding needs no tokenizer
+    # Whether the tokenizer marks a word's continuing pieces (WordPiece's "##"); byte-level BPE and Unigram do
+    # not, and a piece then continues a word when no space precedes it (transformers' pipeline rule for them).
+    marks_subwords: bool = True
 
 
 # ---- encoding -----------------------------------------------------------------------------
-def _features(encoding, text: str, char_shift: list[int] | None = None) -> NerFeatures:
+def _marks_subwords(tokenizer) -> bool:
+    backend = getattr(tokenizer, "backend", None)
+    return bool(getattr(getattr(backend, "model", None), "continuing_subword_prefix", None)) \
+        if backend is not None else True
+
+
+def _features(encoding, text: str, char_shift: list[int] | None = None, marks_subwords: bool = True) -> NerFeatures:
     word_ids = list(encoding.word_ids)
     offsets = [tuple(o) for o in encoding.offsets]
     if char_shift is not None:  # pre-split words: offsets are relative to each word
@@ -44,6 +53,7 @@ def _features(encoding, text: str, char_shift: list[int] | None = None) -> NerFe
         special_tokens_mask=list(encoding.special_tokens_mask),
         text=text,
         tokens=list(encoding.tokens),
+        marks_subwords=marks_subwords,
     )
 
 
@@ -69,7 +79,8 @@ def _encode_checked(tokenizer, inputs, *, max_length: int, truncate: bool, is_sp
 def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False) -> list[NerFeatures]:
     """Texts -> NerFeatures. Longer than max_length: InputTooLong, or with `truncate` the tail is cut."""
     encodings = _encode_checked(tokenizer, list(texts), max_length=max_length, truncate=truncate)
-    return [_features(encoding, text) for encoding, text in zip(encodings, texts)]
+    marks = _marks_subwords(tokenizer)
+    return [_features(encoding, text, marks_subwords=marks) for encoding, text in zip(encodings, texts)]
 
 
 def encode_words(
@@ -84,7 +95,8 @@ def encode_words(
     features = []
     for sentence, encoding in zip(words, encodings):
         starts = np.cumsum([0] + [len(w) + 1 for w in sentence[:-1]]).tolist()
-        features.append(_features(encoding, " ".join(sentence), char_shift=starts))
+        features.append(_features(encoding, " ".join(sentence), char_shift=starts,
+                                  marks_subwords=_marks_subwords(tokenizer)))
     return features
 
 
@@ -140,8 +152,11 @@ def _pre_entities(features: NerFeatures, tokens: list[str], scores: np.ndarray) 
         piece = tokens[index]
         start, end = features.offsets[index]
         original = features.text[start:end]
-        # transformers' test: a "##piece" is longer than the text it covers, a whole word is not.
-        is_subword = len(piece) != len(original)
+        if features.marks_subwords:
+            # transformers' test: a "##piece" is longer than the text it covers, a whole word is not.
+            is_subword = len(piece) != len(original)
+        else:
+            is_subword = start > 0 and " " not in features.text[start - 1:start + 1]
         if piece == UNK:  # show the text, not "[UNK]"
             piece, is_subword = original, False
         records.append({"word": piece, "scores": token_scores, "start": int(start), "end": int(end),

@@ -112,8 +112,15 @@ def max_context_owner(ranges: list[tuple[int, int]], num_tokens: int) -> list[in
     return owner
 
 
-def _check_window_args(question_length: int, max_length: int, doc_stride: int) -> int:
-    capacity = max_length - question_length - 3  # [CLS] question [SEP] context [SEP]
+def pair_template(tokenizer) -> tuple[list[int], list[int], list[int], int]:
+    """The tokenizer's pair template (bert.tokenizer.BertTokenizer.pair_template), BERT's for one without it."""
+    template = getattr(tokenizer, "pair_template", None)
+    return template if template is not None else (
+        [tokenizer.cls_token_id], [tokenizer.sep_token_id], [tokenizer.sep_token_id], 1)
+
+
+def _check_window_args(question_length: int, max_length: int, doc_stride: int, specials: int = 3) -> int:
+    capacity = max_length - question_length - specials  # [CLS] question [SEP] context [SEP]: 3
     if capacity <= 0:
         raise ValueError(f"max_length {max_length} leaves no room for the context after a "
                          f"{question_length}-token question")
@@ -140,7 +147,8 @@ def encode(
     if len(question_ids) > max_query_length and not truncate_question:
         raise QuestionTooLong(None if question_cut else len(question_ids), max_query_length)
     question_ids = question_ids[:max_query_length]
-    capacity = _check_window_args(len(question_ids), max_length, doc_stride)
+    capacity = _check_window_args(len(question_ids), max_length, doc_stride,
+                                  sum(len(part) for part in pair_template(tokenizer)[:3]))
     if max_windows is not None:
         _, context_cut = bounded_text(tokenizer, context, max_context_tokens(max_windows, capacity, doc_stride))
         if context_cut:
@@ -154,18 +162,22 @@ def encode(
     ranges = window_ranges(len(context_ids), capacity, doc_stride)
     owner = max_context_owner(ranges, len(context_ids))
 
-    head = [tokenizer.cls_token_id, *question_ids, tokenizer.sep_token_id]
+    # [CLS] question [SEP] context [SEP] for BERT, <s> question </s></s> context </s> for RoBERTa: the template's
+    before, between, after, context_type = pair_template(tokenizer)
+    head = [*before, *question_ids, *between]
     windows = []
     for index, (start, stop) in enumerate(ranges):
         width = stop - start
         outside = [None] * len(head)
+        tail = [None] * len(after)
         windows.append(QaWindow(
-            input_ids=head + list(context_ids[start:stop]) + [tokenizer.sep_token_id],
-            token_type_ids=[0] * len(head) + [1] * (width + 1),
-            offsets=outside + context_offsets[start:stop] + [None],
-            token_is_max_context=[False] * len(head) + [owner[p] == index for p in range(start, stop)] + [False],
+            input_ids=head + list(context_ids[start:stop]) + list(after),
+            token_type_ids=[0] * len(head) + [context_type] * (width + len(after)),
+            offsets=outside + context_offsets[start:stop] + tail,
+            token_is_max_context=[False] * len(head) + [owner[p] == index for p in range(start, stop)]
+            + [False] * len(after),
             window_index=index,
-            word_ids=outside + list(context_words[start:stop]) + [None],
+            word_ids=outside + list(context_words[start:stop]) + tail,
             context_token_start=start,
         ))
     return windows

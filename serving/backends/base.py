@@ -119,7 +119,7 @@ def read_model_spec(path: Path) -> ModelSpec:
     if not (path / "config.json").is_file():
         raise ModelError(f"{path} has no config.json")
     try:  # the rules, and messages, every part of bertserve has for a config.json (torch-free)
-        BertConfig.from_json_file(path / "config.json")
+        parsed = BertConfig.from_json_file(path / "config.json")
     except ConfigError as e:
         raise ModelError(str(e)) from None
     config = _read_json(path / "config.json")
@@ -169,7 +169,8 @@ def read_model_spec(path: Path) -> ModelSpec:
     except PoolingError as e:
         raise ModelError(str(e)) from None
     return ModelSpec(path=path, kind=kind, tasks=tasks, labels={t: labels.get(t, {}) for t in tasks},
-                     max_position_embeddings=int(config.get("max_position_embeddings", 512)),
+                     # usable positions (RoBERTa's table has pad_token_id + 1 rows more: bert/families.py)
+                     max_position_embeddings=parsed.max_position_embeddings,
                      problem_type=config.get("problem_type"), config=config, manifest=manifest, pooling=pooling)
 
 

@@ -1,0 +1,174 @@
+"""Model families: each BERT-style encoder layout we load, declared once.
+
+A family says which `model_type`s of a transformers config.json it covers, how its config keys and parameter
+names map onto BERT's (both ways: we load theirs, and write ours in their layout so that transformers loads
+them), and its few differences from BERT as flags the one encoder forward (bert/model.py) reads. Everything
+inside bertserve speaks BERT's names; a family's own names exist only at the edges: reading and writing
+config.json and the weights.
+
+Adding a family is one `Family(...)` here (plus, if it differs from BERT in a way no flag covers yet, that flag
+in bert/model.py). torch-free: serving reads artifact configs without torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BadInput
+
+# The classes transformers has for each of our single-task layouts, by suffix after the family's class prefix
+# ("Bert" + "ForSequenceClassification"); other architectures keep their names.
+ARCHITECTURE_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+
+
+class UnsupportedFamily(BadInput, ValueError):
+    """A config.json whose model_type no family covers."""
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    # model_type -> the prefix of its transformers class names ("xlm-roberta": "XLMRoberta")
+    model_types: dict[str, str]
+    # the encoder's attribute in a head model's state dict ("roberta.encoder...."); BERT's is "bert"
+    base_prefix: str
+    # config.json key -> ours (BertConfig field); keys not listed are BERT's own
+    config_keys: dict[str, str] = field(default_factory=dict)
+    # transformers' config class defaults that differ from BertConfig's, for keys a config.json may omit
+    config_defaults: dict[str, Any] = field(default_factory=dict)
+    # (their substring, BERT's substring) inside a parameter name, each replaced once, in this order (both ways)
+    parameter_names: tuple[tuple[str, str], ...] = ()
+    # Where a sequence classifier's first-token layer (ours: the pooler, bert.pooler.dense) and output layer
+    # (ours: the head itself) sit in their layout; "{head}" is the head's attribute ("classifier").
+    # None: BERT's layout (pooler in the encoder, the head a plain Linear).
+    sequence_pooler: str | None = None
+    sequence_output: str = "{head}"
+    # --- differences the encoder forward reads (bert/model.py) ---
+    position_offset: bool = False  # positions start at pad_token_id + 1 (fairseq's convention)
+    token_types: bool = True  # False: no token-type table at all
+    pooler_activation: str = "tanh"  # the first-token layer's activation before a sequence head
+    bare_pooler: bool = True  # a bare encoder of this family carries a pooler
+
+    @property
+    def default_model_type(self) -> str:
+        return next(iter(self.model_types))
+
+    # ---- config.json ------------------------------------------------------------------------------------
+    def config_to_ours(self, data: dict) -> dict:
+        """A config.json's keys and values as BertConfig reads them (positions counted as usable positions)."""
+        out = dict(self.config_defaults)
+        out.update({self.config_keys.get(k, k): v for k, v in data.items()})
+        if not self.token_types:
+            out["type_vocab_size"] = 0
+        if self.position_offset and isinstance(out.get("max_position_embeddings"), int):
+            pad = out.get("pad_token_id", 0)
+            out["max_position_embeddings"] -= (pad if isinstance(pad, int) else 0) + 1
+        if isinstance(out.get("architectures"), list):
+            out["architectures"] = [self.architecture_to_ours(a) for a in out["architectures"]]
+        return out
+
+    def config_to_theirs(self, data: dict, model_type: str) -> dict:
+        """Our config dict in this family's keys (the inverse of config_to_ours)."""
+        data = dict(data)
+        if not self.token_types:
+            data.pop("type_vocab_size", None)
+        if self.position_offset and "max_position_embeddings" in data:
+            data["max_position_embeddings"] += data.get("pad_token_id", 0) + 1
+        if isinstance(data.get("architectures"), list):
+            data["architectures"] = [self.architecture_to_theirs(a, model_type) for a in data["architectures"]]
+        theirs = {ours: key for key, ours in self.config_keys.items()}
+        return {theirs.get(k, k): v for k, v in data.items()}
+
+    def architecture_to_ours(self, name: str) -> str:
+        for prefix in sorted(self.model_types.values(), key=len, reverse=True):
+            suffix = name[len(prefix):] if name.startswith(prefix) else None
+            if suffix in ARCHITECTURE_SUFFIXES:
+                return "Bert" + suffix
+        return name
+
+    def architecture_to_theirs(self, name: str, model_type: str) -> str:
+        suffix = name[len("Bert"):] if name.startswith("Bert") else None
+        return self.model_types[model_type] + suffix if suffix in ARCHITECTURE_SUFFIXES else name
+
+    # ---- parameter names --------------------------------------------------------------------------------
+    def name_to_bert(self, key: str) -> str:
+        """A parameter name in this family's layout -> BERT's (as transformers' BERT classes name it)."""
+        if self.sequence_pooler is not None:
+            pooler = self.sequence_pooler.format(head="classifier") + "."
+            output = self.sequence_output.format(head="classifier") + "."
+            if key.startswith(pooler):
+                return "bert.pooler.dense." + key[len(pooler):]
+            if output != "classifier." and key.startswith(output):
+                return "classifier." + key[len(output):]
+        if self.base_prefix != "bert" and key.startswith(self.base_prefix + "."):
+            key = "bert." + key[len(self.base_prefix) + 1:]
+        for theirs, bert in self.parameter_names:
+            key = key.replace(theirs, bert, 1)
+        return key
+
+    def name_from_bert(self, key: str, sequence_head: str | None = None) -> str:
+        """BERT's parameter name -> this family's; `sequence_head`: the attribute of the model's sequence
+        classifier, whose layers this family lays out its own way (None: the model has none)."""
+        if self.sequence_pooler is not None and sequence_head is not None:
+            if key.startswith("bert.pooler.dense."):
+                return self.sequence_pooler.format(head=sequence_head) + key[len("bert.pooler.dense"):]
+            if key.startswith(sequence_head + "."):
+                return self.sequence_output.format(head=sequence_head) + key[len(sequence_head):]
+        if self.base_prefix != "bert" and key.startswith("bert."):
+            key = self.base_prefix + "." + key[len("bert."):]
+        for theirs, bert in self.parameter_names:
+            key = key.replace(bert, theirs, 1)
+        return key
+
+
+BERT = Family("bert", {"bert": "Bert"}, "bert")
+
+ROBERTA = Family(
+    "roberta", {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}, "roberta",
+    config_defaults={"pad_token_id": 1},
+    sequence_pooler="{head}.dense", sequence_output="{head}.out_proj",
+    position_offset=True,
+)
+
+DISTILBERT = Family(
+    "distilbert", {"distilbert": "DistilBert"}, "distilbert",
+    config_keys={"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+                 "hidden_dim": "intermediate_size", "activation": "hidden_act", "dropout": "hidden_dropout_prob",
+                 "attention_dropout": "attention_probs_dropout_prob", "seq_classif_dropout": "classifier_dropout"},
+    parameter_names=(
+        ("transformer.layer.", "encoder.layer."),
+        # the attention output first: BERT's ".attention.output.dense." also contains ".output.dense."
+        (".attention.out_lin.", ".attention.output.dense."),
+        (".sa_layer_norm.", ".attention.output.LayerNorm."),
+        (".attention.q_lin.", ".attention.self.query."),
+        (".attention.k_lin.", ".attention.self.key."),
+        (".attention.v_lin.", ".attention.self.value."),
+        (".ffn.lin1.", ".intermediate.dense."),
+        (".ffn.lin2.", ".output.dense."),
+        (".output_layer_norm.", ".output.LayerNorm."),
+    ),
+    sequence_pooler="pre_classifier",
+    token_types=False, pooler_activation="relu", bare_pooler=False,
+)
+
+ELECTRA = Family(
+    "electra", {"electra": "Electra"}, "electra",
+    sequence_pooler="{head}.dense", sequence_output="{head}.out_proj",
+    pooler_activation="gelu", bare_pooler=False,
+)
+
+FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA)
+BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in FAMILIES for mt in f.model_types}
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return tuple(BY_MODEL_TYPE)
+
+
+def family_of(model_type: str) -> Family:
+    """The family covering `model_type`, or UnsupportedFamily naming it and the supported ones."""
+    try:
+        return BY_MODEL_TYPE[model_type]
+    except (KeyError, TypeError):
+        raise UnsupportedFamily(f"model_type {model_type!r:.60} is not supported; the supported model_types are "
+                                f"{', '.join(BY_MODEL_TYPE)}") from None
