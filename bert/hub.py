@@ -24,7 +24,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ALLOW_PATTERNS = [
-    "config.json",
+    "config.json", "checkpoint.json",  # checkpoint.json: what a bertserve checkpoint holds (sizes, sha256, step)
     "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt",  # byte-level BPE tokenizers without a tokenizer.json
