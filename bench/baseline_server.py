@@ -9,6 +9,7 @@ way the transformers and FastAPI quickstarts combine: each request runs alone, o
 A bertserve multi-task checkpoint (the demo model) is served as the transformers model of the one
 task asked for: the same encoder weights plus that task's head, in fp32.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,28 +30,42 @@ HEADS = {"classify": "classifier", "ner": "token_classifier", "qa": "qa_outputs"
 def task_model(ckpt: str, task: str):
     """The transformers model for `task`: loaded as it is, or cut from a multi-task checkpoint."""
     from safetensors.torch import load_file
-    from transformers import (AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification,
-                              AutoModelForTokenClassification)
+    from transformers import (
+        AutoConfig,
+        AutoModelForQuestionAnswering,
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+    )
 
-    classes = {"classify": AutoModelForSequenceClassification, "ner": AutoModelForTokenClassification,
-               "qa": AutoModelForQuestionAnswering}
+    classes = {
+        "classify": AutoModelForSequenceClassification,
+        "ner": AutoModelForTokenClassification,
+        "qa": AutoModelForQuestionAnswering,
+    }
     config = json.loads((Path(ckpt) / "config.json").read_text())
     if "task_labels" not in config:
         return classes[task].from_pretrained(ckpt, dtype=torch.float32)
     labels = config["task_labels"].get(task)
     if labels is None:
         raise SystemExit(f"{ckpt} has no {task} head (it has {', '.join(config['task_labels'])})")
-    kwargs = {} if task == "qa" else {"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+    kwargs = (
+        {} if task == "qa" else {"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+    )
     model = classes[task].from_config(AutoConfig.from_pretrained(ckpt, **kwargs), dtype=torch.float32)
     index = Path(ckpt) / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     state = {}
     for name in files:
         state.update(load_file(str(Path(ckpt) / name)))
     own = HEADS[task] + "."
     target = {"classify": "classifier.", "ner": "classifier.", "qa": "qa_outputs."}[task]
-    state = {(target + k[len(own):] if k.startswith(own) else k): v.float() for k, v in state.items()
-             if k.startswith(("bert.", own))}
+    state = {
+        (target + k[len(own) :] if k.startswith(own) else k): v.float()
+        for k, v in state.items()
+        if k.startswith(("bert.", own))
+    }
     expected = model.state_dict()
     state = {k: v for k, v in state.items() if k in expected or not k.startswith("bert.pooler.")}  # ner/qa: no pooler
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -59,8 +74,9 @@ def task_model(ckpt: str, task: str):
     return model.eval()
 
 
-def create_app(ckpt: str, task: str, threads: int | None = None, device: str = "cpu",
-               dtype: torch.dtype | None = None) -> FastAPI:
+def create_app(
+    ckpt: str, task: str, threads: int | None = None, device: str = "cpu", dtype: torch.dtype | None = None
+) -> FastAPI:
     """The server: on the CPU with `threads`, or (bench/gpu/baseline_gpu.py) on `device` in `dtype`."""
     if threads:
         torch.set_num_threads(threads)

@@ -1,4 +1,5 @@
 """Shared pieces of the benchmarks: timing, the machine description, table and JSON output."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,8 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("BERTSERVE_TEST_DATA", REPO.parent / "shared" / "data"))
@@ -22,6 +23,7 @@ def machine() -> dict:
         pass
     try:
         import torch
+
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
@@ -44,14 +46,20 @@ def time_call(fn: Callable[[], object], *, warmup: int = 3, min_iters: int = 10,
         t0 = time.perf_counter()
         fn()
         latencies.append(time.perf_counter() - t0)
-    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-            "mean": statistics.fmean(latencies), "iters": len(latencies)}
+    return {
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "mean": statistics.fmean(latencies),
+        "iters": len(latencies),
+    }
 
 
 def print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
     """columns: (key, header). Floats print with 3 significant decimals."""
+
     def fmt(v):
         return f"{v:.3f}" if isinstance(v, float) else ("" if v is None else str(v))
+
     cells = [[fmt(r.get(k)) for k, _ in columns] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, (_, h) in enumerate(columns)]
     print(" | ".join(h.ljust(w) for (_, h), w in zip(columns, widths)))
@@ -76,4 +84,3 @@ def sst2_sample(n: int) -> list[tuple[str, int]]:
             sentence, label = line.rstrip("\n").split("\t")
             rows.append((sentence.strip(), int(label)))
     return rows[:n]
-

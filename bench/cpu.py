@@ -6,6 +6,7 @@ Linux only and dependency-free: these are the files psutil reads there. The benc
 server and the load generator on the same 2 cores, so a third party's CPU use moves every figure;
 each level records how much there was instead of trusting that there was none.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,7 @@ def _stat(pid: int) -> list[str] | None:
             text = f.read()
     except OSError:
         return None
-    return text[text.rindex(")") + 2:].split()
+    return text[text.rindex(")") + 2 :].split()
 
 
 def _comm(pid: int) -> str:
@@ -84,7 +85,7 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
                 text = f.read()
         except OSError:
             continue
-        out[tid] = _cpu_seconds(text[text.rindex(")") + 2:].split(), with_reaped_children=False)
+        out[tid] = _cpu_seconds(text[text.rindex(")") + 2 :].split(), with_reaped_children=False)
     return out
 
 
@@ -120,8 +121,12 @@ class CpuMeter:
         t0, server0, client0, machine0 = self._start
         wall = t1 - t0
         server, client, machine = (server1 - server0) / wall, (client1 - client0) / wall, (machine1 - machine0) / wall
-        return {"server_cpu_cores": server, "client_cpu_cores": client,
-                "other_cpu_cores": max(0.0, machine - server - client), "window_s": wall}
+        return {
+            "server_cpu_cores": server,
+            "client_cpu_cores": client,
+            "other_cpu_cores": max(0.0, machine - server - client),
+            "window_s": wall,
+        }
 
 
 def other_cpu(exclude_pids: set[int], seconds: float = 1.0, top: int = 3) -> dict:
@@ -129,6 +134,7 @@ def other_cpu(exclude_pids: set[int], seconds: float = 1.0, top: int = 3) -> dic
 
     Counts each process's own time only: a process that starts and ends inside the window is missed,
     so the machine-wide figure (busy minus the excluded processes) is reported too, and is the one to trust."""
+
     def snapshot() -> dict[int, float]:
         out = {}
         for p in _all_pids():
@@ -147,13 +153,17 @@ def other_cpu(exclude_pids: set[int], seconds: float = 1.0, top: int = 3) -> dic
     used = {p: (after[p] - before[p]) / wall for p in after if p in before}
     ours = sum(v for p, v in used.items() if p in excluded)
     busiest = sorted(((v, p) for p, v in used.items() if p not in excluded and v > 0.01), reverse=True)[:top]
-    return {"other_cpu_cores": max(0.0, (m1 - m0) / wall - ours), "ours_cpu_cores": ours,
-            "loadavg_1m": loadavg_1m(),
-            "busiest": [{"pid": p, "name": _comm(p), "cpu_cores": round(v, 3)} for v, p in busiest]}
+    return {
+        "other_cpu_cores": max(0.0, (m1 - m0) / wall - ours),
+        "ours_cpu_cores": ours,
+        "loadavg_1m": loadavg_1m(),
+        "busiest": [{"pid": p, "name": _comm(p), "cpu_cores": round(v, 3)} for v, p in busiest],
+    }
 
 
-def wait_until_quiet(exclude_pids: set[int], max_other_cores: float, policy: str, max_wait_s: float,
-                     sample_s: float = 1.0, log=print) -> dict:
+def wait_until_quiet(
+    exclude_pids: set[int], max_other_cores: float, policy: str, max_wait_s: float, sample_s: float = 1.0, log=print
+) -> dict:
     """Check the machine before a measurement: how much CPU processes other than ours use.
 
     policy: "warn" measures anyway and says so; "wait" re-checks until the machine is quiet or
@@ -166,10 +176,14 @@ def wait_until_quiet(exclude_pids: set[int], max_other_cores: float, policy: str
         check["waited_s"] = round(max(0.0, time.perf_counter() - t0 - sample_s), 1)  # beyond the one check
         if not check["busy"]:
             return check
-        who = (", ".join(f"{b['name']} ({b['pid']}) {b['cpu_cores']:.2f}" for b in check["busiest"])
-               or "short-lived processes")
-        message = (f"machine busy: {check['other_cpu_cores']:.2f} cores used by other processes "
-                   f"(limit {max_other_cores:.2f}; load average {check['loadavg_1m']:.2f}): {who}")
+        who = (
+            ", ".join(f"{b['name']} ({b['pid']}) {b['cpu_cores']:.2f}" for b in check["busiest"])
+            or "short-lived processes"
+        )
+        message = (
+            f"machine busy: {check['other_cpu_cores']:.2f} cores used by other processes "
+            f"(limit {max_other_cores:.2f}; load average {check['loadavg_1m']:.2f}): {who}"
+        )
         if policy == "refuse":
             raise RuntimeError(message + " (--busy refuse)")
         if policy == "warn" or time.perf_counter() - t0 >= max_wait_s:

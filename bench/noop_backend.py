@@ -6,6 +6,7 @@
 Everything a request costs but the model (HTTP, validation, tokenising, batching, decoding, metrics): the
 server's CPU per request with this backend is the share of the time outside the model (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,5 +34,5 @@ class NoopBackend(Backend):
             out["qa_start"] = np.zeros((rows, width), np.float32)
             out["qa_end"] = np.zeros((rows, width), np.float32)
         if "embed" in self.tasks:
-            out["embed"] = np.full((rows, self.hidden), self.hidden ** -0.5, np.float32)
+            out["embed"] = np.full((rows, self.hidden), self.hidden**-0.5, np.float32)
         return out

@@ -5,6 +5,7 @@ cheaply, and short /classify requests must keep their latency while 4 such reque
     python -m bench.qa_bound --model DIR     # another model; --url URL to measure a running server
 
 Prints the figures and writes bench/results/qa_bound.json."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,9 @@ def measure(url: str, pid: int | None, requests: int = 300) -> dict:
     client = httpx.Client(base_url=url, timeout=60)
     schema = client.get("/openapi.json").json()["components"]["schemas"]["QARequest"]["properties"]["doc_stride"]
     stride = next(b["maximum"] for b in schema["anyOf"] if b.get("type") == "integer")
-    body = json.dumps({"question": "What does the fox jump over?", "context": CONTEXT_1MB, "doc_stride": stride}).encode()
+    body = json.dumps(
+        {"question": "What does the fox jump over?", "context": CONTEXT_1MB, "doc_stride": stride}
+    ).encode()
     peak_before = _rss_mb(pid, "VmHWM") if pid else None
     refusals = []
     for _ in range(5):
@@ -50,8 +53,12 @@ def measure(url: str, pid: int | None, requests: int = 300) -> dict:
         response = client.post("/qa", content=body, headers={"content-type": "application/json"})
         refusals.append(time.perf_counter() - started)
         assert response.status_code == 413, response.text
-    result = {"machine": machine(), "doc_stride": stride, "refusal_s": refusals,
-              "peak_rss_growth_mb": (_rss_mb(pid, "VmHWM") - peak_before) if pid else None}
+    result = {
+        "machine": machine(),
+        "doc_stride": stride,
+        "refusal_s": refusals,
+        "peak_rss_growth_mb": (_rss_mb(pid, "VmHWM") - peak_before) if pid else None,
+    }
     idle = _classify_latencies(client, requests)
     stop, answered = threading.Event(), [0]
 
@@ -69,9 +76,13 @@ def measure(url: str, pid: int | None, requests: int = 300) -> dict:
     stop.set()
     for t in threads:
         t.join()
-    result.update(idle_p50_ms=statistics.median(idle) * 1000, idle_p99_ms=percentile(idle, 99) * 1000,
-                  loaded_p50_ms=statistics.median(loaded) * 1000, loaded_p99_ms=percentile(loaded, 99) * 1000,
-                  heavy_answered=answered[0])
+    result.update(
+        idle_p50_ms=statistics.median(idle) * 1000,
+        idle_p99_ms=percentile(idle, 99) * 1000,
+        loaded_p50_ms=statistics.median(loaded) * 1000,
+        loaded_p99_ms=percentile(loaded, 99) * 1000,
+        heavy_answered=answered[0],
+    )
     result["p99_ratio"] = result["loaded_p99_ms"] / result["idle_p99_ms"]
     if pid:
         result["peak_rss_growth_mb"] = _rss_mb(pid, "VmHWM") - peak_before
@@ -107,11 +118,15 @@ def main(argv=None) -> int:
         if process:
             process.terminate()
             process.wait(30)
-    print(f"1 MB /qa context, doc_stride {result['doc_stride']}: 413 in {min(result['refusal_s']) * 1000:.0f}-"
-          f"{max(result['refusal_s']) * 1000:.0f} ms; peak RSS growth {result['peak_rss_growth_mb']} MB")
-    print(f"/classify p99 idle {result['idle_p99_ms']:.1f} ms (p50 {result['idle_p50_ms']:.1f}); with 4 of those "
-          f"/qa requests running {result['loaded_p99_ms']:.1f} ms (p50 {result['loaded_p50_ms']:.1f}): "
-          f"{result['p99_ratio']:.2f}x")
+    print(
+        f"1 MB /qa context, doc_stride {result['doc_stride']}: 413 in {min(result['refusal_s']) * 1000:.0f}-"
+        f"{max(result['refusal_s']) * 1000:.0f} ms; peak RSS growth {result['peak_rss_growth_mb']} MB"
+    )
+    print(
+        f"/classify p99 idle {result['idle_p99_ms']:.1f} ms (p50 {result['idle_p50_ms']:.1f}); with 4 of those "
+        f"/qa requests running {result['loaded_p99_ms']:.1f} ms (p50 {result['loaded_p50_ms']:.1f}): "
+        f"{result['p99_ratio']:.2f}x"
+    )
     write_json(args.out, result)
     return 0
 

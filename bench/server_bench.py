@@ -14,6 +14,7 @@ table, writes JSON, and with matplotlib installed draws throughput and p99 again
 The load generator and the sweep drive any peer (bench/peers: a command line plus an adapter to its
 HTTP API); `python -m bench.peers` runs the same load against infinity and bertserve's variants.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -80,15 +81,22 @@ class ServerFailed(RuntimeError):
         super().__init__(f"{self.headline}\n{log}")
 
 
-def start(cmd: list[str], port: int, timeout: float = 300.0, ready_path: str | None = None,
-          cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start(
+    cmd: list[str],
+    port: int,
+    timeout: float = 300.0,
+    ready_path: str | None = None,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     """Start a server and wait until GET ready_path answers 200 (default: /ready for bertserve, /health
     otherwise). Its output goes to a log file (proc.log_path), never to an unread pipe that could fill
     and stall it; the log's tail is in the error when it exits or never gets ready."""
     print("$", " ".join(cmd), flush=True)
     log = tempfile.NamedTemporaryFile("w", prefix="bench-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, text=True
+    )
     proc.log_path = log.name
     deadline = time.time() + timeout
     ready = ready_path or ("/ready" if "serving" in cmd else "/health")
@@ -163,12 +171,16 @@ class RawConnection:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         data = json.dumps(body).encode()
-        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                          f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
         head = await self.reader.readuntil(b"\r\n\r\n")
         lines = head.split(b"\r\n")
-        length = next((int(line.split(b":", 1)[1]) for line in lines[1:]
-                       if line.lower().startswith(b"content-length:")), None)
+        length = next(
+            (int(line.split(b":", 1)[1]) for line in lines[1:] if line.lower().startswith(b"content-length:")), None
+        )
         if length is None:
             raise ConnectionError("response without Content-Length")
         payload = await self.reader.readexactly(length)
@@ -182,8 +194,15 @@ class RawConnection:
             self.reader = self.writer = None
 
 
-async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, warmup: float,
-               client: str = "raw", meter: CpuMeter | None = None) -> dict:
+async def load(
+    url: str,
+    bodies: list[dict],
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    client: str = "raw",
+    meter: CpuMeter | None = None,
+) -> dict:
     """`concurrency` closed-loop clients, each sending its next request when the last is answered.
     With a meter, the CPU used during the measured seconds (not the warm-up) is in the result."""
     latencies: list[float] = []
@@ -219,6 +238,7 @@ async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, w
             except BaseException:
                 await conn.close()  # a fresh connection for the next request
                 raise
+
         try:
             await worker(send)
         finally:
@@ -234,15 +254,22 @@ async def load(url: str, bodies: list[dict], concurrency: int, seconds: float, w
     else:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+
             async def send(body):
                 return (await http.post(url, json=body)).status_code
+
             await asyncio.gather(*marks, *(worker(send) for _ in range(concurrency)))
     ok = len(latencies)
-    return {"requests_per_s": ok / seconds, "ok": ok, "errors": errors, "status": status,
-            "p50_ms": percentile(latencies, 50) * 1e3 if ok else None,
-            "p95_ms": percentile(latencies, 95) * 1e3 if ok else None,
-            "p99_ms": percentile(latencies, 99) * 1e3 if ok else None,
-            **(meter.stop() if meter else {})}
+    return {
+        "requests_per_s": ok / seconds,
+        "ok": ok,
+        "errors": errors,
+        "status": status,
+        "p50_ms": percentile(latencies, 50) * 1e3 if ok else None,
+        "p95_ms": percentile(latencies, 95) * 1e3 if ok else None,
+        "p99_ms": percentile(latencies, 99) * 1e3 if ok else None,
+        **(meter.stop() if meter else {}),
+    }
 
 
 async def collect(url: str, bodies: list[dict], concurrency: int = 8) -> list[tuple[int, bytes]]:
@@ -275,22 +302,34 @@ def server_counters(port: int) -> dict[str, float]:
     except httpx.HTTPError:
         return {}
     wanted = ("bertserve_batch_size_sum", "bertserve_batch_size_count", "bertserve_inference_duration_seconds_sum")
-    return {line.split()[0]: float(line.split()[1]) for line in response.text.splitlines()
-            if response.status_code == 200 and line.split(" ")[0] in wanted}
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in response.text.splitlines()
+        if response.status_code == 200 and line.split(" ")[0] in wanted
+    }
 
 
 @dataclass
 class QuietPolicy:
     """What to do when other processes use the CPU before a level (see bench.cpu.wait_until_quiet)."""
 
-    busy: str = "wait"               # warn | wait | refuse
-    max_other_cores: float = 0.25    # CPU (in cores) that other processes may use while we measure
+    busy: str = "wait"  # warn | wait | refuse
+    max_other_cores: float = 0.25  # CPU (in cores) that other processes may use while we measure
     max_wait_s: float = 120.0
-    sample_s: float = 1.0            # how long each check watches the machine
+    sample_s: float = 1.0  # how long each check watches the machine
 
 
-def run_levels(peer: Peer, proc: subprocess.Popen, url: str, items: list, levels: list[int], seconds: float,
-               warmup: float, client: str = "raw", quiet: QuietPolicy | None = None) -> list[dict]:
+def run_levels(
+    peer: Peer,
+    proc: subprocess.Popen,
+    url: str,
+    items: list,
+    levels: list[int],
+    seconds: float,
+    warmup: float,
+    client: str = "raw",
+    quiet: QuietPolicy | None = None,
+) -> list[dict]:
     """Sweep concurrency against a running peer: a quiet check, then `seconds` of closed-loop load
     after `warmup`, per level."""
     quiet = quiet or QuietPolicy()
@@ -298,8 +337,9 @@ def run_levels(peer: Peer, proc: subprocess.Popen, url: str, items: list, levels
     bodies = [peer.adapter.body(item) for item in items]
     rows = []
     for c in levels:
-        check = wait_until_quiet({proc.pid, os.getpid()}, quiet.max_other_cores, quiet.busy, quiet.max_wait_s,
-                                 quiet.sample_s)
+        check = wait_until_quiet(
+            {proc.pid, os.getpid()}, quiet.max_other_cores, quiet.busy, quiet.max_wait_s, quiet.sample_s
+        )
         before = server_counters(port)
         r = asyncio.run(load(url + peer.adapter.path, bodies, c, seconds, warmup, client, CpuMeter(proc.pid)))
         r["load_check"] = check
@@ -310,20 +350,34 @@ def run_levels(peer: Peer, proc: subprocess.Popen, url: str, items: list, levels
         if after.get("bertserve_batch_size_count", 0) > before.get("bertserve_batch_size_count", 0):
             batches = after["bertserve_batch_size_count"] - before["bertserve_batch_size_count"]
             r["mean_batch"] = (after["bertserve_batch_size_sum"] - before["bertserve_batch_size_sum"]) / batches
-            r["model_busy_share"] = (after["bertserve_inference_duration_seconds_sum"]
-                                     - before["bertserve_inference_duration_seconds_sum"]) / (seconds + warmup)
+            r["model_busy_share"] = (
+                after["bertserve_inference_duration_seconds_sum"] - before["bertserve_inference_duration_seconds_sum"]
+            ) / (seconds + warmup)
         rows.append({"peer": peer.name, "server": peer.server, "task": peer.task, "concurrency": c, **r})
-        extra = (f"  batch {r['mean_batch']:5.1f}  model busy {100 * r['model_busy_share']:3.0f} %"
-                 if "mean_batch" in r else "")
-        print(f"{peer.name:22s} c={c:<4d} {r['requests_per_s']:8.1f} req/s  p50 {r['p50_ms'] or 0:8.1f}  "
-              f"p99 {r['p99_ms'] or 0:8.1f} ms  errors {r['errors']}  CPU server {r['server_cpu_cores']:.2f} "
-              f"client {r['client_cpu_cores']:.2f} other {r['other_cpu_cores']:.2f}"
-              f"{'  BUSY' if r['busy'] else ''}{extra}", flush=True)
+        extra = (
+            f"  batch {r['mean_batch']:5.1f}  model busy {100 * r['model_busy_share']:3.0f} %"
+            if "mean_batch" in r
+            else ""
+        )
+        print(
+            f"{peer.name:22s} c={c:<4d} {r['requests_per_s']:8.1f} req/s  p50 {r['p50_ms'] or 0:8.1f}  "
+            f"p99 {r['p99_ms'] or 0:8.1f} ms  errors {r['errors']}  CPU server {r['server_cpu_cores']:.2f} "
+            f"client {r['client_cpu_cores']:.2f} other {r['other_cpu_cores']:.2f}"
+            f"{'  BUSY' if r['busy'] else ''}{extra}",
+            flush=True,
+        )
     return rows
 
 
-def sweep(peer: Peer, items: list, levels: list[int], seconds: float, warmup: float, client: str = "raw",
-          quiet: QuietPolicy | None = None) -> list[dict]:
+def sweep(
+    peer: Peer,
+    items: list,
+    levels: list[int],
+    seconds: float,
+    warmup: float,
+    client: str = "raw",
+    quiet: QuietPolicy | None = None,
+) -> list[dict]:
     """Start the peer, sweep the levels, stop it."""
     if peer.prepare:
         peer.prepare()
@@ -337,6 +391,7 @@ def plot(rows: list[dict], out: Path, title: str = "") -> list[str]:
     used the CPU (busy) has a hollow marker."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -352,13 +407,26 @@ def plot(rows: list[dict], out: Path, title: str = "") -> list[str]:
                 continue
             server = mine[0].get("server", peer)
             style = styles.setdefault(server, ("-", "--", ":", "-.")[len(styles) % 4])
-            line, = ax.plot([r["concurrency"] for r in mine], [r[key] for r in mine], style, label=peer)
+            (line,) = ax.plot([r["concurrency"] for r in mine], [r[key] for r in mine], style, label=peer)
             for r in mine:
-                ax.plot(r["concurrency"], r[key], "o", color=line.get_color(),
-                        markerfacecolor="none" if r.get("busy") else line.get_color())
+                ax.plot(
+                    r["concurrency"],
+                    r[key],
+                    "o",
+                    color=line.get_color(),
+                    markerfacecolor="none" if r.get("busy") else line.get_color(),
+                )
         if any(r.get("busy") for r in rows):
-            ax.text(0.99, 0.01, "hollow marker: machine busy", transform=ax.transAxes, ha="right", va="bottom",
-                    fontsize="x-small", color="gray")
+            ax.text(
+                0.99,
+                0.01,
+                "hollow marker: machine busy",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize="x-small",
+                color="gray",
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
@@ -378,10 +446,14 @@ def plot(rows: list[dict], out: Path, title: str = "") -> list[str]:
 
 
 def add_quiet_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--busy", choices=("warn", "wait", "refuse"), default="wait",
-                   help="before each level, when other processes use more than --max-other-cpu cores: measure "
-                        "anyway and flag the level (warn), wait up to --busy-wait seconds for quiet (wait), "
-                        "or stop (refuse)")
+    p.add_argument(
+        "--busy",
+        choices=("warn", "wait", "refuse"),
+        default="wait",
+        help="before each level, when other processes use more than --max-other-cpu cores: measure "
+        "anyway and flag the level (warn), wait up to --busy-wait seconds for quiet (wait), "
+        "or stop (refuse)",
+    )
     p.add_argument("--max-other-cpu", type=float, default=0.25, help="cores other processes may use (default 0.25)")
     p.add_argument("--busy-wait", type=float, default=120.0, help="longest wait for a quiet machine, seconds")
     p.add_argument("--check-seconds", type=float, default=1.0, help="how long each quiet check watches the machine")
@@ -391,7 +463,11 @@ def main(argv=None) -> int:
     from bench.peers.catalog import baseline_peer, bertserve_peer
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint both servers load (bertserve may serve an artifact via --bertserve-model)")
+    p.add_argument(
+        "--ckpt",
+        required=True,
+        help="checkpoint both servers load (bertserve may serve an artifact via --bertserve-model)",
+    )
     p.add_argument("--bertserve-model", help="what bertserve serves (default: --ckpt), e.g. an ONNX artifact directory")
     p.add_argument("--bertserve-args", default="", help="extra flags for `python -m serving`")
     p.add_argument("--task", choices=("classify", "ner", "qa"), default="classify")
@@ -400,8 +476,12 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each level")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--skip-baseline", action="store_true")
-    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
-                   help="load generator transport: raw asyncio HTTP/1.1 (cheap) or httpx (2.5 ms CPU per request)")
+    p.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="load generator transport: raw asyncio HTTP/1.1 (cheap) or httpx (2.5 ms CPU per request)",
+    )
     add_quiet_arguments(p)
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "server_bench.json"))
     args = p.parse_args(argv)
@@ -409,8 +489,11 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     quiet = QuietPolicy(args.busy, args.max_other_cpu, args.busy_wait, args.check_seconds)
     items = work_items(args.task)
-    peers = [bertserve_peer("bertserve", args.task, args.bertserve_model or args.ckpt, args.threads,
-                            shlex.split(args.bertserve_args))]
+    peers = [
+        bertserve_peer(
+            "bertserve", args.task, args.bertserve_model or args.ckpt, args.threads, shlex.split(args.bertserve_args)
+        )
+    ]
     if not args.skip_baseline:
         peers.append(baseline_peer("baseline", args.task, args.ckpt, args.threads))
     rows = []
@@ -422,15 +505,39 @@ def main(argv=None) -> int:
             b = by[("baseline", c)]["requests_per_s"]
             by[("bertserve", c)]["speedup"] = by[("bertserve", c)]["requests_per_s"] / b if b else None
     print()
-    print_table(rows, [("peer", "server"), ("concurrency", "clients"), ("requests_per_s", "req/s"),
-                       ("p50_ms", "p50 ms"), ("p95_ms", "p95 ms"), ("p99_ms", "p99 ms"), ("errors", "errors"),
-                       ("speedup", "speedup"), ("mean_batch", "batch"), ("server_cpu_cores", "server CPU"),
-                       ("client_cpu_cores", "client CPU"), ("other_cpu_cores", "other CPU")])
+    print_table(
+        rows,
+        [
+            ("peer", "server"),
+            ("concurrency", "clients"),
+            ("requests_per_s", "req/s"),
+            ("p50_ms", "p50 ms"),
+            ("p95_ms", "p95 ms"),
+            ("p99_ms", "p99 ms"),
+            ("errors", "errors"),
+            ("speedup", "speedup"),
+            ("mean_batch", "batch"),
+            ("server_cpu_cores", "server CPU"),
+            ("client_cpu_cores", "client CPU"),
+            ("other_cpu_cores", "other CPU"),
+        ],
+    )
     out = Path(args.out)
     plots = plot(rows, out)
-    write_json(out, {"machine": machine(), "task": args.task, "ckpt": str(args.ckpt), "seconds": args.seconds,
-                     "bertserve_args": args.bertserve_args, "client": args.client,
-                     "peers": [peer.describe() for peer in peers], "rows": rows, "plots": plots})
+    write_json(
+        out,
+        {
+            "machine": machine(),
+            "task": args.task,
+            "ckpt": str(args.ckpt),
+            "seconds": args.seconds,
+            "bertserve_args": args.bertserve_args,
+            "client": args.client,
+            "peers": [peer.describe() for peer in peers],
+            "rows": rows,
+            "plots": plots,
+        },
+    )
     print(f"\nwrote {out} {' '.join(plots)}")
     return 0
 

@@ -14,6 +14,7 @@ two things at once:
   holds the GIL at a time, so these add up to at most one core: the ceiling of the Python side.
 On a machine other processes load, GIL time includes stretches where the holder waits for a core.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,22 @@ STAGES = [
     ("request validation (pydantic)", [r"pydantic", r"fastapi/dependencies/", r"_validate"]),
     ("JSON (parse, render)", [r"\(json/", r"orjson", r"render \(starlette", r"JSONResponse", r"Request\.(json|body)"]),
     ("metrics (prometheus)", [r"prometheus_client", r"serving/metrics\.py"]),
-    ("thread hand-offs (executor submit, wake-ups)", [r"concurrent/futures", r"threading\.py", r"queue\.py",
-                                                     r"run_in_executor", r"_chain_future", r"call_soon_threadsafe"]),
+    (
+        "thread hand-offs (executor submit, wake-ups)",
+        [
+            r"concurrent/futures",
+            r"threading\.py",
+            r"queue\.py",
+            r"run_in_executor",
+            r"_chain_future",
+            r"call_soon_threadsafe",
+        ],
+    ),
     ("asyncio / uvloop event loop", [r"asyncio/"]),
-    ("HTTP + ASGI (uvicorn, starlette, fastapi, middleware)", [r"uvicorn/", r"starlette/", r"fastapi/",
-                                                               r"serving/middleware\.py", r"serving/protocol\.py"]),
+    (
+        "HTTP + ASGI (uvicorn, starlette, fastapi, middleware)",
+        [r"uvicorn/", r"starlette/", r"fastapi/", r"serving/middleware\.py", r"serving/protocol\.py"],
+    ),
     ("routes + engine glue", [r"serving/routes/", r"serving/engine\.py", r"serving/app\.py"]),
 ]
 THREAD = re.compile(r"thread \((\d+)\): ([^;]*)")
@@ -70,8 +82,10 @@ def categorize(raw: Path) -> dict:
         kind = "?"
         if thread:
             names[int(thread.group(1))] = kind = thread_kind(thread.group(2))
-        stage = next((name for f in reversed(frames) for name, patterns in compiled
-                      if any(p.search(f) for p in patterns)), "other")
+        stage = next(
+            (name for f in reversed(frames) for name, patterns in compiled if any(p.search(f) for p in patterns)),
+            "other",
+        )
         total[stage] += int(count)
         by_thread.setdefault(kind, Counter())[stage] += int(count)
     return {"stages": dict(total), "threads": {k: dict(v) for k, v in by_thread.items()}, "names": names}
@@ -98,13 +112,33 @@ def main(argv=None) -> int:
     raw = args.out / f"c{args.concurrency}.raw.txt"
     with serve(peer) as (proc, url):
         asyncio.run(load(url + peer.adapter.path, bodies, args.concurrency, 3.0, 0.0))  # warm-up, not recorded
-        spy = subprocess.Popen([args.py_spy, "record", "--pid", str(proc.pid), "--duration", str(int(args.seconds)),
-                                "--rate", str(args.rate), "--format", "raw", "--threads", "--gil", "--nonblocking",
-                                "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        spy = subprocess.Popen(
+            [
+                args.py_spy,
+                "record",
+                "--pid",
+                str(proc.pid),
+                "--duration",
+                str(int(args.seconds)),
+                "--rate",
+                str(args.rate),
+                "--format",
+                "raw",
+                "--threads",
+                "--gil",
+                "--nonblocking",
+                "--output",
+                str(raw),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(0.5)
         threads0 = thread_cpu_seconds(proc.pid)
-        result = asyncio.run(load(url + peer.adapter.path, bodies, args.concurrency, args.seconds - 1.0, 0.0,
-                                  meter=CpuMeter(proc.pid)))
+        result = asyncio.run(
+            load(url + peer.adapter.path, bodies, args.concurrency, args.seconds - 1.0, 0.0, meter=CpuMeter(proc.pid))
+        )
         threads1 = thread_cpu_seconds(proc.pid)
         if spy.wait(60) != 0 or not raw.is_file():
             raise SystemExit(f"py-spy failed: {spy.stderr.read()[-1000:]}")
@@ -115,24 +149,46 @@ def main(argv=None) -> int:
     thread_cpu = Counter()
     for tid, seconds in threads1.items():
         thread_cpu[found["names"].get(tid, "native (no Python frames)")] += seconds - threads0.get(tid, 0.0)
-    thread_rows = [{"thread": kind, "cpu_ms_per_request": seconds * per_request,
-                    "cpu_cores": seconds / result["window_s"]} for kind, seconds in thread_cpu.most_common()]
+    thread_rows = [
+        {"thread": kind, "cpu_ms_per_request": seconds * per_request, "cpu_cores": seconds / result["window_s"]}
+        for kind, seconds in thread_cpu.most_common()
+    ]
     # GIL samples span the whole py-spy run (seconds - 0.5 s before the window); scale to the window.
     gil_seconds = {stage: n / args.rate * result["window_s"] / args.seconds for stage, n in found["stages"].items()}
-    stage_rows = [{"stage": stage, "gil_ms_per_request": sec * per_request,
-                   **{kind: by.get(stage, 0) / args.rate * result["window_s"] / args.seconds * per_request
-                      for kind, by in found["threads"].items()}}
-                  for stage, sec in sorted(gil_seconds.items(), key=lambda kv: -kv[1])]
-    print(f"\n{result['requests_per_s']:.1f} req/s at {args.concurrency} clients; server CPU "
-          f"{result['server_cpu_cores']:.2f} cores = {1e3 * result['server_cpu_cores'] / result['requests_per_s']:.2f} "
-          f"ms per request; other processes {result['other_cpu_cores']:.2f} cores\n")
+    stage_rows = [
+        {
+            "stage": stage,
+            "gil_ms_per_request": sec * per_request,
+            **{
+                kind: by.get(stage, 0) / args.rate * result["window_s"] / args.seconds * per_request
+                for kind, by in found["threads"].items()
+            },
+        }
+        for stage, sec in sorted(gil_seconds.items(), key=lambda kv: -kv[1])
+    ]
+    print(
+        f"\n{result['requests_per_s']:.1f} req/s at {args.concurrency} clients; server CPU "
+        f"{result['server_cpu_cores']:.2f} cores = {1e3 * result['server_cpu_cores'] / result['requests_per_s']:.2f} "
+        f"ms per request; other processes {result['other_cpu_cores']:.2f} cores\n"
+    )
     print_table(thread_rows, [("thread", "thread"), ("cpu_ms_per_request", "CPU ms/request"), ("cpu_cores", "cores")])
     print(f"\nholding the GIL, ms per request ({sum(gil_seconds.values()) / result['window_s']:.2f} of one core):")
-    print_table(stage_rows, [("stage", "stage"), ("gil_ms_per_request", "all threads"),
-                             *((kind, kind) for kind in found["threads"])])
-    path = write_json(args.out / f"c{args.concurrency}.json",
-                      {"model": args.model, "cwd": str(args.cwd), "serving_args": args.serving_args,
-                       "load": result, "threads": thread_rows, "gil_stages": stage_rows, "raw": str(raw)})
+    print_table(
+        stage_rows,
+        [("stage", "stage"), ("gil_ms_per_request", "all threads"), *((kind, kind) for kind in found["threads"])],
+    )
+    path = write_json(
+        args.out / f"c{args.concurrency}.json",
+        {
+            "model": args.model,
+            "cwd": str(args.cwd),
+            "serving_args": args.serving_args,
+            "load": result,
+            "threads": thread_rows,
+            "gil_stages": stage_rows,
+            "raw": str(raw),
+        },
+    )
     print(f"\nwrote {path} ({raw})")
     return 0
 

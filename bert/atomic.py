@@ -17,6 +17,7 @@ stays a plain directory that `cp -r`, `docker cp` and bind mounts handle as user
 
 No torch, no numpy: training, export and serving all use it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 OLD_SUFFIX = ".old"
 TMP_PREFIX = "."  # temporary siblings are hidden: ".<name>.tmp-XXXX"

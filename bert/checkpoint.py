@@ -9,6 +9,7 @@ the problem, raised before a model is allocated where it can be (check_checkpoin
 
 torch is imported inside the functions that need it, so resolving a name works without torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import PRESETS, BertConfig
-from .families import BERT, Family
 from .errors import BadInput, one_line
+from .families import BERT, Family
 
 if TYPE_CHECKING:
     import torch
@@ -73,15 +74,20 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
     if (candidate / "config.json").is_file():
         return candidate
     from . import hub  # then a Hugging Face Hub id, org/name[@revision] (bert/hub.py)
+
     if hub.is_hub_id(name_or_path):
         return hub.resolve(str(name_or_path), CheckpointError)
     found = list_checkpoints()
-    lines = [f"no checkpoint {str(name_or_path)!r}: it is not a directory, and the checkpoint store "
-             f"{store_root()} (set BERTSERVE_HOME to move it) has no entry of that name."]
+    lines = [
+        f"no checkpoint {str(name_or_path)!r}: it is not a directory, and the checkpoint store "
+        f"{store_root()} (set BERTSERVE_HOME to move it) has no entry of that name."
+    ]
     lines.append(f"Checkpoints found: {', '.join(found)}." if found else "The store holds no checkpoints.")
     if str(name_or_path) in PRESETS:
-        lines.append(f"{str(name_or_path)!r} is an architecture preset; pass --random-init to use it with "
-                     "randomly initialised weights (for benchmarking only).")
+        lines.append(
+            f"{str(name_or_path)!r} is an architecture preset; pass --random-init to use it with "
+            "randomly initialised weights (for benchmarking only)."
+        )
     raise CheckpointError(" ".join(lines))
 
 
@@ -100,13 +106,15 @@ def _read_index(directory: Path) -> dict[str, str]:
         raise CheckpointError(f"{path} is not a readable JSON file: {one_line(e, 200)}") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{path} has no \"weight_map\" object mapping tensor names to shard files")
+        raise CheckpointError(f'{path} has no "weight_map" object mapping tensor names to shard files')
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard.strip():
             raise CheckpointError(f"{path} maps {name!r:.80} to {shard!r:.80}, which is not a shard file name")
         if Path(shard).is_absolute() or ".." in Path(shard).parts:
-            raise CheckpointError(f"{path} names shard {shard!r:.200}, outside the checkpoint directory {directory}; "
-                                  "shards must be files in that directory")
+            raise CheckpointError(
+                f"{path} names shard {shard!r:.200}, outside the checkpoint directory {directory}; "
+                "shards must be files in that directory"
+            )
     return weight_map
 
 
@@ -131,8 +139,9 @@ def _not_safetensors(path: Path, error: Exception) -> CheckpointError:
     size = path.stat().st_size if path.is_file() else None
     if size == 0:
         return CheckpointError(f"{path} is empty (0 bytes), not a safetensors file")
-    return CheckpointError(f"{path} ({size} bytes) is not a valid safetensors file (truncated or corrupt?): "
-                           f"{one_line(error, 200)}")
+    return CheckpointError(
+        f"{path} ({size} bytes) is not a valid safetensors file (truncated or corrupt?): {one_line(error, 200)}"
+    )
 
 
 def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -174,11 +183,14 @@ def _pickle_tensors(path: Path) -> dict[str, "torch.Tensor"]:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         reason = one_line(" ".join(line for line in lines if not line.startswith(_TORCH_LOAD_ADVICE)) or lines[0], 200)
         if "GLOBAL" in reason:
-            raise CheckpointError(f"{path} holds objects other than tensors, which are not loaded (unpickling "
-                                  f"them could run code): {reason}") from None
+            raise CheckpointError(
+                f"{path} holds objects other than tensors, which are not loaded (unpickling "
+                f"them could run code): {reason}"
+            ) from None
         raise CheckpointError(f"{path} is not a readable PyTorch weights file: {reason}") from None
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in state.items()):
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
         raise CheckpointError(f"{path} does not hold a state dict (a mapping of names to tensors)")
     return state
 
@@ -199,15 +211,22 @@ def _read_weights(directory: str | os.PathLike, read_file) -> dict:
 def read_tensor_shapes(directory: str | os.PathLike) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape, by its name in the file, from the safetensors headers alone: cheap, so a
     checkpoint is checked against its config before a model is allocated or any tensor data is read."""
-    return _read_weights(directory, lambda path: (
-        {k: tuple(v.shape) for k, v in _pickle_tensors(path).items()} if path.name == LEGACY_WEIGHTS_NAME
-        else _safetensors_shapes(path)))
+    return _read_weights(
+        directory,
+        lambda path: (
+            {k: tuple(v.shape) for k, v in _pickle_tensors(path).items()}
+            if path.name == LEGACY_WEIGHTS_NAME
+            else _safetensors_shapes(path)
+        ),
+    )
 
 
 def read_state_dict(directory: str | os.PathLike) -> dict[str, "torch.Tensor"]:
     """All tensors of a checkpoint directory, by their names in the file."""
-    return _read_weights(directory, lambda path: (
-        _pickle_tensors(path) if path.name == LEGACY_WEIGHTS_NAME else _safetensors_tensors(path)))
+    return _read_weights(
+        directory,
+        lambda path: _pickle_tensors(path) if path.name == LEGACY_WEIGHTS_NAME else _safetensors_tensors(path),
+    )
 
 
 def _names(keys: list[str], limit: int = 8) -> str:
@@ -219,6 +238,7 @@ def _names(keys: list[str], limit: int = 8) -> str:
 @dataclass
 class LoadReport:
     """What loading did beyond copying matching tensors; empty lists for an exact match."""
+
     initialised: list[str] = field(default_factory=list)  # in the model, not in the file: freshly initialised
     dropped: list[str] = field(default_factory=list)  # in the file, not used by the model
     reinitialised: list[str] = field(default_factory=list)  # shape differed (head with other labels)
@@ -227,8 +247,9 @@ class LoadReport:
         return bool(self.initialised or self.dropped or self.reinitialised)
 
 
-def _normalise_names(state: dict[str, "torch.Tensor"], model_keys: set[str], family: Family = BERT
-                     ) -> dict[str, "torch.Tensor"]:
+def _normalise_names(
+    state: dict[str, "torch.Tensor"], model_keys: set[str], family: Family = BERT
+) -> dict[str, "torch.Tensor"]:
     """Map a file's names onto the model's: the family's layout onto BERT's (bert/families.py), legacy
     gamma/beta, and the `bert.` prefix that BertModel checkpoints lack and head models have."""
     wants_prefix = any(k.startswith("bert.") for k in model_keys)
@@ -242,7 +263,7 @@ def _normalise_names(state: dict[str, "torch.Tensor"], model_keys: set[str], fam
         if wants_prefix and key.startswith(ENCODER_PREFIXES):
             key = "bert." + key
         elif not wants_prefix and key.startswith("bert."):
-            key = key[len("bert."):]
+            key = key[len("bert.") :]
         out[key] = tensor
     return out
 
@@ -250,12 +271,19 @@ def _normalise_names(state: dict[str, "torch.Tensor"], model_keys: set[str], fam
 def _is_head(key: str) -> bool:
     """Parameters a fine-tuning run may create fresh: anything outside the encoder, and the pooler
     (token-level checkpoints have none)."""
-    body = key[len("bert."):] if key.startswith("bert.") else key
+    body = key[len("bert.") :] if key.startswith("bert.") else key
     return not body.startswith(("embeddings.", "embeddings_project.", "encoder.")) or body.startswith("pooler.")
 
 
-def _match_shapes(model_name: str, expected: dict[str, tuple], found: dict[str, tuple], *, from_backbone: bool,
-                  source: str, drop_unused: bool = False) -> LoadReport:
+def _match_shapes(
+    model_name: str,
+    expected: dict[str, tuple],
+    found: dict[str, tuple],
+    *,
+    from_backbone: bool,
+    source: str,
+    drop_unused: bool = False,
+) -> LoadReport:
     """Compare the shapes of a file's tensors (names already normalised) with a model's, naming every
     missing, unexpected or mis-shaped key; `source` says which files the tensors came from. drop_unused: heads
     in the file that the model has no task for are dropped (a pretraining checkpoint's NSP head and pooler)."""
@@ -279,12 +307,14 @@ def _match_shapes(model_name: str, expected: dict[str, tuple], found: dict[str, 
     if unexpected:
         problems.append(f"unexpected keys {_names(unexpected)}")
     if mismatched:
-        problems.append("mis-shaped keys " + _names(
-            [f"{k} (file {found[k]}, model {expected[k]})" for k in mismatched], limit=4))
+        problems.append(
+            "mis-shaped keys " + _names([f"{k} (file {found[k]}, model {expected[k]})" for k in mismatched], limit=4)
+        )
     if problems:
         hint = "" if from_backbone else " (to fine-tune fresh task heads on this encoder, load it as a backbone)"
-        raise CheckpointError(f"{source} does not match {model_name} as its config.json describes it: "
-                              + "; ".join(problems) + hint)
+        raise CheckpointError(
+            f"{source} does not match {model_name} as its config.json describes it: " + "; ".join(problems) + hint
+        )
     return report
 
 
@@ -296,24 +326,33 @@ def _comparable(model: "BertPreTrainedModel", state: dict) -> tuple[dict[str, tu
     return expected, {k: v for k, v in state.items() if not k.endswith(HARMLESS_SUFFIXES) and k not in TIED_KEYS}
 
 
-def match_state_dict(model: "BertPreTrainedModel", state: dict[str, "torch.Tensor"], *,
-                     from_backbone: bool = False, source: str = "the checkpoint", drop_unused: bool = False
-                     ) -> tuple[dict[str, "torch.Tensor"], LoadReport]:
+def match_state_dict(
+    model: "BertPreTrainedModel",
+    state: dict[str, "torch.Tensor"],
+    *,
+    from_backbone: bool = False,
+    source: str = "the checkpoint",
+    drop_unused: bool = False,
+) -> tuple[dict[str, "torch.Tensor"], LoadReport]:
     """Check a file's tensors against a model (see _match_shapes); returns the tensors to load and a report.
 
     from_backbone: take the encoder and keep fresh heads where the file has none or other shapes
     (fine-tuning a task head on a pretrained encoder). Without it any difference is an error.
     """
     expected, state = _comparable(model, state)
-    report = _match_shapes(type(model).__name__, expected, {k: tuple(v.shape) for k, v in state.items()},
-                           from_backbone=from_backbone, source=source, drop_unused=drop_unused)
+    report = _match_shapes(
+        type(model).__name__,
+        expected,
+        {k: tuple(v.shape) for k, v in state.items()},
+        from_backbone=from_backbone,
+        source=source,
+        drop_unused=drop_unused,
+    )
     usable = {k: v for k, v in state.items() if k in expected and k not in report.reinitialised}
     return usable, report
 
 
 # ----------------------------------------------------------------------------- loading
-
-
 
 
 def model_class_for(config: BertConfig, task: str | None = None):
@@ -333,6 +372,7 @@ def model_class_for(config: BertConfig, task: str | None = None):
 @dataclass
 class LoadPlan:
     """A checkpoint checked for loading: where it is, its config, the model class it loads into."""
+
     directory: Path
     config: BertConfig
     model_cls: type
@@ -350,27 +390,41 @@ def _check_sizes(config: BertConfig, shapes: dict[str, tuple], directory: Path) 
     found = _normalise_names(shapes, set(), config.family)  # encoder names without a head model's "bert." prefix
     hidden, width = config.hidden_size, config.embedding_width
     # Each of these is (size, width): embedding tables have a row per id, nn.Linear stores (out, in).
-    sized_by = {"embeddings.word_embeddings.weight": ("vocab_size", config.vocab_size, width),
-                "embeddings.position_embeddings.weight": ("max_position_embeddings",
-                                                          config.max_position_embeddings + config.position_offset,
-                                                          width),
-                "embeddings.token_type_embeddings.weight": ("type_vocab_size", config.type_vocab_size, width),
-                "encoder.layer.0.intermediate.dense.weight": ("intermediate_size", config.intermediate_size, hidden)}
-    problems = [f"{field} {getattr(config, field)} and hidden_size {hidden} in config.json, but {key} is {found[key]}"
-                for key, (field, rows, columns) in sized_by.items()
-                if key in found and tuple(found[key]) != (rows, columns)]
+    sized_by = {
+        "embeddings.word_embeddings.weight": ("vocab_size", config.vocab_size, width),
+        "embeddings.position_embeddings.weight": (
+            "max_position_embeddings",
+            config.max_position_embeddings + config.position_offset,
+            width,
+        ),
+        "embeddings.token_type_embeddings.weight": ("type_vocab_size", config.type_vocab_size, width),
+        "encoder.layer.0.intermediate.dense.weight": ("intermediate_size", config.intermediate_size, hidden),
+    }
+    problems = [
+        f"{field} {getattr(config, field)} and hidden_size {hidden} in config.json, but {key} is {found[key]}"
+        for key, (field, rows, columns) in sized_by.items()
+        if key in found and tuple(found[key]) != (rows, columns)
+    ]
     # A layer counts by its feed-forward weight; any other stray name is left to the per-tensor check.
     layers = sum(1 for k in found if re.fullmatch(r"encoder\.layer\.\d+\.intermediate\.dense\.weight", k))
     if layers and layers != config.num_hidden_layers:
-        problems.append(f"num_hidden_layers {config.num_hidden_layers} in config.json, but the weights have "
-                        f"{layers} layers")
+        problems.append(
+            f"num_hidden_layers {config.num_hidden_layers} in config.json, but the weights have {layers} layers"
+        )
     if problems:
-        raise CheckpointError(f"{directory / 'config.json'} does not fit {_weights_source(directory)}: "
-                              + "; ".join(problems))
+        raise CheckpointError(
+            f"{directory / 'config.json'} does not fit {_weights_source(directory)}: " + "; ".join(problems)
+        )
 
 
-def check_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | None = None,
-                     labels: list[str] | None = None, config_overrides: dict | None = None) -> LoadPlan:
+def check_checkpoint(
+    ckpt: str | os.PathLike,
+    model_cls=None,
+    *,
+    task: str | None = None,
+    labels: list[str] | None = None,
+    config_overrides: dict | None = None,
+) -> LoadPlan:
     """What can be checked of a checkpoint without allocating a model or reading a tensor: the directory,
     config.json, the weight files and their headers, and the config's sizes against the weights'. A bad
     checkpoint fails here in milliseconds, as a CheckpointError or ConfigError naming the file: before a
@@ -394,10 +448,17 @@ def check_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | Non
     return LoadPlan(directory, config, cls)
 
 
-def load_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | None = None,
-                    labels: list[str] | None = None, from_backbone: bool = False,
-                    dtype: "torch.dtype | None" = None, device: "str | torch.device" = "cpu",
-                    config_overrides: dict | None = None):
+def load_checkpoint(
+    ckpt: str | os.PathLike,
+    model_cls=None,
+    *,
+    task: str | None = None,
+    labels: list[str] | None = None,
+    from_backbone: bool = False,
+    dtype: "torch.dtype | None" = None,
+    device: "str | torch.device" = "cpu",
+    config_overrides: dict | None = None,
+):
     """Load `ckpt` (a path or a store name) into a model; returns (model, report).
 
     The model class comes from `model_cls`, else `task`, else the config's `architectures`.
@@ -405,20 +466,28 @@ def load_checkpoint(ckpt: str | os.PathLike, model_cls=None, *, task: str | None
     """
     plan = check_checkpoint(ckpt, model_cls, task=task, labels=labels, config_overrides=config_overrides)
     model = plan.model_cls(plan.config)
-    state, report = match_state_dict(model, read_state_dict(plan.directory), from_backbone=from_backbone,
-                                     source=_weights_source(plan.directory))
+    state, report = match_state_dict(
+        model, read_state_dict(plan.directory), from_backbone=from_backbone, source=_weights_source(plan.directory)
+    )
     model.load_state_dict(state, strict=False)  # match_state_dict has already checked every key
     model.tie_weights()
     if report:
-        log.info("loaded %s into %s: initialised %s; dropped %s; re-initialised %s", plan.directory,
-                 plan.model_cls.__name__, report.initialised, report.dropped, report.reinitialised)
+        log.info(
+            "loaded %s into %s: initialised %s; dropped %s; re-initialised %s",
+            plan.directory,
+            plan.model_cls.__name__,
+            report.initialised,
+            report.dropped,
+            report.reinitialised,
+        )
     model.to(device=device, dtype=dtype)
     model.eval()
     return model, report
 
 
-def load_for_inference(ckpt: str | os.PathLike, *, dtype: "torch.dtype | None" = None,
-                       device: "str | torch.device" = "cpu"):
+def load_for_inference(
+    ckpt: str | os.PathLike, *, dtype: "torch.dtype | None" = None, device: "str | torch.device" = "cpu"
+):
     """Any checkpoint as the one model class serving and export run: a BertForMultiTask whose heads are the
     checkpoint's own, where it has them (bert.config.head_layout: a multi-task checkpoint's at their multi-task
     attributes, a single-task one's at transformers' names), so that every model gives one output table.
@@ -431,8 +500,9 @@ def load_for_inference(ckpt: str | os.PathLike, *, dtype: "torch.dtype | None" =
         model = BertForMultiTask(plan.config)
     except (ValueError, CheckpointError) as e:
         raise CheckpointError(f"{plan.directory / 'config.json'}: {e}") from None
-    state, report = match_state_dict(model, read_state_dict(plan.directory), drop_unused=True,
-                                     source=_weights_source(plan.directory))
+    state, report = match_state_dict(
+        model, read_state_dict(plan.directory), drop_unused=True, source=_weights_source(plan.directory)
+    )
     model.load_state_dict(state, strict=False)  # match_state_dict has already checked every key
     model.tie_weights()
     if report:
@@ -446,8 +516,11 @@ def init_model(preset_or_config: str | BertConfig, task: str | None = None, *, s
     """A randomly initialised model: only for benchmarking and pretraining from scratch, never implied."""
     import torch
 
-    config = (BertConfig.preset(preset_or_config, **config_overrides) if isinstance(preset_or_config, str)
-              else preset_or_config)
+    config = (
+        BertConfig.preset(preset_or_config, **config_overrides)
+        if isinstance(preset_or_config, str)
+        else preset_or_config
+    )
     torch.manual_seed(seed)
     return model_class_for(config, task)(config)
 
@@ -468,9 +541,15 @@ def _shards(state: dict[str, "torch.Tensor"], max_bytes: int) -> list[dict[str, 
     return shards
 
 
-def save_checkpoint(model: "BertPreTrainedModel", directory: str | os.PathLike, *, tokenizer=None,
-                    dtype: "torch.dtype | None" = None, max_shard_bytes: int | None = None,
-                    extra_files: dict[str, str] | None = None) -> Path:
+def save_checkpoint(
+    model: "BertPreTrainedModel",
+    directory: str | os.PathLike,
+    *,
+    tokenizer=None,
+    dtype: "torch.dtype | None" = None,
+    max_shard_bytes: int | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
     """Write config.json, weights (one file, or shards of at most max_shard_bytes + an index), the
     tokenizer (an object with .save(dir), or a directory to copy its tokenizer files from) and
     checkpoint.json (what the directory holds). The directory is written aside and published whole
@@ -482,8 +561,9 @@ def save_checkpoint(model: "BertPreTrainedModel", directory: str | os.PathLike, 
         # In place inside an outer publish (a training save): clear what an earlier writer left there.
         for old in list(tmp.glob("model*.safetensors")) + [tmp / INDEX_NAME]:
             old.unlink(missing_ok=True)
-        _write_checkpoint(model, tmp, tokenizer=tokenizer, dtype=dtype, max_shard_bytes=max_shard_bytes,
-                          extra_files=extra_files)
+        _write_checkpoint(
+            model, tmp, tokenizer=tokenizer, dtype=dtype, max_shard_bytes=max_shard_bytes, extra_files=extra_files
+        )
         write_manifest(tmp)
     return directory
 
@@ -498,8 +578,10 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
     if family.name != "bert":  # written in the family's own layout, so that transformers loads it
         sequence_head = _sequence_head(model)
         state = {family.name_from_bert(k, sequence_head): v for k, v in state.items()}
-    state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
-             for k, v in state.items()}
+    state = {
+        k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
+        for k, v in state.items()
+    }
 
     config = model.config
     config.architectures = [type(model).__name__]
@@ -521,8 +603,9 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
             pause_point(f"{directory.name}:weights", partial=directory / name)
             weight_map.update(dict.fromkeys(shard, name))
         total = sum(v.numel() * v.element_size() for v in state.values())
-        (directory / INDEX_NAME).write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        (directory / INDEX_NAME).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+        )
 
     if tokenizer is not None:
         save_tokenizer_files(tokenizer, directory)
@@ -585,8 +668,11 @@ def write_manifest(directory: str | os.PathLike, **fields) -> dict:
     """checkpoint.json: the size and sha256 of every file in `directory` (itself excepted), plus `fields`
     (a training save adds the step its weights, optimizer and trainer state come from)."""
     directory = Path(directory)
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST_NAME}
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
     manifest = dict(fields, files=files)
     (directory / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
@@ -605,7 +691,7 @@ def verify_manifest(directory: str | os.PathLike) -> dict | None:
         raise CheckpointError(f"{path} is not a readable JSON file: {one_line(e, 200) or type(e).__name__}") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
-        raise CheckpointError(f"{path} has no \"files\" object listing what the checkpoint holds")
+        raise CheckpointError(f'{path} has no "files" object listing what the checkpoint holds')
     for name, entry in files.items():
         file = directory / name
         if not isinstance(entry, dict) or Path(name).name != name:
@@ -614,11 +700,14 @@ def verify_manifest(directory: str | os.PathLike) -> dict | None:
             raise CheckpointError(f"{file} is missing, though {path} lists it")
         size = file.stat().st_size
         if size != entry.get("bytes"):
-            raise CheckpointError(f"{file} is {size} bytes, but {path} says {entry.get('bytes')} "
-                                  "(truncated or replaced after the checkpoint was written)")
+            raise CheckpointError(
+                f"{file} is {size} bytes, but {path} says {entry.get('bytes')} "
+                "(truncated or replaced after the checkpoint was written)"
+            )
         if entry.get("sha256") and _sha256(file) != entry["sha256"]:
-            raise CheckpointError(f"{file} does not match the sha256 in {path} (corrupt or replaced after "
-                                  "the checkpoint was written)")
+            raise CheckpointError(
+                f"{file} does not match the sha256 in {path} (corrupt or replaced after the checkpoint was written)"
+            )
     return manifest
 
 

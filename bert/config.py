@@ -2,6 +2,7 @@
 
 No torch here: serving reads configs of exported artifacts without it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,15 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
-SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-               "max_position_embeddings", "type_vocab_size")
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
 # A config.json without these does not say which model it is (every transformers-written one has them).
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 # Far beyond any BERT (BERT-large: 3.4e8 parameters; multilingual vocabularies: ~1.2e5 tokens). A config
@@ -79,8 +87,9 @@ class BertConfig:
             try:
                 self.id2label = {int(k): str(v) for k, v in dict(self.id2label).items()}
             except (TypeError, ValueError):
-                raise ConfigError(f"invalid BERT config: id2label must map label ids to names, got "
-                                  f"{_short(self.id2label)}") from None
+                raise ConfigError(
+                    f"invalid BERT config: id2label must map label ids to names, got {_short(self.id2label)}"
+                ) from None
         self.validate()
 
     # ------------------------------------------------------------------ checks
@@ -102,13 +111,15 @@ class BertConfig:
         if sizes_ok and self.hidden_size % self.num_attention_heads:
             problems.append(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
-                f"({self.num_attention_heads})")
+                f"({self.num_attention_heads})"
+            )
         if sizes_ok and self.parameter_estimate > MAX_PARAMETERS:
             problems.append(
                 f"it describes a model of about {self.parameter_estimate:.1e} parameters "
                 f"(vocab_size {self.vocab_size}, hidden_size {self.hidden_size}, num_hidden_layers {self.num_hidden_layers}, intermediate_size "
                 f"{self.intermediate_size}, max_position_embeddings {self.max_position_embeddings}); no BERT has "
-                f"more than {MAX_PARAMETERS:.0e}")
+                f"more than {MAX_PARAMETERS:.0e}"
+            )
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
             problems.append(f"hidden_act {_short(self.hidden_act)} is not one of {', '.join(ACTIVATIONS)}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
@@ -127,8 +138,9 @@ class BertConfig:
             problems.append(f"pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
         if self.embedding_size is not None and (not _is_int(self.embedding_size) or self.embedding_size <= 0):
             problems.append(f"embedding_size must be a positive integer, got {_short(self.embedding_size)}")
-        if self.architectures is not None and (not isinstance(self.architectures, list)
-                                               or not all(isinstance(a, str) for a in self.architectures)):
+        if self.architectures is not None and (
+            not isinstance(self.architectures, list) or not all(isinstance(a, str) for a in self.architectures)
+        ):
             problems.append(f"architectures must be a list of class names, got {_short(self.architectures)}")
         if self.id2label is not None and sorted(self.id2label) != list(range(len(self.id2label))):
             problems.append(f"id2label keys must be 0..{len(self.id2label) - 1}, got {_short(sorted(self.id2label))}")
@@ -197,8 +209,9 @@ class BertConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; presets are {', '.join(PRESETS)}")
         layers, hidden, heads = PRESETS[name]
-        args = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                    intermediate_size=4 * hidden)
+        args = dict(
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden
+        )
         args.update(overrides)
         return cls(**args)
 
@@ -222,8 +235,9 @@ class BertConfig:
         if "num_labels" in extra and "id2label" not in args:
             count = extra["num_labels"]
             if not _is_int(count) or not 1 <= count <= MAX_LABELS:  # checked before a dict of that size is built
-                raise ConfigError(f"invalid BERT config: num_labels must be an integer in 1..{MAX_LABELS}, "
-                                  f"got {_short(count)}")
+                raise ConfigError(
+                    f"invalid BERT config: num_labels must be an integer in 1..{MAX_LABELS}, got {_short(count)}"
+                )
             args["id2label"] = {i: f"LABEL_{i}" for i in range(count)}
         extra.pop("num_labels", None)
         return cls(**args, extra=extra)
@@ -286,21 +300,31 @@ def head_layout(config: BertConfig) -> tuple[dict[str, list[str]], dict[str, str
     if config.task_labels:
         unknown = [t for t in config.task_labels if t not in tasks_table or tasks_table[t].head is None]
         if unknown:
-            raise ConfigError(f"config.task_labels names {', '.join(map(repr, unknown))}: not tasks with a head "
-                                  f"({', '.join(registry.with_heads())})")
-        return ({t: list(labels or []) for t, labels in config.task_labels.items()},
-                {t: tasks_table[t].head.attribute for t in config.task_labels})
+            raise ConfigError(
+                f"config.task_labels names {', '.join(map(repr, unknown))}: not tasks with a head "
+                f"({', '.join(registry.with_heads())})"
+            )
+        return (
+            {t: list(labels or []) for t, labels in config.task_labels.items()},
+            {t: tasks_table[t].head.attribute for t in config.task_labels},
+        )
     declared = tasks_table.get(config.task) if config.task else None
     if declared is not None and declared.head is None:
         return {}, {}
     architectures = ([declared.architecture] if declared is not None and declared.architecture else []) + list(
-        config.architectures or [])
+        config.architectures or []
+    )
     facts = {**config.to_dict(), "num_labels": config.num_labels}
     found = [t for a in architectures for t in registry.tasks_of_architecture(a, facts)]
     if declared is not None and declared.name not in found:
         found.insert(0, declared.name)
     tasks = list(dict.fromkeys(found))
-    labels = ([config.id2label[i] for i in range(len(config.id2label))] if config.id2label
-              else [f"LABEL_{i}" for i in range(config.num_labels)])
-    return ({t: list(labels) if tasks_table[t].labelled else [] for t in tasks},
-            {t: tasks_table[t].head.single_attribute for t in tasks})
+    labels = (
+        [config.id2label[i] for i in range(len(config.id2label))]
+        if config.id2label
+        else [f"LABEL_{i}" for i in range(config.num_labels)]
+    )
+    return (
+        {t: list(labels) if tasks_table[t].labelled else [] for t in tasks},
+        {t: tasks_table[t].head.single_attribute for t in tasks},
+    )

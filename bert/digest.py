@@ -3,11 +3,13 @@
 Export writes the entries into an artifact's manifest.json; the server recomputes them before it trusts
 the directory (docs/serving.md, "Verified artifacts"). No torch, no numpy: both sides import it.
 """
+
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 CHUNK = 1 << 22
 
@@ -39,9 +41,15 @@ def listed_entries(files: Any) -> dict[str, dict]:
     """A manifest's "files" (role or name -> entry) as file name -> entry; malformed entries are left out."""
     if not isinstance(files, dict):
         return {}
-    return {e["path"]: e for e in files.values()
-            if isinstance(e, dict) and isinstance(e.get("path"), str) and "/" not in e["path"]
-            and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str)}
+    return {
+        e["path"]: e
+        for e in files.values()
+        if isinstance(e, dict)
+        and isinstance(e.get("path"), str)
+        and "/" not in e["path"]
+        and isinstance(e.get("bytes"), int)
+        and isinstance(e.get("sha256"), str)
+    }
 
 
 def mismatches(directory: Path, listed: dict[str, dict], names: Iterable[str]) -> list[str]:

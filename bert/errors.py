@@ -7,10 +7,11 @@ Exit codes: 0 done; 1 the work ran but its result is wrong (export: parity out o
 2 the request cannot be done as given (bad flag, bad or missing checkpoint, a file that cannot be written:
 full disk, permissions); 130 interrupted.
 """
+
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -57,8 +58,9 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     return (BadInput,)
 
 
-def run_cli(main: Callable, argv: list[str] | None = None,
-            exit_code_for: Callable[[BaseException], int | None] | None = None) -> int:
+def run_cli(
+    main: Callable, argv: list[str] | None = None, exit_code_for: Callable[[BaseException], int | None] | None = None
+) -> int:
     """Call main(argv) and return its exit code (None counts as 0). A failure that `exit_code_for` gives a
     code, or one of bad_input_errors() (code 2), becomes `error: <message>` on stderr; others propagate."""
     try:

@@ -9,6 +9,7 @@ config.json and the weights.
 Adding a family is one `Family(...)` here (plus, if it differs from BERT in a way no flag covers yet, that flag
 in bert/model.py). torch-free: serving reads artifact configs without torch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -81,13 +82,13 @@ class Family:
 
     def architecture_to_ours(self, name: str) -> str:
         for prefix in sorted(self.model_types.values(), key=len, reverse=True):
-            suffix = name[len(prefix):] if name.startswith(prefix) else None
+            suffix = name[len(prefix) :] if name.startswith(prefix) else None
             if suffix in ARCHITECTURE_SUFFIXES:
                 return "Bert" + suffix
         return name
 
     def architecture_to_theirs(self, name: str, model_type: str) -> str:
-        suffix = name[len("Bert"):] if name.startswith("Bert") else None
+        suffix = name[len("Bert") :] if name.startswith("Bert") else None
         return self.model_types[model_type] + suffix if suffix in ARCHITECTURE_SUFFIXES else name
 
     # ---- parameter names --------------------------------------------------------------------------------
@@ -97,11 +98,11 @@ class Family:
             pooler = self.sequence_pooler.format(head="classifier") + "."
             output = self.sequence_output.format(head="classifier") + "."
             if key.startswith(pooler):
-                return "bert.pooler.dense." + key[len(pooler):]
+                return "bert.pooler.dense." + key[len(pooler) :]
             if output != "classifier." and key.startswith(output):
-                return "classifier." + key[len(output):]
+                return "classifier." + key[len(output) :]
         if self.base_prefix != "bert" and key.startswith(self.base_prefix + "."):
-            key = "bert." + key[len(self.base_prefix) + 1:]
+            key = "bert." + key[len(self.base_prefix) + 1 :]
         for theirs, bert in self.parameter_names:
             key = key.replace(theirs, bert, 1)
         return key
@@ -111,11 +112,11 @@ class Family:
         classifier, whose layers this family lays out its own way (None: the model has none)."""
         if self.sequence_pooler is not None and sequence_head is not None:
             if key.startswith("bert.pooler.dense."):
-                return self.sequence_pooler.format(head=sequence_head) + key[len("bert.pooler.dense"):]
+                return self.sequence_pooler.format(head=sequence_head) + key[len("bert.pooler.dense") :]
             if key.startswith(sequence_head + "."):
-                return self.sequence_output.format(head=sequence_head) + key[len(sequence_head):]
+                return self.sequence_output.format(head=sequence_head) + key[len(sequence_head) :]
         if self.base_prefix != "bert" and key.startswith("bert."):
-            key = self.base_prefix + "." + key[len("bert."):]
+            key = self.base_prefix + "." + key[len("bert.") :]
         for theirs, bert in self.parameter_names:
             key = key.replace(bert, theirs, 1)
         return key
@@ -124,17 +125,29 @@ class Family:
 BERT = Family("bert", {"bert": "Bert"}, "bert")
 
 ROBERTA = Family(
-    "roberta", {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}, "roberta",
+    "roberta",
+    {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"},
+    "roberta",
     config_defaults={"pad_token_id": 1},
-    sequence_pooler="{head}.dense", sequence_output="{head}.out_proj",
+    sequence_pooler="{head}.dense",
+    sequence_output="{head}.out_proj",
     position_offset=True,
 )
 
 DISTILBERT = Family(
-    "distilbert", {"distilbert": "DistilBert"}, "distilbert",
-    config_keys={"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-                 "hidden_dim": "intermediate_size", "activation": "hidden_act", "dropout": "hidden_dropout_prob",
-                 "attention_dropout": "attention_probs_dropout_prob", "seq_classif_dropout": "classifier_dropout"},
+    "distilbert",
+    {"distilbert": "DistilBert"},
+    "distilbert",
+    config_keys={
+        "dim": "hidden_size",
+        "n_layers": "num_hidden_layers",
+        "n_heads": "num_attention_heads",
+        "hidden_dim": "intermediate_size",
+        "activation": "hidden_act",
+        "dropout": "hidden_dropout_prob",
+        "attention_dropout": "attention_probs_dropout_prob",
+        "seq_classif_dropout": "classifier_dropout",
+    },
     parameter_names=(
         ("transformer.layer.", "encoder.layer."),
         # the attention output first: BERT's ".attention.output.dense." also contains ".output.dense."
@@ -148,13 +161,19 @@ DISTILBERT = Family(
         (".output_layer_norm.", ".output.LayerNorm."),
     ),
     sequence_pooler="pre_classifier",
-    token_types=False, pooler_activation="relu", bare_pooler=False,
+    token_types=False,
+    pooler_activation="relu",
+    bare_pooler=False,
 )
 
 ELECTRA = Family(
-    "electra", {"electra": "Electra"}, "electra",
-    sequence_pooler="{head}.dense", sequence_output="{head}.out_proj",
-    pooler_activation="gelu", bare_pooler=False,
+    "electra",
+    {"electra": "Electra"},
+    "electra",
+    sequence_pooler="{head}.dense",
+    sequence_output="{head}.out_proj",
+    pooler_activation="gelu",
+    bare_pooler=False,
 )
 
 FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA)
@@ -170,5 +189,6 @@ def family_of(model_type: str) -> Family:
     try:
         return BY_MODEL_TYPE[model_type]
     except (KeyError, TypeError):
-        raise UnsupportedFamily(f"model_type {model_type!r:.60} is not supported; the supported model_types are "
-                                f"{', '.join(BY_MODEL_TYPE)}") from None
+        raise UnsupportedFamily(
+            f"model_type {model_type!r:.60} is not supported; the supported model_types are {', '.join(BY_MODEL_TYPE)}"
+        ) from None

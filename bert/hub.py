@@ -13,6 +13,7 @@ weights, so nothing downloaded can run. Refused, in one line:
 huggingface_hub is imported inside the functions: without it, local paths work and an id is one line
 saying what to install. No torch here.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,11 +25,22 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ALLOW_PATTERNS = [
-    "config.json", "checkpoint.json",  # checkpoint.json: what a bertserve checkpoint holds (sizes, sha256, step)
-    "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
-    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt",  # byte-level BPE tokenizers without a tokenizer.json
-    "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "*Pooling/config.json",
+    "config.json",
+    "checkpoint.json",  # checkpoint.json: what a bertserve checkpoint holds (sizes, sha256, step)
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "model-*-of-*.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",  # byte-level BPE tokenizers without a tokenizer.json
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "*Pooling/config.json",
 ]
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
@@ -68,13 +80,16 @@ def resolve(name: str, error: type[Exception] = HubError) -> Path:
     try:
         from huggingface_hub import constants, snapshot_download
     except ImportError:
-        raise error(f"{name!r} is neither a local directory nor a checkpoint store entry; as a Hugging Face Hub id it "
-                    "needs huggingface_hub, which is not installed (pip install huggingface_hub)") from None
+        raise error(
+            f"{name!r} is neither a local directory nor a checkpoint store entry; as a Hugging Face Hub id it "
+            "needs huggingface_hub, which is not installed (pip install huggingface_hub)"
+        ) from None
     offline = bool(constants.HF_HUB_OFFLINE)
     try:
         with _quiet_http_logs():
-            folder = snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS,
-                                       local_files_only=offline)
+            folder = snapshot_download(
+                repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=offline
+            )
     except Exception as e:  # noqa: BLE001 - huggingface_hub's errors, OSError, httpx's: each explained below
         raise error(_explain(name, repo_id, revision, offline, e)) from None
     directory = Path(folder)
@@ -114,15 +129,18 @@ def _explain(name: str, repo_id: str, revision: str | None, offline: bool, e: Ex
     if isinstance(e, RevisionNotFoundError):
         return f"{head} {repo_id} has no revision {revision!r} on {endpoint}; give a branch, tag or commit it has"
     if isinstance(e, RepositoryNotFoundError):
-        return (f"{head} {endpoint} has no repository {repo_id} (or it is private or gated: set HF_TOKEN); "
-                "check the id")
+        return f"{head} {endpoint} has no repository {repo_id} (or it is private or gated: set HF_TOKEN); check the id"
     if isinstance(e, LocalEntryNotFoundError):
         what = repo_id + (f" at revision {revision!r}" if revision else "")
         if offline:
-            return (f"{head} {what} is not in the cache {cache} (complete), and HF_HUB_OFFLINE=1 forbids downloading "
-                    "it; run once with network access, set HF_HOME to the cache that has it, or pass a local directory")
-        return (f"{head} {endpoint} could not be reached ({type(e.__cause__ or e).__name__}) and {what} is not in "
-                f"the cache {cache}; check the network or HF_ENDPOINT, or pass a local directory")
+            return (
+                f"{head} {what} is not in the cache {cache} (complete), and HF_HUB_OFFLINE=1 forbids downloading "
+                "it; run once with network access, set HF_HOME to the cache that has it, or pass a local directory"
+            )
+        return (
+            f"{head} {endpoint} could not be reached ({type(e.__cause__ or e).__name__}) and {what} is not in "
+            f"the cache {cache}; check the network or HF_ENDPOINT, or pass a local directory"
+        )
     if isinstance(e, HfHubHTTPError):
         return f"{head} {endpoint} answered {cause}"
     return f"{head} {type(e).__name__}: {cause}"
@@ -133,13 +151,13 @@ def _repo_files(repo_id: str, commit: str) -> list[str] | None:
     (written by the download), or None where this huggingface_hub keeps none."""
     try:
         from huggingface_hub import get_cached_repo_tree
+
         return [f.path for f in get_cached_repo_tree(repo_id, revision=commit)]
     except Exception:  # noqa: BLE001 - ImportError (older huggingface_hub), no listing cached
         return None
 
 
-def _check_snapshot(name: str, repo_id: str, directory: Path, files: list[str] | None,
-                    error: type[Exception]) -> None:
+def _check_snapshot(name: str, repo_id: str, directory: Path, files: list[str] | None, error: type[Exception]) -> None:
     for config_name in ("config.json", "tokenizer_config.json"):
         path = directory / config_name
         try:
@@ -147,8 +165,10 @@ def _check_snapshot(name: str, repo_id: str, directory: Path, files: list[str] |
         except (OSError, ValueError):
             continue  # the checkpoint reader reports a bad file, naming it
         if isinstance(config, dict) and config.get("auto_map"):
-            raise error(f"{name!r}: {config_name} of {repo_id} asks for the repository's own code (auto_map "
-                        f"{sorted(config['auto_map'])}); bertserve never runs downloaded code")
+            raise error(
+                f"{name!r}: {config_name} of {repo_id} asks for the repository's own code (auto_map "
+                f"{sorted(config['auto_map'])}); bertserve never runs downloaded code"
+            )
     if any((directory / f).is_file() for f in SAFETENSORS):
         if not (directory / "config.json").is_file():
             raise error(f"{name!r}: {repo_id} has no config.json, so it is not a model checkpoint bertserve can load")
@@ -157,11 +177,18 @@ def _check_snapshot(name: str, repo_id: str, directory: Path, files: list[str] |
     pickles = [f for f in listed if f.endswith(PICKLE_SUFFIXES) and "/" not in f]
     code = [f for f in listed if f.endswith(".py")]
     if pickles:
-        raise error(f"{name!r}: {repo_id} has only pickle weights ({', '.join(pickles[:3])}), which bertserve does "
-                    "not download; convert them to safetensors (transformers' save_pretrained writes "
-                    "model.safetensors) and use that repository or directory")
+        raise error(
+            f"{name!r}: {repo_id} has only pickle weights ({', '.join(pickles[:3])}), which bertserve does "
+            "not download; convert them to safetensors (transformers' save_pretrained writes "
+            "model.safetensors) and use that repository or directory"
+        )
     if code:
-        raise error(f"{name!r}: {repo_id} has no safetensors weights, only its own model code "
-                    f"({', '.join(code[:3])}); bertserve never runs downloaded code")
-    raise error(f"{name!r}: {repo_id} has no model.safetensors (nor a sharded index)" +
-                ("" if files is not None else " in the cache") + "; bertserve loads safetensors weights only")
+        raise error(
+            f"{name!r}: {repo_id} has no safetensors weights, only its own model code "
+            f"({', '.join(code[:3])}); bertserve never runs downloaded code"
+        )
+    raise error(
+        f"{name!r}: {repo_id} has no model.safetensors (nor a sharded index)"
+        + ("" if files is not None else " in the cache")
+        + "; bertserve loads safetensors weights only"
+    )

@@ -7,19 +7,20 @@ sequence after sequence): a `Packing` passed in place of the attention mask sele
 implementation, as transformers selects its `attn_implementation`; serving's fast path is that and no other
 copy of the encoder.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig, head_layout
-from .tasks.base import MLM_CANDIDATES
 from .tasks import registry
+from .tasks.base import MLM_CANDIDATES
 from .tasks.embed import POOLINGS
 from .tasks.registry import TASKS
 
@@ -85,8 +86,9 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Sliced per call rather than arange(T): the same numbers, but the graph pattern
         # (Shape-Slice-Gather) onnxruntime's EmbedLayerNormalization fusion matches. Not saved.
-        self.register_buffer("position_ids", torch.arange(offset, config.max_position_embeddings + offset)[None, :],
-                             persistent=False)
+        self.register_buffer(
+            "position_ids", torch.arange(offset, config.max_position_embeddings + offset)[None, :], persistent=False
+        )
 
     def fill_sinusoidal(self) -> None:
         """The position table as transformers' DistilBERT makes it when sinusoidal_pos_embds is set."""
@@ -98,8 +100,9 @@ class BertEmbeddings(nn.Module):
             self.position_embeddings.weight[:, 1::2] = torch.cos(angle[:, 1::2]).float()
         self.position_embeddings.weight.requires_grad = False
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         # (1, T) for a padded batch; a packed one gives each token's own position, (N,)
         if position_ids is None:
             positions = self.position_ids[:, : input_ids.shape[1]]
@@ -134,8 +137,10 @@ class BertSelfAttention(nn.Module):
 
     def fuse_qkv(self) -> None:
         with torch.no_grad():
-            self.fused_qkv = (torch.cat([self.query.weight, self.key.weight, self.value.weight]),
-                              torch.cat([self.query.bias, self.key.bias, self.value.bias]))
+            self.fused_qkv = (
+                torch.cat([self.query.weight, self.key.weight, self.value.weight]),
+                torch.cat([self.query.bias, self.key.bias, self.value.bias]),
+            )
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.size()[:-1] + (self.num_heads, self.head_size)).transpose(1, 2)  # (B, nh, T, hs)
@@ -245,8 +250,9 @@ class BertPooler(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = torch.tanh if config.family.pooler_activation == "tanh" else activation(
-            config.family.pooler_activation)
+        self.act = (
+            torch.tanh if config.family.pooler_activation == "tanh" else activation(config.family.pooler_activation)
+        )
 
     def forward(self, first_token: torch.Tensor) -> torch.Tensor:
         return self.act(self.dense(first_token))  # (B, H): the [CLS] states
@@ -367,8 +373,11 @@ class BertModel(BertPreTrainedModel):
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
         # ELECTRA: embeddings narrower than the encoder, projected up (an attribute of the encoder, as there)
-        self.embeddings_project = (nn.Linear(config.embedding_width, config.hidden_size)
-                                   if config.embedding_width != config.hidden_size else None)
+        self.embeddings_project = (
+            nn.Linear(config.embedding_width, config.hidden_size)
+            if config.embedding_width != config.hidden_size
+            else None
+        )
         self.encoder = BertEncoder(config)
         if add_pooling_layer is None:
             add_pooling_layer = config.family.bare_pooler
@@ -376,8 +385,12 @@ class BertModel(BertPreTrainedModel):
         self.pooling: str | None = None  # see set_pooling
         self.init_weights()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | Packing | None = None,
-                token_type_ids: torch.Tensor | None = None) -> EncoderOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | Packing | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> EncoderOutput:
         """input_ids (B, T) with a (B, T) 1/0 attention_mask, or (N,) packed tokens with a Packing in its place
         (then every (B, ...) result below is (S, ...) and every (B, T, ...) one (N, ...))."""
         if token_type_ids is None:
@@ -394,8 +407,11 @@ class BertModel(BertPreTrainedModel):
             mask = additive_padding_mask(attention_mask, x.dtype) if attention_mask is not None else None
         x = self.encoder(x, mask)
         first = x.index_select(0, attention_mask.cls_rows) if packed else x[:, 0]
-        return EncoderOutput(x, self.pooler(first) if self.pooler is not None else None,
-                             pool(x, attention_mask, self.pooling) if self.pooling is not None else None)
+        return EncoderOutput(
+            x,
+            self.pooler(first) if self.pooler is not None else None,
+            pool(x, attention_mask, self.pooling) if self.pooling is not None else None,
+        )
 
 
 # ----------------------------------------------------------------------------- heads
@@ -481,8 +497,9 @@ class BertForPreTraining(BertForMaskedLM):
         self.cls = BertPreTrainingHeads(config)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, mlm_labels=None,
-                nsp_labels=None) -> PreTrainingOutput:
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, mlm_labels=None, nsp_labels=None
+    ) -> PreTrainingOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
         mlm_logits, mlm_loss = self.mlm(out.last_hidden_state, mlm_labels)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)
@@ -567,8 +584,10 @@ def span_loss(start_logits, end_logits, start_positions, end_positions) -> torch
     ignored = start_logits.shape[1]
     start = start_positions.clamp(0, ignored)
     end = end_positions.clamp(0, ignored)
-    return (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
-            + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
+    return (
+        F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
+        + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)
+    ) / 2
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
@@ -578,8 +597,9 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)  # start and end vectors S, E
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None,
-                end_positions=None) -> SpanOutput:
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None
+    ) -> SpanOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(dim=-1)
         loss = None
@@ -645,8 +665,9 @@ class BertForMultiTask(BertPreTrainedModel):
 
     tasks (task -> labels) and attributes (task -> where its head sits) default to head_layout(config)."""
 
-    def __init__(self, config: BertConfig, tasks: dict[str, list] | None = None,
-                 attributes: dict[str, str] | None = None):
+    def __init__(
+        self, config: BertConfig, tasks: dict[str, list] | None = None, attributes: dict[str, str] | None = None
+    ):
         super().__init__(config)
         layout_tasks, layout_attributes = head_layout(config) if tasks is None else ({}, {})
         tasks = dict(layout_tasks if tasks is None else tasks)
@@ -656,8 +677,10 @@ class BertForMultiTask(BertPreTrainedModel):
         # task -> its Head declaration and labels, in registry order
         self.heads = {name: TASKS[name].head for name in TASKS if name in tasks}
         self.task_labels = {name: list(tasks[name] or []) for name in self.heads}
-        self.attributes = {name: (attributes or {}).get(name) or layout_attributes.get(name)
-                           or self.heads[name].attribute for name in self.heads}
+        self.attributes = {
+            name: (attributes or {}).get(name) or layout_attributes.get(name) or self.heads[name].attribute
+            for name in self.heads
+        }
         self.bert = BertModel(config, add_pooling_layer=any(h.kind == "sequence" for h in self.heads.values()))
         self.dropout = classifier_dropout(config)
         built: dict[str, tuple[str, int]] = {}
@@ -665,8 +688,10 @@ class BertForMultiTask(BertPreTrainedModel):
             attribute, width = self.attributes[name], TASKS[name].head_width(self.task_labels[name])
             if attribute in built:
                 if built[attribute] != (head.kind, width):
-                    raise ValueError(f"tasks sharing the head {attribute!r} need the same kind and width: "
-                                     f"{built[attribute]} and {(head.kind, width)} ({name})")
+                    raise ValueError(
+                        f"tasks sharing the head {attribute!r} need the same kind and width: "
+                        f"{built[attribute]} and {(head.kind, width)} ({name})"
+                    )
                 continue
             built[attribute] = (head.kind, width)
             setattr(self, attribute, build_head(head.kind, config, width))
@@ -675,8 +700,9 @@ class BertForMultiTask(BertPreTrainedModel):
     def tie_weights(self) -> None:
         for name, head in getattr(self, "heads", {}).items():
             if head.kind == "mlm":
-                getattr(self, self.attributes[name]).predictions.decoder.weight = \
-                    self.bert.embeddings.word_embeddings.weight
+                getattr(
+                    self, self.attributes[name]
+                ).predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
     @property
     def tasks(self) -> list[str]:
@@ -698,8 +724,15 @@ class BertForMultiTask(BertPreTrainedModel):
 # Architecture name in config.json -> class. Names match transformers' where the class exists there.
 ARCHITECTURES: dict[str, type[BertPreTrainedModel]] = {
     cls.__name__: cls
-    for cls in (BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-                BertForTokenClassification, BertForQuestionAnswering, BertForMultiTask)
+    for cls in (
+        BertModel,
+        BertForPreTraining,
+        BertForMaskedLM,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultiTask,
+    )
 }
 # Task -> the class of a checkpoint made for it alone (the registry names it; embed: the bare encoder).
 TASK_ARCHITECTURES = {task.name: ARCHITECTURES[task.architecture] for task in TASKS.values() if task.architecture}

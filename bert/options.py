@@ -19,6 +19,7 @@ fields carry `Field(description=...)`. `parse(cls, argv)` reads them the same wa
 Standard library only: `bert/` stays importable with numpy + tokenizers, and training and export need no
 pydantic. The server's model is read through the same `Option` records (`options_of`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,15 @@ FALSE = ("0", "false", "no", "off")
 EXIT_USAGE = 2
 
 
-def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None,
-           metavar: str | None = None, required: bool = False, one_of: str | None = None) -> Any:
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    choices: tuple | None = None,
+    metavar: str | None = None,
+    required: bool = False,
+    one_of: str | None = None,
+) -> Any:
     """A dataclass field that is a command-line option. `one_of`: options sharing this group name exclude each
     other (and `required` on them means one of the group is needed)."""
     metadata = {"help": help, "choices": choices, "metavar": metavar, "required": required, "one_of": one_of}
@@ -49,8 +57,9 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def like(cls, name: str, default: Any = dataclasses.MISSING, *, help: str | None = None, prefix: str = "",
-         suffix: str = "") -> Any:
+def like(
+    cls, name: str, default: Any = dataclasses.MISSING, *, help: str | None = None, prefix: str = "", suffix: str = ""
+) -> Any:
     """The option `name` as `cls` declares it (help, choices), for a command that reads the same setting:
     declared once, reused. `default` / `help` replace the declared ones where given; `prefix` goes before the
     help, `suffix` after it (multitask's `--classify-labels`: "classify: " + finetune's `--labels` help)."""
@@ -58,8 +67,11 @@ def like(cls, name: str, default: Any = dataclasses.MISSING, *, help: str | None
     if default is dataclasses.MISSING:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     meta = f.metadata
-    return option(default, prefix + (meta["help"] if help is None else help) + suffix,
-                  **{k: meta.get(k) for k in ("choices", "metavar", "one_of")})
+    return option(
+        default,
+        prefix + (meta["help"] if help is None else help) + suffix,
+        **{k: meta.get(k) for k in ("choices", "metavar", "one_of")},
+    )
 
 
 def flag(config, name: str) -> str:
@@ -127,15 +139,24 @@ def options_of(cls) -> list[Option]:
             kind, choices = _kind(hints[f.name])
             meta = f.metadata
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            out.append(Option(f.name, kind, default, meta.get("help", ""), meta.get("choices") or choices,
-                              meta.get("metavar"), bool(meta.get("required")), meta.get("one_of")))
+            out.append(
+                Option(
+                    f.name,
+                    kind,
+                    default,
+                    meta.get("help", ""),
+                    meta.get("choices") or choices,
+                    meta.get("metavar"),
+                    bool(meta.get("required")),
+                    meta.get("one_of"),
+                )
+            )
         return out
     out = []
     for name, f in cls.model_fields.items():  # a pydantic (settings) model
         kind, choices = _kind(f.annotation)
         required = f.is_required()
-        out.append(Option(name, kind, None if required else f.default, f.description or "", choices,
-                          required=required))
+        out.append(Option(name, kind, None if required else f.default, f.description or "", choices, required=required))
     return out
 
 
@@ -161,8 +182,9 @@ class _HelpFormatter(argparse.HelpFormatter):
     def _fill_text(self, text, width, indent):
         import textwrap
 
-        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
-                             break_on_hyphens=False)
+        return textwrap.fill(
+            " ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+        )
 
 
 class _YesNo(argparse.Action):
@@ -195,12 +217,23 @@ def _default_text(o: Option) -> str:
     return f" (default: {','.join(o.default) if isinstance(o.default, list) else o.default})"
 
 
-def build_parser(cls, *, prog: str | None = None, description: str | None = None, epilog: str | None = None,
-                 hint: Callable[[str], str] | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    cls,
+    *,
+    prog: str | None = None,
+    description: str | None = None,
+    epilog: str | None = None,
+    hint: Callable[[str], str] | None = None,
+) -> argparse.ArgumentParser:
     """The argparse parser of `cls`'s options (what `--help` shows). Its defaults are left out of the namespace:
     `read` fills what the command line did not give from the env, then the declaration."""
-    parser = _OneLineParser(prog=prog or f"python -m {cls.__module__}", description=description, epilog=epilog,
-                            allow_abbrev=False, formatter_class=_HelpFormatter)
+    parser = _OneLineParser(
+        prog=prog or f"python -m {cls.__module__}",
+        description=description,
+        epilog=epilog,
+        allow_abbrev=False,
+        formatter_class=_HelpFormatter,
+    )
     parser.hint = hint
     groups: dict[str, Any] = {}
     for o in options_of(cls):
@@ -219,8 +252,9 @@ def build_parser(cls, *, prog: str | None = None, description: str | None = None
             text += " (required)"
         if o.kind is bool:
             if not o.name.startswith("no_"):
-                target.add_argument("--no-" + o.flag[2:], dest=o.name, action=_No, default=argparse.SUPPRESS,
-                                    help=argparse.SUPPRESS)
+                target.add_argument(
+                    "--no-" + o.flag[2:], dest=o.name, action=_No, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+                )
             target.add_argument(o.flag, dest=o.name, action=_YesNo, option=o, default=argparse.SUPPRESS, help=text)
             continue
 
@@ -229,11 +263,16 @@ def build_parser(cls, *, prog: str | None = None, description: str | None = None
                 return o.convert(text_value)
             except ValueError as e:
                 raise argparse.ArgumentTypeError(str(e)) from None
+
         typed.__name__ = o.kind.__name__
-        target.add_argument(o.flag, dest=o.name, type=typed, default=argparse.SUPPRESS,
-                            metavar=o.metavar or ("{" + ",".join(map(str, o.choices)) + "}" if o.choices
-                                                  else o.name.upper()),
-                            help=text)
+        target.add_argument(
+            o.flag,
+            dest=o.name,
+            type=typed,
+            default=argparse.SUPPRESS,
+            metavar=o.metavar or ("{" + ",".join(map(str, o.choices)) + "}" if o.choices else o.name.upper()),
+            help=text,
+        )
     return parser
 
 
@@ -243,8 +282,14 @@ class Values(dict):
     sources: dict[str, str]
 
 
-def read(cls, argv: list[str] | None = None, *, environ: Mapping[str, str] | None = None,
-         parser: argparse.ArgumentParser | None = None, **parser_args) -> Values:
+def read(
+    cls,
+    argv: list[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    parser: argparse.ArgumentParser | None = None,
+    **parser_args,
+) -> Values:
     """Every option of `cls`: from its flag, else its env var (BERTSERVE_<NAME>), else its default. A bad or
     missing one exits 2 with one `error:` line."""
     parser = parser or build_parser(cls, **parser_args)
@@ -273,7 +318,9 @@ def read(cls, argv: list[str] | None = None, *, environ: Mapping[str, str] | Non
             parser.error(f"one of {', '.join(o.flag for o in members)} is required")
     missing = [o for o in options if o.required and not o.one_of and sources[o.name] == "default"]
     if missing:
-        parser.error("the following arguments are required: " + ", ".join(f"{o.flag} (or env {o.env})" for o in missing))
+        parser.error(
+            "the following arguments are required: " + ", ".join(f"{o.flag} (or env {o.env})" for o in missing)
+        )
     values.sources = sources
     return values
 

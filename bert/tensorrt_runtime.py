@@ -8,15 +8,18 @@ TensorRT 10/11 name-based I/O: `context.set_input_shape`, `context.set_tensor_ad
 (no torch needed), else from torch CUDA tensors. One engine object serves one thread at a time:
 callers (the server's batcher) own the serialisation.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
-INSTALL_HINT = ("TensorRT is not installed: `pip install bertserve[gpu]` (or `pip install tensorrt`) on a machine "
-                "with an NVIDIA GPU and driver, or run inside the NVIDIA TensorRT container "
-                "(nvcr.io/nvidia/tensorrt)")
+INSTALL_HINT = (
+    "TensorRT is not installed: `pip install bertserve[gpu]` (or `pip install tensorrt`) on a machine "
+    "with an NVIDIA GPU and driver, or run inside the NVIDIA TensorRT container "
+    "(nvcr.io/nvidia/tensorrt)"
+)
 
 
 class TrtEngine:
@@ -39,7 +42,9 @@ class TrtEngine:
         self.output_names = [n for n in names if not is_input[n]]
         self.dtypes = {n: _numpy_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
         # (min, opt, max) shapes of profile 0 per input
-        self.profile = {n: tuple(tuple(s) for s in self.engine.get_tensor_profile_shape(n, 0)) for n in self.input_names}
+        self.profile = {
+            n: tuple(tuple(s) for s in self.engine.get_tensor_profile_shape(n, 0)) for n in self.input_names
+        }
 
     @property
     def max_batch(self) -> int:
@@ -88,8 +93,14 @@ class TrtEngine:
 def _numpy_dtype(trt, dtype) -> np.dtype:
     if hasattr(trt, "nptype"):
         return np.dtype(trt.nptype(dtype))
-    table = {trt.float32: np.float32, trt.float16: np.float16, trt.int64: np.int64, trt.int32: np.int32,
-             trt.int8: np.int8, trt.bool: np.bool_}
+    table = {
+        trt.float32: np.float32,
+        trt.float16: np.float16,
+        trt.int64: np.int64,
+        trt.int32: np.int32,
+        trt.int8: np.int8,
+        trt.bool: np.bool_,
+    }
     return np.dtype(table[dtype])
 
 
@@ -101,8 +112,9 @@ def _cuda_memory(device: int):
     try:
         return _TorchMemory(device)
     except ImportError:
-        raise RuntimeError("TrtEngine needs cuda-python (pip install cuda-python) or torch with CUDA for "
-                           "device buffers") from None
+        raise RuntimeError(
+            "TrtEngine needs cuda-python (pip install cuda-python) or torch with CUDA for device buffers"
+        ) from None
 
 
 class _TorchMemory:
@@ -159,8 +171,15 @@ class _CudaPythonMemory:
 
     def to_device(self, host: np.ndarray):
         pointer = int(self._ok(self.cudart.cudaMalloc(max(host.nbytes, 1))))
-        self._ok(self.cudart.cudaMemcpyAsync(pointer, host.ctypes.data, host.nbytes,
-                                             self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream_handle))
+        self._ok(
+            self.cudart.cudaMemcpyAsync(
+                pointer,
+                host.ctypes.data,
+                host.nbytes,
+                self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice,
+                self.stream_handle,
+            )
+        )
         self._ok(self.cudart.cudaStreamSynchronize(self.stream_handle))  # host array may go away after return
         return pointer
 
@@ -174,8 +193,15 @@ class _CudaPythonMemory:
 
     def to_host(self, buffer, shape, dtype) -> np.ndarray:
         host = np.empty(shape, dtype=dtype)
-        self._ok(self.cudart.cudaMemcpyAsync(host.ctypes.data, buffer, host.nbytes,
-                                             self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream_handle))
+        self._ok(
+            self.cudart.cudaMemcpyAsync(
+                host.ctypes.data,
+                buffer,
+                host.nbytes,
+                self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+                self.stream_handle,
+            )
+        )
         self._ok(self.cudart.cudaStreamSynchronize(self.stream_handle))
         return host
 

@@ -8,13 +8,14 @@ The wrapper never truncates or pads behind the caller's back (a `tokenizer.json`
 truncation or padding settings has them switched off on load); the task codecs in `bert.tasks`
 decide what happens to long inputs.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
@@ -42,8 +43,7 @@ class InputTooLong(ValueError):
         self.limit = limit
         has = f"more than {limit}" if length is None else str(length)
         super().__init__(
-            f"input {index} has {has} tokens; the model accepts at most {limit} "
-            f'(send "truncate": true to cut it)'
+            f'input {index} has {has} tokens; the model accepts at most {limit} (send "truncate": true to cut it)'
         )
 
     def __reduce__(self):  # keep the exception picklable across process pools
@@ -138,18 +138,21 @@ def _tokenizer_settings(path: Path) -> dict:
     """from_vocab's keyword arguments from a tokenizer_config.json (absent file or keys: BERT's defaults),
     each checked for its type, so that a wrong one is an error naming the file, not one inside tokenizers."""
     config = _read_json(path)
-    settings = {"do_lower_case": config.get("do_lower_case", True), "strip_accents": config.get("strip_accents"),
-                "tokenize_chinese_chars": config.get("tokenize_chinese_chars", True)}
+    settings = {
+        "do_lower_case": config.get("do_lower_case", True),
+        "strip_accents": config.get("strip_accents"),
+        "tokenize_chinese_chars": config.get("tokenize_chinese_chars", True),
+    }
     for name, value in settings.items():
         if not (isinstance(value, bool) or (name == "strip_accents" and value is None)):
             raise TokenizerError(f"{path}: {name} must be true or false, got {value!r:.60}")
     max_length = config.get("model_max_length")
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, float))
-                                   or not 0 < max_length < float("inf")):
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, (int, float)) or not 0 < max_length < float("inf")
+    ):
         raise TokenizerError(f"{path}: model_max_length must be a positive number, got {max_length!r:.60}")
     settings["model_max_length"] = _model_max_length(max_length)
     return settings
-
 
 
 # Up to this many inputs are encoded one by one in the calling thread. tokenizers' encode_batch hands even
@@ -161,8 +164,12 @@ SERIAL_ENCODE_MAX = 8
 def _encode_many(tokenizer: Tokenizer, inputs: list, pretokenized: bool, add_special_tokens: bool) -> list[Encoding]:
     if len(inputs) > SERIAL_ENCODE_MAX:
         return tokenizer.encode_batch(inputs, is_pretokenized=pretokenized, add_special_tokens=add_special_tokens)
-    return [tokenizer.encode(*(x if isinstance(x, tuple) else (x,)), is_pretokenized=pretokenized,
-                             add_special_tokens=add_special_tokens) for x in inputs]
+    return [
+        tokenizer.encode(
+            *(x if isinstance(x, tuple) else (x,)), is_pretokenized=pretokenized, add_special_tokens=add_special_tokens
+        )
+        for x in inputs
+    ]
 
 
 class BertTokenizer:
@@ -216,8 +223,9 @@ class BertTokenizer:
             try:
                 tokenizer = Tokenizer.from_file(str(source))
                 options = _normalizer_options(tokenizer)
-                return cls(tokenizer, model_max_length=settings["model_max_length"], specials=_special_names(path),
-                           **options)
+                return cls(
+                    tokenizer, model_max_length=settings["model_max_length"], specials=_special_names(path), **options
+                )
             except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for a file it cannot parse
                 raise TokenizerError(f"{source} is not a usable BERT tokenizer: {one_line(e, 300)}") from None
         if not (path / "vocab.txt").is_file():
@@ -293,8 +301,9 @@ class BertTokenizer:
             with open(path / "vocab.txt", "w", encoding="utf-8") as f:
                 f.writelines(token + "\n" for token, _ in by_id)
         self._tokenizer.save(str(path / "tokenizer.json"))
-        special_tokens = {role: token for role, token in self.specials.items()
-                          if self._tokenizer.token_to_id(token) is not None}
+        special_tokens = {
+            role: token for role, token in self.specials.items() if self._tokenizer.token_to_id(token) is not None
+        }
         config = {
             "tokenizer_class": "BertTokenizer" if wordpiece else "PreTrainedTokenizerFast",
             "do_lower_case": self.do_lower_case,
@@ -366,8 +375,12 @@ class BertTokenizer:
             last_a = len(sequence) - 1 - sequence[::-1].index(0)
             first_b = sequence.index(1)
             last_b = len(sequence) - 1 - sequence[::-1].index(1)
-            self._pair_template = (list(ids[:first_a]), list(ids[last_a + 1:first_b]), list(ids[last_b + 1:]),
-                                   int(types[first_b]))
+            self._pair_template = (
+                list(ids[:first_a]),
+                list(ids[last_a + 1 : first_b]),
+                list(ids[last_b + 1 :]),
+                int(types[first_b]),
+            )
         return self._pair_template
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
@@ -455,8 +468,10 @@ class BertTokenizer:
         return batch
 
     def __repr__(self) -> str:
-        return (f"BertTokenizer(vocab_size={self.vocab_size}, do_lower_case={self.do_lower_case}, "
-                f"model_max_length={self.model_max_length})")
+        return (
+            f"BertTokenizer(vocab_size={self.vocab_size}, do_lower_case={self.do_lower_case}, "
+            f"model_max_length={self.model_max_length})"
+        )
 
 
 def _truncation_strategy(truncation: bool | str) -> str | None:

@@ -10,6 +10,7 @@ Per artifact, on the same inputs as the torch fp32 reference:
 - ner: CoNLL-2003 valid sentences, agreement of the per-token label.
 Needs torch and ../shared/data (BERTSERVE_TEST_DATA): a measurement, not part of the image.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ def run_batched(backend, features, batch_size=16):
     order = sorted(range(len(features)), key=lambda i: len(features[i]))
     outputs: list[dict] = [None] * len(features)  # type: ignore[list-item]
     for first in range(0, len(order), batch_size):
-        rows = order[first:first + batch_size]
+        rows = order[first : first + batch_size]
         out = backend.run(pad_batch([features[i] for i in rows]))
         for j, i in enumerate(rows):
             outputs[i] = {k: v[j] for k, v in out.items()}
@@ -50,7 +51,7 @@ def qa_inputs(tokenizer, limit):
     from training.data.readers import read_squad_articles, split_heldout, squad_examples
 
     _, heldout = split_heldout(read_squad_articles(DATA / "squad-train"), 10)
-    examples = squad_examples(heldout)[:limit or None]
+    examples = squad_examples(heldout)[: limit or None]
     windows = [qa.encode(tokenizer, e.question, e.context) for e in examples]
     return examples, windows
 
@@ -61,7 +62,7 @@ def qa_scores(examples, windows, outputs):
 
     starts, ends, answers, k = [], [], {}, 0
     for example, wins in zip(examples, windows):
-        out = outputs[k:k + len(wins)]
+        out = outputs[k : k + len(wins)]
         k += len(wins)
         for window, o in zip(wins, out):
             positions = np.array(list(window.context_positions))
@@ -69,8 +70,9 @@ def qa_scores(examples, windows, outputs):
             ends.append(int(positions[np.argmax(o["qa_end"][: len(window)][positions])]))
         best = qa.decode(example.context, wins, [o["qa_start"] for o in out], [o["qa_end"] for o in out])[0]
         answers[example.id] = (best["start"], best["end"], best["answer"])
-    f1 = M.squad_metrics({i: a[2] for i, a in answers.items()},
-                         {e.id: [a["text"] for a in e.answers] for e in examples})["f1"]
+    f1 = M.squad_metrics(
+        {i: a[2] for i, a in answers.items()}, {e.id: [a["text"] for a in e.answers] for e in examples}
+    )["f1"]
     return np.array(starts), np.array(ends), answers, f1
 
 
@@ -89,12 +91,14 @@ def main() -> int:
     examples, windows = qa_inputs(tokenizer, args.limit)
     qa_features = [w for wins in windows for w in wins]
     sst2 = [line.split("\t")[0] for line in (DATA / "SST-2" / "dev.tsv").read_text().splitlines()[1:]]
-    sst2 = sst2[:args.limit or None]
-    conll = [" ".join(s.words) for s in read_conll(DATA / "conll2003" / "valid.txt")][:args.limit or None]
+    sst2 = sst2[: args.limit or None]
+    conll = [" ".join(s.words) for s in read_conll(DATA / "conll2003" / "valid.txt")][: args.limit or None]
     classify_features = classify.encode(tokenizer, sst2)
     ner_features = ner.encode(tokenizer, conll, truncate=True)
-    print(f"{len(examples)} questions ({len(qa_features)} windows), {len(sst2)} SST-2, {len(conll)} CoNLL sentences",
-          flush=True)
+    print(
+        f"{len(examples)} questions ({len(qa_features)} windows), {len(sst2)} SST-2, {len(conll)} CoNLL sentences",
+        flush=True,
+    )
 
     def predictions(path):
         backend = load_backend(path)
@@ -102,13 +106,14 @@ def main() -> int:
         classify_out = run_batched(backend, classify_features)
         ner_out = run_batched(backend, ner_features)
         tokens = np.concatenate([o["ner"][: len(f)].argmax(-1)[1:-1] for o, f in zip(ner_out, ner_features)])
-        return (*qa_scores(examples, windows, qa_out), np.array([o["classify"].argmax() for o in classify_out]),
-                tokens)
+        return (*qa_scores(examples, windows, qa_out), np.array([o["classify"].argmax() for o in classify_out]), tokens)
 
     ref_starts, ref_ends, ref_answers, ref_f1, ref_labels, ref_tokens = predictions(args.checkpoint)
     print(f"torch fp32 reference: SQuAD F1 {ref_f1:.2f}")
-    print(f"| artifact | precision | QA start | QA end | QA answer span | SQuAD F1 (fp32 {ref_f1:.2f}) | SST-2 label | "
-          "CoNLL token label |")
+    print(
+        f"| artifact | precision | QA start | QA end | QA answer span | SQuAD F1 (fp32 {ref_f1:.2f}) | SST-2 label | "
+        "CoNLL token label |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for path in args.artifacts:
         starts, ends, answers, f1, labels, tokens = predictions(path)
@@ -116,9 +121,12 @@ def main() -> int:
         manifest = json.loads((path / "manifest.json").read_text())
         scope = manifest.get("quantization", {}).get("scope", "")
         precision = manifest["precision"] + (" " + scope if scope else "")
-        print(f"| {path.name} | {precision} | {np.mean(starts == ref_starts):.2%} | {np.mean(ends == ref_ends):.2%} "
-              f"| {same_span:.2%} | {f1:.2f} | {np.mean(labels == ref_labels):.2%} "
-              f"| {np.mean(tokens == ref_tokens):.2%} |", flush=True)
+        print(
+            f"| {path.name} | {precision} | {np.mean(starts == ref_starts):.2%} | {np.mean(ends == ref_ends):.2%} "
+            f"| {same_span:.2%} | {f1:.2f} | {np.mean(labels == ref_labels):.2%} "
+            f"| {np.mean(tokens == ref_tokens):.2%} |",
+            flush=True,
+        )
     return 0
 
 

@@ -5,6 +5,7 @@ to processes this user can see (in the container: the server), so `--port`, BERT
 all work without the check being told. BERTSERVE_PORT, when set, is tried first.
 Python's stdlib only (no curl in the image), one plain HTTP/1.0 request: it runs every few seconds.
 """
+
 import os
 import socket
 import sys
@@ -31,7 +32,7 @@ def _address(hex_address: str) -> str:
     if len(raw) == 4:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])
     # IPv6: four 32-bit words, each in host (little-endian) byte order
-    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
 
 
 def listening(inodes: set) -> list:

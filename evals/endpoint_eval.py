@@ -15,6 +15,7 @@ What goes over the wire is what a user sends, so the figures include the server'
 
 Prints a table and writes JSON (default evals/results/endpoint_eval.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,10 +53,10 @@ def eval_classify(client, names: list[str], chunk: int, limit: int = 0) -> dict:
     from training import metrics as M
     from training.data.readers import read_tsv
 
-    examples = read_tsv(DATA_DIR / "SST-2" / "dev.tsv")[:limit or None]
+    examples = read_tsv(DATA_DIR / "SST-2" / "dev.tsv")[: limit or None]
     predictions = []
     for i in range(0, len(examples), chunk):
-        for top in client.classify([e.text for e in examples[i:i + chunk]], truncate=True):
+        for top in client.classify([e.text for e in examples[i : i + chunk]], truncate=True):
             if top[0].label not in names:
                 raise SystemExit(f"the server answered label {top[0].label!r}, not one of --classify-labels {names}")
             predictions.append(names.index(top[0].label))
@@ -68,10 +69,10 @@ def eval_ner(client, chunk: int, limit: int = 0) -> dict:
     from training import metrics as M
     from training.data.readers import iob1_to_iob2, read_conll
 
-    sentences = read_conll(DATA_DIR / "conll2003" / "valid.txt")[:limit or None]
+    sentences = read_conll(DATA_DIR / "conll2003" / "valid.txt")[: limit or None]
     gold, predicted = [], []
     for i in range(0, len(sentences), chunk):
-        part = sentences[i:i + chunk]
+        part = sentences[i : i + chunk]
         texts, spans = zip(*(word_spans(s.words) for s in part))
         for s, sp, entities in zip(part, spans, client.ner(list(texts), aggregation="first", truncate=True)):
             gold.append(iob1_to_iob2(s.tags))
@@ -81,17 +82,19 @@ def eval_ner(client, chunk: int, limit: int = 0) -> dict:
     return out
 
 
-def eval_qa(client, heldout_articles: int, chunk: int, doc_stride: int, max_answer_len: int,
-            limit: int = 0) -> dict:
+def eval_qa(client, heldout_articles: int, chunk: int, doc_stride: int, max_answer_len: int, limit: int = 0) -> dict:
     from training import metrics as M
     from training.data.readers import squad_examples
 
-    examples = squad_examples(heldout_squad_articles(heldout_articles))[:limit or None]
+    examples = squad_examples(heldout_squad_articles(heldout_articles))[: limit or None]
     predictions = {}
     for i in range(0, len(examples), chunk):
-        part = examples[i:i + chunk]
-        answers = client.qa([{"question": e.question, "context": e.context} for e in part],
-                            doc_stride=doc_stride, max_answer_len=max_answer_len)
+        part = examples[i : i + chunk]
+        answers = client.qa(
+            [{"question": e.question, "context": e.context} for e in part],
+            doc_stride=doc_stride,
+            max_answer_len=max_answer_len,
+        )
         for e, a in zip(part, answers):
             predictions[e.id] = a.answer
     out = M.squad_metrics(predictions, {e.id: [a["text"] for a in e.answers] for e in examples})
@@ -104,8 +107,11 @@ def main(argv=None) -> int:
     p.add_argument("--url", default="", help="a running server (default: start `python -m serving` here)")
     p.add_argument("--serving-args", default="", help="extra arguments for `python -m serving`")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of classify,ner,qa")
-    p.add_argument("--classify-labels", default="negative,positive",
-                   help="the served label name of each SST-2 label value, in order (0,1)")
+    p.add_argument(
+        "--classify-labels",
+        default="negative,positive",
+        help="the served label name of each SST-2 label value, in order (0,1)",
+    )
     p.add_argument("--heldout-articles", type=int, default=10, help="qa: the last N SQuAD train articles")
     p.add_argument("--doc-stride", type=int, default=128, help="qa: window overlap sent with each request")
     p.add_argument("--max-answer-len", type=int, default=30)
@@ -138,24 +144,49 @@ def main(argv=None) -> int:
                     r = eval_ner(client, args.chunk, args.limit)
                     main_metric, value, n = "entity F1", r["f1"], r["sentences"]
                 else:
-                    r = eval_qa(client, args.heldout_articles, args.chunk, args.doc_stride, args.max_answer_len,
-                                args.limit)
+                    r = eval_qa(
+                        client, args.heldout_articles, args.chunk, args.doc_stride, args.max_answer_len, args.limit
+                    )
                     main_metric, value, n = "F1 (EM)", r["f1"], r["total"]
                 r["seconds"] = time.perf_counter() - t0
                 results[task] = r
-                rows.append({"task": task, "metric": main_metric, "value": round(value, 2),
-                             "extra": f"EM {r['exact_match']:.2f}" if task == "qa" else "",
-                             "inputs": n, "seconds": round(r["seconds"], 1)})
+                rows.append(
+                    {
+                        "task": task,
+                        "metric": main_metric,
+                        "value": round(value, 2),
+                        "extra": f"EM {r['exact_match']:.2f}" if task == "qa" else "",
+                        "inputs": n,
+                        "seconds": round(r["seconds"], 1),
+                    }
+                )
                 print(f"{task}: {main_metric} {value:.2f} on {n} inputs in {r['seconds']:.0f} s", flush=True)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
     print()
-    print_table(rows, [("task", "task"), ("metric", "metric"), ("value", "value"), ("extra", ""),
-                       ("inputs", "inputs"), ("seconds", "s")])
-    path = write_json(args.json, {"url": url if args.url else "started here", "serving_args": args.serving_args,
-                                  "server_info": info.model_dump(), "machine": machine(), "results": results})
+    print_table(
+        rows,
+        [
+            ("task", "task"),
+            ("metric", "metric"),
+            ("value", "value"),
+            ("extra", ""),
+            ("inputs", "inputs"),
+            ("seconds", "s"),
+        ],
+    )
+    path = write_json(
+        args.json,
+        {
+            "url": url if args.url else "started here",
+            "serving_args": args.serving_args,
+            "server_info": info.model_dump(),
+            "machine": machine(),
+            "results": results,
+        },
+    )
     print(f"\nwrote {path}")
     return 0
 

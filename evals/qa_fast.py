@@ -17,6 +17,7 @@ were nearly tied (the demo model: 8-10 % of held-out questions whatever the int8
 search found no MatMul whose exclusion fixes it). Those are exactly the questions whose best answer
 leads the second by little, so the server answers them again on fp32 (docs/serving.md, "Fast QA").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ from evals.common import heldout_squad_articles
 def heldout_questions(articles: int, limit: int = 0):
     from training.data.readers import squad_examples
 
-    return squad_examples(heldout_squad_articles(articles))[:limit or None]
+    return squad_examples(heldout_squad_articles(articles))[: limit or None]
 
 
 async def ask_all(url: str, examples, clients: int, doc_stride: int) -> tuple[list[str], float, int]:
@@ -87,38 +88,78 @@ def main(argv=None) -> int:
     examples = heldout_questions(args.heldout_articles, args.limit)
     gold = {e.id: [a["text"] for a in e.answers] for e in examples}
     variants = [("onnxruntime fp32", fp32, []), ("onnxruntime int8 (all)", int8, [])]
-    variants += [(f"int8 + fp32 verify < {m:g}", int8, ["--qa-verify-model", str(fp32), "--qa-verify-margin", str(m)])
-                 for m in margins]
+    variants += [
+        (f"int8 + fp32 verify < {m:g}", int8, ["--qa-verify-model", str(fp32), "--qa-verify-margin", str(m)])
+        for m in margins
+    ]
     print(f"{len(examples)} held-out questions, {args.clients} clients; fp32 {fp32}, int8 {int8}", flush=True)
 
     rows, reference = [], None
     for name, model, extra in variants:
         port = free_port()
-        proc = start([sys.executable, "-m", "serving", "--model", str(model), "--port", str(port),
-                      "--log-level", "warning", *extra, *shlex.split(args.serving_args)], port)
+        proc = start(
+            [
+                sys.executable,
+                "-m",
+                "serving",
+                "--model",
+                str(model),
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                *extra,
+                *shlex.split(args.serving_args),
+            ],
+            port,
+        )
         try:
-            answers, seconds, verified = asyncio.run(ask_all(f"http://127.0.0.1:{port}", examples, args.clients,
-                                                             args.doc_stride))
+            answers, seconds, verified = asyncio.run(
+                ask_all(f"http://127.0.0.1:{port}", examples, args.clients, args.doc_stride)
+            )
         finally:
             stop(proc)
         reference = reference or answers
         scores = M.squad_metrics({e.id: a for e, a in zip(examples, answers)}, gold)
-        row = {"variant": name, "questions_per_s": round(len(examples) / seconds, 1), "seconds": round(seconds, 1),
-               "exact_match": round(scores["exact_match"], 2), "f1": round(scores["f1"], 2),
-               "agree_with_fp32_pct": round(100 * sum(a == b for a, b in zip(answers, reference)) / len(examples), 2),
-               "verified_pct": round(100 * verified / len(examples), 1)}
+        row = {
+            "variant": name,
+            "questions_per_s": round(len(examples) / seconds, 1),
+            "seconds": round(seconds, 1),
+            "exact_match": round(scores["exact_match"], 2),
+            "f1": round(scores["f1"], 2),
+            "agree_with_fp32_pct": round(100 * sum(a == b for a, b in zip(answers, reference)) / len(examples), 2),
+            "verified_pct": round(100 * verified / len(examples), 1),
+        }
         rows.append(row)
         print(row, flush=True)
     base = rows[0]["questions_per_s"]
     for row in rows:
         row["speed_vs_fp32"] = round(row["questions_per_s"] / base, 2)
     print()
-    print_table(rows, [("variant", "variant"), ("questions_per_s", "questions/s"), ("speed_vs_fp32", "x fp32"),
-                       ("agree_with_fp32_pct", "agree %"), ("f1", "F1"), ("exact_match", "EM"),
-                       ("verified_pct", "verified %")])
-    path = write_json(args.json, {"command": sys.argv, "machine": machine(), "questions": len(examples),
-                                  "clients": args.clients, "heldout_articles": args.heldout_articles,
-                                  "checkpoint": str(source), "rows": rows})
+    print_table(
+        rows,
+        [
+            ("variant", "variant"),
+            ("questions_per_s", "questions/s"),
+            ("speed_vs_fp32", "x fp32"),
+            ("agree_with_fp32_pct", "agree %"),
+            ("f1", "F1"),
+            ("exact_match", "EM"),
+            ("verified_pct", "verified %"),
+        ],
+    )
+    path = write_json(
+        args.json,
+        {
+            "command": sys.argv,
+            "machine": machine(),
+            "questions": len(examples),
+            "clients": args.clients,
+            "heldout_articles": args.heldout_articles,
+            "checkpoint": str(source),
+            "rows": rows,
+        },
+    )
     print(f"\nwrote {path}")
     return 0
 

@@ -11,6 +11,7 @@ are the baselines. Then /rerank's throughput: --clients closed-loop clients, eac
 
 Prints a table and writes JSON (default evals/results/rerank_quality.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,9 @@ def rerank_all(url: str, retrieved: list) -> np.ndarray:
     found = []
     with httpx.Client(base_url=url, timeout=300) as client:
         for question, sentences, order, gold, _ in retrieved:
-            response = client.post("/rerank", json={"query": question, "texts": [sentences[i] for i in order],
-                                                    "truncate": True})
+            response = client.post(
+                "/rerank", json={"query": question, "texts": [sentences[i] for i in order], "truncate": True}
+            )
             response.raise_for_status()
             ranked = [order[r["index"]] for r in response.json()]
             found.append(ranked.index(gold) + 1 if gold in ranked else len(sentences) + 1)
@@ -84,16 +86,24 @@ def throughput(url: str, retrieved: list, clients: int, seconds: float) -> dict:
         t.join()
     elapsed = time.monotonic() - started
     lat = np.asarray(latencies) * 1000
-    return {"clients": clients, "documents_per_request": len(bodies[0]["texts"]), "requests": len(latencies),
-            "failed": failures[0], "seconds": round(elapsed, 1), "requests_per_s": round(len(latencies) / elapsed, 1),
-            "pairs_per_s": round(len(latencies) * len(bodies[0]["texts"]) / elapsed, 1),
-            "p50_ms": round(float(np.percentile(lat, 50)), 1), "p99_ms": round(float(np.percentile(lat, 99)), 1)}
+    return {
+        "clients": clients,
+        "documents_per_request": len(bodies[0]["texts"]),
+        "requests": len(latencies),
+        "failed": failures[0],
+        "seconds": round(elapsed, 1),
+        "requests_per_s": round(len(latencies) / elapsed, 1),
+        "pairs_per_s": round(len(latencies) * len(bodies[0]["texts"]) / elapsed, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 1),
+        "p99_ms": round(float(np.percentile(lat, 99)), 1),
+    }
 
 
 def serve(model: str, *args: str):
     port = free_port()
-    proc = start([sys.executable, "-m", "serving", "--model", model, "--port", str(port), "--log-level", "warning",
-                  *args], port)
+    proc = start(
+        [sys.executable, "-m", "serving", "--model", model, "--port", str(port), "--log-level", "warning", *args], port
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -126,16 +136,35 @@ def main(argv=None) -> int:
         speed = throughput(url, retrieved, args.clients, args.seconds) if args.clients else None
     finally:
         stop(proc)
-    rows = [{"method": "word overlap (baseline)", **evaluate_overlap(articles)},
-            {"method": f"bi-encoder {retriever}", **summarise([alone])},
-            {"method": f"bi-encoder top {args.top} + reranker {args.reranker}", **summarise([reranked])}]
-    print_table(rows, [("method", "method"), ("questions", "questions"), ("recall@1", "recall@1"),
-                       ("recall@5", "recall@5"), ("mrr", "MRR")])
+    rows = [
+        {"method": "word overlap (baseline)", **evaluate_overlap(articles)},
+        {"method": f"bi-encoder {retriever}", **summarise([alone])},
+        {"method": f"bi-encoder top {args.top} + reranker {args.reranker}", **summarise([reranked])},
+    ]
+    print_table(
+        rows,
+        [
+            ("method", "method"),
+            ("questions", "questions"),
+            ("recall@1", "recall@1"),
+            ("recall@5", "recall@5"),
+            ("mrr", "MRR"),
+        ],
+    )
     print(f"gold sentence among the bi-encoder's top {args.top}: {100 * covered:.1f} % of questions")
     if speed:
         print_table([speed], [(k, k) for k in speed])
-    write_json(args.out, {"machine": machine(), "heldout_articles": args.heldout_articles, "top": args.top,
-                          "gold_retrieved": covered, "results": rows, "throughput": speed})
+    write_json(
+        args.out,
+        {
+            "machine": machine(),
+            "heldout_articles": args.heldout_articles,
+            "top": args.top,
+            "gold_retrieved": covered,
+            "results": rows,
+            "throughput": speed,
+        },
+    )
     return 0
 
 

@@ -4,6 +4,7 @@ Exit codes: 0 done; 1 the export ran but its result is wrong (parity out of tole
 not fused); 2 the request cannot be done as given (no such checkpoint, bad flag, missing package, a full
 disk or another file system error: one line naming the path and the reason).
 """
+
 from __future__ import annotations
 
 import errno
@@ -46,6 +47,7 @@ def exit_code_for(error: BaseException) -> int | None:
 
 def run(main, argv=None) -> int:
     """Call main(argv); known failures become one line on stderr and an exit code, never a traceback."""
+
     def guarded(argv):
         try:
             return main(argv)

@@ -10,6 +10,7 @@ Layout (ARCHITECTURE.md "Artifact directory"):
     manifest.json         what this module describes, with the size and sha256 of each file above: the
                           server refuses a directory whose files do not match it (bert/digest.py)
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,10 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
 def read_manifest(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / MANIFEST_FILE
     if not path.is_file():
-        raise ArtifactError(f"{directory} is not an artifact directory: no {MANIFEST_FILE} "
-                            "(create one with `python -m export.onnx --ckpt ...`)")
+        raise ArtifactError(
+            f"{directory} is not an artifact directory: no {MANIFEST_FILE} "
+            "(create one with `python -m export.onnx --ckpt ...`)"
+        )
     manifest = read_json_object(path, ArtifactError)
     for key in ("task", "precision", "inputs", "outputs", "shape_range"):
         if key not in manifest:

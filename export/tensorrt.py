@@ -10,6 +10,7 @@ An engine that lands in its artifact is added as export.onnx writes: a copy of t
 model.plan and the manifest's entry for it, and replaces the artifact by one rename once verified
 (bert/atomic.py); an engine written elsewhere is renamed into place whole. A kill leaves the previous state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,34 +46,59 @@ def import_tensorrt():
 class TensorRTOptions:
     """python -m export.tensorrt's options (bert/options.py: each is also an env var BERTSERVE_<NAME>)."""
 
-    artifact: str | None = option(None, metavar="DIR", required=True, one_of="source", help=(
-        "artifact directory written by python -m export.onnx (its model.portable.onnx is built); or --onnx"))
-    onnx: str | None = option(None, metavar="FILE", required=True, one_of="source", help=(
-        "an ONNX file with standard ops only (e.g. DIR/model.portable.onnx); the manifest next to it, if any, gives "
-        "the shape range and the parity check; or --artifact"))
-    out: str | None = option(None, metavar="PLAN", help=(
-        "engine file to write, or an existing directory that receives model.plan (default: DIR/model.plan; the "
-        "manifest is updated only when the plan lands in the artifact)"))
+    artifact: str | None = option(
+        None,
+        metavar="DIR",
+        required=True,
+        one_of="source",
+        help=("artifact directory written by python -m export.onnx (its model.portable.onnx is built); or --onnx"),
+    )
+    onnx: str | None = option(
+        None,
+        metavar="FILE",
+        required=True,
+        one_of="source",
+        help=(
+            "an ONNX file with standard ops only (e.g. DIR/model.portable.onnx); the manifest next to it, if any, gives "
+            "the shape range and the parity check; or --artifact"
+        ),
+    )
+    out: str | None = option(
+        None,
+        metavar="PLAN",
+        help=(
+            "engine file to write, or an existing directory that receives model.plan (default: DIR/model.plan; the "
+            "manifest is updated only when the plan lands in the artifact)"
+        ),
+    )
     max_batch: int | None = option(None, metavar="N", help="profile max batch (default: the manifest's, else 32)")
     max_seq: int | None = option(None, metavar="N", help="profile max sequence (default: the manifest's, else 512)")
     opt_batch: int | None = option(None, metavar="N", help="profile opt batch (default: the manifest's, else 8)")
     opt_seq: int | None = option(None, metavar="N", help="profile opt sequence (default: the manifest's, else 128)")
-    workspace_gb: float = option(4.0, metavar="GB", help=(
-        "largest GPU scratch memory TensorRT may use while building and running"))
-    timing_cache: str | None = option(None, metavar="FILE", help=(
-        "timing cache to read if present and write back after the build (default: DIR/timing.cache); reuse it "
-        "across builds on the same GPU"))
+    workspace_gb: float = option(
+        4.0, metavar="GB", help=("largest GPU scratch memory TensorRT may use while building and running")
+    )
+    timing_cache: str | None = option(
+        None,
+        metavar="FILE",
+        help=(
+            "timing cache to read if present and write back after the build (default: DIR/timing.cache); reuse it "
+            "across builds on the same GPU"
+        ),
+    )
     no_verify: bool = option(False, help="skip the parity check against onnxruntime")
 
 
 def build_parser() -> argparse.ArgumentParser:
     return options.build_parser(
-        TensorRTOptions, prog="python -m export.tensorrt",
+        TensorRTOptions,
+        prog="python -m export.tensorrt",
         description="Build a serialized FP16 TensorRT engine from an artifact directory's model.portable.onnx, "
-                    "with one optimisation profile over the manifest's shape range, and check it against "
-                    "onnxruntime. Needs the tensorrt package and an NVIDIA GPU.",
+        "with one optimisation profile over the manifest's shape range, and check it against "
+        "onnxruntime. Needs the tensorrt package and an NVIDIA GPU.",
         epilog="Exit status: 0 built and verified; 1 build failed or outputs out of tolerance; 2 bad request "
-               "or TensorRT not installed.")
+        "or TensorRT not installed.",
+    )
 
 
 def fp16_onnx(portable: Path, out: Path) -> Path:
@@ -93,8 +119,15 @@ def profile_shapes(manifest: dict) -> tuple[tuple[int, int], tuple[int, int], tu
     return (r["min_batch"], r["min_seq"]), (r["opt_batch"], r["opt_seq"]), (r["max_batch"], r["max_seq"])
 
 
-def build_engine(onnx_path: Path, manifest: dict, *, workspace_gb: float, timing_cache: Path | None,
-                 progress: Progress | None = None, timing_cache_out: Path | None = None) -> bytes:
+def build_engine(
+    onnx_path: Path,
+    manifest: dict,
+    *,
+    workspace_gb: float,
+    timing_cache: Path | None,
+    progress: Progress | None = None,
+    timing_cache_out: Path | None = None,
+) -> bytes:
     """The serialized engine. The timing cache is read from `timing_cache` and written, whole, to
     `timing_cache_out` (default: the same file)."""
     trt = import_tensorrt()
@@ -121,8 +154,10 @@ def build_engine(onnx_path: Path, manifest: dict, *, workspace_gb: float, timing
     cache = config.create_timing_cache(cache_bytes)
     config.set_timing_cache(cache, ignore_mismatch=False)
     if progress:
-        progress.note(f"profile min {minimum} opt {optimum} max {maximum}; workspace {workspace_gb} GB; "
-                      f"timing cache {'reused' if cache_bytes else 'new'}")
+        progress.note(
+            f"profile min {minimum} opt {optimum} max {maximum}; workspace {workspace_gb} GB; "
+            f"timing cache {'reused' if cache_bytes else 'new'}"
+        )
 
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
@@ -134,10 +169,10 @@ def build_engine(onnx_path: Path, manifest: dict, *, workspace_gb: float, timing
 
 def verify_engine(plan: Path, artifact: Path, manifest: dict) -> dict:
     """Engine (fp16) vs onnxruntime running the portable fp32 graph, on the sample text."""
+    from bert.tensorrt_runtime import TrtEngine
     from bert.tokenizer import BertTokenizer
 
     from . import parity
-    from bert.tensorrt_runtime import TrtEngine
 
     tokenizer = BertTokenizer.from_dir(artifact)
     max_batch, max_seq = manifest["shape_range"]["max_batch"], manifest["shape_range"]["max_seq"]
@@ -149,8 +184,16 @@ def verify_engine(plan: Path, artifact: Path, manifest: dict) -> dict:
     engine = TrtEngine(plan)
     candidate = [{n: engine.run(b)[n].astype("float32") for n in names} for b in batches]
     token_level = {o["name"]: "sequence" in o["shape"] for o in manifest["outputs"]}
-    scores = {n: ("positions" if n.endswith(("start_logits", "end_logits")) else
-                  "none" if manifest["task"] == "encoder" else "labels") for n in names}
+    scores = {
+        n: (
+            "positions"
+            if n.endswith(("start_logits", "end_logits"))
+            else "none"
+            if manifest["task"] == "encoder"
+            else "labels"
+        )
+        for n in names
+    }
     figures = parity.compare(reference, candidate, batches, token_level, scores)
     problems = []
     for name, f in figures.items():
@@ -158,9 +201,15 @@ def verify_engine(plan: Path, artifact: Path, manifest: dict) -> dict:
             problems.append(f"{name}: relative RMS error {f.relative_rms:.3g} > {TRT_TOLERANCE['relative_rms']}")
         if f.label_agreement is not None and f.label_agreement < TRT_TOLERANCE["label_agreement"]:
             problems.append(f"{name}: label agreement {f.label_agreement:.3f} < {TRT_TOLERANCE['label_agreement']}")
-    return {"reference": "onnxruntime fp32, model.portable.onnx", "precision": "fp16", "tolerance": TRT_TOLERANCE,
-            "passed": not problems, "problems": problems, "outputs": {n: vars(f) for n, f in figures.items()},
-            "max_abs_diff": max(f.max_abs_diff for f in figures.values())}
+    return {
+        "reference": "onnxruntime fp32, model.portable.onnx",
+        "precision": "fp16",
+        "tolerance": TRT_TOLERANCE,
+        "passed": not problems,
+        "problems": problems,
+        "outputs": {n: vars(f) for n, f in figures.items()},
+        "max_abs_diff": max(f.max_abs_diff for f in figures.values()),
+    }
 
 
 def resolve_request(args) -> tuple[Path, Path, dict, bool]:
@@ -184,20 +233,34 @@ def resolve_request(args) -> tuple[Path, Path, dict, bool]:
             manifest = read_manifest(artifact)
         else:
             graph = onnx.load(str(onnx_path), load_external_data=False).graph
-            manifest = {"task": None, "inputs": [{"name": i.name} for i in graph.input], "outputs": [],
-                        "shape_range": {"min_batch": 1, "opt_batch": 8, "max_batch": 32, "min_seq": 1,
-                                        "opt_seq": 128, "max_seq": 512}}
+            manifest = {
+                "task": None,
+                "inputs": [{"name": i.name} for i in graph.input],
+                "outputs": [],
+                "shape_range": {
+                    "min_batch": 1,
+                    "opt_batch": 8,
+                    "max_batch": 32,
+                    "min_seq": 1,
+                    "opt_seq": 128,
+                    "max_seq": 512,
+                },
+            }
     domains = {n.domain for n in onnx.load(str(onnx_path), load_external_data=False).graph.node} - {"", "ai.onnx"}
     if domains:
-        raise UsageError(f"{onnx_path} uses onnxruntime-only operators ({', '.join(sorted(domains))}); TensorRT needs "
-                         f"the portable graph: --onnx DIR/{PORTABLE_FILE} or --artifact DIR")
+        raise UsageError(
+            f"{onnx_path} uses onnxruntime-only operators ({', '.join(sorted(domains))}); TensorRT needs "
+            f"the portable graph: --onnx DIR/{PORTABLE_FILE} or --artifact DIR"
+        )
     r = dict(manifest["shape_range"])
     for key in ("max_batch", "max_seq", "opt_batch", "opt_seq"):
         if getattr(args, key) is not None:
             r[key] = getattr(args, key)
     if not (1 <= r["opt_batch"] <= r["max_batch"] and 1 <= r["opt_seq"] <= r["max_seq"]):
-        raise UsageError(f"shape range must satisfy 1 <= opt <= max: batch {r['opt_batch']}/{r['max_batch']}, "
-                         f"sequence {r['opt_seq']}/{r['max_seq']}")
+        raise UsageError(
+            f"shape range must satisfy 1 <= opt <= max: batch {r['opt_batch']}/{r['max_batch']}, "
+            f"sequence {r['opt_seq']}/{r['max_seq']}"
+        )
     manifest["shape_range"] = r
     return onnx_path, artifact, manifest, has_manifest
 
@@ -220,22 +283,29 @@ def main(argv=None) -> None:
         with publish_dir(artifact.resolve()) as work:
             link_contents(artifact, work, skip=(PLAN_FILE, MANIFEST_FILE))
             cache_out = work / timing_cache.name if timing_cache.parent.resolve() == artifact.resolve() else None
-            figures = build_and_check(args, onnx_path, work / PLAN_FILE, artifact, manifest, timing_cache,
-                                      cache_out, verify, progress, trt)
+            figures = build_and_check(
+                args, onnx_path, work / PLAN_FILE, artifact, manifest, timing_cache, cache_out, verify, progress, trt
+            )
             with progress("recording the engine in manifest.json"):
                 manifest.pop("format_version", None)
                 manifest.setdefault("files", {})["plan"] = file_entry(work / PLAN_FILE)
-                manifest["tensorrt"] = {"version": trt.__version__, "precision": "fp16", "strongly_typed": True,
-                                        "workspace_gb": args.workspace_gb, "parity": figures,
-                                        "profile": dict(zip(("min", "opt", "max"), profile_shapes(manifest)))}
+                manifest["tensorrt"] = {
+                    "version": trt.__version__,
+                    "precision": "fp16",
+                    "strongly_typed": True,
+                    "workspace_gb": args.workspace_gb,
+                    "parity": figures,
+                    "profile": dict(zip(("min", "opt", "max"), profile_shapes(manifest))),
+                }
                 write_manifest(work, manifest)
     else:
         plan.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{plan.name}.tmp-", dir=plan.parent) as work:
             built = Path(work) / PLAN_FILE
             build_and_check(args, onnx_path, built, artifact, manifest, timing_cache, None, verify, progress, trt)
-            with progress("moving the engine into place (manifest.json left as it is: the engine is outside "
-                          "the artifact)"):
+            with progress(
+                "moving the engine into place (manifest.json left as it is: the engine is outside the artifact)"
+            ):
                 os.chmod(built, 0o644)
                 os.replace(built, plan)
                 fsync_dir(plan.parent)
@@ -254,16 +324,34 @@ def link_contents(source: Path, destination: Path, skip: tuple[str, ...] = ()) -
             shutil.copy2(entry, destination / entry.name)
 
 
-def build_and_check(args, onnx_path: Path, plan: Path, artifact: Path, manifest: dict, timing_cache: Path,
-                    timing_cache_out: Path | None, verify: bool, progress: Progress, trt) -> dict | None:
+def build_and_check(
+    args,
+    onnx_path: Path,
+    plan: Path,
+    artifact: Path,
+    manifest: dict,
+    timing_cache: Path,
+    timing_cache_out: Path | None,
+    verify: bool,
+    progress: Progress,
+    trt,
+) -> dict | None:
     """Build the engine into `plan` and check it; out of tolerance raises ResultError (nothing is published)."""
     with tempfile.TemporaryDirectory(prefix=".fp16-onnx-", dir=plan.parent) as tmp:
-        with progress(f"building the FP16 engine with TensorRT {trt.__version__} from {onnx_path.name} "
-                      "(minutes for large models)"):
+        with progress(
+            f"building the FP16 engine with TensorRT {trt.__version__} from {onnx_path.name} (minutes for large models)"
+        ):
             onnx_fp16 = fp16_onnx(onnx_path, Path(tmp) / "model.fp16.onnx")
-            plan.write_bytes(build_engine(onnx_fp16, manifest, workspace_gb=args.workspace_gb,
-                                          timing_cache=timing_cache, progress=progress,
-                                          timing_cache_out=timing_cache_out))
+            plan.write_bytes(
+                build_engine(
+                    onnx_fp16,
+                    manifest,
+                    workspace_gb=args.workspace_gb,
+                    timing_cache=timing_cache,
+                    progress=progress,
+                    timing_cache_out=timing_cache_out,
+                )
+            )
             progress.note(f"{plan.name} ({plan.stat().st_size / 2**20:.1f} MiB)")
     if not verify:
         return None
@@ -271,8 +359,10 @@ def build_and_check(args, onnx_path: Path, plan: Path, artifact: Path, manifest:
         figures = verify_engine(plan, artifact, manifest)
         progress.note(json.dumps({n: round(o["max_abs_diff"], 5) for n, o in figures["outputs"].items()}))
     if not figures["passed"]:
-        raise ResultError("TensorRT engine out of tolerance vs onnxruntime, so nothing was published: "
-                          + "; ".join(figures["problems"]))
+        raise ResultError(
+            "TensorRT engine out of tolerance vs onnxruntime, so nothing was published: "
+            + "; ".join(figures["problems"])
+        )
     return figures
 
 

@@ -10,6 +10,7 @@ The config is written as text; tests parse it with Triton's own protobuf schema 
 REPO/NAME is written aside and replaces what was there by one rename (bert/atomic.py): Triton polling the
 repository never loads half a model, and a kill leaves the previous one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,21 +40,36 @@ class TritonOptions:
 
     artifact: str = option(metavar="DIR", help="artifact directory from python -m export.onnx")
     repo: str = option(metavar="OUT", help="model repository root (created); the model goes to OUT/NAME")
-    name: str | None = option(None, metavar="NAME", help="model name in Triton (default: the artifact directory's name)")
-    max_batch: int | None = option(None, metavar="N", help=(
-        "max_batch_size in config.pbtxt (default: the manifest's max batch; for tensorrt at most the engine "
-        "profile's max batch)"))
-    backend: str = option("onnxruntime", choices=tuple(BACKENDS), help=(
-        "onnxruntime: serve model.onnx; tensorrt: serve model.plan (build it first with python -m export.tensorrt)"))
-    queue_delay_us: int = option(1000, metavar="US", help=(
-        "dynamic batching: longest time a request waits for others to join its batch"))
+    name: str | None = option(
+        None, metavar="NAME", help="model name in Triton (default: the artifact directory's name)"
+    )
+    max_batch: int | None = option(
+        None,
+        metavar="N",
+        help=(
+            "max_batch_size in config.pbtxt (default: the manifest's max batch; for tensorrt at most the engine "
+            "profile's max batch)"
+        ),
+    )
+    backend: str = option(
+        "onnxruntime",
+        choices=tuple(BACKENDS),
+        help=(
+            "onnxruntime: serve model.onnx; tensorrt: serve model.plan (build it first with python -m export.tensorrt)"
+        ),
+    )
+    queue_delay_us: int = option(
+        1000, metavar="US", help=("dynamic batching: longest time a request waits for others to join its batch")
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     return options.build_parser(
-        TritonOptions, prog="python -m export.triton",
+        TritonOptions,
+        prog="python -m export.triton",
         description="Write a Triton Inference Server model repository entry from an artifact directory.",
-        epilog="Exit status: 0 written; 2 bad request (no artifact, no engine for --backend tensorrt, bad name).")
+        epilog="Exit status: 0 written; 2 bad request (no artifact, no engine for --backend tensorrt, bad name).",
+    )
 
 
 def label_files(manifest: dict) -> dict[str, tuple[str, list[str]]]:
@@ -64,9 +80,11 @@ def label_files(manifest: dict) -> dict[str, tuple[str, list[str]]]:
         return {name: ("labels.txt", labels) for name in registry.TASKS[manifest["task"]].single_graph_outputs}
     if manifest["task"] == "multi" and isinstance(labels, dict):
         # the first labelled task's labels in labels.txt (Triton's classification extension reads that name)
-        return {name: ("labels.txt" if i == 0 else f"{task}_labels.txt", labels[task])
-                for i, task in enumerate(t for t in labelled if labels.get(t))
-                for name in registry.TASKS[task].graph_outputs}
+        return {
+            name: ("labels.txt" if i == 0 else f"{task}_labels.txt", labels[task])
+            for i, task in enumerate(t for t in labelled if labels.get(t))
+            for name in registry.TASKS[task].graph_outputs
+        }
     return {}
 
 
@@ -80,30 +98,48 @@ def config_pbtxt(manifest: dict, name: str, backend: str, max_batch: int, queue_
     lines = [f'name: "{name}"', f'backend: "{BACKENDS[backend][0]}"', f"max_batch_size: {max_batch}", "input ["]
     inputs = manifest["inputs"]
     for i, spec in enumerate(inputs):
-        lines += ["  {", f'    name: "{spec["name"]}"', f"    data_type: {TRITON_DTYPES[spec['dtype']]}",
-                  f"    dims: [ {_dims(spec['shape'])} ]", "  }" + ("," if i < len(inputs) - 1 else "")]
+        lines += [
+            "  {",
+            f'    name: "{spec["name"]}"',
+            f"    data_type: {TRITON_DTYPES[spec['dtype']]}",
+            f"    dims: [ {_dims(spec['shape'])} ]",
+            "  }" + ("," if i < len(inputs) - 1 else ""),
+        ]
     lines += ["]", "output ["]
     outputs = manifest["outputs"]
     for i, spec in enumerate(outputs):
-        lines += ["  {", f'    name: "{spec["name"]}"', f"    data_type: {TRITON_DTYPES[spec['dtype']]}",
-                  f"    dims: [ {_dims(spec['shape'])} ]"]
+        lines += [
+            "  {",
+            f'    name: "{spec["name"]}"',
+            f"    data_type: {TRITON_DTYPES[spec['dtype']]}",
+            f"    dims: [ {_dims(spec['shape'])} ]",
+        ]
         if spec["name"] in labels:
             lines.append(f'    label_filename: "{labels[spec["name"]][0]}"')
         lines.append("  }" + ("," if i < len(outputs) - 1 else ""))
-    lines += ["]", "dynamic_batching {", f"  max_queue_delay_microseconds: {queue_delay_us}", "}",
-              "version_policy: { latest: { num_versions: 1 } }"]
+    lines += [
+        "]",
+        "dynamic_batching {",
+        f"  max_queue_delay_microseconds: {queue_delay_us}",
+        "}",
+        "version_policy: { latest: { num_versions: 1 } }",
+    ]
     return "\n".join(lines) + "\n"
 
 
-def write_repository(artifact: Path, repo: Path, name: str, backend: str, max_batch: int | None = None,
-                     queue_delay_us: int = 1000) -> Path:
+def write_repository(
+    artifact: Path, repo: Path, name: str, backend: str, max_batch: int | None = None, queue_delay_us: int = 1000
+) -> Path:
     manifest = read_manifest(artifact)
     if not NAME_PATTERN.match(name):
         raise UsageError(f"model name {name!r} may only use letters, digits, '_', '-' and '.'")
     model_file = BACKENDS[backend][1]
     if not (artifact / model_file).is_file():
-        hint = "build it with python -m export.tensorrt --artifact DIR" if backend == "tensorrt" else \
-            "re-export with python -m export.onnx"
+        hint = (
+            "build it with python -m export.tensorrt --artifact DIR"
+            if backend == "tensorrt"
+            else "re-export with python -m export.onnx"
+        )
         raise UsageError(f"{artifact} has no {model_file} for the {backend} backend; {hint}")
     limit = manifest["shape_range"]["max_batch"]
     if backend == "tensorrt" and "tensorrt" in manifest:
@@ -133,8 +169,14 @@ def write_repository(artifact: Path, repo: Path, name: str, backend: str, max_ba
 def main(argv=None) -> None:
     args = TritonOptions(**options.read(TritonOptions, argv, parser=build_parser()))
     artifact = Path(args.artifact)
-    model_dir = write_repository(artifact, Path(args.repo), args.name or artifact.resolve().name, args.backend,
-                                 args.max_batch, args.queue_delay_us)
+    model_dir = write_repository(
+        artifact,
+        Path(args.repo),
+        args.name or artifact.resolve().name,
+        args.backend,
+        args.max_batch,
+        args.queue_delay_us,
+    )
     print(f"triton model: {model_dir} (start with: tritonserver --model-repository {Path(args.repo)})")
 
 

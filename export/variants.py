@@ -1,6 +1,7 @@
 """The ONNX files of an artifact: the portable graph (standard ONNX ops, TensorRT's input) and the
 onnxruntime variants made from it: fused fp32, fused fp16, fused + dynamically quantised int8.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -13,20 +14,37 @@ from bert.config import BertConfig
 
 DEFAULT_OPSET = 17  # LayerNormalization is a standard op from 17 on; TensorRT 10 parses up to 20+
 # Fused operators we count; Attention must appear once per layer or the export fails.
-FUSED_OPERATORS = ("Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu",
-                   "Gelu", "LayerNormalization", "MultiHeadAttention")
+FUSED_OPERATORS = (
+    "Attention",
+    "EmbedLayerNormalization",
+    "SkipLayerNormalization",
+    "BiasGelu",
+    "FastGelu",
+    "Gelu",
+    "LayerNormalization",
+    "MultiHeadAttention",
+)
 # Kept in fp32 when converting to fp16: reductions whose range or accumulation fp16 cannot hold.
 # (The fused SkipLayerNormalization/EmbedLayerNormalization/Attention kernels accumulate in fp32.)
-FP16_OP_BLOCK_LIST = ("LayerNormalization", "SimplifiedLayerNormalization", "Softmax", "Pow", "ReduceMean",
-                      "Range", "CumSum", "TopK")
+FP16_OP_BLOCK_LIST = (
+    "LayerNormalization",
+    "SimplifiedLayerNormalization",
+    "Softmax",
+    "Pow",
+    "ReduceMean",
+    "Range",
+    "CumSum",
+    "TopK",
+)
 
 
 class FusionError(RuntimeError):
     """onnxruntime's optimizer did not fuse the graph as a BERT graph must be fused."""
 
 
-def export_portable(wrapper, example_inputs, path: Path, *, input_names, output_names, dynamic_axes,
-                    opset: int = DEFAULT_OPSET) -> Path:
+def export_portable(
+    wrapper, example_inputs, path: Path, *, input_names, output_names, dynamic_axes, opset: int = DEFAULT_OPSET
+) -> Path:
     """torch -> ONNX with the TorchScript-based exporter (`dynamo=False`).
 
     Why not the default torch.export-based exporter: its graphs (torch 2.13, onnxruntime 1.31)
@@ -41,9 +59,17 @@ def export_portable(wrapper, example_inputs, path: Path, *, input_names, output_
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
         with torch.no_grad():
-            torch.onnx.export(wrapper, tuple(example_inputs), str(path), dynamo=False,
-                              input_names=list(input_names), output_names=list(output_names),
-                              dynamic_axes=dynamic_axes, opset_version=opset, do_constant_folding=True)
+            torch.onnx.export(
+                wrapper,
+                tuple(example_inputs),
+                str(path),
+                dynamo=False,
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_axes=dynamic_axes,
+                opset_version=opset,
+                do_constant_folding=True,
+            )
     return path
 
 
@@ -67,9 +93,14 @@ def fuse(portable: Path, config: BertConfig):
     # EmbedLayerNormalization computes positions 0..T-1 itself: a family whose positions start elsewhere
     # (RoBERTa's, after the pad id) keeps its embeddings unfused (docs/export.md, "Model families").
     options.enable_embed_layer_norm = embed_fusion(config)
-    optimized = optimizer.optimize_model(str(portable), model_type="bert", num_heads=config.num_attention_heads,
-                                         hidden_size=config.hidden_size, optimization_options=options,
-                                         opt_level=0)
+    optimized = optimizer.optimize_model(
+        str(portable),
+        model_type="bert",
+        num_heads=config.num_attention_heads,
+        hidden_size=config.hidden_size,
+        optimization_options=options,
+        opt_level=0,
+    )
     check_fusion(fused_operator_counts(optimized.model), config)
     return optimized
 
@@ -80,20 +111,26 @@ def embed_fusion(config: BertConfig) -> bool:
 
 def check_fusion(counts: dict[str, int], config: BertConfig) -> None:
     layers = config.num_hidden_layers
-    expected = {"Attention": layers, "SkipLayerNormalization": 2 * layers,
-                "EmbedLayerNormalization": 1 if embed_fusion(config) else 0}
+    expected = {
+        "Attention": layers,
+        "SkipLayerNormalization": 2 * layers,
+        "EmbedLayerNormalization": 1 if embed_fusion(config) else 0,
+    }
     wrong = {op: (counts.get(op, 0), n) for op, n in expected.items() if counts.get(op, 0) != n}
     if wrong:
         detail = ", ".join(f"{op} {got} (expected {want})" for op, (got, want) in wrong.items())
-        raise FusionError(f"onnxruntime did not fuse the graph as a {layers}-layer BERT: {detail}; "
-                          f"all counts {counts}. The exported attention or embedding pattern changed "
-                          "(see export/wrapper.py prepare_for_export).")
+        raise FusionError(
+            f"onnxruntime did not fuse the graph as a {layers}-layer BERT: {detail}; "
+            f"all counts {counts}. The exported attention or embedding pattern changed "
+            "(see export/wrapper.py prepare_for_export)."
+        )
 
 
 def to_fp16(fused):
     """Fused fp32 OnnxModel -> fp16 weights and compute, inputs/outputs unchanged (int64 in, fp32 out)."""
-    fused.convert_float_to_float16(use_symbolic_shape_infer=True, keep_io_types=True,
-                                   op_block_list=list(FP16_OP_BLOCK_LIST))
+    fused.convert_float_to_float16(
+        use_symbolic_shape_infer=True, keep_io_types=True, op_block_list=list(FP16_OP_BLOCK_LIST)
+    )
     return fused
 
 
@@ -105,8 +142,11 @@ def ffn_output_matmuls(model: onnx.ModelProto) -> list[str]:
     """Each layer's feed-forward output projection in a fused graph: the MatMul fed by the GELU. Its input (GELU
     activations, a long positive tail) loses most under per-tensor activation quantisation."""
     producer = {out: node for node in model.graph.node for out in node.output}
-    return [n.name for n in model.graph.node
-            if n.op_type == "MatMul" and n.input[0] in producer and producer[n.input[0]].op_type in GELU_OPS]
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "MatMul" and n.input[0] in producer and producer[n.input[0]].op_type in GELU_OPS
+    ]
 
 
 def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-output") -> dict:
@@ -123,24 +163,36 @@ def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-outpu
 
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
-    excluded = ffn_output_matmuls(onnx.load(str(fused_path), load_external_data=False)) \
-        if scope == "skip-ffn-output" else []
+    excluded = (
+        ffn_output_matmuls(onnx.load(str(fused_path), load_external_data=False)) if scope == "skip-ffn-output" else []
+    )
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # it warns on the root logger about pre-processing that BERT does not need
     try:
         # Shape inference cannot type the outputs of com.microsoft ops; they are all float here.
-        quantize_dynamic(str(fused_path), str(out_path), weight_type=QuantType.QInt8, per_channel=True,
-                         nodes_to_exclude=excluded,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        quantize_dynamic(
+            str(fused_path),
+            str(out_path),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            nodes_to_exclude=excluded,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
     finally:
         root.setLevel(level)
     quantized = onnx.load(str(out_path))
     split = split_skip_layer_norm(quantized)
     if split:
         save(quantized, out_path)
-    return {"method": "dynamic", "weights": "int8 per channel", "activations": "uint8 per tensor, per batch",
-            "scope": scope, "fp32_nodes": excluded, "skip_layer_norms_split": split}
+    return {
+        "method": "dynamic",
+        "weights": "int8 per channel",
+        "activations": "uint8 per tensor, per batch",
+        "scope": scope,
+        "fp32_nodes": excluded,
+        "skip_layer_norms_split": split,
+    }
 
 
 def split_skip_layer_norm(model: onnx.ModelProto) -> int:
@@ -169,8 +221,16 @@ def split_skip_layer_norm(model: onnx.ModelProto) -> int:
         norm_outputs = outputs[:3]
         while not norm_outputs[-1]:
             norm_outputs.pop()
-        nodes.append(helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []),
-                                      norm_outputs, name=f"{node.name}/layer_norm", axis=-1, epsilon=eps))
+        nodes.append(
+            helper.make_node(
+                "LayerNormalization",
+                [total, gamma] + ([beta] if beta else []),
+                norm_outputs,
+                name=f"{node.name}/layer_norm",
+                axis=-1,
+                epsilon=eps,
+            )
+        )
         if outputs[3]:  # the optional input + skip (+ bias) sum
             nodes.append(helper.make_node("Identity", [total], [outputs[3]], name=f"{node.name}/sum_out"))
     del model.graph.node[:]
@@ -185,8 +245,13 @@ def save(model_or_onnx_model, path: Path) -> Path:
     for domain in domains - {o.domain for o in proto.opset_import}:
         proto.opset_import.append(onnx.helper.make_opsetid(domain, 1))  # fused ops: com.microsoft v1
     large = proto.ByteSize() > 1_800_000_000 if _byte_size_ok(proto) else True
-    onnx.save_model(proto, str(path), save_as_external_data=large, all_tensors_to_one_file=True,
-                    location=path.name + ".data" if large else None)
+    onnx.save_model(
+        proto,
+        str(path),
+        save_as_external_data=large,
+        all_tensors_to_one_file=True,
+        location=path.name + ".data" if large else None,
+    )
     return path
 
 

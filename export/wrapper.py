@@ -4,6 +4,7 @@
 ONNX graph has one output per name. `prepare_for_export` switches the model to the explicit
 attention graph onnxruntime's BERT fusion recognises.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,11 @@ def output_spec(model: BertPreTrainedModel, task: str) -> dict[str, tuple[str, t
     - a task without a head, on a pooling BertModel: its outputs from the pooled states;
     - "encoder": the token states (and pooler output)."""
     if task == "encoder":
-        return {name: (name, dims, None) for name, dims in ENCODER_OUTPUTS.items()
-                if name != "pooler_output" or getattr(model, "pooler", None) is not None}
+        return {
+            name: (name, dims, None)
+            for name, dims in ENCODER_OUTPUTS.items()
+            if name != "pooler_output" or getattr(model, "pooler", None) is not None
+        }
     if task == "multi":
         pooled = [t for t in TASKS if TASKS[t].head is None] if model.encoder_module().pooling else []
         return {name: (name, _axes(t), t) for t in [*model.heads, *pooled] for name in TASKS[t].graph_outputs}
@@ -94,8 +98,9 @@ class ExportWrapper(nn.Module):
             self.tasks = list(dict.fromkeys(t for _, _, t in self.spec.values() if t is not None))
         else:
             self.tasks = [t for t, a in model.attributes.items() if a == model.attributes[task]]
-        self.shapes = {name: list(dims) + _fixed_axes(model, name, dims, owner)
-                       for name, (_, dims, owner) in self.spec.items()}
+        self.shapes = {
+            name: list(dims) + _fixed_axes(model, name, dims, owner) for name, (_, dims, owner) in self.spec.items()
+        }
         self.eval()  # the TorchScript exporter restores the wrapper's mode afterwards: keep it eval
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
@@ -117,7 +122,7 @@ def dummy_inputs(config, batch: int = 2, seq: int = 8) -> tuple[torch.Tensor, ..
     input_ids = torch.randint(min(5, config.vocab_size - 1), config.vocab_size, (batch, seq), generator=generator)
     attention_mask = torch.ones_like(input_ids)
     if batch > 1:
-        attention_mask[-1, seq // 2:] = 0
+        attention_mask[-1, seq // 2 :] = 0
     token_type_ids = torch.zeros_like(input_ids)
-    token_type_ids[:, seq // 2:] = max(0, min(1, config.type_vocab_size - 1))  # DistilBERT has no types
+    token_type_ids[:, seq // 2 :] = max(0, min(1, config.type_vocab_size - 1))  # DistilBERT has no types
     return input_ids, attention_mask, token_type_ids

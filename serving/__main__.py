@@ -7,6 +7,7 @@ while requests are still served for --drain-delay-s (load balancers take the rep
 admitting requests (503), answers every admitted one (those still running after --shutdown-timeout-s get a
 JSON 503), then exits 0; a second signal exits at once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,12 @@ def _hint(message: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The server's flags: one per Settings field, help from its description (bert/options.py, as every command)."""
     return options.build_parser(
-        Settings, prog="python -m serving", hint=_hint,
+        Settings,
+        prog="python -m serving",
+        hint=_hint,
         description=f"Serve BERT models' tasks ({', '.join(registry.names())}) over HTTP with dynamic batching. "
-                    "Each flag can also be set with the env var shown; flags win.")
+        "Each flag can also be set with the env var shown; flags win.",
+    )
 
 
 class GracefulServer(uvicorn.Server):
@@ -85,13 +89,17 @@ class GracefulServer(uvicorn.Server):
             log.info("shutting down: not ready, still serving for %gs (drain delay)", self.drain_delay_s)
             await asyncio.sleep(self.drain_delay_s)
             self.app_state.draining = True
-        log.info("shutting down: answering %d admitted requests first (at most %gs)", self.app_state.in_flight,
-                 self.timeout_s)
+        log.info(
+            "shutting down: answering %d admitted requests first (at most %gs)",
+            self.app_state.in_flight,
+            self.timeout_s,
+        )
         from serving.middleware import wait_for_idle  # imported with the app by now
 
         if not await wait_for_idle(self.app_state, self.timeout_s):
-            log.warning("shutdown timeout (%gs): %d requests unfinished get a 503", self.timeout_s,
-                        self.app_state.in_flight)
+            log.warning(
+                "shutdown timeout (%gs): %d requests unfinished get a 503", self.timeout_s, self.app_state.in_flight
+            )
             await self._abort(grace_s=1.0)
         self.should_exit = True
 
@@ -141,16 +149,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("listening on http://%s:%d", settings.host, sock.getsockname()[1])  # uvicorn's line needs its own bind
     if not settings.api_key and not is_loopback(settings.host):
-        log.warning("listening on %s with no API key: anyone who reaches this address can use the model "
-                    "(set BERTSERVE_API_KEY, or keep the port on a private network)", settings.host)
+        log.warning(
+            "listening on %s with no API key: anyone who reaches this address can use the model "
+            "(set BERTSERVE_API_KEY, or keep the port on a private network)",
+            settings.host,
+        )
     from serving.app import create_app
     from serving.protocol import http_protocol
 
     app = create_app(settings, engine=engine)
     # What is left after the drain (responses being written, idle keep-alive connections) gets 2 s more.
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            http=http_protocol(settings.header_timeout_s), timeout_graceful_shutdown=2,
-                            access_log=False, log_config=log_config)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        http=http_protocol(settings.header_timeout_s),
+        timeout_graceful_shutdown=2,
+        access_log=False,
+        log_config=log_config,
+    )
     server = GracefulServer(config, app, settings.shutdown_timeout_s, settings.drain_delay_s)
     server.run(sockets=[sock])
     return server.exit_code if server.started else 3

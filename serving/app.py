@@ -1,6 +1,7 @@
 """`create_app(settings)`: the FastAPI app factory (vLLM style). The lifespan loads the engine (unless
 one is handed in already loaded), starts its batchers, warms the models up in a thread and only
 then reports /ready; shared state lives on `app.state`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -55,7 +56,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         title="bertserve",
         version=version(),
         description="BERT classification, NER and question answering behind a dynamically batched HTTP API. "
-                    "Errors are JSON {error, error_type}.",
+        "Errors are JSON {error, error_type}.",
         lifespan=lifespan,
         docs_url=None,  # serving.docs serves /docs and /redoc without a CDN
         redoc_url=None,
@@ -79,8 +80,9 @@ def _declare_limits_in_openapi(app: FastAPI, settings: Settings) -> None:
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            app.openapi_schema = declare_limits(generate(), max_inputs=settings.max_client_batch_size,
-                                                max_doc_stride=settings.qa_max_doc_stride)
+            app.openapi_schema = declare_limits(
+                generate(), max_inputs=settings.max_client_batch_size, max_doc_stride=settings.qa_max_doc_stride
+            )
         return app.openapi_schema
 
     app.openapi = openapi

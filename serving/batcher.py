@@ -16,6 +16,7 @@ Callers that have gone are dropped before their sequences are batched.
 A batch that fails fails every sequence in it and nothing else; a backend that returns a number of
 rows other than the number of sequences is a failure too, never a silent mismatch.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -64,9 +65,20 @@ class SequenceResult:
 
 
 class Batcher:
-    def __init__(self, backend, *, max_batch_tokens: int, max_batch_requests: int, max_wait_ms: float,
-                 workers: int = 1, max_padding: float | None = None, pad_token_id: int = 0,
-                 pad_to_multiple_of: int | None = None, metrics=None, name: str = "model"):
+    def __init__(
+        self,
+        backend,
+        *,
+        max_batch_tokens: int,
+        max_batch_requests: int,
+        max_wait_ms: float,
+        workers: int = 1,
+        max_padding: float | None = None,
+        pad_token_id: int = 0,
+        pad_to_multiple_of: int | None = None,
+        metrics=None,
+        name: str = "model",
+    ):
         self.backend = backend
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
@@ -93,8 +105,9 @@ class Batcher:
     # ---- public (on the event loop) ----------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._threads = [threading.Thread(target=self._work, name=f"infer-{self.name}_{i}", daemon=True)
-                         for i in range(self.workers)]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"infer-{self.name}_{i}", daemon=True) for i in range(self.workers)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -146,9 +159,14 @@ class Batcher:
                 result = (self._split(outputs, batch, len(batch)), arrays["input_ids"].shape)
             except Exception as exc:  # noqa: BLE001 - every error fails exactly this batch
                 log.error("batch of %d sequences failed: %s: %s", len(batch), type(exc).__name__, exc)
-                elapsed, result = time.monotonic() - started, (exc if isinstance(exc, BackendFailure) else
-                                                               BackendFailure(f"inference failed: {type(exc).__name__}: "
-                                                                              f"{str(exc)[:200]}"))
+                elapsed, result = (
+                    time.monotonic() - started,
+                    (
+                        exc
+                        if isinstance(exc, BackendFailure)
+                        else BackendFailure(f"inference failed: {type(exc).__name__}: {str(exc)[:200]}")
+                    ),
+                )
             try:
                 self._loop.call_soon_threadsafe(self._answer, batch_id, batch, result, started, elapsed)
             except RuntimeError:  # the loop has closed: nobody is waiting any more
@@ -226,10 +244,14 @@ class Batcher:
         for key, value in outputs.items():
             per_token = key in PER_TOKEN_OUTPUTS
             if np.ndim(value) < (2 if per_token else 1) or len(value) != rows:
-                raise BackendFailure(f"backend returned {len(value) if np.ndim(value) else 0} rows of {key!r} (shape "
-                                     f"{np.shape(value)}) for {rows} sequences")
-        return [{k: (v[i, : entry.length] if k in PER_TOKEN_OUTPUTS else v[i]) for k, v in outputs.items()}
-                for i, entry in enumerate(batch)]
+                raise BackendFailure(
+                    f"backend returned {len(value) if np.ndim(value) else 0} rows of {key!r} (shape "
+                    f"{np.shape(value)}) for {rows} sequences"
+                )
+        return [
+            {k: (v[i, : entry.length] if k in PER_TOKEN_OUTPUTS else v[i]) for k, v in outputs.items()}
+            for i, entry in enumerate(batch)
+        ]
 
     def _set_depth(self) -> None:
         # inc/dec, not set: several batchers (one per model) share the gauge

@@ -6,6 +6,7 @@ page. Here the JavaScript, CSS and favicon come from the `fastapi-offline` packa
 `/docs/assets/`. Every URL in the pages is relative, so they also work behind a proxy that serves the
 API under a path prefix.
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -20,8 +21,9 @@ ASSETS_PREFIX = "/docs/assets"
 ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png")
 OAUTH2_REDIRECT = "/docs/oauth2-redirect"
 # Every path the docs need, for the middleware to leave open when an API key is set.
-DOCS_PATHS = frozenset({"/", "/docs", "/redoc", "/openapi.json", OAUTH2_REDIRECT,
-                        *(f"{ASSETS_PREFIX}/{name}" for name in ASSETS)})
+DOCS_PATHS = frozenset(
+    {"/", "/docs", "/redoc", "/openapi.json", OAUTH2_REDIRECT, *(f"{ASSETS_PREFIX}/{name}" for name in ASSETS)}
+)
 # Swagger UI's default validator badge calls validator.swagger.io; FastAPI's BaseLayout shows none,
 # but say so explicitly so that no page element ever reaches outside.
 SWAGGER_UI_PARAMETERS = {"validatorUrl": None, "tryItOutEnabled": True, "displayRequestDuration": True}
@@ -32,12 +34,15 @@ def assets_dir() -> Path:
     try:
         directory = Path(str(importlib.resources.files("fastapi_offline") / "static"))
     except ModuleNotFoundError:
-        raise RuntimeError("the API docs need the fastapi-offline package: pip install 'fastapi-offline>=1.7,<2' "
-                           "(part of bertserve[serve])") from None
+        raise RuntimeError(
+            "the API docs need the fastapi-offline package: pip install 'fastapi-offline>=1.7,<2' "
+            "(part of bertserve[serve])"
+        ) from None
     missing = [name for name in ASSETS if not (directory / name).is_file()]
     if missing:
-        raise RuntimeError(f"fastapi-offline at {directory} lacks {', '.join(missing)}: "
-                           "pip install 'fastapi-offline>=1.7,<2'")
+        raise RuntimeError(
+            f"fastapi-offline at {directory} lacks {', '.join(missing)}: pip install 'fastapi-offline>=1.7,<2'"
+        )
     return directory
 
 
@@ -56,10 +61,14 @@ def install_docs(app: FastAPI) -> None:
         # Swagger UI builds the OAuth2 redirect from window.location.origin: it needs the full path.
         root = request.scope.get("root_path", "").rstrip("/")
         return get_swagger_ui_html(
-            openapi_url=openapi, title=f"{title} - API docs",
-            swagger_js_url=f"{assets}/swagger-ui-bundle.js", swagger_css_url=f"{assets}/swagger-ui.css",
-            swagger_favicon_url=f"{assets}/favicon.png", oauth2_redirect_url=root + OAUTH2_REDIRECT,
-            swagger_ui_parameters={**(app.swagger_ui_parameters or {}), **SWAGGER_UI_PARAMETERS})
+            openapi_url=openapi,
+            title=f"{title} - API docs",
+            swagger_js_url=f"{assets}/swagger-ui-bundle.js",
+            swagger_css_url=f"{assets}/swagger-ui.css",
+            swagger_favicon_url=f"{assets}/favicon.png",
+            oauth2_redirect_url=root + OAUTH2_REDIRECT,
+            swagger_ui_parameters={**(app.swagger_ui_parameters or {}), **SWAGGER_UI_PARAMETERS},
+        )
 
     @app.get(OAUTH2_REDIRECT, include_in_schema=False)
     async def swagger_ui_oauth2_redirect() -> HTMLResponse:
@@ -67,9 +76,13 @@ def install_docs(app: FastAPI) -> None:
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url=openapi, title=f"{title} - ReDoc",
-                              redoc_js_url=f"{assets}/redoc.standalone.js",
-                              redoc_favicon_url=f"{assets}/favicon.png", with_google_fonts=False)
+        return get_redoc_html(
+            openapi_url=openapi,
+            title=f"{title} - ReDoc",
+            redoc_js_url=f"{assets}/redoc.standalone.js",
+            redoc_favicon_url=f"{assets}/favicon.png",
+            with_google_fonts=False,
+        )
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root() -> RedirectResponse:

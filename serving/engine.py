@@ -5,23 +5,24 @@ One ModelUnit per distinct model directory: its backend, tokenizer and its own b
 model serving several tasks is one unit, so a batch may mix classify, ner and qa sequences: one
 forward pass gives every head's output and each sequence takes the head its request asked for.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bert.tasks import TASKS, registry
 from bert.tasks.base import Task, UnknownTask
 from bert.tasks.common import Limits, ModelFacts
 from bert.tokenizer import BertTokenizer
 from serving.backends import create_backend
-from serving.backends.base import (Backend, ModelError, ModelSpec, read_model_spec,
-                                   resolve_model_path, verify_artifact)
+from serving.backends.base import Backend, ModelError, ModelSpec, read_model_spec, resolve_model_path, verify_artifact
 from serving.batcher import Batcher, SequenceResult, Ticket
 from serving.errors import BackendFailure, NotFound, ServingError, refusal
 from serving.settings import DEMO_MODEL_DIR, Settings
@@ -40,6 +41,7 @@ INLINE_REQUEST_CHARS = 1024
 def version() -> str:
     try:
         from importlib.metadata import version as _version
+
         return _version("bertserve")
     except Exception:  # noqa: BLE001 - running from a checkout that is not installed
         return "0.1.0"
@@ -75,8 +77,12 @@ class ModelUnit:
     tasks: list[str] = field(default_factory=list)
 
     def facts(self, task: str) -> ModelFacts:
-        return ModelFacts(labels=self.spec.labels.get(task, {}), problem_type=self.spec.problem_type,
-                          pooling=getattr(self.spec, "pooling", None), tokenizer=self.tokenizer)
+        return ModelFacts(
+            labels=self.spec.labels.get(task, {}),
+            problem_type=self.spec.problem_type,
+            pooling=getattr(self.spec, "pooling", None),
+            tokenizer=self.tokenizer,
+        )
 
     @property
     def dimensions(self) -> int | None:
@@ -105,8 +111,10 @@ class Engine:
         default = settings.model
         if default is None and not any(wanted.values()):
             if not DEMO_MODEL_DIR.is_dir():
-                raise ModelError("the built-in demo model is not in this build (serving/demo_model/, see the "
-                                 "README's \"Demo model\"); pass --model PATH")
+                raise ModelError(
+                    "the built-in demo model is not in this build (serving/demo_model/, see the "
+                    'README\'s "Demo model"); pass --model PATH'
+                )
             default = str(DEMO_MODEL_DIR)
         paths: dict[Path, list[str]] = {}
         if default is not None:
@@ -118,7 +126,7 @@ class Engine:
             unit = self._build_unit(path, explicit)
             self.units.append(unit)
             # An explicit per-task model wins over --model for that task.
-            for task in (explicit or unit.backend.tasks):
+            for task in explicit or unit.backend.tasks:
                 if task not in self.by_task or explicit:
                     self.by_task[task] = unit
         for task in TASKS.values():
@@ -147,12 +155,18 @@ class Engine:
         if missing:
             raise ModelError(f"{path} was given for {', '.join(missing)} but serves only {', '.join(backend.tasks)}")
         # A sentence-transformers model's max_seq_length is the longest input it was tuned on.
-        limits = [spec.max_position_embeddings, settings.max_input_length, backend.max_sequence_length,
-                  spec.pooling.max_length]
+        limits = [
+            spec.max_position_embeddings,
+            settings.max_input_length,
+            backend.max_sequence_length,
+            spec.pooling.max_length,
+        ]
         max_length = min(x for x in limits if x)
         if max_length > settings.max_batch_tokens:
-            raise ModelError(f"max_batch_tokens ({settings.max_batch_tokens}) must be at least the longest "
-                             f"input ({max_length} tokens); raise it or lower --max-input-length")
+            raise ModelError(
+                f"max_batch_tokens ({settings.max_batch_tokens}) must be at least the longest "
+                f"input ({max_length} tokens); raise it or lower --max-input-length"
+            )
         return ModelUnit(spec, backend, tokenizer, max_length)
 
     def _verify_unit(self, task: Task, name: str, flag: str) -> ModelUnit:
@@ -166,18 +180,23 @@ class Engine:
             raise ModelError(f"{flag} {name}: this server does not serve {task}")
         path = resolve_model_path(name)
         if path == served.spec.path:
-            raise ModelError(f"{flag} {name} is the model that already serves {task}; give the exact one "
-                             "(e.g. the fp32 export beside an int8 --model)")
+            raise ModelError(
+                f"{flag} {name} is the model that already serves {task}; give the exact one "
+                "(e.g. the fp32 export beside an int8 --model)"
+            )
         try:
             unit = self._build_unit(path, [task])
         except ModelError as e:
             raise ModelError(f"{flag}: {e}") from None
         if unit.tokenizer.get_vocab() != served.tokenizer.get_vocab():
-            raise ModelError(f"{flag} {name}: its vocabulary is not that of {served.spec.path} (which serves "
-                             f"{task}); it would read the same token ids as other words")
+            raise ModelError(
+                f"{flag} {name}: its vocabulary is not that of {served.spec.path} (which serves "
+                f"{task}); it would read the same token ids as other words"
+            )
         if unit.max_length < served.max_length:
-            raise ModelError(f"{flag} {name}: takes at most {unit.max_length} tokens, {served.spec.path} "
-                             f"{served.max_length}")
+            raise ModelError(
+                f"{flag} {name}: takes at most {unit.max_length} tokens, {served.spec.path} {served.max_length}"
+            )
         return unit
 
     def warmup(self) -> None:
@@ -192,13 +211,17 @@ class Engine:
     def start(self) -> None:
         for unit in self.units:
             unit.batcher = Batcher(
-                unit.backend, max_batch_tokens=self.settings.max_batch_tokens,
-                max_batch_requests=self.max_batch_requests(unit), max_wait_ms=self.settings.max_wait_ms,
+                unit.backend,
+                max_batch_tokens=self.settings.max_batch_tokens,
+                max_batch_requests=self.max_batch_requests(unit),
+                max_wait_ms=self.settings.max_wait_ms,
                 workers=self.settings.effective_inference_workers if unit.backend.concurrent_runs else 1,
                 max_padding=self.settings.effective_max_padding,
                 pad_token_id=unit.tokenizer.pad_token_id,
                 pad_to_multiple_of=8 if self.settings.device == "cuda" else None,
-                metrics=self.metrics, name=unit.spec.path.name)
+                metrics=self.metrics,
+                name=unit.spec.path.name,
+            )
             unit.batcher.start()
 
     async def stop(self) -> None:
@@ -252,13 +275,24 @@ class Engine:
         return getattr(self.settings, f"{task}_verify_margin")
 
     def verify_info(self) -> dict[str, dict]:
-        return {task: {"model": unit.spec.name, "path": str(unit.spec.path), "precision": unit.backend.precision,
-                       "margin": self.verify_margin(task)} for task, unit in self.verify.items()}
+        return {
+            task: {
+                "model": unit.spec.name,
+                "path": str(unit.spec.path),
+                "precision": unit.backend.precision,
+                "margin": self.verify_margin(task),
+            }
+            for task, unit in self.verify.items()
+        }
 
     def labels(self) -> dict[str, list[str]]:
         """The labels of each served task that has them (classify, ner), in output order."""
-        return {t: [labels[i] for i in sorted(labels)] for t, u in self.by_task.items() if TASKS[t].labelled
-                for labels in [u.spec.labels.get(t, {})]}
+        return {
+            t: [labels[i] for i in sorted(labels)]
+            for t, u in self.by_task.items()
+            if TASKS[t].labelled
+            for labels in [u.spec.labels.get(t, {})]
+        }
 
     # ---- helpers --------------------------------------------------------------------------
     def _unit(self, task: str) -> ModelUnit:
@@ -309,9 +343,12 @@ class Engine:
 
     # ---- the one inference path, whatever the task ---------------------------------------------
     def limits(self, unit: ModelUnit) -> Limits:
-        return Limits(max_length=unit.max_length, max_sequences=self.settings.qa_max_windows,
-                      qa_max_length=self.settings.qa_max_length,
-                      qa_max_question_length=self.settings.qa_max_question_length)
+        return Limits(
+            max_length=unit.max_length,
+            max_sequences=self.settings.qa_max_windows,
+            qa_max_length=self.settings.qa_max_length,
+            qa_max_question_length=self.settings.qa_max_question_length,
+        )
 
     async def infer(self, task_name: str, items: list, options: dict, *, ticket: Ticket, timing: Timing) -> list:
         """items (texts, pairs or QA items) -> one answer per item: the task's codec encodes them (in the
@@ -323,23 +360,35 @@ class Engine:
         unit = self._unit(task_name)
         lane = self._lane(task, _chars(items), options)
         limits = self.limits(unit)
-        features = await self._codec(lambda: task.encode_request(
-            unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options), lane)
+        features = await self._codec(
+            lambda: task.encode_request(unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options),
+            lane,
+        )
         flat = [f for item_features in features for f in item_features]
         results = await self._infer(unit, flat, ticket, timing)
         timing.tokens += sum(len(f) for f in flat)
         timing.items += len(items)
         outputs, at = [], 0
         for item_features in features:
-            outputs.append([r.outputs for r in results[at: at + len(item_features)]])
+            outputs.append([r.outputs for r in results[at : at + len(item_features)]])
             at += len(item_features)
         facts = unit.facts(task_name)
         if task_name in self.verify:
             await self._verify(task_name, items, features, outputs, facts, options, lane, ticket, timing)
         return await self._codec(lambda: task.decode_request(items, features, outputs, facts, **options), lane)
 
-    async def _verify(self, task_name: str, items: list, features: list, outputs: list, facts: ModelFacts,
-                      options: dict, lane, ticket: Ticket, timing: Timing) -> None:
+    async def _verify(
+        self,
+        task_name: str,
+        items: list,
+        features: list,
+        outputs: list,
+        facts: ModelFacts,
+        options: dict,
+        lane,
+        ticket: Ticket,
+        timing: Timing,
+    ) -> None:
         """The items whose answers are unsure (the task's margins under --TASK-verify-margin) run again on the
         exact model; their outputs are replaced in place."""
         task = TASKS[task_name]
@@ -353,7 +402,7 @@ class Engine:
         results = await self._infer(self.verify[task_name], flat, ticket, timing)
         at = 0
         for i in unsure:
-            outputs[i] = [r.outputs for r in results[at: at + len(features[i])]]
+            outputs[i] = [r.outputs for r in results[at : at + len(features[i])]]
             at += len(features[i])
         timing.verified += len(unsure)
 
@@ -365,4 +414,3 @@ def _chars(items: list) -> int:
         parts = [x] if isinstance(x, str) else x.values() if isinstance(x, dict) else x
         total += sum(len(p) for p in parts if isinstance(p, str))
     return total
-

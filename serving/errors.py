@@ -1,6 +1,7 @@
 """One error type, mapped to HTTP in one place: every failure leaves the server as
 `{"error": message, "error_type": kind}` with its status and headers from the table below (one class a row)
 — never HTML, never a stack trace."""
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,9 @@ class Unauthorized(ServingError):
     status, error_type = 401, "unauthorized"
 
     def __init__(self, message: str = "missing or wrong API key (send 'Authorization: Bearer KEY')", **options):
-        super().__init__(message, headers={"WWW-Authenticate": "Bearer", **(options.pop("headers", None) or {})},
-                         **options)
+        super().__init__(
+            message, headers={"WWW-Authenticate": "Bearer", **(options.pop("headers", None) or {})}, **options
+        )
 
 
 class NotFound(ServingError):
@@ -105,9 +107,23 @@ class Unavailable(ServingError):
 
 # The table, as ASGI-level code needs it: status -> the error for that status (the first of its kinds).
 BY_STATUS: dict[int, type[ServingError]] = {}
-for _kind in (BadRequest, EmptyInput, Unauthorized, NotFound, MethodNotAllowed, RequestTimeout, PayloadTooLarge,
-              UnsupportedMediaType, ValidationFailed, Overloaded, HeadersTooLarge, ClientClosed, Internal,
-              BackendFailure, Unavailable):
+for _kind in (
+    BadRequest,
+    EmptyInput,
+    Unauthorized,
+    NotFound,
+    MethodNotAllowed,
+    RequestTimeout,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    ValidationFailed,
+    Overloaded,
+    HeadersTooLarge,
+    ClientClosed,
+    Internal,
+    BackendFailure,
+    Unavailable,
+):
     BY_STATUS.setdefault(_kind.status, _kind)
 
 
@@ -134,8 +150,11 @@ def refusal(error: Exception) -> ServingError | None:
 
 def for_status(status: int, message: str, headers: dict | None = None) -> ServingError:
     """The table's error for an HTTP status raised by the framework (404, 405, 413 from a body limit...)."""
-    kind = BY_STATUS.get(status) or type(f"Http{status}", (ServingError,), {
-        "status": status, "error_type": "internal" if status >= 500 else "bad_request"})
+    kind = BY_STATUS.get(status) or type(
+        f"Http{status}",
+        (ServingError,),
+        {"status": status, "error_type": "internal" if status >= 500 else "bad_request"},
+    )
     return kind(message, headers=headers)
 
 

@@ -5,6 +5,7 @@ balancer sets or forwards) and keeps it in a context variable, so every record w
 handled carries it, the access line included. Configured once, by `python -m serving` (the application);
 the library code only writes to its loggers.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -17,8 +18,18 @@ request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("bertser
 access = logging.getLogger("bertserve.access")
 
 # The access record's fields, in the order a text line shows them (None values are left out).
-ACCESS_FIELDS = ("method", "route", "status", "task", "items", "tokens", "queue_ms", "inference_ms", "total_ms",
-                 "client")
+ACCESS_FIELDS = (
+    "method",
+    "route",
+    "status",
+    "task",
+    "items",
+    "tokens",
+    "queue_ms",
+    "inference_ms",
+    "total_ms",
+    "client",
+)
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

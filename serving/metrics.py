@@ -1,4 +1,5 @@
 """Prometheus metrics (names from ARCHITECTURE.md, base units), in a registry per app."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
@@ -17,21 +18,32 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("bertserve_requests_total", "HTTP requests by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.request_duration = Histogram("bertserve_request_duration_seconds", "request latency",
-                                          ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_duration = Histogram("bertserve_queue_duration_seconds",
-                                        "time a sequence waits in the queue before its batch runs",
-                                        buckets=_LATENCY_BUCKETS, registry=r)
-        self.inference_duration = Histogram("bertserve_inference_duration_seconds", "model time per batch",
-                                            buckets=_LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "bertserve_requests_total", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.request_duration = Histogram(
+            "bertserve_request_duration_seconds", "request latency", ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_duration = Histogram(
+            "bertserve_queue_duration_seconds",
+            "time a sequence waits in the queue before its batch runs",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "bertserve_inference_duration_seconds", "model time per batch", buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.batch_size = Histogram("bertserve_batch_size", "sequences per batch", buckets=_SIZE_BUCKETS, registry=r)
-        self.batch_tokens = Histogram("bertserve_batch_tokens", "padded tokens per batch (length x sequences)",
-                                      buckets=_TOKEN_BUCKETS, registry=r)
+        self.batch_tokens = Histogram(
+            "bertserve_batch_tokens", "padded tokens per batch (length x sequences)", buckets=_TOKEN_BUCKETS, registry=r
+        )
         self.queue_depth = Gauge("bertserve_queue_depth", "sequences waiting for a batch", registry=r)
-        self.build_info = Gauge("bertserve_build_info", "what this server runs (value is always 1)",
-                                ["model", "backend", "precision"], registry=r)
+        self.build_info = Gauge(
+            "bertserve_build_info",
+            "what this server runs (value is always 1)",
+            ["model", "backend", "precision"],
+            registry=r,
+        )
 
     @staticmethod
     def endpoint_label(path: str) -> str:

@@ -1,6 +1,7 @@
 """Everything every request goes through, as one plain ASGI middleware (no BaseHTTPMiddleware, so
 the route can still hear the client disconnect): request id, auth, body size, admission (429 at
 once beyond max_concurrent_requests), refusal while warming up or draining, timing headers, metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import hmac
 import re
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
@@ -16,7 +17,8 @@ from starlette.exceptions import HTTPException
 from bert.tasks import registry
 from serving.docs import DOCS_PATHS
 from serving.errors import Overloaded, PayloadTooLarge, Unauthorized, Unavailable, for_status
-from serving.logs import log_access, request_id as current_request_id
+from serving.logs import log_access
+from serving.logs import request_id as current_request_id
 
 INFERENCE_PATHS = frozenset(registry.routes())
 TASK_OF_PATH = registry.routes()
@@ -133,8 +135,9 @@ class RequestMiddleware:
             if path in INFERENCE_PATHS and scope["method"] == "POST":
                 _default_to_json(scope, headers)
                 if self.state.in_flight >= self.settings.max_concurrent_requests:
-                    await Overloaded(f"overloaded: {self.settings.max_concurrent_requests} requests in flight; "
-                                     "retry later").response()(scope, receive, send_with_headers)
+                    await Overloaded(
+                        f"overloaded: {self.settings.max_concurrent_requests} requests in flight; retry later"
+                    ).response()(scope, receive, send_with_headers)
                     return
                 admitted = True
                 self.state.in_flight += 1
@@ -157,15 +160,21 @@ class RequestMiddleware:
     def _log_access(scope, request_id: str, status: int, total_s: float) -> None:
         timing = scope.get("state", {}).get("timing")  # set by the inference routes
         client = scope.get("client")
-        log_access(request_id, {
-            "method": scope["method"], "route": scope["path"][:200], "status": status,
-            "task": TASK_OF_PATH.get(scope["path"]),
-            "items": getattr(timing, "items", None), "tokens": getattr(timing, "tokens", None),
-            "queue_ms": round(timing.queue_s * 1000, 2) if timing is not None else None,
-            "inference_ms": round(timing.inference_s * 1000, 2) if timing is not None else None,
-            "total_ms": round(total_s * 1000, 2),
-            "client": f"{client[0]}:{client[1]}" if client else None,
-        })
+        log_access(
+            request_id,
+            {
+                "method": scope["method"],
+                "route": scope["path"][:200],
+                "status": status,
+                "task": TASK_OF_PATH.get(scope["path"]),
+                "items": getattr(timing, "items", None),
+                "tokens": getattr(timing, "tokens", None),
+                "queue_ms": round(timing.queue_s * 1000, 2) if timing is not None else None,
+                "inference_ms": round(timing.inference_s * 1000, 2) if timing is not None else None,
+                "total_ms": round(total_s * 1000, 2),
+                "client": f"{client[0]}:{client[1]}" if client else None,
+            },
+        )
 
     def _refuse(self, scope, headers: Headers, path: str):
         if self._api_key is not None and path not in OPEN_PATHS:
@@ -212,7 +221,8 @@ def _default_to_json(scope, headers: Headers) -> None:
     content_type = headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("", "application/x-www-form-urlencoded"):
         scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"] + [
-            (b"content-type", b"application/json")]
+            (b"content-type", b"application/json")
+        ]
 
 
 async def wait_for_idle(state: ServerState, timeout_s: float) -> bool:

@@ -8,6 +8,7 @@ after the request's first byte (else 408), and within MAX_HEADER_BYTES (else 431
 closed. A request that does not parse as HTTP gets uvicorn's 400, but as JSON like every other error.
 (The body has its own bounds, in the middleware.)
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,10 @@ MAX_HEADER_BYTES = 64 * 1024  # request line + headers; nginx's default buffers 
 def _json_response(error: ServingError, reason: str) -> bytes:
     """The whole HTTP response for an error answered below the ASGI app (the connection then closes)."""
     body = json.dumps(error_body(error.message, error.error_type)).encode()
-    return (f"HTTP/1.1 {error.status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            f"content-length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {error.status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def http_protocol(header_timeout_s: float):
@@ -34,10 +37,14 @@ def http_protocol(header_timeout_s: float):
         log.warning("httptools is not installed: no header read timeout")
         return "auto"
 
-    too_slow = _json_response(RequestTimeout(f"request headers not received within {header_timeout_s:g} s "
-                                             "(header_timeout_s)"), "Request Timeout")
-    too_big = _json_response(HeadersTooLarge(f"request line and headers larger than {MAX_HEADER_BYTES} bytes"),
-                             "Request Header Fields Too Large")
+    too_slow = _json_response(
+        RequestTimeout(f"request headers not received within {header_timeout_s:g} s (header_timeout_s)"),
+        "Request Timeout",
+    )
+    too_big = _json_response(
+        HeadersTooLarge(f"request line and headers larger than {MAX_HEADER_BYTES} bytes"),
+        "Request Header Fields Too Large",
+    )
 
     class BoundedHeadersProtocol(HttpToolsProtocol):
         _header_timer = None

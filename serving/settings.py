@@ -3,6 +3,7 @@
 Every field's description is also its `--help` line: `python -m serving` reads this model through bert/options.py,
 as every command reads its options (flag > env var > default), so the two never drift.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,90 +23,147 @@ class _Settings(BaseSettings):
 
     # ---- what to serve
     model: Optional[str] = Field(
-        None, description="checkpoint or artifact dir (or checkpoint store name, or Hub id org/name[@revision]) serving "
-                          "every task it has; "
-                          "default: the built-in demo model")
+        None,
+        description="checkpoint or artifact dir (or checkpoint store name, or Hub id org/name[@revision]) serving "
+        "every task it has; "
+        "default: the built-in demo model",
+    )
     backend: str = Field(
-        "auto", description="auto | torch | onnxruntime | tensorrt (auto: onnxruntime for an artifact dir with "
-                            "model.onnx, tensorrt for one with only model.plan, torch for a checkpoint); "
-                            "or 'package.module:factory' for a custom backend")
+        "auto",
+        description="auto | torch | onnxruntime | tensorrt (auto: onnxruntime for an artifact dir with "
+        "model.onnx, tensorrt for one with only model.plan, torch for a checkpoint); "
+        "or 'package.module:factory' for a custom backend",
+    )
     pooling: Optional[Literal["cls", "mean", "max"]] = Field(
-        None, description="how /embed pools token states, for a model directory that does not say (no "
-                          "sentence-transformers modules.json, no \"pooling\" in config.json): default mean")
+        None,
+        description="how /embed pools token states, for a model directory that does not say (no "
+        'sentence-transformers modules.json, no "pooling" in config.json): default mean',
+    )
     allow_unverified: bool = Field(
-        False, description="serve an artifact directory (model.onnx / model.plan) even when its manifest.json is "
-                           "missing or does not match its files (sizes and sha256); without it such a directory "
-                           "is refused at startup")
+        False,
+        description="serve an artifact directory (model.onnx / model.plan) even when its manifest.json is "
+        "missing or does not match its files (sizes and sha256); without it such a directory "
+        "is refused at startup",
+    )
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu | cuda")
     precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
-        None, description="fp32 | fp16 | bf16 for the torch backend (default fp32 on cpu, fp16 on cuda); "
-                          "an artifact's precision is fixed at export time")
+        None,
+        description="fp32 | fp16 | bf16 for the torch backend (default fp32 on cpu, fp16 on cuda); "
+        "an artifact's precision is fixed at export time",
+    )
     threads: Optional[int] = Field(None, ge=1, description="CPU threads for inference (default: the runtime's choice)")
     inference_workers: Optional[int] = Field(
-        None, ge=1, description="batches that run at once, each on threads/workers CPU threads (default: 2 on "
-                                "cpu, 1 on cuda; 1 for a backend whose runs cannot overlap, such as tensorrt)")
+        None,
+        ge=1,
+        description="batches that run at once, each on threads/workers CPU threads (default: 2 on "
+        "cpu, 1 on cuda; 1 for a backend whose runs cannot overlap, such as tensorrt)",
+    )
 
     # ---- network
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 for all interfaces)")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on")
-    api_key: Optional[str] = Field(None, description="require 'Authorization: Bearer KEY' on every request but "
-                                                     "/health, /ready, /metrics and the API docs; an empty or "
-                                                     "blank key is a startup error, never 'auth off'")
+    api_key: Optional[str] = Field(
+        None,
+        description="require 'Authorization: Bearer KEY' on every request but "
+        "/health, /ready, /metrics and the API docs; an empty or "
+        "blank key is a startup error, never 'auth off'",
+    )
     max_body_bytes: int = Field(2_000_000, ge=1024, description="largest request body accepted (413 beyond)")
-    header_timeout_s: float = Field(10.0, gt=0, description="a connection that has not sent a request's complete "
-                                                           "headers this long after connecting (or after its "
-                                                           "first byte) is closed with 408")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a connection that has not sent a request's complete "
+        "headers this long after connecting (or after its "
+        "first byte) is closed with 408",
+    )
     body_timeout_s: float = Field(30.0, gt=0, description="longest a request may take to send its body (408 beyond)")
 
     # ---- batching and admission
     max_concurrent_requests: int = Field(512, ge=1, description="requests admitted at once; more get 429 at once")
     max_batch_tokens: int = Field(16384, ge=1, description="token budget of one batch: padded length x sequences")
     max_batch_requests: Optional[int] = Field(
-        None, ge=1, description="most sequences in one batch (default 4 on cpu, where a bigger batch of short texts "
-                                "mostly adds padding; 32 on cuda)")
+        None,
+        ge=1,
+        description="most sequences in one batch (default 4 on cpu, where a bigger batch of short texts "
+        "mostly adds padding; 32 on cuda)",
+    )
     max_padding: Optional[float] = Field(
-        None, ge=0, le=1, description="most padding a batch may carry, as a share of its padded tokens; longer or "
-                                      "shorter sequences wait for a batch of their own (default 0.25 on cpu, where a "
-                                      "pad token costs as much as a real one; none on cuda)")
+        None,
+        ge=0,
+        le=1,
+        description="most padding a batch may carry, as a share of its padded tokens; longer or "
+        "shorter sequences wait for a batch of their own (default 0.25 on cpu, where a "
+        "pad token costs as much as a real one; none on cuda)",
+    )
     max_wait_ms: float = Field(
-        0.0, ge=0, description="longest a sequence waits for more to join its batch while the model is idle "
-                               "(0: run at once; batches still form from what queues while the model is busy)")
+        0.0,
+        ge=0,
+        description="longest a sequence waits for more to join its batch while the model is idle "
+        "(0: run at once; batches still form from what queues while the model is busy)",
+    )
     max_input_length: Optional[int] = Field(
-        None, ge=8, description="longest input in tokens (default: the model's max_position_embeddings); "
-                                "longer inputs get 422 unless the request sends \"truncate\": true")
+        None,
+        ge=8,
+        description="longest input in tokens (default: the model's max_position_embeddings); "
+        'longer inputs get 422 unless the request sends "truncate": true',
+    )
     max_client_batch_size: int = Field(32, ge=1, description="most inputs in one request (413 beyond)")
     qa_max_length: int = Field(384, ge=16, description="tokens per QA window (question + context piece)")
     qa_max_question_length: int = Field(64, ge=1, description="question tokens kept in each QA window")
-    qa_max_windows: int = Field(256, ge=1, description="most QA windows one request may need, over all its items "
-                                                      "(413 beyond): contexts are windowed, never cut")
+    qa_max_windows: int = Field(
+        256,
+        ge=1,
+        description="most QA windows one request may need, over all its items "
+        "(413 beyond): contexts are windowed, never cut",
+    )
     qa_verify_model: Optional[str] = Field(
-        None, description="a second, exact model for /qa (e.g. the fp32 export beside an int8 --model): a question "
-                          "whose best two answers are closer than --qa-verify-margin is answered again by it, so a "
-                          "fast model's answers agree with the exact one's (docs/serving.md, \"Fast QA\")")
+        None,
+        description="a second, exact model for /qa (e.g. the fp32 export beside an int8 --model): a question "
+        "whose best two answers are closer than --qa-verify-margin is answered again by it, so a "
+        "fast model's answers agree with the exact one's (docs/serving.md, \"Fast QA\")",
+    )
     qa_verify_margin: float = Field(
-        0.1, ge=0, le=1, description="with --qa-verify-model: recompute a question whose best answer's score leads "
-                                     "the second's by less than this (scores are probabilities, 0-1)")
-    shutdown_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long admitted requests may take "
-                                                             "to finish; those still running then get a JSON 503 "
-                                                             "and the server exits (a second signal: at once)")
+        0.1,
+        ge=0,
+        le=1,
+        description="with --qa-verify-model: recompute a question whose best answer's score leads "
+        "the second's by less than this (scores are probabilities, 0-1)",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="on SIGTERM, how long admitted requests may take "
+        "to finish; those still running then get a JSON 503 "
+        "and the server exits (a second signal: at once)",
+    )
     drain_delay_s: float = Field(
-        5.0, ge=0, description="on SIGTERM, how long /ready answers 503 while requests are still served, so load "
-                               "balancers stop sending before admission closes (docs/serving.md, \"Stopping\"); the "
-                               "default leaves half of docker stop's 10 s grace for the requests then in flight")
+        5.0,
+        ge=0,
+        description="on SIGTERM, how long /ready answers 503 while requests are still served, so load "
+        'balancers stop sending before admission closes (docs/serving.md, "Stopping"); the '
+        "default leaves half of docker stop's 10 s grace for the requests then in flight",
+    )
     log_level: str = Field("info", description="uvicorn log level (debug, info, warning, error)")
     log_format: Literal["text", "json"] = Field(
-        "text", description="text | json (one JSON object per line: time, level, request id, route, task, status, "
-                            "items, tokens, queue/inference/total ms)")
-    access_log: bool = Field(False, description="log one line per request (request id from x-request-id, route, "
-                                                "task, status, items, tokens, times)")
+        "text",
+        description="text | json (one JSON object per line: time, level, request id, route, task, status, "
+        "items, tokens, queue/inference/total ms)",
+    )
+    access_log: bool = Field(
+        False,
+        description="log one line per request (request id from x-request-id, route, "
+        "task, status, items, tokens, times)",
+    )
 
     @field_validator("api_key")
     @classmethod
     def _no_blank_key(cls, value: Optional[str]) -> Optional[str]:
         # An empty Secret or a stray `BERTSERVE_API_KEY=` must not silently open every route.
         if value is not None and not value.strip():
-            raise ValueError("BERTSERVE_API_KEY / --api-key is set but empty or blank; set a real key, "
-                             "or unset the variable to run without authentication")
+            raise ValueError(
+                "BERTSERVE_API_KEY / --api-key is set but empty or blank; set a real key, "
+                "or unset the variable to run without authentication"
+            )
         return value
 
     @model_validator(mode="after")
@@ -114,8 +172,10 @@ class _Settings(BaseSettings):
         if self.backend not in names and ":" not in self.backend:
             raise ValueError(f"backend must be one of {', '.join(names)} or 'module:factory', got {self.backend!r}")
         if self.qa_max_question_length + 3 >= self.qa_max_length:
-            raise ValueError(f"qa_max_length ({self.qa_max_length}) must leave room for the context after a "
-                             f"{self.qa_max_question_length}-token question")
+            raise ValueError(
+                f"qa_max_length ({self.qa_max_length}) must leave room for the context after a "
+                f"{self.qa_max_question_length}-token question"
+            )
         return self
 
     # ------------------------------------------------------------------ derived
@@ -159,8 +219,18 @@ class _Settings(BaseSettings):
 
 # A --TASK-model flag (BERTSERVE_TASK_MODEL) for every registered task.
 Settings = create_model(
-    "Settings", __base__=_Settings, __module__=__name__,
-    **{f"{task.name}_model": (Optional[str], Field(
-        None, description=f"model for {' and '.join(r.path for r in task.routes)} (overrides --model for that task)"))
-       for task in registry.TASKS.values()})
+    "Settings",
+    __base__=_Settings,
+    __module__=__name__,
+    **{
+        f"{task.name}_model": (
+            Optional[str],
+            Field(
+                None,
+                description=f"model for {' and '.join(r.path for r in task.routes)} (overrides --model for that task)",
+            ),
+        )
+        for task in registry.TASKS.values()
+    },
+)
 Settings.__doc__ = "The server's settings: the fields above, plus a `<task>_model` per registered task."

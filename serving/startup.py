@@ -5,6 +5,7 @@ and exit 2 at once, not after a model load and warm-up. While the model loads, `
 process is alive: an orchestrator must not restart it for loading slowly) and everything else a JSON 503
 "the model is loading", `/ready` included; then the same socket is handed to the HTTP server.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -81,8 +82,9 @@ class LoadingResponder:
         self._server.socket.close()
         self._server.socket = sock
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="bertserve-loading", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="bertserve-loading", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

@@ -2,6 +2,7 @@
 
 Tests may read ../shared/data (next to the checkout); the product never does.
 """
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ Phases: manifest-written (the new artifact is whole in its temporary sibling), b
 renamed yet), renamed-old (the old artifact moved to NAME.old, the new one not yet in place), renamed-new (the
 new one in place, NAME.old still there), removing-old (NAME.old half deleted).
 """
+
 from __future__ import annotations
 
 import os

@@ -8,6 +8,7 @@ sleeps, then answers normally). Every request is logged with its arrival time an
 
 Run: python tests/fake_bertserve_app.py --port 8123 [--api-key KEY] [--max-client-batch-size 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -133,14 +134,23 @@ def create_app(api_key: str | None = None, max_client_batch_size: int = 4) -> Fa
         if path.startswith("/_fake/"):
             return await call_next(request)
         body = await request.body()
-        log.append({"path": path, "time": time.monotonic(), "authorization": request.headers.get("authorization"),
-                    "body": body.decode() or None})
+        log.append(
+            {
+                "path": path,
+                "time": time.monotonic(),
+                "authorization": request.headers.get("authorization"),
+                "body": body.decode() or None,
+            }
+        )
         if faults[path]:
             fault = faults[path].popleft()
             await asyncio.sleep(fault.get("delay", 0))
             if "status" in fault:
                 headers = {"Retry-After": str(fault["retry_after"])} if "retry_after" in fault else None
-                content = {"error": fault.get("error", "scripted failure"), "error_type": fault.get("error_type", "backend")}
+                content = {
+                    "error": fault.get("error", "scripted failure"),
+                    "error_type": fault.get("error_type", "backend"),
+                }
                 return JSONResponse(content, fault["status"], headers=headers)
         if api_key and path not in ("/health", "/ready", "/metrics"):
             if request.headers.get("authorization") != f"Bearer {api_key}":
@@ -193,9 +203,18 @@ def create_app(api_key: str | None = None, max_client_batch_size: int = 4) -> Fa
 
     @app.get("/info")
     async def info():
-        return {"model": "fake-bert", "tasks": ["classify", "ner", "qa"], "backend": "fake", "precision": "fp32",
-                "max_batch_requests": 32, "max_batch_tokens": 16384, "max_input_length": MAX_INPUT_LENGTH,
-                "max_client_batch_size": max_client_batch_size, "version": "0.0.0-fake", "labels": list(LABELS)}
+        return {
+            "model": "fake-bert",
+            "tasks": ["classify", "ner", "qa"],
+            "backend": "fake",
+            "precision": "fp32",
+            "max_batch_requests": 32,
+            "max_batch_tokens": 16384,
+            "max_input_length": MAX_INPUT_LENGTH,
+            "max_client_batch_size": max_client_batch_size,
+            "version": "0.0.0-fake",
+            "labels": list(LABELS),
+        }
 
     @app.get("/metrics")
     async def metrics():
@@ -227,5 +246,6 @@ if __name__ == "__main__":
     parser.add_argument("--api-key")
     parser.add_argument("--max-client-batch-size", type=int, default=4)
     args = parser.parse_args()
-    uvicorn.run(create_app(args.api_key, args.max_client_batch_size), host=args.host, port=args.port,
-                log_level="warning")
+    uvicorn.run(
+        create_app(args.api_key, args.max_client_batch_size), host=args.host, port=args.port, log_level="warning"
+    )

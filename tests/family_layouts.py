@@ -14,6 +14,7 @@ pair differs from a real RoBERTa's, but a single text is encoded the same).
 
     python tests/family_layouts.py SOURCE_DIR OUT_DIR roberta|distilbert|electra
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,16 @@ import sys
 from pathlib import Path
 
 LAYOUTS = ("roberta", "distilbert", "electra")
-COPIED = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modules.json",
-          "sentence_bert_config.json", "config_sentence_transformers.json", "1_Pooling")
+COPIED = (
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling",
+)
 
 
 def rewrite(source: Path, out: Path, model_type: str) -> Path:
@@ -36,8 +45,11 @@ def rewrite(source: Path, out: Path, model_type: str) -> Path:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {model_type!r}")
     source, out = Path(source), Path(out)
     config = json.loads((source / "config.json").read_text())
-    state = {k.removeprefix("bert."): v for k, v in load_file(source / "model.safetensors").items()
-             if not k.endswith("position_ids")}
+    state = {
+        k.removeprefix("bert."): v
+        for k, v in load_file(source / "model.safetensors").items()
+        if not k.endswith("position_ids")
+    }
     positions = state.pop("embeddings.position_embeddings.weight")
     types = state.pop("embeddings.token_type_embeddings.weight")
     folded = positions + types[0]  # (P, H): every token is type 0
@@ -50,18 +62,32 @@ def rewrite(source: Path, out: Path, model_type: str) -> Path:
         table[offset:] = folded
         state["embeddings.position_embeddings.weight"] = table
         state["embeddings.token_type_embeddings.weight"] = torch.zeros_like(types[:1])
-        config.update(model_type="roberta", architectures=["RobertaModel"], type_vocab_size=1,
-                      max_position_embeddings=positions.shape[0] + offset)
+        config.update(
+            model_type="roberta",
+            architectures=["RobertaModel"],
+            type_vocab_size=1,
+            max_position_embeddings=positions.shape[0] + offset,
+        )
     elif model_type == "distilbert":
         state["embeddings.position_embeddings.weight"] = folded
         family = family_of("distilbert")
         state = {family.name_from_bert(k): v for k, v in state.items()}
-        config = {"model_type": "distilbert", "architectures": ["DistilBertModel"], "vocab_size": config["vocab_size"],
-                  "dim": config["hidden_size"], "n_layers": config["num_hidden_layers"],
-                  "n_heads": config["num_attention_heads"], "hidden_dim": config["intermediate_size"],
-                  "activation": config["hidden_act"], "max_position_embeddings": positions.shape[0],
-                  "pad_token_id": pad, "sinusoidal_pos_embds": False, "dropout": config["hidden_dropout_prob"],
-                  "attention_dropout": config["attention_probs_dropout_prob"], "initializer_range": 0.02}
+        config = {
+            "model_type": "distilbert",
+            "architectures": ["DistilBertModel"],
+            "vocab_size": config["vocab_size"],
+            "dim": config["hidden_size"],
+            "n_layers": config["num_hidden_layers"],
+            "n_heads": config["num_attention_heads"],
+            "hidden_dim": config["intermediate_size"],
+            "activation": config["hidden_act"],
+            "max_position_embeddings": positions.shape[0],
+            "pad_token_id": pad,
+            "sinusoidal_pos_embds": False,
+            "dropout": config["hidden_dropout_prob"],
+            "attention_dropout": config["attention_probs_dropout_prob"],
+            "initializer_range": 0.02,
+        }
     else:
         state["embeddings.position_embeddings.weight"] = positions
         state["embeddings.token_type_embeddings.weight"] = types

@@ -7,12 +7,13 @@ as its manifest describes it.
   the previous artifact untouched.
 - A missing, older or non-matching manifest: one line and exit 2 at startup; `--allow-unverified` serves it.
 """
+
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -28,10 +29,18 @@ pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = ("the film was good bad great awful slow quick plot acting story music long short funny dull "
-         "i loved hated it a an and but not very really simply boring beautiful").split()
-TEXTS = ["the film was good", "i hated it", "a very long and boring story", "the acting was simply great",
-         "not funny but beautiful music", "quick"]
+WORDS = (
+    "the film was good bad great awful slow quick plot acting story music long short funny dull "
+    "i loved hated it a an and but not very really simply boring beautiful"
+).split()
+TEXTS = [
+    "the film was good",
+    "i hated it",
+    "a very long and boring story",
+    "the acting was simply great",
+    "not funny but beautiful music",
+    "quick",
+]
 OLD_LABELS, NEW_LABELS = ["A", "B"], ["X", "Y"]
 
 
@@ -50,16 +59,29 @@ def make_checkpoint(directory: Path, labels: list[str], seed: int) -> Path:
     vocab += [f"[unused{i}]" for i in range(128 - len(vocab))]  # the server's warm-up sends ids up to 102
     (vocab_dir / "vocab.txt").write_text("\n".join(vocab) + "\n")
     (vocab_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, task="classify",
-                        id2label=dict(enumerate(labels)))
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        task="classify",
+        id2label=dict(enumerate(labels)),
+    )
     save_checkpoint(init_model(config, seed=seed), directory, tokenizer=vocab_dir)
     return directory
 
 
 def export(checkpoint: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "export.onnx", "--ckpt", str(checkpoint), "--out", str(out), *extra],
-                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "export.onnx", "--ckpt", str(checkpoint), "--out", str(out), *extra],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def served(path: Path, **settings) -> tuple[list[str], np.ndarray] | str:
@@ -79,9 +101,10 @@ def served(path: Path, **settings) -> tuple[list[str], np.ndarray] | str:
     width = max(map(len, ids))
     batch = np.zeros((len(ids), width), dtype=np.int64)
     for row, seq in enumerate(ids):
-        batch[row, :len(seq)] = seq
-    logits = unit.backend.run({"input_ids": batch, "attention_mask": (batch != 0).astype(np.int64),
-                               "token_type_ids": np.zeros_like(batch)})["classify"]
+        batch[row, : len(seq)] = seq
+    logits = unit.backend.run(
+        {"input_ids": batch, "attention_mask": (batch != 0).astype(np.int64), "token_type_ids": np.zeros_like(batch)}
+    )["classify"]
     id2label = unit.spec.labels["classify"]
     return [id2label[i] for i in logits.argmax(-1)], logits
 
@@ -107,8 +130,13 @@ def sources(tmp_path_factory):
         assert run.returncode == 0, run.stderr
     old, new = served(root / "old-artifact"), served(root / "new-artifact")
     assert old[0] != new[0] and set(old[0]) <= set(OLD_LABELS) and set(new[0]) <= set(NEW_LABELS)
-    return {"new_ckpt": new_ckpt, "old_artifact": root / "old-artifact", "new_artifact": root / "new-artifact",
-            "old": old, "new": new}
+    return {
+        "new_ckpt": new_ckpt,
+        "old_artifact": root / "old-artifact",
+        "new_artifact": root / "new-artifact",
+        "old": old,
+        "new": new,
+    }
 
 
 # ----------------------------------------------------------------------------- the server checks the manifest
@@ -123,8 +151,10 @@ def serve_main(directory: Path, *extra: str) -> int:
 @pytest.fixture
 def no_server(monkeypatch):
     """In-process runs must stop at loading: reaching the app factory means the directory was accepted."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the directory was accepted: the server would start")
+
     monkeypatch.setattr("serving.app.create_app", refuse)
 
 
@@ -144,16 +174,22 @@ def add_tokenizer_json(directory: Path) -> None:
     """A valid tokenizer.json (which the server would read instead of vocab.txt) that export did not write."""
     from bert.tokenizer import BertTokenizer
 
-    BertTokenizer.from_vocab(directory / "vocab.txt", do_lower_case=False).backend.save(str(directory / "tokenizer.json"))
+    BertTokenizer.from_vocab(directory / "vocab.txt", do_lower_case=False).backend.save(
+        str(directory / "tokenizer.json")
+    )
 
 
 TAMPERED = {
     "no-manifest": (lambda d: (d / "manifest.json").unlink(), r"holds model\.onnx but no manifest\.json"),
     "manifest-without-files": (drop_files_from_manifest, r"manifest\.json lists no size and sha256"),
-    "graph-same-size-other-bytes": (lambda d: flip_last_byte(d / "model.onnx"),
-                                    r"model\.onnx has another sha256 than the manifest says"),
-    "config-edited": (lambda d: (d / "config.json").write_text((d / "config.json").read_text() + " "),
-                      r"config\.json has \d+ bytes, the manifest says \d+"),
+    "graph-same-size-other-bytes": (
+        lambda d: flip_last_byte(d / "model.onnx"),
+        r"model\.onnx has another sha256 than the manifest says",
+    ),
+    "config-edited": (
+        lambda d: (d / "config.json").write_text((d / "config.json").read_text() + " "),
+        r"config\.json has \d+ bytes, the manifest says \d+",
+    ),
     "graph-from-another-export": (None, r"model\.onnx has"),  # the new graph beside the old config
     "tokenizer-file-added": (lambda d: add_tokenizer_json(d), r"tokenizer\.json is not listed"),
     "tokenizer-file-removed": (lambda d: (d / "vocab.txt").unlink(), r"vocab\.txt is listed but missing"),
@@ -184,18 +220,25 @@ def test_the_command_line_refuses_in_one_line_and_serves_with_the_flag_or_env(so
     """As a user runs it: a real `python -m serving` refuses a tampered artifact with one line and exit 2 at
     startup, and serves it (answers /classify) with --allow-unverified, or BERTSERVE_ALLOW_UNVERIFIED=1."""
     import httpx
-
     from test_serving_support import Server
 
     directory = tmp_path / "artifact"
     shutil.copytree(sources["old_artifact"], directory)
     (directory / "manifest.json").unlink()
-    run = subprocess.run([sys.executable, "-m", "serving", "--model", str(directory), "--port", "0"], cwd=REPO,
-                         env=env(), capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "serving", "--model", str(directory), "--port", "0"],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
     assert run.stderr.startswith(f"error: {directory} holds model.onnx but no manifest.json")
-    for server in (Server("--model", str(directory), "--allow-unverified"),
-                   Server("--model", str(directory), env={"BERTSERVE_ALLOW_UNVERIFIED": "1"})):
+    for server in (
+        Server("--model", str(directory), "--allow-unverified"),
+        Server("--model", str(directory), env={"BERTSERVE_ALLOW_UNVERIFIED": "1"}),
+    ):
         with server:
             answer = httpx.post(server.url + "/classify", json={"inputs": TEXTS}, timeout=30).json()
         assert [a[0]["label"] for a in answer] == sources["old"][0]
@@ -218,7 +261,8 @@ def test_export_refuses_to_replace_a_directory_that_is_not_an_artifact(sources, 
     run = export(sources["new_ckpt"], precious)
     assert run.returncode == 2 and run.stderr.splitlines() == [
         f"error: --out {precious} is not empty and not an artifact directory; the export replaces --out whole, "
-        "so give a new directory or an artifact's"]
+        "so give a new directory or an artifact's"
+    ]
     assert [p.name for p in precious.iterdir()] == ["notes.txt"]
 
 
@@ -244,8 +288,9 @@ def small_disk(tmp_path):
     mount_point.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount command: cannot make a small file system for the full-disk test")
-    run = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], capture_output=True,
-                         text=True)
+    run = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if run.returncode != 0:
         pytest.skip(f"cannot mount a 4 MiB tmpfs here (needs root / CAP_SYS_ADMIN): {run.stderr.strip()}")
     try:
@@ -278,8 +323,13 @@ def test_full_disk_is_one_line_exit_2_and_leaves_nothing(sources, small_disk):
 
 
 PHASES = ("manifest-written", "before-swap", "renamed-old", "renamed-new", "removing-old")
-EXPECTED = {"manifest-written": "old", "before-swap": "old", "renamed-old": "old", "renamed-new": "new",
-            "removing-old": "new"}
+EXPECTED = {
+    "manifest-written": "old",
+    "before-swap": "old",
+    "renamed-old": "old",
+    "renamed-new": "new",
+    "removing-old": "new",
+}
 
 
 class Export:
@@ -287,8 +337,9 @@ class Export:
 
     def __init__(self, command: list[str]):
         self.started = time.monotonic()
-        self.process = subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            command, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         self.lines: list[tuple[float, str]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -324,8 +375,17 @@ def kill_at(kind: str, when, checkpoint: Path, out: Path) -> Export | None:
     """Start an export of `checkpoint` over `out` and SIGKILL it at a named phase, `when` seconds after its start
     ("whole run") or after the portable graph's export began ("writing"). None if it finished before."""
     if kind == "phase":
-        run = Export([sys.executable, str(REPO / "tests" / "export_pausing.py"), when, "--ckpt", str(checkpoint),
-                      "--out", str(out)])
+        run = Export(
+            [
+                sys.executable,
+                str(REPO / "tests" / "export_pausing.py"),
+                when,
+                "--ckpt",
+                str(checkpoint),
+                "--out",
+                str(out),
+            ]
+        )
         assert run.wait_for(f"PAUSED {when}"), run.lines
     else:
         run = Export([sys.executable, "-m", "export.onnx", "--ckpt", str(checkpoint), "--out", str(out)])
@@ -404,6 +464,7 @@ def test_tensorrt_engine_is_added_to_the_artifact_whole_or_not_at_all(sources, t
 
     def failing_build(*args, **kwargs):
         raise ResultError("TensorRT failed to build the engine")
+
     monkeypatch.setattr(tensorrt, "build_engine", failing_build)
     assert tensorrt.cli(["--artifact", str(artifact), "--no-verify"]) == 1
     assert {p.name: p.read_bytes() for p in artifact.iterdir()} == before
@@ -415,7 +476,8 @@ def test_tensorrt_engine_is_added_to_the_artifact_whole_or_not_at_all(sources, t
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert manifest["files"]["plan"]["bytes"] == len(b"engine bytes") and manifest["tensorrt"]["version"] == "stub"
     assert {p.name: p.read_bytes() for p in artifact.iterdir() if p.name not in ("model.plan", "manifest.json")} == {
-        k: v for k, v in before.items() if k != "manifest.json"}
+        k: v for k, v in before.items() if k != "manifest.json"
+    }
     verify_artifact(read_model_spec(artifact))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]
 

@@ -7,6 +7,7 @@ one tiny valid ONNX artifact. Each case runs through export's and serving's real
 process (the bulk: a subprocess costs 2-3 s of imports), and a few through `python -m ...` subprocesses
 to prove the whole stderr end to end.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -46,6 +47,7 @@ class Case:
 def write(name: str, content: str | bytes) -> Callable[[Path], None]:
     def spoil(d: Path) -> None:
         (d / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+
     return spoil
 
 
@@ -58,6 +60,7 @@ def edit_config(**changes) -> Callable[[Path], None]:
             else:
                 config[key] = value
         (d / "config.json").write_text(json.dumps(config))
+
     return spoil
 
 
@@ -72,6 +75,7 @@ def drop_tensor(name: str) -> Callable[[Path], None]:
         state = load_file(d / "model.safetensors")
         del state[name]
         save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+
     return spoil
 
 
@@ -83,6 +87,7 @@ def truncate_weights(d: Path) -> None:
 def sharded(weight_map: Callable[[list[str]], dict] | None = None, text: str | None = None):
     """The weights moved to one shard named by an index; `weight_map` rewrites the index's map, `text`
     replaces the whole index file."""
+
     def spoil(d: Path) -> None:
         from safetensors import safe_open
 
@@ -93,6 +98,7 @@ def sharded(weight_map: Callable[[list[str]], dict] | None = None, text: str | N
         if weight_map is not None:
             mapping = weight_map(names)
         (d / INDEX).write_text(text if text is not None else json.dumps({"metadata": {}, "weight_map": mapping}))
+
     return spoil
 
 
@@ -111,6 +117,7 @@ def only_pickle(payload) -> Callable[[Path], None]:
             (d / "pytorch_model.bin").write_bytes(payload)
         else:
             torch.save(payload, d / "pytorch_model.bin")
+
     return spoil
 
 
@@ -125,70 +132,166 @@ def no_tokenizer_json(then: Callable[[Path], None]) -> Callable[[Path], None]:
     def spoil(d: Path) -> None:
         (d / "tokenizer.json").unlink()
         then(d)
+
     return spoil
 
 
 CHECKPOINT_CASES = [
     Case("weights-zero-bytes", write("model.safetensors", b""), "model.safetensors", r"is empty \(0 bytes\)"),
-    Case("weights-truncated", truncate_weights, "model.safetensors",
-         r"\(\d+ bytes\) is not a valid safetensors file \(truncated or corrupt\?\)"),
-    Case("weights-garbage", write("model.safetensors", garbage()), "model.safetensors",
-         r"is not a valid safetensors file"),
-    Case("no-weights", lambda d: (d / "model.safetensors").unlink(), None,
-         r"no weights in|holds no model\.onnx, model\.plan or model\.safetensors"),
+    Case(
+        "weights-truncated",
+        truncate_weights,
+        "model.safetensors",
+        r"\(\d+ bytes\) is not a valid safetensors file \(truncated or corrupt\?\)",
+    ),
+    Case(
+        "weights-garbage",
+        write("model.safetensors", garbage()),
+        "model.safetensors",
+        r"is not a valid safetensors file",
+    ),
+    Case(
+        "no-weights",
+        lambda d: (d / "model.safetensors").unlink(),
+        None,
+        r"no weights in|holds no model\.onnx, model\.plan or model\.safetensors",
+    ),
     Case("index-not-json", sharded(text="{not json"), INDEX, r"is not a readable JSON file"),
     Case("index-without-weight-map", sharded(text='{"metadata": {}}'), INDEX, r'has no "weight_map" object'),
-    Case("index-names-parent-dir", sharded(lambda names: {**dict.fromkeys(names, SHARD), names[0]: "../x.safetensors"}),
-         INDEX, r"names shard '\.\./x\.safetensors', outside the checkpoint directory"),
-    Case("index-names-absolute-path", sharded(lambda names: dict.fromkeys(names, "/etc/hostname")), INDEX,
-         r"names shard '/etc/hostname', outside the checkpoint directory"),
-    Case("index-names-missing-shard",
-         sharded(lambda names: {**dict.fromkeys(names, SHARD), names[0]: "model-00002-of-00002.safetensors"}),
-         INDEX, r"names shard model-00002-of-00002\.safetensors, which is missing"),
-    Case("index-lists-absent-tensor", sharded(lambda names: {**dict.fromkeys(names, SHARD), "extra.weight": SHARD}),
-         INDEX, r"lack tensors it lists: \[extra\.weight\]"),
-    Case("shard-symlink-out-of-dir-to-garbage", shard_symlink_out_of_the_directory, SHARD,
-         r"is not a valid safetensors file"),
+    Case(
+        "index-names-parent-dir",
+        sharded(lambda names: {**dict.fromkeys(names, SHARD), names[0]: "../x.safetensors"}),
+        INDEX,
+        r"names shard '\.\./x\.safetensors', outside the checkpoint directory",
+    ),
+    Case(
+        "index-names-absolute-path",
+        sharded(lambda names: dict.fromkeys(names, "/etc/hostname")),
+        INDEX,
+        r"names shard '/etc/hostname', outside the checkpoint directory",
+    ),
+    Case(
+        "index-names-missing-shard",
+        sharded(lambda names: {**dict.fromkeys(names, SHARD), names[0]: "model-00002-of-00002.safetensors"}),
+        INDEX,
+        r"names shard model-00002-of-00002\.safetensors, which is missing",
+    ),
+    Case(
+        "index-lists-absent-tensor",
+        sharded(lambda names: {**dict.fromkeys(names, SHARD), "extra.weight": SHARD}),
+        INDEX,
+        r"lack tensors it lists: \[extra\.weight\]",
+    ),
+    Case(
+        "shard-symlink-out-of-dir-to-garbage",
+        shard_symlink_out_of_the_directory,
+        SHARD,
+        r"is not a valid safetensors file",
+    ),
     Case("pickle-garbage", only_pickle(garbage()), "pytorch_model.bin", r"is not a readable PyTorch weights file"),
-    Case("pickle-that-runs-code", only_pickle({"x": RunsCode()}), "pytorch_model.bin",
-         r"holds objects other than tensors, which are not loaded \(unpickling them could run code\)"),
+    Case(
+        "pickle-that-runs-code",
+        only_pickle({"x": RunsCode()}),
+        "pytorch_model.bin",
+        r"holds objects other than tensors, which are not loaded \(unpickling them could run code\)",
+    ),
     Case("pickle-not-a-state-dict", only_pickle([torch.zeros(2)]), "pytorch_model.bin", r"does not hold a state dict"),
-    Case("config-json-list", write("config.json", "[1, 2]"), "config.json",
-         r"a BERT config is a JSON object of settings, not a JSON array"),
+    Case(
+        "config-json-list",
+        write("config.json", "[1, 2]"),
+        "config.json",
+        r"a BERT config is a JSON object of settings, not a JSON array",
+    ),
     Case("config-not-json", write("config.json", '{"vocab_size": 3'), "config.json", r"is not valid JSON"),
     Case("config-not-utf8", write("config.json", b'{"vocab_size": "\xff"}'), "config.json", r"is not UTF-8 text"),
-    Case("config-missing-keys", edit_config(hidden_size=None, num_attention_heads=None), "config.json",
-         r"it lacks hidden_size, num_attention_heads"),
-    Case("config-absurd-vocab", edit_config(vocab_size=10**12), "config.json",
-         r"about 3\.2e\+13 parameters \(vocab_size 1000000000000.*no BERT has more than 2e\+10"),
-    Case("config-heads-do-not-divide-hidden", edit_config(num_attention_heads=3), "config.json",
-         r"hidden_size \(32\) must be divisible by num_attention_heads \(3\)"),
-    Case("config-negative-layers", edit_config(num_hidden_layers=-2), "config.json",
-         r"num_hidden_layers must be a positive integer, got -2"),
-    Case("config-wrong-types", edit_config(hidden_dropout_prob="high", id2label=["negative", "positive"]),
-         "config.json", r"id2label must map label ids to names"),
-    Case("config-labels-absurd", edit_config(id2label=None, num_labels=10**12), "config.json",
-         r"num_labels must be an integer in 1\.\.1000000"),
-    Case("config-does-not-fit-weights", edit_config(intermediate_size=48), "model.safetensors",
-         r"config\.json does not fit .*model\.safetensors: intermediate_size 48 and hidden_size 32 in config\.json, "
-         r"but encoder\.layer\.0\.intermediate\.dense\.weight is \(64, 32\)"),
-    Case("config-vocab-does-not-fit-weights", edit_config(vocab_size=10**8), "model.safetensors",
-         r"vocab_size 100000000 and hidden_size 32 in config\.json, but embeddings\.word_embeddings\.weight is "
-         r"\(30522, 32\)"),
-    Case("config-layers-do-not-fit-weights", edit_config(num_hidden_layers=12), "model.safetensors",
-         r"config\.json does not fit .*model\.safetensors: num_hidden_layers 12 in config\.json, but the weights "
-         r"have 2 layers"),
-    Case("weights-lack-a-tensor", drop_tensor("bert.encoder.layer.1.output.dense.bias"), "model.safetensors",
-         r"does not match Bert\w+ as its config\.json describes it: missing keys \[(bert\.)?encoder\.layer\.1\.output"
-         r"\.dense\.bias\]"),
-    Case("tokenizer-json-garbage", write("tokenizer.json", "garbage{"), "tokenizer.json",
-         r"is not a usable BERT tokenizer: expected value at line 1 column 1"),
-    Case("vocab-without-specials", no_tokenizer_json(write("vocab.txt", "hello\nworld\n")), "vocab.txt",
-         r"is not a BERT vocabulary: vocabulary lacks \[CLS\] or \[SEP\]"),
-    Case("vocab-not-utf8", no_tokenizer_json(write("vocab.txt", b"[PAD]\n\xff\xfe\n")), "vocab.txt",
-         r"is not UTF-8 text \(byte 6\)"),
-    Case("tokenizer-config-list", write("tokenizer_config.json", "[]"), "tokenizer_config.json",
-         r"must hold a JSON object, not a JSON array"),
+    Case(
+        "config-missing-keys",
+        edit_config(hidden_size=None, num_attention_heads=None),
+        "config.json",
+        r"it lacks hidden_size, num_attention_heads",
+    ),
+    Case(
+        "config-absurd-vocab",
+        edit_config(vocab_size=10**12),
+        "config.json",
+        r"about 3\.2e\+13 parameters \(vocab_size 1000000000000.*no BERT has more than 2e\+10",
+    ),
+    Case(
+        "config-heads-do-not-divide-hidden",
+        edit_config(num_attention_heads=3),
+        "config.json",
+        r"hidden_size \(32\) must be divisible by num_attention_heads \(3\)",
+    ),
+    Case(
+        "config-negative-layers",
+        edit_config(num_hidden_layers=-2),
+        "config.json",
+        r"num_hidden_layers must be a positive integer, got -2",
+    ),
+    Case(
+        "config-wrong-types",
+        edit_config(hidden_dropout_prob="high", id2label=["negative", "positive"]),
+        "config.json",
+        r"id2label must map label ids to names",
+    ),
+    Case(
+        "config-labels-absurd",
+        edit_config(id2label=None, num_labels=10**12),
+        "config.json",
+        r"num_labels must be an integer in 1\.\.1000000",
+    ),
+    Case(
+        "config-does-not-fit-weights",
+        edit_config(intermediate_size=48),
+        "model.safetensors",
+        r"config\.json does not fit .*model\.safetensors: intermediate_size 48 and hidden_size 32 in config\.json, "
+        r"but encoder\.layer\.0\.intermediate\.dense\.weight is \(64, 32\)",
+    ),
+    Case(
+        "config-vocab-does-not-fit-weights",
+        edit_config(vocab_size=10**8),
+        "model.safetensors",
+        r"vocab_size 100000000 and hidden_size 32 in config\.json, but embeddings\.word_embeddings\.weight is "
+        r"\(30522, 32\)",
+    ),
+    Case(
+        "config-layers-do-not-fit-weights",
+        edit_config(num_hidden_layers=12),
+        "model.safetensors",
+        r"config\.json does not fit .*model\.safetensors: num_hidden_layers 12 in config\.json, but the weights "
+        r"have 2 layers",
+    ),
+    Case(
+        "weights-lack-a-tensor",
+        drop_tensor("bert.encoder.layer.1.output.dense.bias"),
+        "model.safetensors",
+        r"does not match Bert\w+ as its config\.json describes it: missing keys \[(bert\.)?encoder\.layer\.1\.output"
+        r"\.dense\.bias\]",
+    ),
+    Case(
+        "tokenizer-json-garbage",
+        write("tokenizer.json", "garbage{"),
+        "tokenizer.json",
+        r"is not a usable BERT tokenizer: expected value at line 1 column 1",
+    ),
+    Case(
+        "vocab-without-specials",
+        no_tokenizer_json(write("vocab.txt", "hello\nworld\n")),
+        "vocab.txt",
+        r"is not a BERT vocabulary: vocabulary lacks \[CLS\] or \[SEP\]",
+    ),
+    Case(
+        "vocab-not-utf8",
+        no_tokenizer_json(write("vocab.txt", b"[PAD]\n\xff\xfe\n")),
+        "vocab.txt",
+        r"is not UTF-8 text \(byte 6\)",
+    ),
+    Case(
+        "tokenizer-config-list",
+        write("tokenizer_config.json", "[]"),
+        "tokenizer_config.json",
+        r"must hold a JSON object, not a JSON array",
+    ),
 ]
 
 
@@ -224,8 +327,9 @@ def write_graph(path: Path, inputs=BERT_INPUTS, outputs=(("logits", ["batch", 2]
         initializers.append(helper.make_tensor(f"{name}_w", FLOAT, [1, shape[-1]], [0.5] * shape[-1]))
         nodes.append(helper.make_node("MatMul", [source, f"{name}_w"], [name]))
         graph_outputs.append(helper.make_tensor_value_info(name, FLOAT, shape))
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                              graph_outputs, initializers)
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs], graph_outputs, initializers
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
@@ -237,28 +341,59 @@ def graph(**kwargs) -> Callable[[Path], None]:
 
 ARTIFACT_CASES = [
     Case("onnx-zero-bytes", write("model.onnx", b""), "model.onnx", r"is empty \(0 bytes\), not an ONNX model"),
-    Case("onnx-truncated", lambda d: write("model.onnx", (d / "model.onnx").read_bytes()[:300])(d), "model.onnx",
-         r"onnxruntime cannot load .*Protobuf parsing failed"),
+    Case(
+        "onnx-truncated",
+        lambda d: write("model.onnx", (d / "model.onnx").read_bytes()[:300])(d),
+        "model.onnx",
+        r"onnxruntime cannot load .*Protobuf parsing failed",
+    ),
     Case("onnx-garbage", write("model.onnx", garbage()), "model.onnx", r"onnxruntime cannot load"),
-    Case("onnx-inputs-not-berts", graph(inputs=[("ids", INT64, ["b", "s"]), ("mask", INT64, ["b", "s"])]), "model.onnx",
-         r"takes inputs ids, mask; a BERT graph takes input_ids"),
-    Case("onnx-input-rank", graph(inputs=[("input_ids", INT64, ["b", "s", 4])]), "model.onnx",
-         r"input input_ids has shape \['b', 's', 4\]; it must be \(batch, sequence\)"),
-    Case("onnx-float-input", graph(inputs=[("input_ids", FLOAT, ["b", "s"])]), "model.onnx",
-         r"input input_ids is not an integer tensor"),
-    Case("onnx-outputs-for-another-task",
-         graph(outputs=[("start_logits", ["batch", "sequence"]), ("end_logits", ["batch", "sequence"])]), "model.onnx",
-         r"gives outputs start_logits, end_logits, none for task\(s\) classify that its directory's config\.json"),
-    Case("onnx-output-rank", graph(outputs=[("logits", ["batch", "sequence", 2])]), "model.onnx",
-         r"output logits has 3 dimensions; classify needs 2"),
-    Case("onnx-output-label-count", graph(outputs=[("logits", ["batch", 5])]), "model.onnx",
-         r"output logits gives 5 scores per classify prediction; .*config\.json has 2 classify labels"),
+    Case(
+        "onnx-inputs-not-berts",
+        graph(inputs=[("ids", INT64, ["b", "s"]), ("mask", INT64, ["b", "s"])]),
+        "model.onnx",
+        r"takes inputs ids, mask; a BERT graph takes input_ids",
+    ),
+    Case(
+        "onnx-input-rank",
+        graph(inputs=[("input_ids", INT64, ["b", "s", 4])]),
+        "model.onnx",
+        r"input input_ids has shape \['b', 's', 4\]; it must be \(batch, sequence\)",
+    ),
+    Case(
+        "onnx-float-input",
+        graph(inputs=[("input_ids", FLOAT, ["b", "s"])]),
+        "model.onnx",
+        r"input input_ids is not an integer tensor",
+    ),
+    Case(
+        "onnx-outputs-for-another-task",
+        graph(outputs=[("start_logits", ["batch", "sequence"]), ("end_logits", ["batch", "sequence"])]),
+        "model.onnx",
+        r"gives outputs start_logits, end_logits, none for task\(s\) classify that its directory's config\.json",
+    ),
+    Case(
+        "onnx-output-rank",
+        graph(outputs=[("logits", ["batch", "sequence", 2])]),
+        "model.onnx",
+        r"output logits has 3 dimensions; classify needs 2",
+    ),
+    Case(
+        "onnx-output-label-count",
+        graph(outputs=[("logits", ["batch", 5])]),
+        "model.onnx",
+        r"output logits gives 5 scores per classify prediction; .*config\.json has 2 classify labels",
+    ),
     Case("manifest-list", write("manifest.json", "[]"), "manifest.json", r"must hold a JSON object, not a JSON array"),
     Case("manifest-not-json", write("manifest.json", "{"), "manifest.json", r"is not a readable JSON file"),
     Case("artifact-config-list", write("config.json", "[]"), "config.json", r"not a JSON array"),
     Case("artifact-config-absurd", edit_config(vocab_size=10**12), "config.json", r"parameters"),
-    Case("artifact-tokenizer-garbage", write("tokenizer.json", "garbage{"), "tokenizer.json",
-         r"is not a usable BERT tokenizer"),
+    Case(
+        "artifact-tokenizer-garbage",
+        write("tokenizer.json", "garbage{"),
+        "tokenizer.json",
+        r"is not a usable BERT tokenizer",
+    ),
 ]
 
 
@@ -279,8 +414,9 @@ def artifact(checkpoint, tmp_path_factory) -> Path:
     for name in ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copyfile(checkpoint / name, directory / name)
     write_graph(directory / "model.onnx")
-    (directory / "manifest.json").write_text(json.dumps({"task": "classify", "precision": "fp32",
-                                                         "files": artifact_files(directory)}))
+    (directory / "manifest.json").write_text(
+        json.dumps({"task": "classify", "precision": "fp32", "files": artifact_files(directory)})
+    )
     return directory
 
 
@@ -305,8 +441,10 @@ def assert_one_line(stderr: str, directory: Path, case: Case) -> None:
 @pytest.fixture
 def no_server(monkeypatch):
     """In-process serving runs must stop at loading: reaching the app factory means a bad model got through."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the bad model was accepted: the server would start")
+
     monkeypatch.setattr("serving.app.create_app", refuse)
 
 
@@ -371,8 +509,9 @@ def test_a_legacy_pickle_of_tensors_still_loads(checkpoint, tmp_path):
 
     from bert.checkpoint import load_checkpoint
 
-    directory = spoiled(checkpoint, Case("legacy", only_pickle(load_file(checkpoint / "model.safetensors")), None, ""),
-                        tmp_path)
+    directory = spoiled(
+        checkpoint, Case("legacy", only_pickle(load_file(checkpoint / "model.safetensors")), None, ""), tmp_path
+    )
     model, report = load_checkpoint(directory)
     reference, _ = load_checkpoint(checkpoint)
     assert not report and torch.equal(model.classifier.weight, reference.classifier.weight)
@@ -386,19 +525,35 @@ def training_argv(cli: str, directory: Path, tmp_path: Path) -> list[str]:
     corpus.write_text("One sentence.\nAnother one.\n\nA second document.\n")
     out = ["--output-dir", str(tmp_path / "run")]
     return {
-        "finetune": ["--task", "classify", "--ckpt", str(directory), "--train-data", "x.tsv", "--eval-data", "y.tsv",
-                     *out],
+        "finetune": [
+            "--task",
+            "classify",
+            "--ckpt",
+            str(directory),
+            "--train-data",
+            "x.tsv",
+            "--eval-data",
+            "y.tsv",
+            *out,
+        ],
         "multitask": ["--ckpt", str(directory), "--classify-train", "x.tsv", "--classify-eval", "y.tsv", *out],
         "pretrain": ["--ckpt", str(directory), "--corpus", str(corpus), *out],
         "evaluate": ["--task", "classify", "--ckpt", str(directory), "--data", "x.tsv"],
     }[cli]
 
 
-TRAINING_CASES = [("finetune", "weights-truncated"), ("finetune", "config-absurd-vocab"),
-                  ("finetune", "index-names-parent-dir"), ("finetune", "tokenizer-json-garbage"),
-                  ("multitask", "config-does-not-fit-weights"), ("multitask", "config-json-list"),
-                  ("pretrain", "weights-garbage"), ("pretrain", "pickle-that-runs-code"),
-                  ("evaluate", "config-missing-keys"), ("evaluate", "weights-zero-bytes")]
+TRAINING_CASES = [
+    ("finetune", "weights-truncated"),
+    ("finetune", "config-absurd-vocab"),
+    ("finetune", "index-names-parent-dir"),
+    ("finetune", "tokenizer-json-garbage"),
+    ("multitask", "config-does-not-fit-weights"),
+    ("multitask", "config-json-list"),
+    ("pretrain", "weights-garbage"),
+    ("pretrain", "pickle-that-runs-code"),
+    ("evaluate", "config-missing-keys"),
+    ("evaluate", "weights-zero-bytes"),
+]
 CASES_BY_ID = {c.id: c for c in CHECKPOINT_CASES + ARTIFACT_CASES}
 
 
@@ -413,10 +568,28 @@ def test_training_bad_preset_config(cli, flag, checkpoint, tmp_path, capsys):
     directory = spoiled(checkpoint, case, tmp_path)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("One sentence.\n")
-    argv = {"finetune": ["--task", "classify", "--init-preset", str(directory / "config.json"), "--tokenizer",
-                         str(checkpoint), "--train-data", "x.tsv", "--eval-data", "y.tsv"],
-            "pretrain": ["--preset", str(directory / "config.json"), "--tokenizer", str(checkpoint),
-                         "--corpus", str(corpus)]}[cli]
+    argv = {
+        "finetune": [
+            "--task",
+            "classify",
+            "--init-preset",
+            str(directory / "config.json"),
+            "--tokenizer",
+            str(checkpoint),
+            "--train-data",
+            "x.tsv",
+            "--eval-data",
+            "y.tsv",
+        ],
+        "pretrain": [
+            "--preset",
+            str(directory / "config.json"),
+            "--tokenizer",
+            str(checkpoint),
+            "--corpus",
+            str(corpus),
+        ],
+    }[cli]
     assert run(importlib.import_module(f"training.{cli}").main, [*argv, "--output-dir", str(tmp_path / "run")]) == 2
     assert_one_line(capsys.readouterr().err, directory, case)
     assert not (tmp_path / "run").exists()
@@ -452,12 +625,20 @@ SUBPROCESS_CASES = [
 def test_command_line_prints_one_line_and_exits_2(module, case_id, checkpoint, artifact, tmp_path):
     case = CASES_BY_ID[case_id]
     directory = spoiled(artifact if case in ARTIFACT_CASES else checkpoint, case, tmp_path)
-    args = {"export.onnx": ["--ckpt", str(directory), "--out", str(tmp_path / "out")],
-            "serving": ["--model", str(directory), "--port", "0", "--threads", "1"]
-            + (["--allow-unverified"] if case in ARTIFACT_CASES else []),
-            "training.finetune": training_argv("finetune", directory, tmp_path)}[module]
-    run = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    args = {
+        "export.onnx": ["--ckpt", str(directory), "--out", str(tmp_path / "out")],
+        "serving": ["--model", str(directory), "--port", "0", "--threads", "1"]
+        + (["--allow-unverified"] if case in ARTIFACT_CASES else []),
+        "training.finetune": training_argv("finetune", directory, tmp_path),
+    }[module]
+    run = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert run.returncode == 2, run.stdout + run.stderr
     assert_one_line(run.stderr, directory, case)
     assert "pwned" not in run.stdout

@@ -2,6 +2,7 @@
 through their adapters with the load generator, scores their answers against the fp32 reference,
 skips a peer whose endpoint is missing, and writes its JSON with the keys the docs promise.
 infinity itself runs only where its venv exists (python -m bench.peers.infinity_env)."""
+
 from __future__ import annotations
 
 import json
@@ -49,22 +50,58 @@ def test_peers_command_measures_bertserve_and_another_server(tmp_path, monkeypat
 
     ckpt = build_checkpoint(tmp_path / "ckpt")
     peers = {
-        "classify": [catalog.bertserve_peer("bertserve-torch-fp32", "classify", ckpt, 1, ["--backend", "torch"],
-                                            "torch"),
-                     fake_peer("fake-infinity", "infinity", "classify", infinity_adapter("classify"))],
+        "classify": [
+            catalog.bertserve_peer("bertserve-torch-fp32", "classify", ckpt, 1, ["--backend", "torch"], "torch"),
+            fake_peer("fake-infinity", "infinity", "classify", infinity_adapter("classify")),
+        ],
         "embed": [fake_peer("fake-bertserve-embed", "bertserve", "embed", bertserve_adapter("embed"))],
     }
     monkeypatch.setattr(catalog, "catalog", lambda task, *args: peers[task])
     out = tmp_path / "peers.json"
     t0 = time.monotonic()
-    assert peers_main.main(["--task", "classify,embed", "--concurrency", "1,2", "--seconds", "1", "--warmup", "0.2",
-                            "--sample", "16", "--classify-model", str(ckpt), "--busy", "warn", "--check-seconds", "0.2",
-                            "--work-dir", str(tmp_path / "work"), "--out", str(out)]) == 0
+    assert (
+        peers_main.main(
+            [
+                "--task",
+                "classify,embed",
+                "--concurrency",
+                "1,2",
+                "--seconds",
+                "1",
+                "--warmup",
+                "0.2",
+                "--sample",
+                "16",
+                "--classify-model",
+                str(ckpt),
+                "--busy",
+                "warn",
+                "--check-seconds",
+                "0.2",
+                "--work-dir",
+                str(tmp_path / "work"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     print(f"peer benchmark ran in {time.monotonic() - t0:.1f} s")
     result = json.loads(out.read_text())
 
-    assert {"machine", "command", "settings", "versions", "peers", "quality", "rows", "skipped", "summary",
-            "plots", "references"} <= set(result)
+    assert {
+        "machine",
+        "command",
+        "settings",
+        "versions",
+        "peers",
+        "quality",
+        "rows",
+        "skipped",
+        "summary",
+        "plots",
+        "references",
+    } <= set(result)
     rows = {(r["peer"], r["concurrency"]): r for r in result["rows"]}
     assert set(rows) == {(p, c) for p in ("bertserve-torch-fp32", "fake-infinity") for c in (1, 2)}
     for r in rows.values():
@@ -84,7 +121,8 @@ def test_peers_command_measures_bertserve_and_another_server(tmp_path, monkeypat
     assert best["best"]["bertserve"]["peer"] == "bertserve-torch-fp32"
     assert best["best"]["infinity"]["peer"] == "fake-infinity"
     assert best["bertserve_over_infinity"] == pytest.approx(
-        rows[("bertserve-torch-fp32", 2)]["requests_per_s"] / rows[("fake-infinity", 2)]["requests_per_s"])
+        rows[("bertserve-torch-fp32", 2)]["requests_per_s"] / rows[("fake-infinity", 2)]["requests_per_s"]
+    )
 
     [skipped] = result["skipped"]
     assert skipped["peer"] == "fake-bertserve-embed" and skipped["task"] == "embed" and "404" in skipped["reason"]
@@ -96,9 +134,13 @@ def test_server_cpu_counts_the_whole_process_tree():
     """A server's CPU includes its workers': here a grandchild that burns 1 s while the others sleep
     (two interpreter start-ups cost far less than the 0.9 s asked for)."""
     burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
-    parent = subprocess.Popen([sys.executable, "-c",
-                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); "
-                               "import time; time.sleep(30)"])
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); import time; time.sleep(30)",
+        ]
+    )
     try:
         deadline = time.monotonic() + 20
         while tree_cpu_seconds(parent.pid) < 0.9 and time.monotonic() < deadline:
@@ -118,15 +160,19 @@ def test_infinity_peer_classifies_through_its_adapter(tmp_path, data_dir, minilm
     from bench.server_bench import collect, serve
 
     if not infinity_env.is_ready(catalog.WORK):
-        pytest.skip(f"infinity's venv is not set up at {infinity_env.venv_dir(catalog.WORK)} "
-                    "(python -m bench.peers.infinity_env)")
+        pytest.skip(
+            f"infinity's venv is not set up at {infinity_env.venv_dir(catalog.WORK)} "
+            "(python -m bench.peers.infinity_env)"
+        )
     ckpt = build_checkpoint(tmp_path / "ckpt", task="classify")
     hf = catalog.transformers_classifier(ckpt, tmp_path / "work")
-    peer = catalog.infinity_peer("infinity-torch-fp32", "classify", "torch", "fp32", lambda: hf,
-                                 catalog.WORK, setup=False)
+    peer = catalog.infinity_peer(
+        "infinity-torch-fp32", "classify", "torch", "fp32", lambda: hf, catalog.WORK, setup=False
+    )
     peer.prepare()
     sentences = ["a gripping film", "dull", "I loved every minute of it."]
     with serve(peer, timeout=240) as (_, url):
-        answers = decode(peer.adapter, asyncio.run(collect(url + peer.adapter.path,
-                                                           [peer.adapter.body(s) for s in sentences], 2)))
+        answers = decode(
+            peer.adapter, asyncio.run(collect(url + peer.adapter.path, [peer.adapter.body(s) for s in sentences], 2))
+        )
     assert all(a in CLS_LABELS for a in answers), answers

@@ -1,5 +1,6 @@
 """Checkpoint directories: real safetensors files both ways with transformers, shards, clear errors,
 and real-weight parity on all-MiniLM-L6-v2."""
+
 from __future__ import annotations
 
 import json
@@ -8,15 +9,20 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bert.checkpoint import (CheckpointError, load_checkpoint, read_state_dict, resolve_checkpoint,
-                             save_checkpoint)
+from bert.checkpoint import CheckpointError, load_checkpoint, read_state_dict, resolve_checkpoint, save_checkpoint
 from bert.config import BertConfig
 from bert.model import BertForSequenceClassification, BertModel
 
 transformers = pytest.importorskip("transformers")
 
-TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64)
+TINY = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
 
 
 def inputs(seed=0):
@@ -38,8 +44,10 @@ def outputs(model, name):
     if name == "BertModel":
         return [out.last_hidden_state * mask[..., None], out.pooler_output]
     if name == "BertForPreTraining":
-        return [getattr(out, "mlm_logits", None) if hasattr(out, "mlm_logits") else out.prediction_logits,
-                getattr(out, "nsp_logits", None) if hasattr(out, "nsp_logits") else out.seq_relationship_logits]
+        return [
+            getattr(out, "mlm_logits", None) if hasattr(out, "mlm_logits") else out.prediction_logits,
+            getattr(out, "nsp_logits", None) if hasattr(out, "nsp_logits") else out.seq_relationship_logits,
+        ]
     if name == "BertForMaskedLM":
         return [out.mlm_logits if hasattr(out, "mlm_logits") else out.logits]
     if name == "BertForQuestionAnswering":
@@ -47,9 +55,17 @@ def outputs(model, name):
     return [out.logits]
 
 
-@pytest.mark.parametrize("name", ["BertModel", "BertForPreTraining", "BertForMaskedLM",
-                                  "BertForSequenceClassification", "BertForTokenClassification",
-                                  "BertForQuestionAnswering"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "BertModel",
+        "BertForPreTraining",
+        "BertForMaskedLM",
+        "BertForSequenceClassification",
+        "BertForTokenClassification",
+        "BertForQuestionAnswering",
+    ],
+)
 def test_transformers_to_ours_to_transformers(tmp_path, name):
     hf_cls = getattr(transformers, name)
     torch.manual_seed(0)
@@ -81,8 +97,11 @@ def test_sharded_save_round_trip_and_shard_size(tmp_path):
     again, _ = load_checkpoint(tmp_path)
     assert torch.equal(again(*inputs()).logits, model(*inputs()).logits)
     hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
-    assert torch.allclose(hf(*inputs()[:1], attention_mask=inputs()[1], token_type_ids=inputs()[2]).logits,
-                          model(*inputs()).logits, atol=1e-5)
+    assert torch.allclose(
+        hf(*inputs()[:1], attention_mask=inputs()[1], token_type_ids=inputs()[2]).logits,
+        model(*inputs()).logits,
+        atol=1e-5,
+    )
     save_checkpoint(model, tmp_path)  # a later unsharded save replaces the shards
     assert sorted(p.name for p in tmp_path.glob("model*")) == ["model.safetensors"]
 
@@ -172,10 +191,13 @@ def test_minilm_hidden_states_equal_transformers_on_sst2_dev(minilm_dir, sst2_de
     worst = 0.0
     with torch.no_grad():
         for i in range(0, len(sentences), 128):
-            batch = tokenizer(sentences[i:i + 128], padding=True, return_tensors="pt")
+            batch = tokenizer(sentences[i : i + 128], padding=True, return_tensors="pt")
             a = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
             b = hf(**batch)
             real = batch["attention_mask"].bool()
-            worst = max(worst, (a.last_hidden_state - b.last_hidden_state)[real].abs().max().item(),
-                        (a.pooler_output - b.pooler_output).abs().max().item())
+            worst = max(
+                worst,
+                (a.last_hidden_state - b.last_hidden_state)[real].abs().max().item(),
+                (a.pooler_output - b.pooler_output).abs().max().item(),
+            )
     assert worst <= 1e-5, worst

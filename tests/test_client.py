@@ -10,6 +10,7 @@ The same tests run against the real server:
 Against a real server the tests that need scripted faults or the request log skip; the others
 check the contract (shapes, offsets, batched == single, error classes), not toy values.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,9 @@ def _free_port() -> int:
 
 
 def _start(command: list[str], port: int, env: dict[str, str] | None = None):
-    proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        command, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + (300 if SERVER == "real" else 30)
     while time.monotonic() < deadline:
@@ -95,8 +97,14 @@ def _launch(api_key: str | None = None):
         if api_key:
             env["BERTSERVE_API_KEY"] = api_key
         return _start([sys.executable, "-m", "serving"], port, env)
-    command = [sys.executable, str(REPO / "tests" / "fake_bertserve_app.py"), "--port", str(port),
-               "--max-client-batch-size", str(FAKE_BATCH_LIMIT)]
+    command = [
+        sys.executable,
+        str(REPO / "tests" / "fake_bertserve_app.py"),
+        "--port",
+        str(port),
+        "--max-client-batch-size",
+        str(FAKE_BATCH_LIMIT),
+    ]
     if api_key:
         command += ["--api-key", api_key]
     return _start(command, port)
@@ -174,8 +182,18 @@ def same(a, b) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Every method, sync and async
 
-REVIEWS = ["a gripping, beautifully shot film", "dull and far too long", "fine", "I love it", "the worst",
-           "great fun", "not good", "so so", "best of the year", "meh"]
+REVIEWS = [
+    "a gripping, beautifully shot film",
+    "dull and far too long",
+    "fine",
+    "I love it",
+    "the worst",
+    "great fun",
+    "not good",
+    "so so",
+    "best of the year",
+    "meh",
+]
 
 
 def test_classify_single_and_many(use):
@@ -253,7 +271,7 @@ def test_long_list_split_and_reassembled_in_order(use, server_url):
     batched = use(lambda c: c.classify(REVIEWS))
     assert same(batched, singles)
     if FAKE:
-        sizes = [len(json.loads(r["body"])["inputs"]) for r in request_log(server_url, "/classify")[len(REVIEWS):]]
+        sizes = [len(json.loads(r["body"])["inputs"]) for r in request_log(server_url, "/classify")[len(REVIEWS) :]]
         assert sizes == [4, 4, 2]
         assert len(request_log(server_url, "/info")) == 1  # the limit is read once per client
 
@@ -306,8 +324,17 @@ def test_unauthorized(use, secured_server_url):
 @needs_fake
 @pytest.mark.parametrize(
     ("status", "error_class"),
-    [(400, ValidationError), (401, UnauthorizedError), (404, NotFoundError), (413, ValidationError),
-     (422, ValidationError), (429, OverloadedError), (500, ServerError), (503, ServerError), (418, BertserveError)],
+    [
+        (400, ValidationError),
+        (401, UnauthorizedError),
+        (404, NotFoundError),
+        (413, ValidationError),
+        (422, ValidationError),
+        (429, OverloadedError),
+        (500, ServerError),
+        (503, ServerError),
+        (418, BertserveError),
+    ],
 )
 def test_each_status_raises_its_class(use, server_url, status, error_class):
     script(server_url, "/ner", {"status": status, "error": f"scripted {status}", "error_type": "kind"})

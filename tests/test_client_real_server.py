@@ -2,6 +2,7 @@
 every method, sync and async, gives what the raw HTTP API gives, and the real server's error
 answers map to the SDK's exception classes. (tests/test_client.py covers retries and scripted
 faults against a stand-in server.)"""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,9 +10,9 @@ import asyncio
 import httpx
 import numpy as np
 import pytest
-from bertserve_client import AsyncClient, Client, UnauthorizedError, ValidationError
-
 from test_serving_support import Server, build_checkpoint
+
+from bertserve_client import AsyncClient, Client, UnauthorizedError, ValidationError
 
 KEY = "s3cret"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
@@ -43,8 +44,7 @@ def close(a, b) -> bool:
     if isinstance(a, list):
         return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(
-            abs(a[k] - b[k]) < 1e-4 if k == "score" else a[k] == b[k] for k in a)
+        return a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-4 if k == "score" else a[k] == b[k] for k in a)
     return a == b
 
 
@@ -55,19 +55,26 @@ def test_every_sync_method_matches_the_http_api(server):
         assert set(info.tasks) == {"classify", "ner", "qa", "embed"} and info.max_client_batch_size == 2
         assert close(dumped(client.classify(TEXTS[0])), raw(server, "/classify", {"inputs": TEXTS[0]}))
         # three inputs with a server limit of two: split into two requests, reassembled in order
-        assert close(dumped(client.classify(TEXTS, top_k=2)), raw(server, "/classify", {"inputs": TEXTS[:2], "top_k": 2})
-                     + raw(server, "/classify", {"inputs": TEXTS[2:], "top_k": 2}))
-        assert close(dumped(client.classify([["a man eats", "someone eats"]])),
-                     raw(server, "/classify", {"inputs": [["a man eats", "someone eats"]]}))
+        assert close(
+            dumped(client.classify(TEXTS, top_k=2)),
+            raw(server, "/classify", {"inputs": TEXTS[:2], "top_k": 2})
+            + raw(server, "/classify", {"inputs": TEXTS[2:], "top_k": 2}),
+        )
+        assert close(
+            dumped(client.classify([["a man eats", "someone eats"]])),
+            raw(server, "/classify", {"inputs": [["a man eats", "someone eats"]]}),
+        )
         assert client.embed(TEXTS[0]) == raw(server, "/embed", {"inputs": TEXTS[0]})[0]
         vectors = client.embed(TEXTS)  # three inputs, a limit of two: two requests, in order
         assert vectors == raw(server, "/embed", {"inputs": TEXTS[:2]}) + raw(server, "/embed", {"inputs": TEXTS[2:]})
         for aggregation in ("simple", "none"):
-            assert close(dumped(client.ner(TEXTS[1], aggregation=aggregation)),
-                         raw(server, "/ner", {"inputs": TEXTS[1], "aggregation": aggregation}))
+            assert close(
+                dumped(client.ner(TEXTS[1], aggregation=aggregation)),
+                raw(server, "/ner", {"inputs": TEXTS[1], "aggregation": aggregation}),
+            )
         answer = client.qa("Where does Alice live?", CONTEXT)
         assert close(dumped(answer), raw(server, "/qa", {"question": "Where does Alice live?", "context": CONTEXT}))
-        assert CONTEXT[answer.start:answer.end] == answer.answer
+        assert CONTEXT[answer.start : answer.end] == answer.answer
         many = client.qa([("Where does Alice live?", CONTEXT), ("Where does she work?", CONTEXT)], top_k=2)
         assert len(many) == 2 and all(len(m) == 2 for m in many)
 
@@ -76,8 +83,13 @@ def test_every_async_method_matches_the_sync_client(server):
     async def run():
         async with AsyncClient(server.url, api_key=KEY) as client:
             assert await client.health() and await client.ready()
-            return (await client.info(), await client.classify(TEXTS), await client.ner(TEXTS),
-                    await client.qa("Where does Alice live?", CONTEXT), await client.embed(TEXTS))
+            return (
+                await client.info(),
+                await client.classify(TEXTS),
+                await client.ner(TEXTS),
+                await client.qa("Where does Alice live?", CONTEXT),
+                await client.embed(TEXTS),
+            )
 
     info, labels, entities, answer, vectors = asyncio.run(run())
     with Client(server.url, api_key=KEY) as client:

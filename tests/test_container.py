@@ -13,6 +13,7 @@ The build may use the cache. Environment (all optional):
   BERTSERVE_DOCKER_WHEELS      a directory holding the CPU torch wheel, served to the build over HTTP on
                                127.0.0.1 (`--network host`), for machines that cannot reach PyTorch's CPU index
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,8 +67,10 @@ def _skip_reason() -> str | None:
     if docker("image", "inspect", base, check=False).returncode != 0:
         pulled = docker("pull", base, timeout=600, check=False)
         if pulled.returncode != 0:
-            return (f"base image {base} is absent and cannot be pulled ({pulled.stderr.strip()[-200:]}); "
-                    "without a registry, build a stand-in: ../shared/tools/docker-python-base.sh")
+            return (
+                f"base image {base} is absent and cannot be pulled ({pulled.stderr.strip()[-200:]}); "
+                "without a registry, build a stand-in: ../shared/tools/docker-python-base.sh"
+            )
     return _torch_source_problem()
 
 
@@ -81,9 +84,11 @@ def _torch_source_problem() -> str | None:
     try:
         urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/torch/", method="HEAD"), timeout=15)
     except (OSError, ValueError) as error:
-        return (f"the demo stage cannot get torch: {url} does not answer ({error}); set BERTSERVE_DOCKER_WHEELS to a "
-                "directory holding the CPU torch wheel, or pass --build-arg TORCH_PIP_ARGS=... in "
-                "BERTSERVE_DOCKER_BUILD_ARGS")
+        return (
+            f"the demo stage cannot get torch: {url} does not answer ({error}); set BERTSERVE_DOCKER_WHEELS to a "
+            "directory holding the CPU torch wheel, or pass --build-arg TORCH_PIP_ARGS=... in "
+            "BERTSERVE_DOCKER_BUILD_ARGS"
+        )
     return None
 
 
@@ -136,8 +141,18 @@ def image():
 class Container:
     def __init__(self, image: str, *args: str, port: int = 8000, stop_timeout: int = STOP_TIMEOUT_S):
         self.name = f"bertserve-test-{uuid.uuid4().hex[:8]}"
-        docker("run", "-d", "--name", self.name, "-p", f"127.0.0.1::{port}", "--stop-timeout", str(stop_timeout),
-               image, *args)
+        docker(
+            "run",
+            "-d",
+            "--name",
+            self.name,
+            "-p",
+            f"127.0.0.1::{port}",
+            "--stop-timeout",
+            str(stop_timeout),
+            image,
+            *args,
+        )
         mapping = docker("port", self.name, f"{port}/tcp").stdout.split()[0]
         self.url = "http://" + mapping.replace("0.0.0.0", "127.0.0.1")
         self.ready_after = self.healthy_after = None
@@ -219,23 +234,33 @@ def test_readme_examples_answered_by_the_demo_model(server):
     # curl -s localhost:8000/classify -d '{"inputs": "I loved this film."}'  (a body without content type)
     (label,) = client.post("/classify", content=b'{"inputs": "I loved this film."}').json()
     assert label["label"] == "positive" and label["score"] > 0.9
-    great, pair = client.post("/classify", json={"inputs": ["great", ["A man eats.", "Someone eats."]],
-                                                 "top_k": None}).json()
+    great, pair = client.post(
+        "/classify", json={"inputs": ["great", ["A man eats.", "Someone eats."]], "top_k": None}
+    ).json()
     assert great[0]["label"] == "positive" and len(great) == len(pair) == 2
-    entities = client.post("/ner", json={"inputs": "My name is Wolfgang and I live in Berlin.",
-                                         "aggregation": "simple"}).json()
+    entities = client.post(
+        "/ner", json={"inputs": "My name is Wolfgang and I live in Berlin.", "aggregation": "simple"}
+    ).json()
     assert [(e["entity_group"], e["word"]) for e in entities] == [("PER", "Wolfgang"), ("LOC", "Berlin")]
-    answer = client.post("/qa", json={"question": "Where do I live?",
-                                      "context": "My name is Wolfgang and I live in Berlin."}).json()
+    answer = client.post(
+        "/qa", json={"question": "Where do I live?", "context": "My name is Wolfgang and I live in Berlin."}
+    ).json()
     assert answer["answer"] == "Berlin" and (answer["start"], answer["end"]) == (34, 40)
     # The SDK examples' sentences.
     (merkel,) = client.post("/ner", json={"inputs": ["Angela Merkel met Emmanuel Macron in Paris."]}).json()
     assert {(e["entity_group"], e["word"].lower()) for e in merkel} == {
-        ("PER", "angela merkel"), ("PER", "emmanuel macron"), ("LOC", "paris")}
-    context = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
-               "after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.")
-    assert client.post("/qa", json={"question": "Who is the tower named after?", "context": context}
-                       ).json()["answer"] == "Gustave Eiffel"
+        ("PER", "angela merkel"),
+        ("PER", "emmanuel macron"),
+        ("LOC", "paris"),
+    }
+    context = (
+        "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
+        "after the engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889."
+    )
+    assert (
+        client.post("/qa", json={"question": "Who is the tower named after?", "context": context}).json()["answer"]
+        == "Gustave Eiffel"
+    )
     (negative,) = client.post("/classify", json={"inputs": "a dull, lifeless script"}).json()
     assert negative["label"] == "negative"
 
@@ -268,10 +293,14 @@ def test_wrong_model_is_one_line_and_exit_2(image):
 
 
 def _long_qa_body() -> dict:
-    filler = ("The server admits a bounded number of requests, tokenises each off the event loop and queues it; one "
-              "owner task builds batches up to the token budget and the request cap, grouping similar lengths. ")
-    return {"question": "Where do I live?",
-            "context": filler * 12 + "My name is Wolfgang and I live in Berlin. " + filler * 12}
+    filler = (
+        "The server admits a bounded number of requests, tokenises each off the event loop and queues it; one "
+        "owner task builds batches up to the token budget and the request cap, grouping similar lengths. "
+    )
+    return {
+        "question": "Where do I live?",
+        "context": filler * 12 + "My name is Wolfgang and I live in Berlin. " + filler * 12,
+    }
 
 
 def test_stop_under_load_loses_no_request(image):
@@ -296,12 +325,16 @@ def test_stop_under_load_loses_no_request(image):
         time.sleep(1)  # all 32 admitted and queued before the stop
         in_flight = sum(r is None for r in results)
         stop_started = time.monotonic()
-        stopper = threading.Thread(target=docker, args=("stop", "-t", str(STOP_TIMEOUT_S), container.name),
-                                   kwargs={"timeout": STOP_TIMEOUT_S + 30})
+        stopper = threading.Thread(
+            target=docker,
+            args=("stop", "-t", str(STOP_TIMEOUT_S), container.name),
+            kwargs={"timeout": STOP_TIMEOUT_S + 30},
+        )
         stopper.start()
         time.sleep(0.5)
-        early = httpx.post(container.url + "/qa", json={"question": "Where?", "context": "He lives in Berlin."},
-                           timeout=60)  # in the drain delay: still served
+        early = httpx.post(
+            container.url + "/qa", json={"question": "Where?", "context": "He lives in Berlin."}, timeout=60
+        )  # in the drain delay: still served
         time.sleep(max(0.0, DRAIN_DELAY_S + 0.5 - (time.monotonic() - stop_started)))
         late = None
         if any(r is None for r in results):  # still draining: a newcomer is refused, in JSON
@@ -319,9 +352,11 @@ def test_stop_under_load_loses_no_request(image):
         container.remove()
 
     statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in results]
-    print(f"\n{in_flight} of 32 in flight at `docker stop`; stopped in {stopped_in:.1f} s; exit {state['ExitCode']}; "
-          f"answers {dict(sorted(Counter(map(str, statuses)).items()))}; late request: "
-          f"{late.status_code if isinstance(late, httpx.Response) else late!r}")
+    print(
+        f"\n{in_flight} of 32 in flight at `docker stop`; stopped in {stopped_in:.1f} s; exit {state['ExitCode']}; "
+        f"answers {dict(sorted(Counter(map(str, statuses)).items()))}; late request: "
+        f"{late.status_code if isinstance(late, httpx.Response) else late!r}"
+    )
     assert in_flight >= 24, f"the load finished too soon to test a drain ({in_flight} in flight)"
     assert early.status_code == 200 and early.json()["answer"] == "Berlin", early.text
     for r in results:

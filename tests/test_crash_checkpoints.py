@@ -6,6 +6,7 @@ previous copy is removed; and the same for best/), reached through the BERTSERVE
 kill it resumes with --resume run/last; at the end its weights, optimizer and best/ are bit for bit those of
 an uninterrupted run of the same steps. Full disks are real small tmpfs mounts (root only; skipped elsewhere).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,17 @@ SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 POSITIVE = "good great fun happy warm love nice fine best clever".split()
 NEGATIVE = "bad awful boring sad cold hate poor dull worst silly".split()
 FILLER = "the a film movie plot actor was is and it this very so quite rather story cast scene end music".split()
-TINY = {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "max_position_embeddings": 64, "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1, "model_type": "bert"}
+TINY = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "model_type": "bert",
+}
 STEPS = 96
 LAST_PHASES = ("weights", "optimizer", "state", "manifest", "publish", "cleanup")
 BEST_PHASES = ("weights", "metrics", "publish", "cleanup")
@@ -61,11 +70,42 @@ def assets(tmp_path_factory):
 
 
 def finetune_args(assets, out, *extra) -> list[str]:
-    return ["--task", "classify", "--init-preset", str(assets / "tiny.json"), "--tokenizer", str(assets / "tokenizer"),
-            "--train-data", str(assets / "train.tsv"), "--eval-data", str(assets / "dev.tsv"),
-            "--output-dir", str(out), "--batch-size", "16", "--max-seq-length", "32", "--learning-rate", "1e-3",
-            "--max-steps", str(STEPS), "--eval-every", "4", "--save-every", "2", "--log-every", "1",
-            "--no-progress", "--device", "cpu", "--seed", "3", "--torch-threads", "1", *extra]
+    return [
+        "--task",
+        "classify",
+        "--init-preset",
+        str(assets / "tiny.json"),
+        "--tokenizer",
+        str(assets / "tokenizer"),
+        "--train-data",
+        str(assets / "train.tsv"),
+        "--eval-data",
+        str(assets / "dev.tsv"),
+        "--output-dir",
+        str(out),
+        "--batch-size",
+        "16",
+        "--max-seq-length",
+        "32",
+        "--learning-rate",
+        "1e-3",
+        "--max-steps",
+        str(STEPS),
+        "--eval-every",
+        "4",
+        "--save-every",
+        "2",
+        "--log-every",
+        "1",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--seed",
+        "3",
+        "--torch-threads",
+        "1",
+        *extra,
+    ]
 
 
 def cli_env(**extra) -> dict:
@@ -74,8 +114,14 @@ def cli_env(**extra) -> dict:
 
 
 def finetune(assets, out, *extra, env=None, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training.finetune", *finetune_args(assets, out, *extra)],
-                          cwd=REPO, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "training.finetune", *finetune_args(assets, out, *extra)],
+        cwd=REPO,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 class Run:
@@ -83,8 +129,14 @@ class Run:
 
     def __init__(self, assets, out, *extra, pause_at: str | None = None):
         env = cli_env(**({PAUSE_ENV: pause_at} if pause_at else {}))
-        self.proc = subprocess.Popen([sys.executable, "-m", "training.finetune", *finetune_args(assets, out, *extra)],
-                                     cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "training.finetune", *finetune_args(assets, out, *extra)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -195,7 +247,9 @@ def test_kill_9_at_30_moments_and_resume_ends_bit_exact(assets, tmp_path):
         resume = ("--resume", str(out / "last")) if published(out / "last") else ()
         run = Run(assets, out, *resume, pause_at=moment)
         if moment is not None:
-            assert run.wait_for(f"paused at {moment}"), f"the run ended before {moment}: {run.seen[-5:]}; killed at {hit}, then {check_published(out)}"
+            assert run.wait_for(f"paused at {moment}"), (
+                f"the run ended before {moment}: {run.seen[-5:]}; killed at {hit}, then {check_published(out)}"
+            )
         else:
             run.wait_for("finetune classify:")
             time.sleep(rng.uniform(0.0, 6 * step_s))
@@ -215,13 +269,19 @@ def test_kill_9_at_30_moments_and_resume_ends_bit_exact(assets, tmp_path):
     for name in ("last", "best"):
         a, b = (whole / name / "model.safetensors").read_bytes(), (out / name / "model.safetensors").read_bytes()
         assert a == b, f"{name}/ weights differ from the uninterrupted run's"
-    assert json.loads((whole / "best" / "metrics.json").read_text()) == json.loads((out / "best" / "metrics.json").read_text())
-    for (k1, n1, t1), (k2, n2, t2) in zip(optimizer_tensors(whole / "last"), optimizer_tensors(out / "last"), strict=True):
+    assert json.loads((whole / "best" / "metrics.json").read_text()) == json.loads(
+        (out / "best" / "metrics.json").read_text()
+    )
+    for (k1, n1, t1), (k2, n2, t2) in zip(
+        optimizer_tensors(whole / "last"), optimizer_tensors(out / "last"), strict=True
+    ):
         assert (k1, n1) == (k2, n2) and torch.equal(t1, t2)
     assert last_losses(whole) == last_losses(out)
     assert sorted(p.name for p in out.iterdir()) == ["best", "last", "log.jsonl", "metrics.json"]  # no temporaries
-    print(f"\n{kills} kills ({len(phases)} inside saves, {kills - len(phases)} random), {fallbacks} resumes "
-          f"from last.old, weights bit-exact, {elapsed:.0f} s")
+    print(
+        f"\n{kills} kills ({len(phases)} inside saves, {kills - len(phases)} random), {fallbacks} resumes "
+        f"from last.old, weights bit-exact, {elapsed:.0f} s"
+    )
 
 
 # ----------------------------------------------------------------------------- resume refuses a bad last/
@@ -298,8 +358,12 @@ def small_disk(path: Path, size: str):
     """A real file system of `size` (tmpfs) mounted at `path`: writes beyond it fail with ENOSPC."""
     path.mkdir(parents=True)
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                 capture_output=True, text=True, timeout=30)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except FileNotFoundError:
         pytest.skip("no mount command: cannot make a small file system")
     if mounted.returncode != 0:
@@ -352,16 +416,23 @@ def multitask_ckpt(assets, tmp_path_factory):
     from bert.checkpoint import init_model
     from bert.config import BertConfig
 
-    config = BertConfig(**{k: v for k, v in TINY.items() if k != "model_type"},
-                        task_labels={"classify": ["negative", "positive"], "ner": ["O", "B-PER", "I-PER"], "qa": []})
+    config = BertConfig(
+        **{k: v for k, v in TINY.items() if k != "model_type"},
+        task_labels={"classify": ["negative", "positive"], "ner": ["O", "B-PER", "I-PER"], "qa": []},
+    )
     directory = tmp_path_factory.mktemp("multi") / "ckpt"
     save_checkpoint(init_model(config, seed=1), directory, tokenizer=assets / "tokenizer")
     return directory
 
 
-@pytest.mark.parametrize("task,labels,kept", [("classify", ["negative", "positive"], True),
-                                              ("classify", ["0", "1"], False),
-                                              ("ner", ["O", "B-PER", "I-PER"], True)])
+@pytest.mark.parametrize(
+    "task,labels,kept",
+    [
+        ("classify", ["negative", "positive"], True),
+        ("classify", ["0", "1"], False),
+        ("ner", ["O", "B-PER", "I-PER"], True),
+    ],
+)
 def test_finetune_from_a_multitask_checkpoint_cuts_the_task_model(multitask_ckpt, task, labels, kept, capsys):
     import torch
 
@@ -372,11 +443,15 @@ def test_finetune_from_a_multitask_checkpoint_cuts_the_task_model(multitask_ckpt
     cfg = cli.FinetuneConfig(task=task, ckpt=str(multitask_ckpt), train_data="x", eval_data="x")
     model = cli.build_model(cfg, Labels(labels, labels))
     said = capsys.readouterr().err
-    assert type(model).__name__ == {"classify": "BertForSequenceClassification", "ner": "BertForTokenClassification"}[task]
+    assert (
+        type(model).__name__ == {"classify": "BertForSequenceClassification", "ner": "BertForTokenClassification"}[task]
+    )
     assert model.config.task_labels is None and model.config.task == task
     stored = read_state_dict(multitask_ckpt)
     weights = model.state_dict()
-    assert torch.equal(weights["bert.encoder.layer.1.output.dense.weight"], stored["bert.encoder.layer.1.output.dense.weight"])
+    assert torch.equal(
+        weights["bert.encoder.layer.1.output.dense.weight"], stored["bert.encoder.layer.1.output.dense.weight"]
+    )
     head = stored["classifier.weight" if task == "classify" else "token_classifier.weight"]
     assert torch.equal(weights["classifier.weight"], head) == kept
     assert ("fine-tuning its" in said) == kept and ("fresh head" in said) == (not kept)
@@ -385,19 +460,57 @@ def test_finetune_from_a_multitask_checkpoint_cuts_the_task_model(multitask_ckpt
 @pytest.mark.slow
 def test_a_model_cut_from_a_multitask_checkpoint_fine_tunes_and_exports(assets, multitask_ckpt, tmp_path):
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "training.finetune", "--task", "classify", "--ckpt", str(multitask_ckpt),
-                           "--train-data", str(assets / "train.tsv"), "--eval-data", str(assets / "dev.tsv"),
-                           "--labels", "0,1", "--label-names", "negative,positive", "--output-dir", str(out),
-                           "--max-steps", "2", "--batch-size", "8", "--max-seq-length", "32", "--no-progress",
-                           "--torch-threads", "1"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training.finetune",
+            "--task",
+            "classify",
+            "--ckpt",
+            str(multitask_ckpt),
+            "--train-data",
+            str(assets / "train.tsv"),
+            "--eval-data",
+            str(assets / "dev.tsv"),
+            "--labels",
+            "0,1",
+            "--label-names",
+            "negative,positive",
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--max-seq-length",
+            "32",
+            "--no-progress",
+            "--torch-threads",
+            "1",
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     config = json.loads((out / "best" / "config.json").read_text())
     assert "task_labels" not in config or config["task_labels"] is None
-    exported = subprocess.run([sys.executable, "-m", "export.onnx", "--ckpt", str(out / "best"), "--out",
-                               str(tmp_path / "artifact")], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                              timeout=300)
+    exported = subprocess.run(
+        [sys.executable, "-m", "export.onnx", "--ckpt", str(out / "best"), "--out", str(tmp_path / "artifact")],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert exported.returncode == 0, exported.stderr[-2000:]
-    assert json.loads((tmp_path / "artifact" / "config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
+    assert json.loads((tmp_path / "artifact" / "config.json").read_text())["id2label"] == {
+        "0": "negative",
+        "1": "positive",
+    }
 
 
 # ----------------------------------------------------------------------------- bert.atomic as the savers use it

@@ -7,6 +7,7 @@ strict), check-jsonschema (ships the compose-spec schema), yamllint; the Compose
 v2 `docker compose`) validate the compose file where they are installed. The image itself is built and run
 by tests/test_container.py.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -84,14 +85,19 @@ def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
 
 
 def test_hadolint_has_nothing_to_say():
-    result = subprocess.run([tool("hadolint"), "--failure-threshold", "style", "--no-color", "Dockerfile"],
-                            cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [tool("hadolint"), "--failure-threshold", "style", "--no-color", "Dockerfile"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
 def test_entrypoint_passes_shellcheck():
-    result = subprocess.run([tool("shellcheck"), "--shell=sh", "--severity=style", str(ENTRYPOINT)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [tool("shellcheck"), "--shell=sh", "--severity=style", str(ENTRYPOINT)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -199,20 +205,48 @@ def _dockerignored(path: str, patterns: list[str]) -> bool:
 
 
 def test_dockerignore_keeps_sources_and_drops_the_rest():
-    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-    for kept in ["pyproject.toml", "README.md", "bert/model.py", "serving/app.py", "export/tensorrt.py",
-                 "training/pretrain.py", "docker/entrypoint.sh", "docker/healthcheck.py"]:
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for kept in [
+        "pyproject.toml",
+        "README.md",
+        "bert/model.py",
+        "serving/app.py",
+        "export/tensorrt.py",
+        "training/pretrain.py",
+        "docker/entrypoint.sh",
+        "docker/healthcheck.py",
+    ]:
         assert not _dockerignored(kept, patterns), kept
     # The demo stage exports the demo checkpoint, so it must reach the build.
-    for kept in ["serving/demo_model/config.json", "serving/demo_model/model-00001-of-00003.safetensors",
-                 "docker/constraints.txt", "export/onnx.py"]:
+    for kept in [
+        "serving/demo_model/config.json",
+        "serving/demo_model/model-00001-of-00003.safetensors",
+        "docker/constraints.txt",
+        "export/onnx.py",
+    ]:
         assert not _dockerignored(kept, patterns), kept
-    for dropped in [".venv/bin/python", ".git/HEAD", "runs/x/log.txt", "checkpoints/base/model.safetensors",
-                    "artifacts/sst2/model.onnx", "serving/__pycache__/app.cpython-311.pyc", "tests/test_client.py",
-                    "clients/pyproject.toml", "docs/x.md", "engine/model.plan", "recipes/demo.sh",
-                    "export.onnx", "docs/img/docs-offline.png", ".gpu-kit/data.tar.xz", "Makefile",
-                    "some-new-folder/big.bin"]:
+    for dropped in [
+        ".venv/bin/python",
+        ".git/HEAD",
+        "runs/x/log.txt",
+        "checkpoints/base/model.safetensors",
+        "artifacts/sst2/model.onnx",
+        "serving/__pycache__/app.cpython-311.pyc",
+        "tests/test_client.py",
+        "clients/pyproject.toml",
+        "docs/x.md",
+        "engine/model.plan",
+        "recipes/demo.sh",
+        "export.onnx",
+        "docs/img/docs-offline.png",
+        ".gpu-kit/data.tar.xz",
+        "Makefile",
+        "some-new-folder/big.bin",
+    ]:
         assert _dockerignored(dropped, patterns), dropped
     # Everything the Dockerfile copies from the context must survive .dockerignore.
     for instruction, args in dockerfile_instructions():
@@ -252,10 +286,16 @@ def entrypoint_env(tmp_path):
     model.mkdir(parents=True)
     for name, content in [("model.onnx", "onnx-v1"), ("config.json", "{}"), ("vocab.txt", "[PAD]\n")]:
         (model / name).write_text(content)
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": str(stub),
-           "BERTSERVE_ENGINE_CACHE": str(tmp_path / "cache"), "BERTSERVE_MODEL": str(model),
-           "BERTSERVE_BACKEND": "tensorrt", "FAKE_GPU_NAME": "NVIDIA H100 80GB HBM3",
-           "FAKE_TRT_VERSION": "10.9.0.34", "FAKE_LOG": str(tmp_path / "builds.log")}
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHON": str(stub),
+        "BERTSERVE_ENGINE_CACHE": str(tmp_path / "cache"),
+        "BERTSERVE_MODEL": str(model),
+        "BERTSERVE_BACKEND": "tensorrt",
+        "FAKE_GPU_NAME": "NVIDIA H100 80GB HBM3",
+        "FAKE_TRT_VERSION": "10.9.0.34",
+        "FAKE_LOG": str(tmp_path / "builds.log"),
+    }
     return env, model, tmp_path
 
 
@@ -333,8 +373,13 @@ def _serve_ready(status: int):
 def run_healthcheck(env: dict) -> subprocess.CompletedProcess:
     # Only this test process's sockets: on a shared machine other servers listen too.
     env = {"PATH": os.environ["PATH"], "BERTSERVE_HEALTHCHECK_PIDS": str(os.getpid()), **env}
-    return subprocess.run([sys.executable, "-I", str(REPO / "docker" / "healthcheck.py")], env=env,
-                          capture_output=True, text=True, timeout=10)
+    return subprocess.run(
+        [sys.executable, "-I", str(REPO / "docker" / "healthcheck.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="healthcheck.py reads Linux's /proc")
@@ -476,7 +521,10 @@ def test_service_and_hpa_point_at_the_deployment():
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     service = resources[("Service", "bertserve")]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert service["spec"]["ports"][0]["targetPort"] == deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+    assert (
+        service["spec"]["ports"][0]["targetPort"]
+        == deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+    )
     hpa = resources[("HorizontalPodAutoscaler", "bertserve")]
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "bertserve"}
@@ -561,8 +609,13 @@ def test_compose_file_validates_with_compose(cli):
     if command is None:
         pytest.skip(f"`{' '.join(cli)}` is not installed (v1: apt-get install docker-compose; v2: the compose plugin)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERTSERVE_")}
-    result = subprocess.run([*command, "-f", str(DEPLOY / "compose" / "docker-compose.yml"), "--profile", "gpu",
-                             "config"], capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(
+        [*command, "-f", str(DEPLOY / "compose" / "docker-compose.yml"), "--profile", "gpu", "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)
     assert {"bertserve", "bertserve-gpu", "prometheus"} <= set(resolved["services"])
@@ -611,8 +664,9 @@ def test_fleet_compose_file_matches_compose_spec():
     except ModuleNotFoundError:
         pytest.skip("pip install check-jsonschema (it ships the compose-spec schema)")
     compose = yaml.safe_load((FLEET / "docker-compose.yml").read_text())
-    errors = [f"{list(e.path)}: {e.message}" for e in jsonschema.validators.validator_for(schema)(schema)
-              .iter_errors(compose)]
+    errors = [
+        f"{list(e.path)}: {e.message}" for e in jsonschema.validators.validator_for(schema)(schema).iter_errors(compose)
+    ]
     assert not errors, errors
 
 
@@ -656,8 +710,12 @@ def test_fleet_balancer_image_builds_from_the_base_image():
     dockerfile = (FLEET / "haproxy.Dockerfile").read_text()
     assert re.search(r"^ARG BASE_IMAGE=python:3.11-slim-bookworm$", dockerfile, re.M)
     assert re.search(r"^FROM \$\{BASE_IMAGE\}$", dockerfile, re.M) and "# syntax" not in dockerfile
-    result = subprocess.run([tool("hadolint"), "--failure-threshold", "style", "--no-color",
-                             str(FLEET / "haproxy.Dockerfile")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [tool("hadolint"), "--failure-threshold", "style", "--no-color", str(FLEET / "haproxy.Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -666,8 +724,9 @@ def test_fleet_haproxy_config_is_valid():
     haproxy = shutil.which("haproxy")
     if haproxy is None:
         pytest.skip("haproxy not installed (its config is checked in the fleet's image by tests/test_fleet.py)")
-    result = subprocess.run([haproxy, "-c", "-f", str(FLEET / "haproxy.cfg")], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [haproxy, "-c", "-f", str(FLEET / "haproxy.cfg")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -677,11 +736,19 @@ def test_fleet_compose_file_validates_with_compose(cli):
     if command is None:
         pytest.skip(f"`{' '.join(cli)}` is not installed (v1: apt-get install docker-compose; v2: the compose plugin)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BERTSERVE_")}
-    result = subprocess.run([*command, "-f", str(FLEET / "docker-compose.yml"), "config"], capture_output=True,
-                            text=True, timeout=60, env=env)
+    result = subprocess.run(
+        [*command, "-f", str(FLEET / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)["services"]
     assert {"bertserve-1", "bertserve-2", "bertserve-3", "lb"} == set(resolved)
     assert resolved["bertserve-2"]["environment"]["BERTSERVE_DRAIN_DELAY_S"] == "5"
-    assert resolved["lb"]["ports"][0]["host_ip"] == "127.0.0.1" if isinstance(resolved["lb"]["ports"][0], dict) \
+    assert (
+        resolved["lb"]["ports"][0]["host_ip"] == "127.0.0.1"
+        if isinstance(resolved["lb"]["ports"][0], dict)
         else resolved["lb"]["ports"][0].startswith("127.0.0.1:")
+    )

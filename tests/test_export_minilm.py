@@ -8,6 +8,7 @@ random head has logit margins so small (median 0.013) that any int8 noise flips 
 expected failure and 90 % the floor. Measured with the colleague's fine-tuned MiniLM (87.6 % dev
 accuracy): int8 agreement 99.31 % (6 of 872 differ). fp32 parity does not depend on the head.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ def read_train(data_dir, n):
 def batches_of(tokenizer, sentences, size=64):
     out = []
     for i in range(0, len(sentences), size):
-        e = tokenizer(sentences[i:i + size], max_length=MAX_LEN, truncation=True)
+        e = tokenizer(sentences[i : i + size], max_length=MAX_LEN, truncation=True)
         out.append({k: e[k] for k in KEYS})
     return out
 
@@ -56,9 +57,12 @@ def probe_checkpoint(minilm_dir, data_dir, tmp_path_factory):
     tokenizer = BertTokenizer.from_dir(minilm_dir)
     sentences, labels = read_train(data_dir, 600)
     with torch.inference_mode():
-        feats = np.concatenate([
-            model.bert(*(torch.from_numpy(b[k]) for k in KEYS)).pooler_output.numpy()
-            for b in batches_of(tokenizer, sentences, 100)])
+        feats = np.concatenate(
+            [
+                model.bert(*(torch.from_numpy(b[k]) for k in KEYS)).pooler_output.numpy()
+                for b in batches_of(tokenizer, sentences, 100)
+            ]
+        )
     x = np.hstack([feats, np.ones((len(feats), 1), np.float32)]).astype(np.float64)
     y = np.where(labels == 1, 1.0, -1.0)
     w = np.linalg.solve(x.T @ x + 1e-2 * np.eye(x.shape[1]), x.T @ y)  # ridge probe
@@ -75,8 +79,7 @@ def int8_artifact(probe_checkpoint, tmp_path_factory):
     from export.onnx import cli
 
     out = tmp_path_factory.mktemp("artifact-int8")
-    assert cli(["--ckpt", str(probe_checkpoint), "--precision", "int8", "--out", str(out),
-                "--max-seq", "128"]) == 0
+    assert cli(["--ckpt", str(probe_checkpoint), "--precision", "int8", "--out", str(out), "--max-seq", "128"]) == 0
     return out
 
 
@@ -96,8 +99,7 @@ def dev_figures(probe_checkpoint, int8_artifact, sst2_dev, tmp_path_factory):
     subset = batches_of(tokenizer, [s for s, _ in sst2_dev[:TORCH_SUBSET]])
     model, _ = load_checkpoint(probe_checkpoint)
     with torch.inference_mode():
-        torch_logits = np.concatenate([model(*(torch.from_numpy(b[k]) for k in KEYS)).logits.numpy()
-                                       for b in subset])
+        torch_logits = np.concatenate([model(*(torch.from_numpy(b[k]) for k in KEYS)).logits.numpy() for b in subset])
     config = BertConfig.from_json_file(int8_artifact)
     tmp = tmp_path_factory.mktemp("variants")
     fused = variants.fuse(int8_artifact / "model.portable.onnx", config)
@@ -109,9 +111,15 @@ def dev_figures(probe_checkpoint, int8_artifact, sst2_dev, tmp_path_factory):
         return np.concatenate([sess.run(["logits"], b)[0] for b in feeds]).astype(np.float32)
 
     fused_all = run(fused_path, batches)
-    return {"torch": torch_logits, "portable": run(int8_artifact / "model.portable.onnx", subset),
-            "fused": fused_all[:TORCH_SUBSET], "fused_all": fused_all, "int8": run(int8_artifact / "model.onnx", batches),
-            "fp16": run(fp16_path, subset), "labels": np.array([y for _, y in sst2_dev])}
+    return {
+        "torch": torch_logits,
+        "portable": run(int8_artifact / "model.portable.onnx", subset),
+        "fused": fused_all[:TORCH_SUBSET],
+        "fused_all": fused_all,
+        "int8": run(int8_artifact / "model.onnx", batches),
+        "fp16": run(fp16_path, subset),
+        "labels": np.array([y for _, y in sst2_dev]),
+    }
 
 
 def test_manifest_records_fp32_and_int8_parity(int8_artifact):
@@ -137,8 +145,10 @@ def test_int8_agrees_with_fp32_on_sst2_dev(dev_figures, record_property):
     agreement = float((fp32 == int8).mean())
     accuracy = {k: float((dev_figures[k].argmax(1) == dev_figures["labels"]).mean()) for k in ("fused_all", "int8")}
     record_property("int8_label_agreement", agreement)
-    print(f"int8 vs fp32 label agreement on {len(fp32)} SST-2 dev sentences: {agreement:.4f} "
-          f"({int((fp32 != int8).sum())} differ); accuracy fp32 {accuracy['fused_all']:.3f}, int8 {accuracy['int8']:.3f}")
+    print(
+        f"int8 vs fp32 label agreement on {len(fp32)} SST-2 dev sentences: {agreement:.4f} "
+        f"({int((fp32 != int8).sum())} differ); accuracy fp32 {accuracy['fused_all']:.3f}, int8 {accuracy['int8']:.3f}"
+    )
     # The 99 % bar is for a fine-tuned head (BERTSERVE_TEST_SST2_CKPT; measured 99.31 %). The
     # linear-probe head CI can afford has tiny logit margins, so it is held to a 90 % floor.
     assert agreement >= (0.99 if FINE_TUNED else 0.90)
@@ -148,5 +158,7 @@ def test_fp16_runs_on_cpu_provider(dev_figures, record_property):
     diff = float(np.abs(dev_figures["fp16"] - dev_figures["torch"]).max())
     agreement = float((dev_figures["fp16"].argmax(1) == dev_figures["fused"].argmax(1)).mean())
     record_property("fp16_cpu_max_abs_diff", diff)
-    print(f"fp16 (CPU provider) vs torch, first {TORCH_SUBSET} SST-2 dev sentences: max abs diff {diff:.2e}, label agreement {agreement:.4f}")
+    print(
+        f"fp16 (CPU provider) vs torch, first {TORCH_SUBSET} SST-2 dev sentences: max abs diff {diff:.2e}, label agreement {agreement:.4f}"
+    )
     assert diff < 5e-2 and agreement >= 0.99

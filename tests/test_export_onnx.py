@@ -1,4 +1,5 @@
 """export.onnx on small random-init models: graph names by task, manifest, errors, fusion counts."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,14 @@ def test_artifact_layout_and_manifest(tiny_classify):
     assert [i["name"] for i in m["inputs"]] == INPUTS
     assert m["outputs"] == [{"name": "logits", "dtype": "float32", "shape": ["batch", 2]}]
     assert m["dynamic_axes"]["input_ids"] == {"0": "batch", "1": "sequence"}
-    assert m["shape_range"] == {"min_batch": 1, "opt_batch": 4, "max_batch": 4, "min_seq": 1, "opt_seq": 64,
-                                "max_seq": 64}
+    assert m["shape_range"] == {
+        "min_batch": 1,
+        "opt_batch": 4,
+        "max_batch": 4,
+        "min_seq": 1,
+        "opt_seq": 64,
+        "max_seq": 64,
+    }
     assert m["fused_operators"]["Attention"] == 2 and m["fused_operators"]["EmbedLayerNormalization"] == 1
     assert m["parity"]["verified"] is True
     for variant in ("portable", "model"):
@@ -87,14 +94,33 @@ def test_artifact_runs_without_torch(tiny_classify):
 # qa in fp32: a random tiny model's start logits are near ties, so int8 noise flips their argmax (label agreement
 # 0.765 with onnx 1.23 / onnxruntime 1.32) whatever the export does; int8 parity is tested on real weights in
 # test_export_minilm.py, int8 output names by the classify case below.
-@pytest.mark.parametrize("task,precision,outputs", [
-    ("qa", "fp32", ["start_logits", "end_logits"]),
-    ("ner", "fp16", ["logits"]),
-    ("encoder", "fp32", ["last_hidden_state", "pooler_output"]),
-])
+@pytest.mark.parametrize(
+    "task,precision,outputs",
+    [
+        ("qa", "fp32", ["start_logits", "end_logits"]),
+        ("ner", "fp16", ["logits"]),
+        ("encoder", "fp32", ["last_hidden_state", "pooler_output"]),
+    ],
+)
 def test_output_names_by_task(tmp_path, minilm_dir, task, precision, outputs):
-    assert cli(["--ckpt", "tiny", "--random-init", "--task", task, "--precision", precision,
-                "--out", str(tmp_path), "--max-seq", "64"]) == 0
+    assert (
+        cli(
+            [
+                "--ckpt",
+                "tiny",
+                "--random-init",
+                "--task",
+                task,
+                "--precision",
+                precision,
+                "--out",
+                str(tmp_path),
+                "--max-seq",
+                "64",
+            ]
+        )
+        == 0
+    )
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert [o["name"] for o in m["outputs"]] == outputs
     assert m["precision"] == precision
@@ -108,22 +134,33 @@ def test_multi_task_checkpoint(tmp_path, minilm_dir):
     from bert.checkpoint import init_model, save_checkpoint
     from bert.config import BertConfig
 
-    config = BertConfig.preset("tiny", task_labels={"classify": ["neg", "pos"], "ner": ["O", "B-PER", "I-PER"],
-                                                    "qa": []})
+    config = BertConfig.preset(
+        "tiny", task_labels={"classify": ["neg", "pos"], "ner": ["O", "B-PER", "I-PER"], "qa": []}
+    )
     save_checkpoint(init_model(config), tmp_path / "ckpt", tokenizer=minilm_dir)
     assert cli(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "art"), "--max-seq", "64"]) == 0
     m = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert m["task"] == "multi" and m["tasks"] == ["classify", "ner", "qa", "embed"]
-    assert [o["name"] for o in m["outputs"]] == ["classify_logits", "ner_logits", "qa_start_logits", "qa_end_logits",
-                                                 "embedding"]
+    assert [o["name"] for o in m["outputs"]] == [
+        "classify_logits",
+        "ner_logits",
+        "qa_start_logits",
+        "qa_end_logits",
+        "embedding",
+    ]
     assert m["outputs"][1]["shape"] == ["batch", "sequence", 3]
     assert m["outputs"][4]["shape"] == ["batch", config.hidden_size] and m["pooling"]["pooling"] == "mean"
     assert len(m["source"]["sha256"]) == 64
 
 
 def run_module(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "export.onnx", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "export.onnx", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_unknown_checkpoint_is_one_clean_line(tmp_path):
@@ -143,8 +180,22 @@ def test_bad_flags_exit_2(tmp_path):
 
 def test_help_explains_every_flag():
     text = build_parser().format_help()
-    for flag in ("--ckpt", "--task", "--precision", "--out", "--max-batch", "--max-seq", "--opset", "--random-init",
-                 "--no-verify", "--tokenizer", "--atol", "--int8-scope", "--opt-batch", "--opt-seq"):
+    for flag in (
+        "--ckpt",
+        "--task",
+        "--precision",
+        "--out",
+        "--max-batch",
+        "--max-seq",
+        "--opset",
+        "--random-init",
+        "--no-verify",
+        "--tokenizer",
+        "--atol",
+        "--int8-scope",
+        "--opt-batch",
+        "--opt-seq",
+    ):
         assert flag in text
 
 
@@ -161,9 +212,14 @@ def test_bert_base_fused_operator_counts(tmp_path):
     # what export runs: the one model class, its classify head at transformers' name
     model = prepare_for_export(BertForMultiTask(dataclasses.replace(BertConfig.preset("base"), task="classify")))
     wrapper = ExportWrapper(model, "classify")
-    path = variants.export_portable(wrapper, dummy_inputs(model.config, seq=8), tmp_path / "base.onnx",
-                                    input_names=INPUT_NAMES, output_names=wrapper.output_names,
-                                    dynamic_axes=dynamic_axes(wrapper.spec))
+    path = variants.export_portable(
+        wrapper,
+        dummy_inputs(model.config, seq=8),
+        tmp_path / "base.onnx",
+        input_names=INPUT_NAMES,
+        output_names=wrapper.output_names,
+        dynamic_axes=dynamic_axes(wrapper.spec),
+    )
     counts = variants.fused_operator_counts(variants.fuse(path, model.config).model)
     print("BERT-base fused operators:", counts)
     assert counts["Attention"] == 12
@@ -177,8 +233,9 @@ def test_fusion_failure_is_loud():
     from export.variants import FusionError, check_fusion
 
     with pytest.raises(FusionError, match="Attention 0 \\(expected 12\\)"):
-        check_fusion({"Attention": 0, "SkipLayerNormalization": 24, "EmbedLayerNormalization": 1},
-                     BertConfig.preset("base"))
+        check_fusion(
+            {"Attention": 0, "SkipLayerNormalization": 24, "EmbedLayerNormalization": 1}, BertConfig.preset("base")
+        )
 
 
 def test_int8_graph_splits_skip_layer_norm_into_add_and_layer_norm(tmp_path, minilm_dir):
@@ -191,8 +248,24 @@ def test_int8_graph_splits_skip_layer_norm_into_add_and_layer_norm(tmp_path, min
     from bert.config import BertConfig
     from export import variants
 
-    assert cli(["--ckpt", "tiny", "--random-init", "--task", "classify", "--precision", "int8",
-                "--out", str(tmp_path), "--max-seq", "64"]) == 0
+    assert (
+        cli(
+            [
+                "--ckpt",
+                "tiny",
+                "--random-init",
+                "--task",
+                "classify",
+                "--precision",
+                "int8",
+                "--out",
+                str(tmp_path),
+                "--max-seq",
+                "64",
+            ]
+        )
+        == 0
+    )
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["parity"]["model"]["passed"] is True
     graph = onnx.load(str(tmp_path / "model.onnx"))

@@ -4,6 +4,7 @@ The engine tests run where `tensorrt` imports and a CUDA device is present (mark
 elsewhere they skip with the reason. The no-TensorRT message and the fp16 ONNX that TensorRT is
 fed are checked everywhere.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,16 +44,35 @@ def artifact(tmp_path_factory, minilm_dir):
     from export.onnx import cli
 
     out = tmp_path_factory.mktemp("tiny-for-trt")
-    assert cli(["--ckpt", "tiny", "--random-init", "--out", str(out), "--max-seq", "64", "--max-batch", "8",
-                "--opt-seq", "32", "--opt-batch", "4"]) == 0
+    assert (
+        cli(
+            [
+                "--ckpt",
+                "tiny",
+                "--random-init",
+                "--out",
+                str(out),
+                "--max-seq",
+                "64",
+                "--max-batch",
+                "8",
+                "--opt-seq",
+                "32",
+                "--opt-batch",
+                "4",
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def test_without_tensorrt_one_line_exit_2(artifact):
     if HAS_TRT:
         pytest.skip("tensorrt is installed here")
-    result = subprocess.run([sys.executable, "-m", "export.tensorrt", "--artifact", str(artifact)], cwd=REPO,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "export.tensorrt", "--artifact", str(artifact)], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
@@ -77,9 +97,14 @@ def test_fp16_graph_for_tensorrt_keeps_io_and_runs(artifact, tmp_path):
     assert {i.type.tensor_type.elem_type for i in model.graph.input} == {onnx.TensorProto.INT64}
     assert {o.type.tensor_type.elem_type for o in model.graph.output} == {onnx.TensorProto.FLOAT}
     assert all(n.domain in ("", "ai.onnx") for n in model.graph.node), "portable graph must use standard ops only"
-    feeds = {"input_ids": np.array([[101, 2023, 2003, 102, 0]]), "attention_mask": np.array([[1, 1, 1, 1, 0]]),
-             "token_type_ids": np.zeros((1, 5), np.int64)}
-    ref = ort.InferenceSession(str(artifact / "model.portable.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    feeds = {
+        "input_ids": np.array([[101, 2023, 2003, 102, 0]]),
+        "attention_mask": np.array([[1, 1, 1, 1, 0]]),
+        "token_type_ids": np.zeros((1, 5), np.int64),
+    }
+    ref = ort.InferenceSession(str(artifact / "model.portable.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
     try:
         got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     except Exception as e:  # noqa: BLE001
@@ -127,11 +152,15 @@ def test_runtime_matches_onnxruntime_and_checks_shapes(engine_artifact):
     assert engine.output_names == ["logits"]
     assert (engine.max_batch, engine.max_seq) == (8, 64)
     rng = np.random.default_rng(0)
-    feeds = {"input_ids": rng.integers(1000, 2000, (3, 17)), "attention_mask": np.ones((3, 17), np.int64),
-             "token_type_ids": np.zeros((3, 17), np.int64)}
+    feeds = {
+        "input_ids": rng.integers(1000, 2000, (3, 17)),
+        "attention_mask": np.ones((3, 17), np.int64),
+        "token_type_ids": np.zeros((3, 17), np.int64),
+    }
     feeds["attention_mask"][2, 9:] = 0
-    ref = ort.InferenceSession(str(engine_artifact / "model.portable.onnx"),
-                               providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+    ref = ort.InferenceSession(str(engine_artifact / "model.portable.onnx"), providers=["CPUExecutionProvider"]).run(
+        ["logits"], feeds
+    )[0]
     got = engine.run(feeds)["logits"]
     assert got.shape == (3, 2)
     assert np.abs(got - ref).max() < 2e-2
@@ -145,11 +174,34 @@ def test_runtime_matches_onnxruntime_and_checks_shapes(engine_artifact):
 def test_rebuild_reuses_timing_cache(engine_artifact, tmp_path):
     from export.tensorrt import cli
 
-    assert cli(["--artifact", str(engine_artifact), "--out", str(tmp_path / "again.plan"),
-                "--timing-cache", str(engine_artifact / "timing.cache"), "--no-verify"]) == 0
+    assert (
+        cli(
+            [
+                "--artifact",
+                str(engine_artifact),
+                "--out",
+                str(tmp_path / "again.plan"),
+                "--timing-cache",
+                str(engine_artifact / "timing.cache"),
+                "--no-verify",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "again.plan").stat().st_size > 0
     # The docker entrypoint's form: --onnx FILE, --out an existing directory.
     (tmp_path / "dir").mkdir()
-    assert cli(["--onnx", str(engine_artifact / "model.portable.onnx"), "--out", str(tmp_path / "dir"),
-                "--timing-cache", str(engine_artifact / "timing.cache")]) == 0
+    assert (
+        cli(
+            [
+                "--onnx",
+                str(engine_artifact / "model.portable.onnx"),
+                "--out",
+                str(tmp_path / "dir"),
+                "--timing-cache",
+                str(engine_artifact / "timing.cache"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "dir" / "model.plan").stat().st_size > 0

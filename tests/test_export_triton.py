@@ -1,4 +1,5 @@
 """export.triton: the generated config.pbtxt parses with Triton's own protobuf schema and matches the graph."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,8 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("torch")
 model_config_pb2 = pytest.importorskip(
-    "tritonclient.grpc.model_config_pb2", reason="pip install 'tritonclient[grpc]' for Triton's config schema")
+    "tritonclient.grpc.model_config_pb2", reason="pip install 'tritonclient[grpc]' for Triton's config schema"
+)
 from google.protobuf import text_format  # noqa: E402
 
 from export.triton import cli, config_pbtxt  # noqa: E402
@@ -25,8 +27,24 @@ def artifact(tmp_path_factory, minilm_dir):
     from export.onnx import cli as export_cli
 
     out = tmp_path_factory.mktemp("tiny-classify-int8")
-    assert export_cli(["--ckpt", "tiny", "--random-init", "--precision", "int8", "--out", str(out),
-                       "--max-seq", "64", "--max-batch", "16"]) == 0
+    assert (
+        export_cli(
+            [
+                "--ckpt",
+                "tiny",
+                "--random-init",
+                "--precision",
+                "int8",
+                "--out",
+                str(out),
+                "--max-seq",
+                "64",
+                "--max-batch",
+                "16",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -66,8 +84,10 @@ def test_tensorrt_repository_parses(artifact, tmp_path):
     manifest = json.loads((fake / "manifest.json").read_text())
     manifest["tensorrt"] = {"profile": {"min": [1, 1], "opt": [4, 32], "max": [8, 64]}}
     (fake / "manifest.json").write_text(json.dumps(manifest))
-    assert cli(["--artifact", str(fake), "--repo", str(tmp_path / "repo"), "--backend", "tensorrt",
-                "--max-batch", "16"]) == 2  # over the engine's profile
+    assert (
+        cli(["--artifact", str(fake), "--repo", str(tmp_path / "repo"), "--backend", "tensorrt", "--max-batch", "16"])
+        == 2
+    )  # over the engine's profile
     assert cli(["--artifact", str(fake), "--repo", str(tmp_path / "repo"), "--backend", "tensorrt"]) == 0
     config = parse((tmp_path / "repo" / "artifact" / "config.pbtxt").read_text())
     assert config.backend == "tensorrt" and config.max_batch_size == 8
@@ -78,12 +98,18 @@ def test_every_task_layout_parses():
     seq = ["batch", "sequence"]
     inputs = [{"name": n, "dtype": "int64", "shape": seq} for n in ("input_ids", "attention_mask", "token_type_ids")]
     cases = {
-        "qa": [{"name": "start_logits", "dtype": "float32", "shape": seq},
-               {"name": "end_logits", "dtype": "float32", "shape": seq}],
-        "encoder": [{"name": "last_hidden_state", "dtype": "float32", "shape": seq + [128]},
-                    {"name": "pooler_output", "dtype": "float32", "shape": ["batch", 128]}],
-        "multi": [{"name": "classify_logits", "dtype": "float32", "shape": ["batch", 2]},
-                  {"name": "ner_logits", "dtype": "float32", "shape": seq + [3]}],
+        "qa": [
+            {"name": "start_logits", "dtype": "float32", "shape": seq},
+            {"name": "end_logits", "dtype": "float32", "shape": seq},
+        ],
+        "encoder": [
+            {"name": "last_hidden_state", "dtype": "float32", "shape": seq + [128]},
+            {"name": "pooler_output", "dtype": "float32", "shape": ["batch", 128]},
+        ],
+        "multi": [
+            {"name": "classify_logits", "dtype": "float32", "shape": ["batch", 2]},
+            {"name": "ner_logits", "dtype": "float32", "shape": seq + [3]},
+        ],
     }
     labels = {"qa": None, "encoder": None, "multi": {"classify": ["neg", "pos"], "ner": ["O", "B", "I"], "qa": []}}
     for task, outputs in cases.items():

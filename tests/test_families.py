@@ -5,6 +5,7 @@ and ours load back into transformers with the same logits. Unsupported model_typ
 Tiny random models (hidden 32, 2 layers), made with transformers, as the issue's "how to test" asks: no
 public weights of these families are available offline.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,23 +27,43 @@ BERTISH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, inter
 def hf_config(model_type: str, **overrides):
     """A tiny transformers config of `model_type`, as its own checkpoints are configured."""
     if model_type == "distilbert":
-        return transformers.DistilBertConfig(**{**TINY, "dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37,
-                                                **overrides})
+        return transformers.DistilBertConfig(
+            **{**TINY, "dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 37, **overrides}
+        )
     if model_type == "electra":
         return transformers.ElectraConfig(**{**TINY, **BERTISH, "embedding_size": 16, **overrides})
-    cls = {"roberta": transformers.RobertaConfig, "xlm-roberta": transformers.XLMRobertaConfig,
-           "camembert": transformers.CamembertConfig, "bert": transformers.BertConfig}[model_type]
+    cls = {
+        "roberta": transformers.RobertaConfig,
+        "xlm-roberta": transformers.XLMRobertaConfig,
+        "camembert": transformers.CamembertConfig,
+        "bert": transformers.BertConfig,
+    }[model_type]
     if model_type == "bert":
         return cls(**{**TINY, **BERTISH, **overrides})
     # fairseq's layout: pad 1, positions after it (max_position_embeddings counts pad + 1 extra rows), one type
-    return cls(**{**TINY, "max_position_embeddings": 66, **BERTISH, "pad_token_id": 1, "bos_token_id": 0,
-                  "eos_token_id": 2, "type_vocab_size": 1, "layer_norm_eps": 1e-5, **overrides})
+    return cls(
+        **{
+            **TINY,
+            "max_position_embeddings": 66,
+            **BERTISH,
+            "pad_token_id": 1,
+            "bos_token_id": 0,
+            "eos_token_id": 2,
+            "type_vocab_size": 1,
+            "layer_norm_eps": 1e-5,
+            **overrides,
+        }
+    )
 
 
 HEADS = {  # our task -> transformers' Auto class and the output we compare
     "classify": (transformers.AutoModelForSequenceClassification, "logits", "classify_logits"),
     "ner": (transformers.AutoModelForTokenClassification, "logits", "ner_logits"),
-    "qa": (transformers.AutoModelForQuestionAnswering, ("start_logits", "end_logits"), ("qa_start_logits", "qa_end_logits")),
+    "qa": (
+        transformers.AutoModelForQuestionAnswering,
+        ("start_logits", "end_logits"),
+        ("qa_start_logits", "qa_end_logits"),
+    ),
     "embed": (transformers.AutoModel, "last_hidden_state", None),
 }
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra")
@@ -62,7 +83,7 @@ def inputs(config, batch: int = 3, width: int = 11, seed: int = 1):
     ids = torch.randint(3, config.vocab_size, (batch, width), generator=g)
     mask = torch.ones_like(ids)
     for row in range(1, batch):
-        mask[row, width - 3 * row:] = 0
+        mask[row, width - 3 * row :] = 0
     ids = ids.masked_fill(mask == 0, config.pad_token_id)
     return ids, mask
 
@@ -108,8 +129,9 @@ def test_transformers_checkpoint_loads_key_for_key_with_equal_logits(tmp_path, m
     assert all(k.endswith("pooler.dense.weight") or k.endswith("pooler.dense.bias") for k in report.dropped)
     assert model.config.model_type == model_type
     ids, mask = inputs(model.config)
-    assert_close(our_outputs(model, head, ids, mask), hf_outputs(theirs, head, ids, mask), mask,
-                 per_token=head != "classify")
+    assert_close(
+        our_outputs(model, head, ids, mask), hf_outputs(theirs, head, ids, mask), mask, per_token=head != "classify"
+    )
 
 
 @pytest.mark.parametrize("head", list(HEADS))
@@ -128,8 +150,13 @@ def test_ours_load_in_transformers_with_equal_logits(tmp_path, model_type, head)
     with torch.no_grad():
         back = HEADS[head][0].from_pretrained(tmp_path / "ours").eval()
     ids, mask = inputs(model.config)
-    assert_close(hf_outputs(back, head, ids, mask), hf_outputs(theirs, head, ids, mask), mask,
-                 per_token=head != "classify", tol=0.0)
+    assert_close(
+        hf_outputs(back, head, ids, mask),
+        hf_outputs(theirs, head, ids, mask),
+        mask,
+        per_token=head != "classify",
+        tol=0.0,
+    )
 
 
 def test_packed_batch_equals_padded_batch_in_roberta_layout(tmp_path):
@@ -147,9 +174,12 @@ def test_packed_batch_equals_padded_batch_in_roberta_layout(tmp_path):
 
     def attention(q, k, v, cu_seqlens, max_len, cu_host):
         bounds = cu_seqlens.tolist()
-        parts = [torch.nn.functional.scaled_dot_product_attention(
-            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)).transpose(0, 1)
-            for a, b in zip(bounds[:-1], bounds[1:])]
+        parts = [
+            torch.nn.functional.scaled_dot_product_attention(
+                q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)
+            ).transpose(0, 1)
+            for a, b in zip(bounds[:-1], bounds[1:])
+        ]
         return torch.cat(parts)
 
     packing = Packing(positions, cu, cu[:-1].long(), max(lengths), attention)
@@ -186,7 +216,10 @@ def test_unsupported_model_type_is_one_line_naming_it_and_the_supported(tmp_path
 def test_parameter_names_map_both_ways():
     distil = family_of("distilbert")
     for theirs, bert in [
-        ("distilbert.transformer.layer.1.attention.out_lin.weight", "bert.encoder.layer.1.attention.output.dense.weight"),
+        (
+            "distilbert.transformer.layer.1.attention.out_lin.weight",
+            "bert.encoder.layer.1.attention.output.dense.weight",
+        ),
         ("distilbert.transformer.layer.0.ffn.lin2.bias", "bert.encoder.layer.0.output.dense.bias"),
         ("distilbert.transformer.layer.0.output_layer_norm.weight", "bert.encoder.layer.0.output.LayerNorm.weight"),
         ("transformer.layer.0.sa_layer_norm.bias", "encoder.layer.0.attention.output.LayerNorm.bias"),
@@ -233,26 +266,50 @@ def _train_tokenizer(kind: str, corpus: list[str], directory):
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(corpus, trainers.BpeTrainer(
-            vocab_size=2000, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False))
-        tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True,
-                                                          add_prefix_space=False)
-        hf = transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                               sep_token="</s>", cls_token="<s>", unk_token="<unk>",
-                                               pad_token="<pad>", mask_token="<mask>")
+        tok.train_from_iterator(
+            corpus,
+            trainers.BpeTrainer(
+                vocab_size=2000,
+                special_tokens=specials,
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                show_progress=False,
+            ),
+        )
+        tok.post_processor = processors.RobertaProcessing(
+            ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False
+        )
+        hf = transformers.RobertaTokenizerFast(
+            tokenizer_object=tok,
+            bos_token="<s>",
+            eos_token="</s>",
+            sep_token="</s>",
+            cls_token="<s>",
+            unk_token="<unk>",
+            pad_token="<pad>",
+            mask_token="<mask>",
+        )
     else:
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC()])
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        tok.train_from_iterator(corpus, trainers.UnigramTrainer(
-            vocab_size=2000, special_tokens=specials, unk_token="<unk>", show_progress=False))
+        tok.train_from_iterator(
+            corpus,
+            trainers.UnigramTrainer(vocab_size=2000, special_tokens=specials, unk_token="<unk>", show_progress=False),
+        )
         tok.post_processor = processors.TemplateProcessing(
-            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
-        hf = transformers.XLMRobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                                  sep_token="</s>", cls_token="<s>", unk_token="<unk>",
-                                                  pad_token="<pad>", mask_token="<mask>")
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+        )
+        hf = transformers.XLMRobertaTokenizerFast(
+            tokenizer_object=tok,
+            bos_token="<s>",
+            eos_token="</s>",
+            sep_token="</s>",
+            cls_token="<s>",
+            unk_token="<unk>",
+            pad_token="<pad>",
+            mask_token="<mask>",
+        )
     hf.save_pretrained(directory)
     # transformers rebuilds a class's own pipeline on load (XLM-R's: WhitespaceSplit + Metaspace, no normalizer):
     # saved once more, tokenizer.json holds what transformers runs
@@ -298,8 +355,15 @@ def test_qa_windows_equal_transformers_overflow(trained_tokenizers, data_dir):
     compared = 0
     for question, context in _squad_contexts(data_dir, 200):
         windows = qa.encode(ours, question, context, max_length=96, doc_stride=32, max_query_length=64)
-        ref = theirs(question, context, truncation="only_second", max_length=96, stride=32,
-                     return_overflowing_tokens=True, return_offsets_mapping=True)
+        ref = theirs(
+            question,
+            context,
+            truncation="only_second",
+            max_length=96,
+            stride=32,
+            return_overflowing_tokens=True,
+            return_offsets_mapping=True,
+        )
         assert len(windows) == len(ref["input_ids"])
         for k, window in enumerate(windows):
             assert window.input_ids == ref["input_ids"][k]
@@ -313,9 +377,13 @@ def test_qa_windows_equal_transformers_overflow(trained_tokenizers, data_dir):
 # ---- served (torch backend, real server) and exported (ONNX fp32) -----------------------------------------
 
 SERVE_FAMILIES = ("roberta", "distilbert", "electra")
-CORPUS = ["Hugging Face is based in New York City and Paris.", "The quick brown fox jumps over the lazy dog.",
-          "Alice moved from Paris to Berlin in 2019 to work at the museum.", "A gripping, beautifully shot film.",
-          "Where does Alice work? She restores old paintings at the Louvre."] * 4
+CORPUS = [
+    "Hugging Face is based in New York City and Paris.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Alice moved from Paris to Berlin in 2019 to work at the museum.",
+    "A gripping, beautifully shot film.",
+    "Where does Alice work? She restores old paintings at the Louvre.",
+] * 4
 TEXT = "Hugging Face is based in New York City and Paris."
 QUESTION, CONTEXT = "Where does Alice work?", "Alice moved from Paris to Berlin in 2019 to work at the museum."
 
@@ -348,7 +416,9 @@ def _hf_qa_answer(directory, question, context):
     from bert.tokenizer import BertTokenizer
 
     model = transformers.AutoModelForQuestionAnswering.from_pretrained(directory).eval()
-    windows = qa.encode(BertTokenizer.from_dir(directory), question, context, max_length=64, doc_stride=12, max_query_length=32)
+    windows = qa.encode(
+        BertTokenizer.from_dir(directory), question, context, max_length=64, doc_stride=12, max_query_length=32
+    )
     starts, ends = [], []
     with torch.no_grad():
         for window in windows:
@@ -367,6 +437,7 @@ def test_served_answers_equal_transformers(family_checkpoints, model_type):
     dirs = family_checkpoints[model_type]
     args = [a for task, d in dirs.items() for a in (f"--{task}-model", str(d))]
     with Server(*args) as server:
+
         def post(path, body):
             response = httpx.post(server.url + path, json=body, timeout=30)
             assert response.status_code == 200, response.text
@@ -381,15 +452,19 @@ def test_served_answers_equal_transformers(family_checkpoints, model_type):
         entities = post("/ner", {"inputs": [TEXT, CONTEXT], "aggregation": "first"})
         pipe = transformers.pipeline("token-classification", model=str(dirs["ner"]), aggregation_strategy="first")
         for text, ours, theirs in zip([TEXT, CONTEXT], entities, pipe([TEXT, CONTEXT])):
-            assert [(e["entity_group"], e["start"], e["end"]) for e in ours] == \
-                [(e["entity_group"], e["start"], e["end"]) for e in theirs]
+            assert [(e["entity_group"], e["start"], e["end"]) for e in ours] == [
+                (e["entity_group"], e["start"], e["end"]) for e in theirs
+            ]
             assert np.allclose([e["score"] for e in ours], [float(e["score"]) for e in theirs], atol=1e-5)
-            assert all(e["word"] == text[e["start"]:e["end"]] for e in ours)
+            assert all(e["word"] == text[e["start"] : e["end"]] for e in ours)
 
         answer = post("/qa", {"question": QUESTION, "context": CONTEXT, "doc_stride": 12})
         expected = _hf_qa_answer(dirs["qa"], QUESTION, CONTEXT)
-        assert (answer["answer"], answer["start"], answer["end"]) == \
-            (expected["answer"], expected["start"], expected["end"])
+        assert (answer["answer"], answer["start"], answer["end"]) == (
+            expected["answer"],
+            expected["start"],
+            expected["end"],
+        )
         assert abs(answer["score"] - expected["score"]) < 1e-5
 
         vectors = np.array(post("/embed", {"inputs": [TEXT], "normalize": False}))
@@ -444,14 +519,21 @@ def test_onnx_export_equals_transformers_with_fused_attention(family_checkpoints
             ids = torch.tensor([BertTokenizer.from_dir(directory).encode_batch([TEXT])[0].ids])
             probs = theirs(input_ids=ids).logits[0].softmax(-1)
         labels = theirs.config.id2label
-        assert all(abs(a["score"] - probs[i].item()) < 1e-5 for a in answer
-                   for i in [next(k for k, v in labels.items() if v == a["label"])])
+        assert all(
+            abs(a["score"] - probs[i].item()) < 1e-5
+            for a in answer
+            for i in [next(k for k, v in labels.items() if v == a["label"])]
+        )
 
 
 # ---- real weights in each family's layout: all-MiniLM-L6-v2 rewritten (tests/family_layouts.py) ---------------
 
-SENTENCES = ["A gripping, beautifully shot film.", "Alice moved from Paris to Berlin in 2019.",
-             "The museum's restorers work on old paintings every day, even on weekends.", "dull"]
+SENTENCES = [
+    "A gripping, beautifully shot film.",
+    "Alice moved from Paris to Berlin in 2019.",
+    "The museum's restorers work on old paintings every day, even on weekends.",
+    "dull",
+]
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "distilbert", "electra"])
@@ -464,11 +546,17 @@ def test_minilm_rewritten_into_family_layout_gives_the_same_states(tmp_path, min
     batch = BertTokenizer.from_dir(minilm_dir)(SENTENCES)
     ids, mask = torch.from_numpy(batch["input_ids"]), torch.from_numpy(batch["attention_mask"])
     with torch.no_grad():
-        original = transformers.AutoModel.from_pretrained(minilm_dir).eval()(
-            input_ids=ids, attention_mask=mask).last_hidden_state
+        original = (
+            transformers.AutoModel.from_pretrained(minilm_dir)
+            .eval()(input_ids=ids, attention_mask=mask)
+            .last_hidden_state
+        )
         # first: transformers itself gives the original's states from the rewritten layout
-        theirs = transformers.AutoModel.from_pretrained(rewritten).eval()(
-            input_ids=ids, attention_mask=mask).last_hidden_state
+        theirs = (
+            transformers.AutoModel.from_pretrained(rewritten)
+            .eval()(input_ids=ids, attention_mask=mask)
+            .last_hidden_state
+        )
     keep = mask.bool()
     assert (theirs - original)[keep].abs().max().item() < 1e-5
     # then ours, from the rewritten directory, equal it
@@ -486,9 +574,11 @@ def test_minilm_rewritten_into_family_layout_gives_the_same_states(tmp_path, min
 def test_packed_backend_runner_equals_padded_model(family_checkpoints, model_type, head):
     """serving's packed path (serving/backends/torch_packed.py, its CPU reference attention) on each family:
     positions offset, no token types or a single one, the embedding projection all taken by the same modules."""
-    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
     from test_torch_packed import assert_close as assert_backend_close
-    from test_torch_packed import ours as by_output, padded_outputs, random_batch
+    from test_torch_packed import ours as by_output
+    from test_torch_packed import padded_outputs, random_batch
+
+    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
 
     model, _ = load_for_inference(family_checkpoints[model_type][head])
     batch = random_batch([1, 30, 17, 24, 5], width=32, seed=1, vocab=model.config.vocab_size)

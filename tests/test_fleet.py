@@ -15,6 +15,7 @@ More environment (optional):
   BERTSERVE_LB_IMAGE     a haproxy image to use instead of building deploy/fleet/haproxy.Dockerfile
   BERTSERVE_FLEET_SECONDS  the least duration of each run (default 60)
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from test_container import DOCKER, PYTHON_IMAGE, _skip_reason, docker, image  # noqa: F401 - image is a fixture
 from test_serving_support import free_port
 
@@ -44,13 +44,22 @@ CLIENTS = 16
 SECONDS = float(os.environ.get("BERTSERVE_FLEET_SECONDS", "60"))
 REPLICAS = ("bertserve-1", "bertserve-2", "bertserve-3")
 
-CONTEXT = ("The Amazon rainforest covers much of the Amazon basin of South America. The basin covers seven million "
-           "square kilometres, of which five and a half million are covered by the rainforest. The region includes "
-           "territory belonging to nine nations; the majority of the forest lies within Brazil.")
-QUESTIONS = ("How much of the basin is covered by the rainforest?", "Where does most of the forest lie?",
-             "How many nations does the region include?")
-TEXTS = ("a thoroughly enjoyable film with a clever script", "dull, slow and far too long",
-         "the actors do what they can with a thin story", "one of the best films of the year")
+CONTEXT = (
+    "The Amazon rainforest covers much of the Amazon basin of South America. The basin covers seven million "
+    "square kilometres, of which five and a half million are covered by the rainforest. The region includes "
+    "territory belonging to nine nations; the majority of the forest lies within Brazil."
+)
+QUESTIONS = (
+    "How much of the basin is covered by the rainforest?",
+    "Where does most of the forest lie?",
+    "How many nations does the region include?",
+)
+TEXTS = (
+    "a thoroughly enjoyable film with a clever script",
+    "dull, slow and far too long",
+    "the actors do what they can with a thin story",
+    "one of the best films of the year",
+)
 
 
 def _compose_command() -> list[str]:
@@ -74,15 +83,23 @@ def lb_image():
         return os.environ["BERTSERVE_LB_IMAGE"]
     given = re.search(r"PYTHON_IMAGE=(\S+)", os.environ.get("BERTSERVE_DOCKER_BUILD_ARGS", ""))
     tag = "bertserve-lb:test"
-    docker("build", "-t", tag, "-f", str(FLEET / "haproxy.Dockerfile"),
-           "--build-arg", f"BASE_IMAGE={given.group(1) if given else PYTHON_IMAGE}", str(FLEET), timeout=900)
+    docker(
+        "build",
+        "-t",
+        tag,
+        "-f",
+        str(FLEET / "haproxy.Dockerfile"),
+        "--build-arg",
+        f"BASE_IMAGE={given.group(1) if given else PYTHON_IMAGE}",
+        str(FLEET),
+        timeout=900,
+    )
     return tag
 
 
 def without_retries(config: str) -> str:
     """haproxy.cfg with health checks only: no retry of a request, on any replica."""
-    kept = [line for line in config.splitlines()
-            if not re.match(r"\s*(retry-on|option redispatch|retries)\b", line)]
+    kept = [line for line in config.splitlines() if not re.match(r"\s*(retry-on|option redispatch|retries)\b", line)]
     return "\n".join(kept) + "\n"
 
 
@@ -102,14 +119,23 @@ class Fleet:
         self.compose = _compose_command()
         self.project = f"bsfleet{uuid.uuid4().hex[:8]}"
         self.port = free_port()
-        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("BERTSERVE_")},
-                    "BERTSERVE_IMAGE": server_image, "BERTSERVE_LB_IMAGE": lb_image,
-                    "BERTSERVE_LB_CONFIG": str(lb_config), "BERTSERVE_FLEET_PORT": str(self.port)}
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("BERTSERVE_")},
+            "BERTSERVE_IMAGE": server_image,
+            "BERTSERVE_LB_IMAGE": lb_image,
+            "BERTSERVE_LB_CONFIG": str(lb_config),
+            "BERTSERVE_FLEET_PORT": str(self.port),
+        }
         self.url = f"http://127.0.0.1:{self.port}"
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        result = subprocess.run([*self.compose, "-p", self.project, "-f", str(FLEET / "docker-compose.yml"), *args],
-                                capture_output=True, text=True, timeout=timeout, env=self.env)
+        result = subprocess.run(
+            [*self.compose, "-p", self.project, "-f", str(FLEET / "docker-compose.yml"), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+        )
         assert result.returncode == 0, f"compose {' '.join(args)}: {result.stderr[-3000:]}"
         return result
 
@@ -134,8 +160,9 @@ class Fleet:
         return self.run("ps", "-q", service).stdout.strip()
 
     def address(self, service: str) -> str | None:
-        networks = json.loads(docker("inspect", "--format", "{{json .NetworkSettings.Networks}}",
-                                     self.container(service)).stdout)
+        networks = json.loads(
+            docker("inspect", "--format", "{{json .NetworkSettings.Networks}}", self.container(service)).stdout
+        )
         return next((n["IPAddress"] for n in networks.values() if n.get("IPAddress")), None)
 
     def wait_ready(self, service: str, timeout: float = 120) -> float:
@@ -153,18 +180,48 @@ class Fleet:
         raise AssertionError(f"{service} not ready within {timeout} s\n{self.logs()}")
 
     def logs(self) -> str:
-        result = subprocess.run([*self.compose, "-p", self.project, "-f", str(FLEET / "docker-compose.yml"), "logs",
-                                 "--no-color", "--tail", "40"], capture_output=True, text=True, timeout=60, env=self.env)
+        result = subprocess.run(
+            [
+                *self.compose,
+                "-p",
+                self.project,
+                "-f",
+                str(FLEET / "docker-compose.yml"),
+                "logs",
+                "--no-color",
+                "--tail",
+                "40",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=self.env,
+        )
         return result.stdout[-6000:]
 
     def down(self) -> None:
-        subprocess.run([*self.compose, "-p", self.project, "-f", str(FLEET / "docker-compose.yml"), "down", "-v",
-                        "--timeout", "5"], capture_output=True, timeout=300, env=self.env)
+        subprocess.run(
+            [
+                *self.compose,
+                "-p",
+                self.project,
+                "-f",
+                str(FLEET / "docker-compose.yml"),
+                "down",
+                "-v",
+                "--timeout",
+                "5",
+            ],
+            capture_output=True,
+            timeout=300,
+            env=self.env,
+        )
 
 
 def restarts(fleet: Fleet, log: list[str]) -> None:
     """One replica SIGKILLed and started again, then a rolling stop/start of the other two, each after the
     one before is serving again (and the balancer has seen it: 2 good checks a second apart)."""
+
     def note(what: str) -> None:
         log.append(f"{time.monotonic() - started:5.1f}s {what}")
 
@@ -201,8 +258,11 @@ def plain_client(url: str, index: int, stop: threading.Event, outcomes: Counter,
         n = index
         while not stop.is_set():
             route = routes[n % 3]
-            body = ({"inputs": TEXTS[n % len(TEXTS)]} if route != "/qa"
-                    else {"question": QUESTIONS[n % len(QUESTIONS)], "context": CONTEXT})
+            body = (
+                {"inputs": TEXTS[n % len(TEXTS)]}
+                if route != "/qa"
+                else {"question": QUESTIONS[n % len(QUESTIONS)], "context": CONTEXT}
+            )
             try:
                 response = client.post(route, json=body, headers={"x-request-id": f"plain-{index}-{n}"})
                 if response.status_code == 200:
@@ -247,8 +307,9 @@ def sdk_client(url: str, index: int, stop: threading.Event, outcomes: Counter, l
 
 def run_under_restarts(fleet: Fleet, client) -> tuple[Counter, list[str], float]:
     outcomes, lock, stop = Counter(), threading.Lock(), threading.Event()
-    threads = [threading.Thread(target=client, args=(fleet.url, i, stop, outcomes, lock), daemon=True)
-               for i in range(CLIENTS)]
+    threads = [
+        threading.Thread(target=client, args=(fleet.url, i, stop, outcomes, lock), daemon=True) for i in range(CLIENTS)
+    ]
     started = time.monotonic()
     for t in threads:
         t.start()
@@ -279,9 +340,11 @@ def test_fleet_loses_no_request_while_replicas_restart(kind, image, lb_image, tm
         fleet.down()
     total = sum(outcomes.values())
     failures = {k: v for k, v in outcomes.items() if k != "ok"}
-    print(f"\nbar 3 ({kind}: {'plain HTTP, shipped balancer' if kind == 'plain' else 'SDK, balancer without retries'})"
-          f": {total} requests in {seconds:.0f} s by {CLIENTS} clients, {sum(failures.values())} failed"
-          f"{': ' + json.dumps(failures, indent=1) if failures else ''}\n  " + "\n  ".join(log))
+    print(
+        f"\nbar 3 ({kind}: {'plain HTTP, shipped balancer' if kind == 'plain' else 'SDK, balancer without retries'})"
+        f": {total} requests in {seconds:.0f} s by {CLIENTS} clients, {sum(failures.values())} failed"
+        f"{': ' + json.dumps(failures, indent=1) if failures else ''}\n  " + "\n  ".join(log)
+    )
     assert log and log[-1].endswith("restarts done"), log
     assert total >= 100, outcomes
     assert not failures, failures

@@ -4,6 +4,7 @@ The dry run is the GPU command (`python -m bench.gpu.kit`) with --dry-run: the s
 JSON, on a bundle that `python -m bench.gpu.prepare --tiny` makes from shared/data. The GPU run itself
 needs a CUDA machine (bench/gpu/README.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,10 +38,25 @@ def tiny_kit(tmp_path_factory, data_dir):
 def dry_run(tiny_kit, tmp_path_factory):
     base = tmp_path_factory.mktemp("gpu-kit-run")
     out, work = base / "out", base / "work"
-    result = run("-m", "bench.gpu.kit", "--dry-run", "--phase", "1", "--kit", str(tiny_kit), "--out", str(out),
-                 "--work", str(work), "--budget-s", "900", timeout=600)
-    return SimpleNamespace(out=out, work=work, kit=tiny_kit, stdout=result.stdout,
-                           results=json.loads((out / "results.json").read_text()))
+    result = run(
+        "-m",
+        "bench.gpu.kit",
+        "--dry-run",
+        "--phase",
+        "1",
+        "--kit",
+        str(tiny_kit),
+        "--out",
+        str(out),
+        "--work",
+        str(work),
+        "--budget-s",
+        "900",
+        timeout=600,
+    )
+    return SimpleNamespace(
+        out=out, work=work, kit=tiny_kit, stdout=result.stdout, results=json.loads((out / "results.json").read_text())
+    )
 
 
 def test_prepare_writes_the_bundle(tiny_kit):
@@ -100,6 +116,7 @@ def test_demo_parts_reassemble_into_a_servable_model(dry_run, tmp_path):
     assert [p.name for p in parts] == [p["file"] for p in demo["package"]["parts"]] and len(parts) >= 2
     blob = b"".join(p.read_bytes() for p in parts)
     import hashlib
+
     assert hashlib.sha256(blob).hexdigest() == demo["package"]["sha256"]
     (tmp_path / "demo.tar").write_bytes(blob)
     with tarfile.open(tmp_path / "demo.tar") as tar:
@@ -118,8 +135,10 @@ def test_dry_run_model_level_compares_both_sides_on_every_workload(dry_run):
     for workload in ("64x1", "64x4", "squad-windows/max_length", "squad-windows/longest"):
         assert {("large", workload, "transformers-sdpa"), ("large", workload, "bertserve")} <= seen
     assert {("base", "32x1", "bertserve"), ("base", "32x4", "transformers-sdpa")} <= seen
-    assert {("large", "squad-windows/max_length", "bertserve-padded"),  # the pieces, one by one
-            ("large", "64x4", "bertserve-packed-no-graphs")} <= seen
+    assert {
+        ("large", "squad-windows/max_length", "bertserve-padded"),  # the pieces, one by one
+        ("large", "64x4", "bertserve-packed-no-graphs"),
+    } <= seen
     assert all(a["argmax_agree"] == 1.0 and a["max_abs_diff"] < 1e-3 for a in model["agreement"])
     assert model["backends"]["large"]["fast_path"]["packed"] is True
     assert "real_vs_max_length" in model["summary"]["bar"]
@@ -127,8 +146,12 @@ def test_dry_run_model_level_compares_both_sides_on_every_workload(dry_run):
 
 def test_dry_run_server_level_measures_both_servers(dry_run):
     rows = dry_run.results["steps"]["server"]["rows"]
-    assert {(r["server"], r["clients"]) for r in rows} == {("bertserve", 1), ("bertserve", 2), ("baseline", 1),
-                                                            ("baseline", 2)}
+    assert {(r["server"], r["clients"]) for r in rows} == {
+        ("bertserve", 1),
+        ("bertserve", 2),
+        ("baseline", 1),
+        ("baseline", 2),
+    }
     assert all(r["errors"] == 0 for r in rows), rows
     assert all(r["ok"] > 0 for r in rows if r["server"] == "bertserve"), rows  # the baseline may be too slow
 
@@ -137,8 +160,21 @@ def test_phase_2_continues_where_phase_1_stopped(dry_run, tmp_path):
     """The work folder of an earlier run on the same machine says what is done: nothing is run again, the
     results are kept."""
     out = tmp_path / "out2"
-    result = run("-m", "bench.gpu.kit", "--dry-run", "--phase", "2", "--kit", str(dry_run.kit), "--out", str(out),
-                 "--work", str(dry_run.work), "--budget-s", "900")
+    result = run(
+        "-m",
+        "bench.gpu.kit",
+        "--dry-run",
+        "--phase",
+        "2",
+        "--kit",
+        str(dry_run.kit),
+        "--out",
+        str(out),
+        "--work",
+        str(dry_run.work),
+        "--budget-s",
+        "900",
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["planned"] == []
     assert {r.get("kept_from") for r in results["steps"].values()} == {"previous run"}
@@ -150,11 +186,28 @@ def test_plan_reruns_only_what_did_not_finish(tmp_path):
 
     kit = tmp_path / "kit"
     kit.mkdir()
-    (kit / "previous.json").write_text(json.dumps({"steps": {
-        "tests": {"status": "failed"}, "demo": {"status": "interrupted"}, "model": {"status": "deferred"},
-        "server": {"status": "ok"}}}))
-    args = SimpleNamespace(phase="2", steps=None, budget_s=100, out=str(tmp_path / "o"), work=str(tmp_path / "w"),
-                           kit=str(kit), previous=None, dry_run=True)
+    (kit / "previous.json").write_text(
+        json.dumps(
+            {
+                "steps": {
+                    "tests": {"status": "failed"},
+                    "demo": {"status": "interrupted"},
+                    "model": {"status": "deferred"},
+                    "server": {"status": "ok"},
+                }
+            }
+        )
+    )
+    args = SimpleNamespace(
+        phase="2",
+        steps=None,
+        budget_s=100,
+        out=str(tmp_path / "o"),
+        work=str(tmp_path / "w"),
+        kit=str(kit),
+        previous=None,
+        dry_run=True,
+    )
     assert Kit(args).plan() == ["demo", "model"]
     args.steps = "server,tests"
     assert Kit(args).plan() == ["tests", "server"]
@@ -164,8 +217,21 @@ def test_plan_reruns_only_what_did_not_finish(tmp_path):
 
 def test_a_step_that_cannot_fit_the_budget_is_deferred(tiny_kit, tmp_path):
     out = tmp_path / "out"
-    run("-m", "bench.gpu.kit", "--dry-run", "--steps", "model", "--kit", str(tiny_kit), "--out", str(out),
-        "--work", str(tmp_path / "work"), "--budget-s", "1")
+    run(
+        "-m",
+        "bench.gpu.kit",
+        "--dry-run",
+        "--steps",
+        "model",
+        "--kit",
+        str(tiny_kit),
+        "--out",
+        str(out),
+        "--work",
+        str(tmp_path / "work"),
+        "--budget-s",
+        "1",
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["steps"]["model"]["status"] == "deferred"
 
@@ -180,6 +246,10 @@ def test_without_minilm_the_demo_step_starts_from_the_demo_encoder_with_fresh_he
     assert "encoder of the CPU-trained demo model" in what
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["BertModel"] and not config.get("task_labels")
-    _, report = load_checkpoint(path, model_cls=BertForMultiTask, from_backbone=True,
-                                config_overrides={"task_labels": {"classify": ["a", "b"], "ner": ["O"], "qa": []}})
+    _, report = load_checkpoint(
+        path,
+        model_cls=BertForMultiTask,
+        from_backbone=True,
+        config_overrides={"task_labels": {"classify": ["a", "b"], "ner": ["O"], "qa": []}},
+    )
     assert {"classifier.weight", "token_classifier.weight", "qa_outputs.weight"} <= set(report.initialised)

@@ -3,6 +3,7 @@
 A loopback stand-in implements the few endpoints huggingface_hub's snapshot_download calls (model info,
 the file tree, HEAD/GET of /resolve/) and records every request; huggingface_hub downloads from it into a
 temporary HF_HOME, which is then the cache the offline runs read (HF_HUB_OFFLINE=1)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,16 +19,22 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 import pytest
-
 from test_serving_support import CLS_LABELS, PYTHON, REPO, TEXTS, Server, build_checkpoint, free_port
 
 MAIN = "a" * 40
 V1 = "b" * 40
 V1_LABELS = ["sad", "happy"]
 # What a real repository holds beside what we read: none of it may be fetched.
-FORBIDDEN = {"pytorch_model.bin": b"\x80\x02pickle", "model.onnx": b"onnx", "flax_model.msgpack": b"flax",
-             "tf_model.h5": b"h5", "modeling_x.py": b"import os\n", "README.md": b"# tiny\n",
-             "onnx/model.onnx": b"onnx", ".gitattributes": b"*.bin filter=lfs\n"}
+FORBIDDEN = {
+    "pytorch_model.bin": b"\x80\x02pickle",
+    "model.onnx": b"onnx",
+    "flax_model.msgpack": b"flax",
+    "tf_model.h5": b"h5",
+    "modeling_x.py": b"import os\n",
+    "README.md": b"# tiny\n",
+    "onnx/model.onnx": b"onnx",
+    ".gitattributes": b"*.bin filter=lfs\n",
+}
 
 
 def checkpoint_files(directory: Path) -> dict[str, bytes]:
@@ -63,8 +70,11 @@ class StandInHub:
 
     def fetched(self) -> set[str]:
         """The files whose contents were sent (GET of /resolve/)."""
-        return {path.split("/resolve/", 1)[1].split("/", 1)[1] for method, path in self.requests
-                if method == "GET" and "/resolve/" in path}
+        return {
+            path.split("/resolve/", 1)[1].split("/", 1)[1]
+            for method, path in self.requests
+            if method == "GET" and "/resolve/" in path
+        }
 
     def _commit(self, repo: dict, revision: str) -> str | None:
         revision = unquote(revision)
@@ -88,20 +98,39 @@ class StandInHub:
             return self.send(request, 404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"}, head)
         files = repo["commits"][commit]
         if kind == "revision":
-            return self.send(request, 200, {"id": repo_id, "sha": commit, "private": False,
-                                            "siblings": [{"rfilename": name} for name in files]}, head=head)
+            return self.send(
+                request,
+                200,
+                {"id": repo_id, "sha": commit, "private": False, "siblings": [{"rfilename": name} for name in files]},
+                head=head,
+            )
         if kind == "tree":
-            return self.send(request, 200, [{"type": "file", "path": name, "size": len(data),
-                                             "oid": hashlib.sha1(data).hexdigest()} for name, data in files.items()],
-                             head=head)
+            return self.send(
+                request,
+                200,
+                [
+                    {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                    for name, data in files.items()
+                ],
+                head=head,
+            )
         name = unquote("/".join(parts[4:]))
         if name not in files:
-            return self.send(request, 404, {"error": "Entry not found"},
-                             {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": commit}, head)
+            return self.send(
+                request,
+                404,
+                {"error": "Entry not found"},
+                {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": commit},
+                head,
+            )
         data = files[name]
         request.send_response(200)
-        for key, value in {"Content-Length": str(len(data)), "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
-                           "X-Repo-Commit": commit, "Content-Type": "application/octet-stream"}.items():
+        for key, value in {
+            "Content-Length": str(len(data)),
+            "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+            "X-Repo-Commit": commit,
+            "Content-Type": "application/octet-stream",
+        }.items():
             request.send_header(key, value)
         request.end_headers()
         if not head:
@@ -111,8 +140,11 @@ class StandInHub:
     def send(request, status: int, body, headers: dict | None = None, head: bool = False):
         data = json.dumps(body).encode()
         request.send_response(status)
-        for key, value in {"Content-Type": "application/json", "Content-Length": str(len(data)),
-                           **(headers or {})}.items():
+        for key, value in {
+            "Content-Type": "application/json",
+            "Content-Length": str(len(data)),
+            **(headers or {}),
+        }.items():
             request.send_header(key, value)
         request.end_headers()
         if not head:
@@ -136,31 +168,41 @@ def hub(checkpoint):
     remote["config.json"] = json.dumps({**config, "auto_map": {"AutoModel": "modeling_x.MyModel"}}).encode()
     pickle_only = {k: v for k, v in main.items() if not k.endswith(".safetensors")}
     code_only = {k: v for k, v in pickle_only.items() if k != "pytorch_model.bin"}
-    stand_in = StandInHub({
-        "acme/tiny-sst2": {"refs": {"main": MAIN, "v1": V1}, "commits": {MAIN: main, V1: v1}},
-        "acme/remote-code": {"refs": {"main": MAIN}, "commits": {MAIN: remote}},
-        "acme/pickle-only": {"refs": {"main": MAIN}, "commits": {MAIN: pickle_only}},
-        "acme/code-only": {"refs": {"main": MAIN}, "commits": {MAIN: code_only}},
-    })
+    stand_in = StandInHub(
+        {
+            "acme/tiny-sst2": {"refs": {"main": MAIN, "v1": V1}, "commits": {MAIN: main, V1: v1}},
+            "acme/remote-code": {"refs": {"main": MAIN}, "commits": {MAIN: remote}},
+            "acme/pickle-only": {"refs": {"main": MAIN}, "commits": {MAIN: pickle_only}},
+            "acme/code-only": {"refs": {"main": MAIN}, "commits": {MAIN: code_only}},
+        }
+    )
     yield stand_in
     stand_in.close()
 
 
 def hub_env(tmp: Path, endpoint: str, offline: bool = False) -> dict:
-    env = {"HF_HOME": str(tmp / "hf"), "HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-           "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "1" if offline else "0"}
+    env = {
+        "HF_HOME": str(tmp / "hf"),
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_OFFLINE": "1" if offline else "0",
+    }
     return {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))} | env
 
 
 def run(args: list[str], env: dict, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, *args], cwd=cwd, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [PYTHON, *args], cwd=cwd, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def resolve(model_id: str, env: dict) -> subprocess.CompletedProcess:
     """bert.checkpoint.resolve_checkpoint in a fresh process (huggingface_hub reads its env at import)."""
-    code = ("import sys; from bert.errors import run_cli; from bert.checkpoint import resolve_checkpoint; "
-            "sys.exit(run_cli(lambda argv: print(resolve_checkpoint(argv[0])), sys.argv[1:]))")
+    code = (
+        "import sys; from bert.errors import run_cli; from bert.checkpoint import resolve_checkpoint; "
+        "sys.exit(run_cli(lambda argv: print(resolve_checkpoint(argv[0])), sys.argv[1:]))"
+    )
     return run(["-c", code, model_id], env)
 
 
@@ -182,16 +224,26 @@ def classify(url: str) -> list:
 # ----------------------------------------------------------------------------- ids
 
 
-@pytest.mark.parametrize("name, parsed", [
-    ("acme/tiny-sst2", ("acme/tiny-sst2", None)),
-    ("acme/tiny-sst2@v1", ("acme/tiny-sst2", "v1")),
-    ("sentence-transformers/all-MiniLM-L6-v2@" + MAIN, ("sentence-transformers/all-MiniLM-L6-v2", MAIN)),
-    ("acme/tiny@refs/pr/1", ("acme/tiny", "refs/pr/1")),
-    ("tiny", None), ("./acme/tiny", None), ("/abs/acme", None), ("~/acme/tiny", None), ("a/b/c", None),
-    ("acme/..", None), ("acme/tiny@", None), ("acme/ti ny", None),
-])
+@pytest.mark.parametrize(
+    "name, parsed",
+    [
+        ("acme/tiny-sst2", ("acme/tiny-sst2", None)),
+        ("acme/tiny-sst2@v1", ("acme/tiny-sst2", "v1")),
+        ("sentence-transformers/all-MiniLM-L6-v2@" + MAIN, ("sentence-transformers/all-MiniLM-L6-v2", MAIN)),
+        ("acme/tiny@refs/pr/1", ("acme/tiny", "refs/pr/1")),
+        ("tiny", None),
+        ("./acme/tiny", None),
+        ("/abs/acme", None),
+        ("~/acme/tiny", None),
+        ("a/b/c", None),
+        ("acme/..", None),
+        ("acme/tiny@", None),
+        ("acme/ti ny", None),
+    ],
+)
 def test_hub_id_syntax(name, parsed):
     from bert.hub import parse_id
+
     assert parse_id(name) == parsed
 
 
@@ -239,25 +291,33 @@ def test_revision_is_honoured(hub, tmp_path):
     offline = hub_env(tmp_path, hub.url, offline=True)
     assert Path(resolve("acme/tiny-sst2@v1", offline).stdout.strip()) == v1_dir
     assert Path(resolve("acme/tiny-sst2@" + V1, offline).stdout.strip()) == v1_dir
-    assert_one_line_error(resolve("acme/tiny-sst2@v2", offline), "acme/tiny-sst2@v2", "HF_HUB_OFFLINE=1",
-                          "not in the cache")
+    assert_one_line_error(
+        resolve("acme/tiny-sst2@v2", offline), "acme/tiny-sst2@v2", "HF_HUB_OFFLINE=1", "not in the cache"
+    )
 
 
 # ----------------------------------------------------------------------------- refused
 
 
 def test_remote_code_is_refused_in_one_line(hub, tmp_path):
-    result = run(["-m", "serving", "--model", "acme/remote-code", "--port", str(free_port())],
-                 hub_env(tmp_path, hub.url))
+    result = run(
+        ["-m", "serving", "--model", "acme/remote-code", "--port", str(free_port())], hub_env(tmp_path, hub.url)
+    )
     assert_one_line_error(result, "acme/remote-code", "auto_map", "never runs downloaded code")
     assert not any(name.endswith(".py") for name in hub.fetched())
-    assert_one_line_error(resolve("acme/code-only", hub_env(tmp_path, hub.url)), "acme/code-only", "modeling_x.py",
-                          "never runs downloaded code")
+    assert_one_line_error(
+        resolve("acme/code-only", hub_env(tmp_path, hub.url)),
+        "acme/code-only",
+        "modeling_x.py",
+        "never runs downloaded code",
+    )
 
 
 def test_pickle_only_repository_is_refused_in_one_line(hub, tmp_path):
-    result = run(["-m", "export.onnx", "--ckpt", "acme/pickle-only", "--out", str(tmp_path / "artifact")],
-                 hub_env(tmp_path, hub.url))
+    result = run(
+        ["-m", "export.onnx", "--ckpt", "acme/pickle-only", "--out", str(tmp_path / "artifact")],
+        hub_env(tmp_path, hub.url),
+    )
     assert_one_line_error(result, "acme/pickle-only", "pytorch_model.bin", "convert them to safetensors")
     assert "pytorch_model.bin" not in hub.fetched()
     assert not (tmp_path / "artifact").exists()
@@ -271,10 +331,14 @@ def test_unknown_repository_revision_and_unreachable_hub_are_one_line(hub, tmp_p
     assert_one_line_error(resolve("acme/nope", env), "'acme/nope'", "no repository acme/nope", "HF_TOKEN")
     assert_one_line_error(resolve("acme/tiny-sst2@nope", env), "acme/tiny-sst2", "no revision 'nope'")
     closed = f"http://127.0.0.1:{free_port()}"
-    assert_one_line_error(resolve("acme/tiny-sst2", hub_env(tmp_path, closed)), "could not be reached",
-                          "HF_ENDPOINT", "acme/tiny-sst2")
-    assert_one_line_error(resolve("acme/tiny-sst2", hub_env(tmp_path / "empty", hub.url, offline=True)),
-                          "not in the cache", "HF_HUB_OFFLINE=1")
+    assert_one_line_error(
+        resolve("acme/tiny-sst2", hub_env(tmp_path, closed)), "could not be reached", "HF_ENDPOINT", "acme/tiny-sst2"
+    )
+    assert_one_line_error(
+        resolve("acme/tiny-sst2", hub_env(tmp_path / "empty", hub.url, offline=True)),
+        "not in the cache",
+        "HF_HUB_OFFLINE=1",
+    )
     result = run(["-m", "serving", "--model", "acme/nope", "--port", str(free_port())], env)
     assert_one_line_error(result, "'acme/nope'", "no repository")
 

@@ -12,6 +12,7 @@ Two graphs, two tests:
   hides it (bert/errors.py once imported checkpoint, config and tokenizer inside bad_input_errors(), and
   each of them imported bert.errors; the module-level graph alone did not show it).
 """
+
 from __future__ import annotations
 
 import ast
@@ -29,7 +30,8 @@ def module_name(path: Path, root: Path = REPO) -> str:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.Module, module_level: bool):
@@ -81,7 +83,7 @@ def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         path.pop()
@@ -106,12 +108,18 @@ def test_the_graph_sees_relative_and_package_imports(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "sub" / "__init__.py").write_text("from bert.sub import leaf\n")
     (pkg / "sub" / "leaf.py").write_text("from ..low import x\n")
-    (pkg / "low.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import bert.high\n"
-                                "def f():\n    from . import high\n")
+    (pkg / "low.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import bert.high\ndef f():\n    from . import high\n"
+    )
     (pkg / "high.py").write_text("import bert.low\nfrom bert import sub\n")
     top = import_graph(tmp_path, module_level=True)
-    assert top == {"bert": {}, "bert.sub": {"bert.sub.leaf": 1}, "bert.sub.leaf": {"bert.low": 1},
-                   "bert.low": {}, "bert.high": {"bert.low": 1, "bert.sub": 2}}
+    assert top == {
+        "bert": {},
+        "bert.sub": {"bert.sub.leaf": 1},
+        "bert.sub.leaf": {"bert.low": 1},
+        "bert.low": {},
+        "bert.high": {"bert.low": 1, "bert.sub": 2},
+    }
     assert find_cycle(top) is None
     full = import_graph(tmp_path, module_level=False)
     assert full["bert.low"] == {"bert.high": 5}
@@ -136,8 +144,7 @@ def test_the_config_imports_no_codec():
     import subprocess
     import sys
 
-    probe = ("import sys, bert.config, bert.errors\n"
-             "print(sorted(m for m in sys.modules if m.startswith('bert.tasks')))")
+    probe = "import sys, bert.config, bert.errors\nprint(sorted(m for m in sys.modules if m.startswith('bert.tasks')))"
     run = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]"

@@ -1,22 +1,37 @@
 """The tiny-config model tester (after google-research/bert's modeling_test.py): shapes, losses,
 determinism, masking, tracing, and state-dict names equal to transformers'."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from bert.config import BertConfig, ConfigError
-from bert.model import (BertForMaskedLM, BertForMultiTask, BertForPreTraining, BertForQuestionAnswering,
-                        BertForSequenceClassification, BertForTokenClassification, BertModel,
-                        additive_padding_mask)
+from bert.model import (
+    BertForMaskedLM,
+    BertForMultiTask,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    additive_padding_mask,
+)
 
 B, T = 3, 7
 
 
 @pytest.fixture
 def config() -> BertConfig:
-    return BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=37, max_position_embeddings=64, id2label={0: "a", 1: "b", 2: "c"})
+    return BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        id2label={0: "a", 1: "b", 2: "c"},
+    )
 
 
 @pytest.fixture
@@ -33,7 +48,12 @@ def batch():
 
 def test_presets_follow_the_paper():
     base, large = BertConfig.preset("base"), BertConfig.preset("large")
-    assert (base.num_hidden_layers, base.hidden_size, base.num_attention_heads, base.intermediate_size) == (12, 768, 12, 3072)
+    assert (base.num_hidden_layers, base.hidden_size, base.num_attention_heads, base.intermediate_size) == (
+        12,
+        768,
+        12,
+        3072,
+    )
     assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads) == (24, 1024, 16)
     assert BertConfig.preset("tiny").hidden_size == 128
     assert BertConfig.preset("mini", vocab_size=1000).vocab_size == 1000
@@ -41,14 +61,17 @@ def test_presets_follow_the_paper():
     assert 108e6 < params < 111e6  # "110M parameters"
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(hidden_size=30, num_attention_heads=4), "divisible"),
-    (dict(hidden_act="tanh"), "hidden_act"),
-    (dict(num_hidden_layers=0), "num_hidden_layers"),
-    (dict(hidden_dropout_prob=1.5), "hidden_dropout_prob"),
-    (dict(task="summarise"), "task"),
-    (dict(id2label={0: "x", 2: "y"}), "id2label"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(hidden_size=30, num_attention_heads=4), "divisible"),
+        (dict(hidden_act="tanh"), "hidden_act"),
+        (dict(num_hidden_layers=0), "num_hidden_layers"),
+        (dict(hidden_dropout_prob=1.5), "hidden_dropout_prob"),
+        (dict(task="summarise"), "task"),
+        (dict(id2label={0: "x", 2: "y"}), "id2label"),
+    ],
+)
 def test_invalid_configs_fail_with_a_message(bad, message):
     with pytest.raises(ConfigError, match=message):
         BertConfig(**bad)
@@ -91,8 +114,9 @@ def test_losses(config, batch):
     labels = torch.full((B, T), -100)
     labels[:, 1] = 2
     assert BertForTokenClassification(config)(ids, mask, types, labels=labels).loss > 0
-    qa = BertForQuestionAnswering(config)(ids, mask, types, start_positions=torch.tensor([1, 2, 99]),
-                                          end_positions=torch.tensor([2, 2, 99]))
+    qa = BertForQuestionAnswering(config)(
+        ids, mask, types, start_positions=torch.tensor([1, 2, 99]), end_positions=torch.tensor([2, 2, 99])
+    )
     assert torch.isfinite(qa.loss)  # a position past the sequence (answer outside the window) is ignored
 
 
@@ -170,8 +194,14 @@ def test_multitask_heads(config, batch):
     assert out.qa_start_logits.shape == (B, T)
 
 
-HF_CLASSES = ["BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-              "BertForTokenClassification", "BertForQuestionAnswering"]
+HF_CLASSES = [
+    "BertModel",
+    "BertForPreTraining",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+]
 
 
 @pytest.mark.parametrize("name", HF_CLASSES)
@@ -180,6 +210,9 @@ def test_state_dict_names_equal_transformers(name, config):
     import bert.model as ours
 
     hf_config = transformers.BertConfig(**config.to_dict())
-    hf_keys = {k for k in getattr(transformers, name)(hf_config).state_dict()
-               if not k.endswith(("position_ids", "embeddings.token_type_ids"))}
+    hf_keys = {
+        k
+        for k in getattr(transformers, name)(hf_config).state_dict()
+        if not k.endswith(("position_ids", "embeddings.token_type_ids"))
+    }
     assert set(getattr(ours, name)(config).state_dict()) == hf_keys

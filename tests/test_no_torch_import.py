@@ -1,4 +1,5 @@
 """The serving core must import without torch or transformers (ONNX/TensorRT servers have neither)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,13 @@ print(json.dumps(heavy))
 
 
 def test_tasks_and_tokenizer_do_not_import_torch_or_transformers():
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=60,
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []

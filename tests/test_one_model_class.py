@@ -6,6 +6,7 @@ one-output sequence classifier's one head serves classify and rerank, from the t
 exported ONNX graph alike. The two tasks whose modules do not exist yet are declared here as issue 19 gives
 them (unless the registry already has them), so that the generic code is shown to cover them.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -55,9 +56,20 @@ def declared(monkeypatch):
 
 
 def hf_config(**overrides):
-    return transformers.BertConfig(**{**dict(vocab_size=99, hidden_size=32, num_hidden_layers=2,
-                                             num_attention_heads=2, intermediate_size=37, max_position_embeddings=64,
-                                             initializer_range=0.2), **overrides})
+    return transformers.BertConfig(
+        **{
+            **dict(
+                vocab_size=99,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=37,
+                max_position_embeddings=64,
+                initializer_range=0.2,
+            ),
+            **overrides,
+        }
+    )
 
 
 def save_hf(model_cls, directory: Path, **overrides) -> Path:
@@ -77,8 +89,9 @@ def batch(vocab=99, lengths=(9, 4, 7), seed=0):
 
 
 def settings(**extra):
-    return SimpleNamespace(device="cpu", effective_precision="fp32", threads=None, effective_inference_workers=1,
-                           **extra)
+    return SimpleNamespace(
+        device="cpu", effective_precision="fp32", threads=None, effective_inference_workers=1, **extra
+    )
 
 
 @pytest.mark.parametrize("architecture", ["BertForMaskedLM", "BertForPreTraining"])
@@ -153,8 +166,7 @@ def test_exported_one_output_classifier_serves_classify_and_rerank(tmp_path, dec
     from serving.backends.onnx_backend import OnnxBackend
     from serving.backends.torch_backend import TorchBackend
 
-    directory = save_hf(transformers.BertForSequenceClassification, tmp_path / "cross", num_labels=1,
-                        vocab_size=30522)
+    directory = save_hf(transformers.BertForSequenceClassification, tmp_path / "cross", num_labels=1, vocab_size=30522)
     shutil.copy(DEMO / "vocab.txt", directory / "vocab.txt")
     out = tmp_path / "artifact"
     assert cli(["--ckpt", str(directory), "--out", str(out), "--max-seq", "64"]) == 0

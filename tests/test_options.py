@@ -1,6 +1,7 @@
 """Every command declares its options one way (bert/options.py): each option has help in its declaration and shows
 it in --help with its env var, an unknown flag is one `error:` line and exit 2, and BERTSERVE_<NAME> sets an option
 of every command (flag > env > default)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ def _training(module: str):
         from training.config import run
 
         return run(importlib.import_module(module).main, argv)
+
     return entry
 
 
@@ -45,24 +47,54 @@ def _declaration(name: str):
 
 # command -> (entry point, argv, env var set to a value only that command's checks refuse, what its error then says)
 COMMANDS = {
-    "serving": (_serving, ["--model", "no-such-model", "--port", "0"], {"BERTSERVE_MAX_BATCH_TOKENS": "0"},
-                "BERTSERVE_MAX_BATCH_TOKENS: Input should be greater than or equal to 1"),
-    "training.finetune": (_training("training.finetune"), ["--init-preset", "tiny", "--tokenizer", "tok",
-                                                           "--train-data", "t.tsv", "--eval-data", "e.tsv"],
-                          {"BERTSERVE_TASK": "summarise"}, "'summarise'"),
-    "training.multitask": (_training("training.multitask"), ["--init-preset", "tiny", "--tokenizer", "tok",
-                                                             "--classify-train", "t.tsv", "--classify-eval", "e.tsv"],
-                           {"BERTSERVE_TASK_WEIGHTS": "classify=1,summarise=2"}, "--task-weights names 'summarise'"),
-    "training.evaluate": (_training("training.evaluate"), ["--ckpt", "no-such-checkpoint", "--data", "e.tsv"],
-                          {"BERTSERVE_TASK": "summarise"}, "'summarise'"),
-    "training.pretrain": (_training("training.pretrain"), ["--corpus", __file__],
-                          {"BERTSERVE_VOCAB_SIZE": "50"}, "vocab_size must be in [100, 65535], got 50"),
-    "export.onnx": (_export("export.onnx"), ["--ckpt", "no-such-checkpoint"], {"BERTSERVE_OPSET": "9"},
-                    "--opset must be between 14 and 20, got 9"),
-    "export.tensorrt": (_export("export.tensorrt"), ["--artifact", "no-such-artifact"],
-                        {"BERTSERVE_WORKSPACE_GB": "-2"}, "--workspace-gb must be positive, got -2.0"),
-    "export.triton": (_export("export.triton"), ["--repo", "no-such-repo"],
-                      {"BERTSERVE_ARTIFACT": "no-such-artifact-dir"}, "no-such-artifact-dir"),
+    "serving": (
+        _serving,
+        ["--model", "no-such-model", "--port", "0"],
+        {"BERTSERVE_MAX_BATCH_TOKENS": "0"},
+        "BERTSERVE_MAX_BATCH_TOKENS: Input should be greater than or equal to 1",
+    ),
+    "training.finetune": (
+        _training("training.finetune"),
+        ["--init-preset", "tiny", "--tokenizer", "tok", "--train-data", "t.tsv", "--eval-data", "e.tsv"],
+        {"BERTSERVE_TASK": "summarise"},
+        "'summarise'",
+    ),
+    "training.multitask": (
+        _training("training.multitask"),
+        ["--init-preset", "tiny", "--tokenizer", "tok", "--classify-train", "t.tsv", "--classify-eval", "e.tsv"],
+        {"BERTSERVE_TASK_WEIGHTS": "classify=1,summarise=2"},
+        "--task-weights names 'summarise'",
+    ),
+    "training.evaluate": (
+        _training("training.evaluate"),
+        ["--ckpt", "no-such-checkpoint", "--data", "e.tsv"],
+        {"BERTSERVE_TASK": "summarise"},
+        "'summarise'",
+    ),
+    "training.pretrain": (
+        _training("training.pretrain"),
+        ["--corpus", __file__],
+        {"BERTSERVE_VOCAB_SIZE": "50"},
+        "vocab_size must be in [100, 65535], got 50",
+    ),
+    "export.onnx": (
+        _export("export.onnx"),
+        ["--ckpt", "no-such-checkpoint"],
+        {"BERTSERVE_OPSET": "9"},
+        "--opset must be between 14 and 20, got 9",
+    ),
+    "export.tensorrt": (
+        _export("export.tensorrt"),
+        ["--artifact", "no-such-artifact"],
+        {"BERTSERVE_WORKSPACE_GB": "-2"},
+        "--workspace-gb must be positive, got -2.0",
+    ),
+    "export.triton": (
+        _export("export.triton"),
+        ["--repo", "no-such-repo"],
+        {"BERTSERVE_ARTIFACT": "no-such-artifact-dir"},
+        "no-such-artifact-dir",
+    ),
 }
 
 
@@ -118,10 +150,13 @@ def test_an_env_var_sets_an_option_and_a_flag_wins(name, capsys, monkeypatch, tm
         monkeypatch.setenv(key, value)
     code, lines = _exit(entry, argv, capsys)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
-    (key, _), = env.items()
+    ((key, _),) = env.items()
     flag = "--" + key.removeprefix(options.ENV_PREFIX).lower().replace("_", "-")
-    default = next(o for o in options.options_of(getattr(importlib.import_module(_declaration(name)[0]),
-                                                          _declaration(name)[1])) if o.flag == flag).default
+    default = next(
+        o
+        for o in options.options_of(getattr(importlib.import_module(_declaration(name)[0]), _declaration(name)[1]))
+        if o.flag == flag
+    ).default
     if default in (None, "", []):
         return  # no value of the flag's own that passes (a required path): the env var alone is shown read
     given = ",".join(default) if isinstance(default, list) else str(default)
@@ -148,16 +183,31 @@ class Example:
 def test_flag_then_env_then_default():
     env = {"BERTSERVE_COUNT": "7", "BERTSERVE_NAME": "from-env", "BERTSERVE_FAST": "off", "BERTSERVE_TAGS": "p,q"}
     values = options.read(Example, ["--name", "from-flag"], environ=env)
-    assert values == {"name": "from-flag", "count": 7, "ratio": None, "fast": False, "no_check": False,
-                      "tags": ["p", "q"], "mode": "a", "left": None, "right": None}
+    assert values == {
+        "name": "from-flag",
+        "count": 7,
+        "ratio": None,
+        "fast": False,
+        "no_check": False,
+        "tags": ["p", "q"],
+        "mode": "a",
+        "left": None,
+        "right": None,
+    }
     assert values.sources["name"] == "--name" and values.sources["count"] == "BERTSERVE_COUNT"
     assert values.sources["mode"] == "default"
     assert Example(**values).count == 7
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--fast"], True), (["--fast", "false"], False), (["--no-fast"], False), (["--fast", "yes"], True),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--fast"], True),
+        (["--fast", "false"], False),
+        (["--no-fast"], False),
+        (["--fast", "yes"], True),
+    ],
+)
 def test_yes_no_options(argv, expected):
     assert options.read(Example, argv, environ={})["fast"] is expected
 
@@ -168,16 +218,23 @@ def test_a_no_option_has_no_double_negative():
     assert "--no-no-check" not in text and "--no-fast: false" in text
 
 
-@pytest.mark.parametrize("argv, env, message", [
-    (["--count", "many"], {}, "error: argument --count: expected an integer, got 'many'"),
-    ([], {"BERTSERVE_COUNT": "many"}, "error: BERTSERVE_COUNT: expected an integer, got 'many'"),
-    ([], {"BERTSERVE_FAST": "maybe"}, "error: BERTSERVE_FAST: expected true or false, got 'maybe'"),
-    (["--mode", "c"], {}, "error: argument --mode: invalid choice 'c' (choose from a, b)"),
-    (["--left", "l", "--right", "r"], {}, "error: argument --right: not allowed with argument --left"),
-    (["--left", "l"], {"BERTSERVE_RIGHT": "r"}, None),  # the flag wins: the other side's env var is not read
-    ([], {"BERTSERVE_LEFT": "l", "BERTSERVE_RIGHT": "r"}, "error: BERTSERVE_LEFT and BERTSERVE_RIGHT exclude each other"),
-    (["--name"], {}, "error: argument --name: expected one argument"),
-])
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--count", "many"], {}, "error: argument --count: expected an integer, got 'many'"),
+        ([], {"BERTSERVE_COUNT": "many"}, "error: BERTSERVE_COUNT: expected an integer, got 'many'"),
+        ([], {"BERTSERVE_FAST": "maybe"}, "error: BERTSERVE_FAST: expected true or false, got 'maybe'"),
+        (["--mode", "c"], {}, "error: argument --mode: invalid choice 'c' (choose from a, b)"),
+        (["--left", "l", "--right", "r"], {}, "error: argument --right: not allowed with argument --left"),
+        (["--left", "l"], {"BERTSERVE_RIGHT": "r"}, None),  # the flag wins: the other side's env var is not read
+        (
+            [],
+            {"BERTSERVE_LEFT": "l", "BERTSERVE_RIGHT": "r"},
+            "error: BERTSERVE_LEFT and BERTSERVE_RIGHT exclude each other",
+        ),
+        (["--name"], {}, "error: argument --name: expected one argument"),
+    ],
+)
 def test_bad_values_are_one_line_naming_their_source(argv, env, message, capsys):
     if message is None:
         assert options.read(Example, argv, environ=env)["right"] is None
@@ -191,4 +248,6 @@ def test_bad_values_are_one_line_naming_their_source(argv, env, message, capsys)
 def test_help_is_read_from_the_declaration_not_the_source():
     # A class made at run time has no source to read: its help still comes through.
     made = dataclasses.make_dataclass("Made", [("size", int, option(5, "the size of it"))])
-    assert "the size of it (default: 5) [env BERTSERVE_SIZE]" in " ".join(options.build_parser(made).format_help().split())
+    assert "the size of it (default: 5) [env BERTSERVE_SIZE]" in " ".join(
+        options.build_parser(made).format_help().split()
+    )

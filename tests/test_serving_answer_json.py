@@ -1,5 +1,6 @@
 """Answers are rendered by orjson (serving.routes.api.AnswerResponse): the same JSON as starlette's
 JSONResponse, and a number JSON cannot hold is refused as starlette refuses it, never written as null."""
+
 import json
 import math
 
@@ -13,8 +14,12 @@ ANSWERS = [
     [[0.1, -0.25, 1e-7, 3.4028234663852886e38, 0.0]],
     {"answer": "Berlin — Zoë's café", "score": 0.5, "start": 0, "end": 6},
     [{"entity_group": "PER", "word": "Elon Musk", "start": 0, "end": 9, "score": 0.99}],
-    {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": "AAAAAA=="}], "model": "m",
-     "usage": {"prompt_tokens": 3, "total_tokens": 3}},
+    {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": "AAAAAA=="}],
+        "model": "m",
+        "usage": {"prompt_tokens": 3, "total_tokens": 3},
+    },
     [],
     {"nothing": None},
 ]

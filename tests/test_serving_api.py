@@ -1,5 +1,6 @@
 """bertserve HTTP API against a real `python -m serving` process (torch backend, tiny random multi-task
 model): batched answers equal single answers under concurrent load, error shapes, overload, schemathesis."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from test_serving_support import QA_ITEMS, TEXTS, Server, build_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,9 +22,22 @@ FIGURES: dict = {}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     checkpoint = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "multi")
-    srv = Server("--model", str(checkpoint), "--max-concurrent-requests", "64", "--max-wait-ms", "10",
-                 "--max-batch-requests", "16", "--max-batch-tokens", "4096", "--max-client-batch-size", "16",
-                 "--qa-max-windows", "8")
+    srv = Server(
+        "--model",
+        str(checkpoint),
+        "--max-concurrent-requests",
+        "64",
+        "--max-wait-ms",
+        "10",
+        "--max-batch-requests",
+        "16",
+        "--max-batch-tokens",
+        "4096",
+        "--max-client-batch-size",
+        "16",
+        "--qa-max-windows",
+        "8",
+    )
     with srv:
         yield srv
     print(srv.log()[-3000:])
@@ -46,8 +59,11 @@ def assert_close(a, b, tol=1e-4, where="answer"):
 
 
 def metric(text: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")
-               or line.startswith(name + "{"))
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    )
 
 
 def is_error_body(response: httpx.Response) -> bool:
@@ -55,8 +71,12 @@ def is_error_body(response: httpx.Response) -> bool:
         body = response.json()
     except ValueError:
         return False
-    return (isinstance(body, dict) and set(body) == {"error", "error_type"} and isinstance(body["error"], str)
-            and isinstance(body["error_type"], str))
+    return (
+        isinstance(body, dict)
+        and set(body) == {"error", "error_type"}
+        and isinstance(body["error"], str)
+        and isinstance(body["error_type"], str)
+    )
 
 
 # --------------------------------------------------------------------------- bar 1
@@ -75,7 +95,9 @@ def test_batched_equals_single_under_concurrent_load(server):
     metrics_before = httpx.get(url + "/metrics").text
 
     async def load():
-        async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=48)) as c:  # under the 64 admitted
+        async with httpx.AsyncClient(
+            base_url=url, timeout=60, limits=httpx.Limits(max_connections=48)
+        ) as c:  # under the 64 admitted
             calls = []
             for _ in range(3):  # the list requests and every input alone, interleaved, all at once
                 calls.append(("classify", None, c.post("/classify", json={"inputs": TEXTS, "top_k": None})))
@@ -102,8 +124,13 @@ def test_batched_equals_single_under_concurrent_load(server):
     metrics_after = httpx.get(url + "/metrics").text
     batches = metric(metrics_after, "bertserve_batch_size_count") - metric(metrics_before, "bertserve_batch_size_count")
     sequences = metric(metrics_after, "bertserve_batch_size_sum") - metric(metrics_before, "bertserve_batch_size_sum")
-    FIGURES["bar1"] = dict(requests=len(results), seconds=round(elapsed, 2), batches=batches, sequences=sequences,
-                           mean_batch=round(sequences / batches, 1))
+    FIGURES["bar1"] = dict(
+        requests=len(results),
+        seconds=round(elapsed, 2),
+        batches=batches,
+        sequences=sequences,
+        mean_batch=round(sequences / batches, 1),
+    )
     print("bar 1:", FIGURES["bar1"])
     assert sequences / batches > 2, "concurrent requests should have shared batches"
 
@@ -120,7 +147,7 @@ def test_response_shapes_and_headers(server):
         assert isinstance(client.post("/ner", json={"inputs": "Berlin"}).json(), list)
         answer = client.post("/qa", json=QA_ITEMS[2]).json()
         assert set(answer) == {"answer", "score", "start", "end"}
-        assert QA_ITEMS[2]["context"][answer["start"]:answer["end"]] == answer["answer"]
+        assert QA_ITEMS[2]["context"][answer["start"] : answer["end"]] == answer["answer"]
         assert isinstance(client.post("/qa", json={**QA_ITEMS[2], "top_k": 3}).json(), list)
         listed = client.post("/qa", json=[QA_ITEMS[2], QA_ITEMS[1]]).json()
         assert len(listed) == 2 and all(isinstance(a, dict) for a in listed)
@@ -130,26 +157,42 @@ def test_response_shapes_and_headers(server):
         assert client.get("/health").json() == {"status": "ok"}
         assert client.get("/docs").status_code == 200
         text = client.get("/metrics").text
-        for name in ("bertserve_requests_total", "bertserve_request_duration_seconds", "bertserve_queue_duration_seconds",
-                     "bertserve_inference_duration_seconds", "bertserve_batch_size", "bertserve_batch_tokens",
-                     "bertserve_queue_depth", "bertserve_build_info"):
+        for name in (
+            "bertserve_requests_total",
+            "bertserve_request_duration_seconds",
+            "bertserve_queue_duration_seconds",
+            "bertserve_inference_duration_seconds",
+            "bertserve_batch_size",
+            "bertserve_batch_tokens",
+            "bertserve_queue_depth",
+            "bertserve_build_info",
+        ):
             assert f"# TYPE {name}" in text or f"# TYPE {name.removesuffix('_total')}" in text, name
         assert 'bertserve_build_info{backend="torch",model="multi",precision="fp32"} 1.0' in text
 
 
-@pytest.mark.parametrize("path,body,status,kind,mention", [
-    ("/classify", {"inputs": []}, 400, "empty", "empty"),
-    ("/classify", {"inputs": ["x"] * 17}, 413, "payload_too_large", "16"),
-    ("/classify", {"inputs": "word " * 600}, 422, "validation", "512"),
-    ("/ner", {"inputs": ["ok", "word " * 600]}, 422, "validation", "512"),
-    ("/classify", {"inputs": 5}, 422, "validation", "inputs"),
-    ("/classify", {"inputs": "x", "top_k": 0}, 422, "validation", "top_k"),
-    ("/ner", {"inputs": "x", "aggregation": "bogus"}, 422, "validation", "aggregation"),
-    ("/qa", {"question": "q"}, 422, "validation", "context"),
-    ("/qa", [], 400, "empty", "empty"),
-    ("/qa", {"question": "Where?", "context": "filler text here. " * 3000}, 413, "payload_too_large", "qa_max_windows"),
-    ("/classify", "not json{", 422, "validation", "JSON"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,kind,mention",
+    [
+        ("/classify", {"inputs": []}, 400, "empty", "empty"),
+        ("/classify", {"inputs": ["x"] * 17}, 413, "payload_too_large", "16"),
+        ("/classify", {"inputs": "word " * 600}, 422, "validation", "512"),
+        ("/ner", {"inputs": ["ok", "word " * 600]}, 422, "validation", "512"),
+        ("/classify", {"inputs": 5}, 422, "validation", "inputs"),
+        ("/classify", {"inputs": "x", "top_k": 0}, 422, "validation", "top_k"),
+        ("/ner", {"inputs": "x", "aggregation": "bogus"}, 422, "validation", "aggregation"),
+        ("/qa", {"question": "q"}, 422, "validation", "context"),
+        ("/qa", [], 400, "empty", "empty"),
+        (
+            "/qa",
+            {"question": "Where?", "context": "filler text here. " * 3000},
+            413,
+            "payload_too_large",
+            "qa_max_windows",
+        ),
+        ("/classify", "not json{", 422, "validation", "JSON"),
+    ],
+)
 def test_errors_are_json(server, path, body, status, kind, mention):
     content = body if isinstance(body, str) else json.dumps(body)
     r = httpx.post(server.url + path, content=content, headers={"content-type": "application/json"}, timeout=30)
@@ -165,7 +208,7 @@ def test_truncate_and_long_qa_context(server):
         context = "filler text here. " * 300 + "The treasure is buried under the old oak tree."
         r = client.post("/qa", json={"question": "Where is the treasure?", "context": context, "top_k": 50})
         assert r.status_code == 200, r.text
-        assert all(context[a["start"]:a["end"]] == a["answer"] for a in r.json())
+        assert all(context[a["start"] : a["end"]] == a["answer"] for a in r.json())
 
 
 def test_http_errors_are_json(server):
@@ -185,8 +228,9 @@ def test_300_concurrent_clients_get_200_or_429(server):
     async def burst():
         limits = httpx.Limits(max_connections=400, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as c:
-            return await asyncio.gather(*(c.post("/classify", json={"inputs": [long_text] * 16})
-                                          for _ in range(300)), return_exceptions=True)
+            return await asyncio.gather(
+                *(c.post("/classify", json={"inputs": [long_text] * 16}) for _ in range(300)), return_exceptions=True
+            )
 
     started = time.perf_counter()
     responses = asyncio.run(burst())
@@ -218,13 +262,37 @@ def test_client_that_disconnects(server):
 # --------------------------------------------------------------------------- bar 2
 def test_schemathesis_fuzz(server, tmp_path):
     har = tmp_path / "run.har"
-    command = [str(Path(sys.executable).with_name("st")), "run", server.url + "/openapi.json",
-               "--checks", "not_a_server_error,content_type_conformance,response_schema_conformance",
-               "--max-examples", "120", "--max-time", "60", "--workers", "2", "--seed", "7", "--no-shrink",
-               "--generation-database", "none", "--suppress-health-check", "all", "--request-timeout", "30",
-               "--report", "har", "--report-har-path", str(har), "--no-color"]
+    command = [
+        str(Path(sys.executable).with_name("st")),
+        "run",
+        server.url + "/openapi.json",
+        "--checks",
+        "not_a_server_error,content_type_conformance,response_schema_conformance",
+        "--max-examples",
+        "120",
+        "--max-time",
+        "60",
+        "--workers",
+        "2",
+        "--seed",
+        "7",
+        "--no-shrink",
+        "--generation-database",
+        "none",
+        "--suppress-health-check",
+        "all",
+        "--request-timeout",
+        "30",
+        "--report",
+        "har",
+        "--report-har-path",
+        str(har),
+        "--no-color",
+    ]
     started = time.perf_counter()
-    run = subprocess.run(command, capture_output=True, text=True, timeout=150, cwd=tmp_path)  # its cache dir lands there
+    run = subprocess.run(
+        command, capture_output=True, text=True, timeout=150, cwd=tmp_path
+    )  # its cache dir lands there
     elapsed = time.perf_counter() - started
     entries = json.loads(har.read_text())["log"]["entries"]
     statuses = [e["response"]["status"] for e in entries]

@@ -1,4 +1,5 @@
 """The token-budget batcher in-process with a fake backend (fast; no model, no server)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,10 @@ class RecordingBackend:
             raise RuntimeError("boom")
         lengths = batch["attention_mask"].sum(axis=1).astype(np.float32)
         rows = len(ids) + self.rows_off
-        return {"classify": np.repeat(lengths[:, None], 2, axis=1)[:rows], "ner": np.zeros((rows, ids.shape[1], 3),
-                                                                                           np.float32)}
+        return {
+            "classify": np.repeat(lengths[:, None], 2, axis=1)[:rows],
+            "ner": np.zeros((rows, ids.shape[1], 3), np.float32),
+        }
 
 
 def seq(length: int, token: int = 5) -> Features:
@@ -47,6 +50,7 @@ def run(coro_fn, backend, **kw):
             return await coro_fn(batcher)
         finally:
             await batcher.stop()
+
     return asyncio.run(main())
 
 
@@ -199,15 +203,17 @@ def test_batch_request_cap_defaults_by_device():
 
 def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
     """classify, ner and qa requests arriving together share forward passes of the multi-task model."""
+    from test_serving_support import QA_ITEMS, TEXTS, build_checkpoint
+
     from serving.engine import Engine, Timing
     from serving.metrics import Metrics
     from serving.settings import Settings
-    from test_serving_support import QA_ITEMS, TEXTS, build_checkpoint
 
     checkpoint = build_checkpoint(tmp_path / "multi")
     # max_padding=1: any lengths may share a batch (the QA window is much longer than the texts)
-    engine = Engine(Settings(model=str(checkpoint), max_wait_ms=50, threads=1, max_padding=1.0,
-                             max_batch_requests=32), Metrics())
+    engine = Engine(
+        Settings(model=str(checkpoint), max_wait_ms=50, threads=1, max_padding=1.0, max_batch_requests=32), Metrics()
+    )
     engine.load()
     assert len(engine.units) == 1
     backend = engine.units[0].backend
@@ -226,9 +232,15 @@ def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
             return await asyncio.gather(
                 engine.infer("classify", TEXTS[:2], {"top_k": 1}, ticket=Ticket(), timing=Timing()),
                 engine.infer("ner", TEXTS[2:4], {"aggregation": "simple"}, ticket=Ticket(), timing=Timing()),
-                engine.infer("qa", [{**QA_ITEMS[1], "top_k": 1, "max_answer_len": 30, "doc_stride": 128}], {},
-                             ticket=Ticket(), timing=Timing()),
-                engine.infer("embed", TEXTS[4:5], {"normalize": True}, ticket=Ticket(), timing=Timing()))
+                engine.infer(
+                    "qa",
+                    [{**QA_ITEMS[1], "top_k": 1, "max_answer_len": 30, "doc_stride": 128}],
+                    {},
+                    ticket=Ticket(),
+                    timing=Timing(),
+                ),
+                engine.infer("embed", TEXTS[4:5], {"normalize": True}, ticket=Ticket(), timing=Timing()),
+            )
         finally:
             await engine.stop()
 
@@ -240,8 +252,9 @@ def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
 def test_max_padding_keeps_very_different_lengths_apart():
     backend = RecordingBackend()
     lengths = [10, 40, 11, 39, 12, 41, 10, 40]
-    results = run(lambda b: submit_all(b, lengths), backend, max_batch_tokens=1000, max_batch_requests=8,
-                  max_padding=0.25)
+    results = run(
+        lambda b: submit_all(b, lengths), backend, max_batch_tokens=1000, max_batch_requests=8, max_padding=0.25
+    )
     assert [r.outputs["classify"][0] for r in results] == lengths
     assert sorted(rows for rows, _ in backend.shapes) == [4, 4]  # the short ones together, the long ones together
     assert sorted(width for _, width in backend.shapes) == [12, 41]

@@ -1,10 +1,10 @@
 """Per-task models (a torch checkpoint for /classify, an ONNX artifact for /qa) in one server, settings
 from env vars, and Bearer auth."""
+
 from __future__ import annotations
 
 import httpx
 import pytest
-
 from test_serving_support import QA_ITEMS, Server, build_checkpoint, export_onnx
 
 
@@ -13,8 +13,13 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     classify = build_checkpoint(root / "classify", task="classify")
     qa = export_onnx(build_checkpoint(root / "qa-ckpt", task="qa", seed=1), root / "qa-onnx", task="qa")
-    srv = Server("--classify-model", str(classify), "--qa-model", str(qa),
-                 env={"BERTSERVE_API_KEY": "s3cret", "BERTSERVE_MAX_CLIENT_BATCH_SIZE": "3"})
+    srv = Server(
+        "--classify-model",
+        str(classify),
+        "--qa-model",
+        str(qa),
+        env={"BERTSERVE_API_KEY": "s3cret", "BERTSERVE_MAX_CLIENT_BATCH_SIZE": "3"},
+    )
     with srv:
         yield srv
 
@@ -34,6 +39,6 @@ def test_per_task_models_auth_and_env(server):
         assert c.post("/classify", json={"inputs": ["a", "b"]}, headers=auth).status_code == 200
         assert c.post("/classify", json={"inputs": ["a"] * 4}, headers=auth).status_code == 413
         answer = c.post("/qa", json=QA_ITEMS[0], headers=auth).json()
-        assert QA_ITEMS[0]["context"][answer["start"]:answer["end"]] == answer["answer"]
+        assert QA_ITEMS[0]["context"][answer["start"] : answer["end"]] == answer["answer"]
         r = c.post("/ner", json={"inputs": "x"}, headers=auth)
         assert r.status_code == 404 and r.json()["error_type"] == "not_found" and "classify, qa" in r.json()["error"]

@@ -7,6 +7,7 @@ rendered them with no network: server and browser in a network namespace holding
       chromium --headless --no-sandbox --disable-gpu --user-data-dir=$(mktemp -d) --virtual-time-budget=10000 \
         --window-size=1280,1800 --screenshot=docs/img/docs-offline.png "http://127.0.0.1:8123/docs#/inference/qa_qa_post"'
 """
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,9 @@ def test_docs_pages_reference_no_external_url(client, path):
     response = client.get(path)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
     html = response.text
-    assert not re.search(r"(https?:)?//[A-Za-z0-9]", html.replace("window.location.origin", "")), \
+    assert not re.search(r"(https?:)?//[A-Za-z0-9]", html.replace("window.location.origin", "")), (
         "the page names another host: " + ", ".join(re.findall(r"(?:https?:)?//[^\s'\"<>]+", html))
+    )
     urls = page_urls(html)
     assert urls, html
     for url in urls:
@@ -62,8 +64,15 @@ def test_docs_pages_reference_no_external_url(client, path):
         assert client.get(target).status_code == 200, target
 
 
-@pytest.mark.parametrize("name,content_type", [("swagger-ui-bundle.js", "javascript"), ("swagger-ui.css", "text/css"),
-                                               ("redoc.standalone.js", "javascript"), ("favicon.png", "image/png")])
+@pytest.mark.parametrize(
+    "name,content_type",
+    [
+        ("swagger-ui-bundle.js", "javascript"),
+        ("swagger-ui.css", "text/css"),
+        ("redoc.standalone.js", "javascript"),
+        ("favicon.png", "image/png"),
+    ],
+)
 def test_assets_are_served_with_their_content_type(client, name, content_type):
     response = client.get(f"/docs/assets/{name}")
     assert response.status_code == 200 and content_type in response.headers["content-type"]

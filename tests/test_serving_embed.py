@@ -1,6 +1,7 @@
 """/embed and /v1/embeddings (issue 12, bars 1 and 2): all-MiniLM-L6-v2 served by bertserve gives the vectors
 sentence-transformers gives, on every SST-2 dev sentence, batched and one by one, from the torch backend and
 from an ONNX export; the official `openai` client reads the same vectors from /v1/embeddings."""
+
 from __future__ import annotations
 
 import base64
@@ -8,7 +9,6 @@ import base64
 import httpx
 import numpy as np
 import pytest
-
 from test_serving_support import PYTHON, REPO, Server, build_checkpoint
 
 pytestmark = pytest.mark.minilm
@@ -32,8 +32,13 @@ def onnx_artifact(minilm_dir, tmp_path_factory):
     import subprocess
 
     out = tmp_path_factory.mktemp("minilm-embed") / "artifact"
-    run = subprocess.run([PYTHON, "-m", "export.onnx", "--ckpt", str(minilm_dir), "--task", "embed", "--out",
-                          str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [PYTHON, "-m", "export.onnx", "--ckpt", str(minilm_dir), "--task", "embed", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return out
 
@@ -42,7 +47,7 @@ def _embed_all(url: str, sentences: list[str], batch: int) -> np.ndarray:
     vectors = []
     with httpx.Client(base_url=url, timeout=60) as client:
         for i in range(0, len(sentences), batch):
-            body = {"inputs": sentences[i] if batch == 1 else sentences[i:i + batch]}
+            body = {"inputs": sentences[i] if batch == 1 else sentences[i : i + batch]}
             response = client.post("/embed", json=body)
             assert response.status_code == 200, response.text
             vectors += response.json()
@@ -50,8 +55,9 @@ def _embed_all(url: str, sentences: list[str], batch: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("backend,tolerance", [("torch", 1e-5), ("onnx", 1e-4)])
-def test_embed_equals_sentence_transformers_on_sst2_dev(backend, tolerance, minilm_dir, onnx_artifact, sentences,
-                                                        reference):
+def test_embed_equals_sentence_transformers_on_sst2_dev(
+    backend, tolerance, minilm_dir, onnx_artifact, sentences, reference
+):
     model = minilm_dir if backend == "torch" else onnx_artifact
     with Server("--model", str(model)) as server:
         info = httpx.get(server.url + "/info").json()
@@ -77,7 +83,8 @@ def test_openai_client_reads_the_same_vectors(minilm_dir, sentences, reference):
             client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], dimensions=128)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).embeddings.create(
-                model="m", input="x")
+                model="m", input="x"
+            )
     for result in (default, floats):
         vectors = np.asarray([d.embedding for d in sorted(result.data, key=lambda d: d.index)])
         assert np.abs(vectors - reference[:32]).max() <= 1e-5
@@ -87,15 +94,21 @@ def test_openai_client_reads_the_same_vectors(minilm_dir, sentences, reference):
 
 def test_v1_embeddings_wire_format(minilm_dir, reference, sentences):
     with Server("--model", str(minilm_dir)) as server:
-        raw = httpx.post(server.url + "/v1/embeddings", json={"input": sentences[:2], "model": "m",
-                                                              "encoding_format": "base64"}).json()
+        raw = httpx.post(
+            server.url + "/v1/embeddings", json={"input": sentences[:2], "model": "m", "encoding_format": "base64"}
+        ).json()
         assert raw["object"] == "list" and [d["index"] for d in raw["data"]] == [0, 1]
         decoded = np.frombuffer(base64.b64decode(raw["data"][1]["embedding"]), dtype="<f4")
         assert np.abs(decoded - reference[1]).max() <= 1e-5
         assert raw["usage"]["prompt_tokens"] == raw["usage"]["total_tokens"] > 0
-        for body, status in [({"input": [1, 2, 3]}, 422), ({"input": ""}, 400), ({"input": []}, 400),
-                             ({"input": ["x"] * 33}, 413), ({"input": "x", "encoding_format": "hex"}, 422),
-                             ({"input": "x", "extra": 1}, 422)]:
+        for body, status in [
+            ({"input": [1, 2, 3]}, 422),
+            ({"input": ""}, 400),
+            ({"input": []}, 400),
+            ({"input": ["x"] * 33}, 413),
+            ({"input": "x", "encoding_format": "hex"}, 422),
+            ({"input": "x", "extra": 1}, 422),
+        ]:
             response = httpx.post(server.url + "/v1/embeddings", json=body)
             assert response.status_code == status, (body, response.text)
             assert set(response.json()) == {"error", "error_type"}
@@ -117,8 +130,9 @@ def test_multitask_checkpoint_serves_embed_beside_its_heads(tmp_path):
 
         async def mixed():
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
-                jobs = [c.post("/embed", json={"inputs": t}) for t in texts] + \
-                       [c.post("/classify", json={"inputs": t}) for t in texts]
+                jobs = [c.post("/embed", json={"inputs": t}) for t in texts] + [
+                    c.post("/classify", json={"inputs": t}) for t in texts
+                ]
                 return [r.json() for r in await asyncio.gather(*jobs)]
 
         answers = asyncio.run(mixed())

@@ -1,5 +1,6 @@
 """A backend that fails on one batch: the requests in that batch get a JSON 500, the server keeps
 serving (Ray Serve semantics). The failing backend is selected with `--backend module:factory`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,6 @@ import re
 import httpx
 import numpy as np
 import pytest
-
 from test_serving_support import Server, build_checkpoint
 
 POISON = "[MASK]"  # a special token: always exactly one id (103) in the uncased vocab
@@ -33,8 +33,16 @@ def failing_backend(spec, settings):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     checkpoint = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "multi")
-    srv = Server("--model", str(checkpoint), "--backend", "test_serving_failures:failing_backend",
-                 "--max-wait-ms", "30", "--max-batch-requests", "4")
+    srv = Server(
+        "--model",
+        str(checkpoint),
+        "--backend",
+        "test_serving_failures:failing_backend",
+        "--max-wait-ms",
+        "30",
+        "--max-batch-requests",
+        "4",
+    )
     with srv:
         yield srv
 
@@ -50,8 +58,10 @@ def test_failing_batch_fails_its_requests_only(server):
 
     async def burst():
         async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-            bodies = [{"inputs": f"poison {POISON} {i}"} if i % 4 == 0 else {"inputs": f"clean text number {i}"}
-                      for i in range(24)]
+            bodies = [
+                {"inputs": f"poison {POISON} {i}"} if i % 4 == 0 else {"inputs": f"clean text number {i}"}
+                for i in range(24)
+            ]
             answers = await asyncio.gather(*(c.post("/classify", json=b) for b in bodies))
             return list(zip(bodies, answers))
 
@@ -63,8 +73,10 @@ def test_failing_batch_fails_its_requests_only(server):
     clean_failed = sum(r.status_code == 500 for r in clean)
     assert all(r.status_code in (200, 500) for r in clean)
     assert clean_failed <= 3 * len(poisoned), clean_failed
-    print(f"bar 4: {len(poisoned)} poisoned -> 500; clean: {len(clean) - clean_failed} x 200, "
-          f"{clean_failed} x 500 (shared a poisoned batch)")
+    print(
+        f"bar 4: {len(poisoned)} poisoned -> 500; clean: {len(clean) - clean_failed} x 200, "
+        f"{clean_failed} x 500 (shared a poisoned batch)"
+    )
     # later requests succeed
     for i in range(5):
         r = httpx.post(url + "/ner", json={"inputs": f"later request {i} in Berlin"}, timeout=30)

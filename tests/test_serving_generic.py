@@ -1,6 +1,7 @@
 """The server knows no task by name: a task object registered at run time (`registry.register`), with a Route
 and schemas made here, is served by a real server with nothing else changed; and an unknown task anywhere at
 startup is one error line and exit 2."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ import subprocess
 import httpx
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
+from test_serving_support import PYTHON, REPO, Server, build_checkpoint
 
 from bert.tasks.base import Route, Task, check_texts
-from test_serving_support import PYTHON, REPO, Server, build_checkpoint
 
 MAX_ITEMS = 4
 
@@ -48,29 +49,43 @@ class CountTask(Task):
     outputs, output_ranks, per_token = ("embed",), (2,), False
     head = None  # served by any encoder, beside its heads
     graph_outputs = single_graph_outputs = {"embedding": "embed"}
-    routes = (Route("/count", CountRequest, CountResponse, "Count tokens",
-                    to_items=lambda body: (list(body.texts), {"plus": body.plus}),
-                    shape=lambda answers, body, info: {"model": info.model_name, "tokens": info.tokens,
-                                                       "counts": answers},
-                    check=_check, batch_field="texts"),)
+    routes = (
+        Route(
+            "/count",
+            CountRequest,
+            CountResponse,
+            "Count tokens",
+            to_items=lambda body: (list(body.texts), {"plus": body.plus}),
+            shape=lambda answers, body, info: {"model": info.model_name, "tokens": info.tokens, "counts": answers},
+            check=_check,
+            batch_field="texts",
+        ),
+    )
 
     def encode_request(self, tokenizer, items, limits, **options):
         from bert.tasks import classify
+
         return [[f] for f in classify.encode(tokenizer, items, max_length=limits.max_length)]
 
     def decode_request(self, items, features, outputs, facts, *, plus=0, **options):
-        return [{"text": text, "tokens": len(f[0]) + plus, "width": len(sequences[0]["embed"])}
-                for text, f, sequences in zip(items, features, outputs)]
+        return [
+            {"text": text, "tokens": len(f[0]) + plus, "width": len(sequences[0]["embed"])}
+            for text, f, sequences in zip(items, features, outputs)
+        ]
 
 
 def register() -> None:
     """Called in the server's process before it imports anything of serving."""
     from bert.tasks import registry
+
     registry.register(CountTask())
 
 
-SERVE_WITH_COUNT = ("-c", "import sys, test_serving_generic; test_serving_generic.register(); "
-                          "from serving.__main__ import exit_now, main; exit_now(main(sys.argv[1:]))")
+SERVE_WITH_COUNT = (
+    "-c",
+    "import sys, test_serving_generic; test_serving_generic.register(); "
+    "from serving.__main__ import exit_now, main; exit_now(main(sys.argv[1:]))",
+)
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +94,9 @@ def checkpoint(tmp_path_factory):
 
 
 def test_a_task_registered_at_run_time_is_served_from_its_declaration_alone(checkpoint):
-    with Server("--model", str(checkpoint), "--max-client-batch-size", str(MAX_ITEMS),
-                python_args=SERVE_WITH_COUNT) as server:
+    with Server(
+        "--model", str(checkpoint), "--max-client-batch-size", str(MAX_ITEMS), python_args=SERVE_WITH_COUNT
+    ) as server:
         texts = ["one two three", "four"]
         r = httpx.post(server.url + "/count", json={"texts": texts, "plus": 1}, timeout=30)
         assert r.status_code == 200, r.text
@@ -113,8 +129,9 @@ def test_a_task_registered_at_run_time_is_served_from_its_declaration_alone(chec
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "serving", "--port", "0", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [PYTHON, "-m", "serving", "--port", "0", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def _one_error_line(done: subprocess.CompletedProcess) -> str:

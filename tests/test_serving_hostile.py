@@ -4,6 +4,7 @@
 One `python -m serving` process (a tiny multi-task checkpoint, an API key, small limits so that the limits
 are cheap to reach) answers every case; raw-socket cases speak broken HTTP where httpx would not.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ import time
 
 import httpx
 import pytest
-
 from test_serving_support import QA_ITEMS, Server, build_checkpoint
 
 KEY = "s3cret-key"
@@ -27,8 +27,9 @@ CONTEXT = QA_ITEMS[0]["context"]
 def server(tmp_path_factory):
     checkpoint = build_checkpoint(tmp_path_factory.mktemp("hostile") / "multi")
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()]
-    srv = Server("--model", str(checkpoint), "--api-key", KEY, "--header-timeout-s", "1", "--body-timeout-s", "1",
-                 *flags).wait_ready()
+    srv = Server(
+        "--model", str(checkpoint), "--api-key", KEY, "--header-timeout-s", "1", "--body-timeout-s", "1", *flags
+    ).wait_ready()
     yield srv
     srv.stop()
 
@@ -36,52 +37,162 @@ def server(tmp_path_factory):
 # ---- JSON bodies: (route, body) --------------------------------------------------------------------------
 def _body_cases():
     cases = []
-    bad_json = ["{", "[", "", "nul", "{}}", '{"inputs": NaN}', '{"inputs": 1e999}', "'single quotes'",
-                '{"inputs": "unterminated}', '{"inputs": "x",}', "\x00", '{"inputs": "\\ud800"}',
-                "[" * 5000 + "]" * 5000, '{"a":' * 3000 + "1" + "}" * 3000]
+    bad_json = [
+        "{",
+        "[",
+        "",
+        "nul",
+        "{}}",
+        '{"inputs": NaN}',
+        '{"inputs": 1e999}',
+        "'single quotes'",
+        '{"inputs": "unterminated}',
+        '{"inputs": "x",}',
+        "\x00",
+        '{"inputs": "\\ud800"}',
+        "[" * 5000 + "]" * 5000,
+        '{"a":' * 3000 + "1" + "}" * 3000,
+    ]
     not_objects = ["null", "true", "123", '"a string"', "[]", "{}", "[1, 2]"]
     for route in ("/classify", "/ner", "/qa", "/embed", "/v1/embeddings"):
         cases += [(route, raw, "raw") for raw in bad_json + not_objects]
-    classify_inputs = [1, 2.5, True, None, {"text": "x"}, [1, 2], [None], [["a", "b", "c"]], [["a"]], [[["a"]]],
-                       "", "   ", "\n\t", ["ok", ""], [["a", ""]], [], ["x"] * 5, LONG_TEXT, HUGE_TEXT, [LONG_TEXT],
-                       [["a", LONG_TEXT]], "x" * 250_000]
+    classify_inputs = [
+        1,
+        2.5,
+        True,
+        None,
+        {"text": "x"},
+        [1, 2],
+        [None],
+        [["a", "b", "c"]],
+        [["a"]],
+        [[["a"]]],
+        "",
+        "   ",
+        "\n\t",
+        ["ok", ""],
+        [["a", ""]],
+        [],
+        ["x"] * 5,
+        LONG_TEXT,
+        HUGE_TEXT,
+        [LONG_TEXT],
+        [["a", LONG_TEXT]],
+        "x" * 250_000,
+    ]
     cases += [("/classify", {"inputs": value}, "json") for value in classify_inputs]
-    classify_options = [{"top_k": 0}, {"top_k": -1}, {"top_k": "2"}, {"top_k": 2.5}, {"top_k": True},
-                        {"top_k": 1e9}, {"function_to_apply": "bogus"}, {"function_to_apply": 1},
-                        {"truncate": "yes"}, {"truncate": 1}, {"truncate": None}, {"unknown": 1}, {"Inputs": "x"},
-                        {"top_k": [1]}, {"function_to_apply": "SOFTMAX"}]
+    classify_options = [
+        {"top_k": 0},
+        {"top_k": -1},
+        {"top_k": "2"},
+        {"top_k": 2.5},
+        {"top_k": True},
+        {"top_k": 1e9},
+        {"function_to_apply": "bogus"},
+        {"function_to_apply": 1},
+        {"truncate": "yes"},
+        {"truncate": 1},
+        {"truncate": None},
+        {"unknown": 1},
+        {"Inputs": "x"},
+        {"top_k": [1]},
+        {"function_to_apply": "SOFTMAX"},
+    ]
     cases += [("/classify", {"inputs": "fine", **option}, "json") for option in classify_options]
     cases += [("/classify", {"top_k": 1}, "json")]  # no inputs at all
-    ner_bodies = [{"inputs": 7}, {"inputs": [1]}, {"inputs": [["a", "b"]]}, {"inputs": ""}, {"inputs": [" "]},
-                  {"inputs": []}, {"inputs": ["x"] * 5}, {"inputs": LONG_TEXT}, {"inputs": HUGE_TEXT},
-                  {"inputs": "x", "aggregation": "FIRST"}, {"inputs": "x", "aggregation": None},
-                  {"inputs": "x", "aggregation": 1}, {"inputs": "x", "aggregation": "bogus"},
-                  {"inputs": "x", "truncate": "true"}, {"inputs": "x", "extra": True}, {"aggregation": "first"},
-                  {"inputs": {"text": "x"}}]
+    ner_bodies = [
+        {"inputs": 7},
+        {"inputs": [1]},
+        {"inputs": [["a", "b"]]},
+        {"inputs": ""},
+        {"inputs": [" "]},
+        {"inputs": []},
+        {"inputs": ["x"] * 5},
+        {"inputs": LONG_TEXT},
+        {"inputs": HUGE_TEXT},
+        {"inputs": "x", "aggregation": "FIRST"},
+        {"inputs": "x", "aggregation": None},
+        {"inputs": "x", "aggregation": 1},
+        {"inputs": "x", "aggregation": "bogus"},
+        {"inputs": "x", "truncate": "true"},
+        {"inputs": "x", "extra": True},
+        {"aggregation": "first"},
+        {"inputs": {"text": "x"}},
+    ]
     cases += [("/ner", body, "json") for body in ner_bodies]
     ok = {"question": "Where?", "context": "In Berlin."}
-    qa_bodies = [{"context": "x"}, {"question": "x"}, {**ok, "question": ""}, {**ok, "question": "  "},
-                 {**ok, "context": ""}, {**ok, "context": "\n"}, {**ok, "question": 1}, {**ok, "context": ["a"]},
-                 {**ok, "top_k": 0}, {**ok, "top_k": 101}, {**ok, "top_k": "1"}, {**ok, "max_answer_len": 0},
-                 {**ok, "max_answer_len": 513}, {**ok, "max_answer_len": 1.5}, {**ok, "doc_stride": -1},
-                 {**ok, "doc_stride": 159}, {**ok, "doc_stride": 10**12}, {**ok, "doc_stride": "1"},
-                 {**ok, "doc_stride": False}, {**ok, "truncate": "yes"}, {**ok, "extra": 1},
-                 {**ok, "question": "why " * 80}, {"question": "why " * 80_000, "context": "x"},
-                 {"question": "Where?", "context": CONTEXT * 20}, {"question": "Where?", "context": HUGE_TEXT},
-                 {"question": "Where?", "context": HUGE_TEXT, "doc_stride": 158}]
+    qa_bodies = [
+        {"context": "x"},
+        {"question": "x"},
+        {**ok, "question": ""},
+        {**ok, "question": "  "},
+        {**ok, "context": ""},
+        {**ok, "context": "\n"},
+        {**ok, "question": 1},
+        {**ok, "context": ["a"]},
+        {**ok, "top_k": 0},
+        {**ok, "top_k": 101},
+        {**ok, "top_k": "1"},
+        {**ok, "max_answer_len": 0},
+        {**ok, "max_answer_len": 513},
+        {**ok, "max_answer_len": 1.5},
+        {**ok, "doc_stride": -1},
+        {**ok, "doc_stride": 159},
+        {**ok, "doc_stride": 10**12},
+        {**ok, "doc_stride": "1"},
+        {**ok, "doc_stride": False},
+        {**ok, "truncate": "yes"},
+        {**ok, "extra": 1},
+        {**ok, "question": "why " * 80},
+        {"question": "why " * 80_000, "context": "x"},
+        {"question": "Where?", "context": CONTEXT * 20},
+        {"question": "Where?", "context": HUGE_TEXT},
+        {"question": "Where?", "context": HUGE_TEXT, "doc_stride": 158},
+    ]
     cases += [("/qa", body, "json") for body in qa_bodies]
-    embed_bodies = [{"inputs": 3}, {"inputs": [["a", "b"]]}, {"inputs": ""}, {"inputs": ["x", " "]}, {"inputs": []},
-                    {"inputs": ["x"] * 5}, {"inputs": LONG_TEXT}, {"inputs": HUGE_TEXT}, {"inputs": [HUGE_TEXT]},
-                    {"inputs": "x", "normalize": "yes"}, {"inputs": "x", "normalize": None},
-                    {"inputs": "x", "truncate": 1}, {"inputs": "x", "pooling": "max"}, {"normalize": True}]
+    embed_bodies = [
+        {"inputs": 3},
+        {"inputs": [["a", "b"]]},
+        {"inputs": ""},
+        {"inputs": ["x", " "]},
+        {"inputs": []},
+        {"inputs": ["x"] * 5},
+        {"inputs": LONG_TEXT},
+        {"inputs": HUGE_TEXT},
+        {"inputs": [HUGE_TEXT]},
+        {"inputs": "x", "normalize": "yes"},
+        {"inputs": "x", "normalize": None},
+        {"inputs": "x", "truncate": 1},
+        {"inputs": "x", "pooling": "max"},
+        {"normalize": True},
+    ]
     cases += [("/embed", body, "json") for body in embed_bodies]
-    openai_bodies = [{"input": [1, 2, 3]}, {"input": [[1, 2]]}, {"input": ""}, {"input": []}, {"input": ["x"] * 5},
-                     {"input": "x", "encoding_format": "hex"}, {"input": "x", "dimensions": 7},
-                     {"input": "x", "dimensions": 0}, {"input": "x", "model": 5}, {"input": "x", "user": 1},
-                     {"input": "x", "extra_field": 1}, {"model": "m"}, {"input": HUGE_TEXT}, {"input": None}]
+    openai_bodies = [
+        {"input": [1, 2, 3]},
+        {"input": [[1, 2]]},
+        {"input": ""},
+        {"input": []},
+        {"input": ["x"] * 5},
+        {"input": "x", "encoding_format": "hex"},
+        {"input": "x", "dimensions": 7},
+        {"input": "x", "dimensions": 0},
+        {"input": "x", "model": 5},
+        {"input": "x", "user": 1},
+        {"input": "x", "extra_field": 1},
+        {"model": "m"},
+        {"input": HUGE_TEXT},
+        {"input": None},
+    ]
     cases += [("/v1/embeddings", body, "json") for body in openai_bodies]
-    qa_lists = [[], [ok] * 5, [ok, {"question": "x"}], [ok, 1], [[ok]], [ok, None],
-                [{"question": "Where?", "context": CONTEXT * 4}] * 4]
+    qa_lists = [
+        [],
+        [ok] * 5,
+        [ok, {"question": "x"}],
+        [ok, 1],
+        [[ok]],
+        [ok, None],
+        [{"question": "Where?", "context": CONTEXT * 4}] * 4,
+    ]
     cases += [("/qa", body, "json") for body in qa_lists]
     return cases
 
@@ -93,8 +204,11 @@ BODY_CASES = _body_cases()
 def test_hostile_body(server, route, body, kind):
     with httpx.Client(base_url=server.url, timeout=30) as client:
         if kind == "raw":
-            response = client.post(route, content=body.encode("utf-8", "surrogatepass"),
-                                   headers={**AUTH, "content-type": "application/json"})
+            response = client.post(
+                route,
+                content=body.encode("utf-8", "surrogatepass"),
+                headers={**AUTH, "content-type": "application/json"},
+            )
         else:
             response = client.post(route, json=body, headers=AUTH)
         assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
@@ -103,14 +217,24 @@ def test_hostile_body(server, route, body, kind):
 
 # ---- methods, paths, headers --------------------------------------------------------------------------
 REQUEST_CASES = [
-    ("GET", "/classify", {}, None, 405), ("PUT", "/classify", {}, b"{}", 405), ("DELETE", "/qa", {}, None, 405),
-    ("PATCH", "/ner", {}, b"{}", 405), ("OPTIONS", "/classify", {}, None, 405), ("HEAD", "/classify", {}, None, 405),
-    ("POST", "/health", {}, b"{}", 405), ("POST", "/metrics", {}, b"{}", 405), ("DELETE", "/info", {}, None, 405),
-    ("POST", "/classify/", {}, b'{"inputs": "x"}', 404), ("POST", "//classify", {}, b'{"inputs": "x"}', 405),
-    ("POST", "/classify/../qa", {}, b'{"inputs": "x"}', 422), ("GET", "/%00", {}, None, 404),
-    ("GET", "/" + "a" * 8000, {}, None, 404), ("GET", "/nope", {}, None, 404),
+    ("GET", "/classify", {}, None, 405),
+    ("PUT", "/classify", {}, b"{}", 405),
+    ("DELETE", "/qa", {}, None, 405),
+    ("PATCH", "/ner", {}, b"{}", 405),
+    ("OPTIONS", "/classify", {}, None, 405),
+    ("HEAD", "/classify", {}, None, 405),
+    ("POST", "/health", {}, b"{}", 405),
+    ("POST", "/metrics", {}, b"{}", 405),
+    ("DELETE", "/info", {}, None, 405),
+    ("POST", "/classify/", {}, b'{"inputs": "x"}', 404),
+    ("POST", "//classify", {}, b'{"inputs": "x"}', 405),
+    ("POST", "/classify/../qa", {}, b'{"inputs": "x"}', 422),
+    ("GET", "/%00", {}, None, 404),
+    ("GET", "/" + "a" * 8000, {}, None, 404),
+    ("GET", "/nope", {}, None, 404),
     ("POST", "/v2/classify", {}, b"{}", 404),
-    ("GET", "/classify?inputs=x", {}, None, 405), ("POST", "/qa/", {}, b"{}", 404),
+    ("GET", "/classify?inputs=x", {}, None, 405),
+    ("POST", "/qa/", {}, b"{}", 404),
     # auth
     ("POST", "/classify", {"authorization": ""}, b'{"inputs": "x"}', 401),
     ("POST", "/classify", {"authorization": "Bearer"}, b'{"inputs": "x"}', 401),
@@ -124,22 +248,29 @@ REQUEST_CASES = [
     ("POST", "/classify", {"content-type": "text/plain"}, b'{"inputs": "x"}', 422),
     ("POST", "/classify", {"content-type": "application/xml"}, b"<inputs>x</inputs>", 422),
     ("POST", "/classify", {"content-type": "multipart/form-data; boundary=x"}, b"--x\r\n\r\n--x--", 422),
-    ("POST", "/classify", {"content-type": "application/json; charset=latin-1"},
-     '{"inputs": "caf\xe9"}'.encode("latin-1"), 400),
+    (
+        "POST",
+        "/classify",
+        {"content-type": "application/json; charset=latin-1"},
+        '{"inputs": "caf\xe9"}'.encode("latin-1"),
+        400,
+    ),
     ("POST", "/classify", {"content-encoding": "gzip"}, b'{"inputs": "x"}', 200),
     ("POST", "/classify", {}, b'{"inputs": "' + b"x" * 300_000 + b'"}', 413),
     ("POST", "/qa", {}, json.dumps({"question": "q", "context": "c " * 120_000}).encode(), 413),
     ("POST", "/classify", {"x-request-id": "<script>" * 50}, b'{"inputs": "x"}', 200),
     ("POST", "/classify", {"accept": "text/html"}, b"{", 422),
-    ("GET", "/embed", {}, None, 405), ("POST", "/embed/", {}, b'{"inputs": "x"}', 404),
+    ("GET", "/embed", {}, None, 405),
+    ("POST", "/embed/", {}, b'{"inputs": "x"}', 404),
     ("POST", "/v1/embeddings", {"authorization": "Bearer wrong"}, b'{"input": "x"}', 401),
     ("POST", "/embed", {"authorization": ""}, b'{"inputs": "x"}', 401),
     ("GET", "/v1/models", {}, None, 404),
 ]
 
 
-@pytest.mark.parametrize("method,path,headers,content,status", REQUEST_CASES,
-                         ids=[f"{m}-{i}" for i, (m, *_) in enumerate(REQUEST_CASES)])
+@pytest.mark.parametrize(
+    "method,path,headers,content,status", REQUEST_CASES, ids=[f"{m}-{i}" for i, (m, *_) in enumerate(REQUEST_CASES)]
+)
 def test_hostile_request(server, method, path, headers, content, status):
     with httpx.Client(base_url=server.url, timeout=30) as client:
         sent = {**AUTH, **headers} if "authorization" not in headers else headers
@@ -193,8 +324,11 @@ def test_idle_connection_is_closed_after_the_header_timeout(server):
 
 def test_slow_body_gets_408(server):
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                     b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"inputs\": ")
+        sock.sendall(
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + KEY.encode()
+            + b'\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"inputs": '
+        )
         status, _, body = _read_response(sock)  # the other 89 bytes never come
     assert status == 408 and json.loads(body)["error_type"] == "timeout", body
     _check_ready(server)

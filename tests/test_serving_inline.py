@@ -1,12 +1,14 @@
 """The engine's codec lanes in-process (a small random checkpoint, torch backend): small sequence-level
 requests are tokenised and decoded on the event loop, and answer exactly as they do through the codec
 threads; everything else still goes to a thread."""
+
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
 import pytest
+from test_serving_support import TEXTS, build_checkpoint
 
 import serving.engine as engine_module
 from bert.tasks import TASKS
@@ -15,7 +17,6 @@ from serving.engine import INLINE_REQUEST_CHARS, LIGHT_REQUEST_CHARS, Engine, Ti
 from serving.errors import ValidationFailed
 from serving.metrics import Metrics
 from serving.settings import Settings
-from test_serving_support import TEXTS, build_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,12 @@ def answers(checkpoint, requests, **settings):
     async def scenario():
         engine.start()
         try:
-            return await asyncio.gather(*(engine.infer(task, items, dict(options), ticket=Ticket(), timing=Timing())
-                                          for task, items, options in requests))
+            return await asyncio.gather(
+                *(
+                    engine.infer(task, items, dict(options), ticket=Ticket(), timing=Timing())
+                    for task, items, options in requests
+                )
+            )
         finally:
             await engine.stop()
 
@@ -56,8 +61,11 @@ def assert_same(a, b):
         assert a == b
 
 
-SMALL = [("classify", TEXTS[:3], {"top_k": 2}), ("embed", TEXTS[3:5], {"normalize": True}),
-         ("classify", [[TEXTS[0], TEXTS[1]]], {"top_k": 1})]
+SMALL = [
+    ("classify", TEXTS[:3], {"top_k": 2}),
+    ("embed", TEXTS[3:5], {"normalize": True}),
+    ("classify", [[TEXTS[0], TEXTS[1]]], {"top_k": 1}),
+]
 
 
 def test_small_sequence_level_requests_run_on_the_loop_and_answer_as_in_a_thread(checkpoint, monkeypatch):
@@ -70,15 +78,18 @@ def test_small_sequence_level_requests_run_on_the_loop_and_answer_as_in_a_thread
     assert len(inline[1]) == 2 and np.isclose(np.linalg.norm(inline[1][0]), 1.0)
 
 
-@pytest.mark.parametrize("task, items, options, lane", [
-    ("classify", ["x" * INLINE_REQUEST_CHARS], {}, None),
-    ("classify", ["x" * (INLINE_REQUEST_CHARS + 1)], {}, "light"),
-    ("classify", ["short"], {"truncate": True}, "light"),  # truncation takes a lock a long request may hold
-    ("embed", ["short"] * 4, {"normalize": True}, None),
-    ("ner", ["short"], {}, "light"),  # per-token decoding costs ~20 us per token in Python
-    ("qa", [{"question": "q", "context": "c"}], {}, "light"),
-    ("embed", ["x" * (LIGHT_REQUEST_CHARS + 1)], {}, "heavy"),
-])
+@pytest.mark.parametrize(
+    "task, items, options, lane",
+    [
+        ("classify", ["x" * INLINE_REQUEST_CHARS], {}, None),
+        ("classify", ["x" * (INLINE_REQUEST_CHARS + 1)], {}, "light"),
+        ("classify", ["short"], {"truncate": True}, "light"),  # truncation takes a lock a long request may hold
+        ("embed", ["short"] * 4, {"normalize": True}, None),
+        ("ner", ["short"], {}, "light"),  # per-token decoding costs ~20 us per token in Python
+        ("qa", [{"question": "q", "context": "c"}], {}, "light"),
+        ("embed", ["x" * (LIGHT_REQUEST_CHARS + 1)], {}, "heavy"),
+    ],
+)
 def test_lane_of_a_request(checkpoint, task, items, options, lane):
     engine = Engine(Settings(model=str(checkpoint)), Metrics())
     chosen = engine._lane(TASKS[task], engine_module._chars(items), options)

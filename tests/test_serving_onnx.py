@@ -1,5 +1,6 @@
 """The onnxruntime backend serves an exported artifact in a process where `import torch` fails,
 and answers as the torch model does; the tensorrt backend without tensorrt is one clear error."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,6 @@ import sys
 
 import httpx
 import pytest
-
 from test_serving_api import assert_close
 from test_serving_support import QA_ITEMS, REPO, TEXTS, Server, build_checkpoint, export_artifact
 
@@ -69,8 +69,11 @@ def test_onnx_artifact_served_without_torch(artifact):
         async def load():
             async with httpx.AsyncClient(base_url=url, timeout=60) as c:
                 return await asyncio.gather(
-                    c.post("/classify", json={"inputs": TEXTS, "top_k": None}), c.post("/ner", json={"inputs": TEXTS}),
-                    c.post("/qa", json=QA_ITEMS), *(c.post("/ner", json={"inputs": t}) for t in TEXTS))
+                    c.post("/classify", json={"inputs": TEXTS, "top_k": None}),
+                    c.post("/ner", json={"inputs": TEXTS}),
+                    c.post("/qa", json=QA_ITEMS),
+                    *(c.post("/ner", json={"inputs": t}) for t in TEXTS),
+                )
 
         batched = asyncio.run(load())
         assert all(r.status_code == 200 for r in batched)
@@ -86,9 +89,14 @@ def test_onnx_artifact_served_without_torch(artifact):
 def test_blocker_really_blocks_torch(artifact):
     # the same wrapper around a checkpoint (torch backend) must fail: proof that the hook works
     checkpoint, _ = artifact
-    run = subprocess.run([sys.executable, "-c", NO_TORCH, "--model", str(checkpoint), "--port", "0"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "--model", str(checkpoint), "--port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode != 0
     assert "TORCH IMPORT ATTEMPTED" in run.stderr
 
@@ -97,22 +105,31 @@ def test_tensorrt_backend_without_tensorrt_is_a_clear_error(artifact, tmp_path):
     _, directory = artifact
     try:
         import tensorrt  # noqa: F401
+
         pytest.skip("tensorrt is installed here")
     except ImportError:
         pass
-    run = subprocess.run([sys.executable, "-m", "serving", "--model", str(directory), "--backend", "tensorrt",
-                          "--port", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "serving", "--model", str(directory), "--backend", "tensorrt", "--port", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2
     assert "tensorrt" in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
 def test_missing_demo_model_is_one_clear_line(tmp_path):
     from serving.settings import DEMO_MODEL_DIR
+
     if DEMO_MODEL_DIR.is_dir():
         pytest.skip("the demo model is built")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-m", "serving"], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env=env)
+    run = subprocess.run(
+        [sys.executable, "-m", "serving"], cwd=REPO, capture_output=True, text=True, timeout=60, env=env
+    )
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "error: the built-in demo model is not in this build (serving/demo_model/, see the README's \"Demo model\"); pass --model PATH"]
+        'error: the built-in demo model is not in this build (serving/demo_model/, see the README\'s "Demo model"); pass --model PATH'
+    ]

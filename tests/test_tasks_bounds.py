@@ -1,5 +1,6 @@
 """The codecs bound a request's cost before its work: huge texts are tokenised only as far as a limit needs,
 and a QA context's window count is known from its token count before any window is built."""
+
 from __future__ import annotations
 
 import time
@@ -71,8 +72,9 @@ def test_qa_refuses_too_many_windows_before_building_any(tokenizer):
         qa.encode(tokenizer, "What jumps?", small, max_length=128, doc_stride=32, max_windows=3)
     windows = qa.encode(tokenizer, "What jumps?", small, max_length=128, doc_stride=32)
     assert refused.value.needed == len(windows) > 3
-    assert len(qa.encode(tokenizer, "What jumps?", small, max_length=128, doc_stride=32,
-                         max_windows=len(windows))) == len(windows)
+    assert len(
+        qa.encode(tokenizer, "What jumps?", small, max_length=128, doc_stride=32, max_windows=len(windows))
+    ) == len(windows)
 
 
 def test_long_question_is_refused_unless_truncation_is_asked(tokenizer):

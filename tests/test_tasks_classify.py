@@ -1,5 +1,6 @@
 """bert.tasks.classify: encoding texts and pairs, the length contract, and decode == transformers'
 text-classification pipeline on the same logits."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,9 @@ def test_single_and_pair_layout(tokenizer):
     single, pair = classify.encode(tokenizer, ["a good film", ("a good film", "really")])
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     assert single.input_ids[0] == cls and single.input_ids[-1] == sep and set(single.token_type_ids) == {0}
-    assert pair.input_ids == single.input_ids + tokenizer.encode_batch(["really"], add_special_tokens=False)[0].ids + [sep]
+    assert pair.input_ids == single.input_ids + tokenizer.encode_batch(["really"], add_special_tokens=False)[0].ids + [
+        sep
+    ]
     assert pair.token_type_ids == [0] * len(single) + [1] * (len(pair) - len(single))
 
 
@@ -51,8 +54,9 @@ def test_truncate_cuts_longest_first_like_transformers(tokenizer, minilm_dir):
 def test_pad_batch_shapes_and_multiple():
     features = [Features([101, 7, 102], [0, 0, 0]), Features([101, 102], [0, 0])]
     batch = pad_batch(features, pad_token_id=0, pad_to_multiple_of=8)
-    assert {k: v.shape for k, v in batch.items()} == {k: (2, 8) for k in ("input_ids", "attention_mask",
-                                                                            "token_type_ids")}
+    assert {k: v.shape for k, v in batch.items()} == {
+        k: (2, 8) for k in ("input_ids", "attention_mask", "token_type_ids")
+    }
     assert all(v.dtype == np.int64 for v in batch.values())
     assert batch["attention_mask"].sum(axis=1).tolist() == [3, 2]
     assert pad_batch(features)["input_ids"].tolist() == [[101, 7, 102], [101, 102, 0]]
@@ -95,14 +99,19 @@ CASES = [  # (num_labels, problem_type, function_to_apply, top_k)
 
 
 @pytest.mark.parametrize("num_labels,problem_type,function,top_k", CASES)
-def test_decode_equals_text_classification_pipeline(tokenizer, minilm_dir, num_labels, problem_type, function,
-                                                    top_k):
+def test_decode_equals_text_classification_pipeline(tokenizer, minilm_dir, num_labels, problem_type, function, top_k):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     torch.manual_seed(num_labels)
-    config = transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=37, num_labels=num_labels,
-                                     problem_type=problem_type)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        num_labels=num_labels,
+        problem_type=problem_type,
+    )
     model = transformers.BertForSequenceClassification(config).eval()
     hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
     pipe = transformers.pipeline("text-classification", model=model, tokenizer=hf_tokenizer)
@@ -114,8 +123,7 @@ def test_decode_equals_text_classification_pipeline(tokenizer, minilm_dir, num_l
         batch = {k: torch.from_numpy(v) for k, v in pad_batch([feature]).items()}
         with torch.no_grad():
             rows.append(model(**batch).logits[0].numpy())
-    got = classify.decode(np.stack(rows), config.id2label, top_k=top_k, function=function,
-                          problem_type=problem_type)
+    got = classify.decode(np.stack(rows), config.id2label, top_k=top_k, function=function, problem_type=problem_type)
     assert [[r["label"] for r in row] for row in got] == [[r["label"] for r in row] for row in expected]
     for got_row, expected_row in zip(got, expected):  # same float32 arithmetic: bit-identical scores
         assert [r["score"] for r in got_row] == [r["score"] for r in expected_row]

@@ -1,5 +1,6 @@
 """bert.tasks.ner: encoding, label alignment, and decode == transformers' token-classification
 pipeline for every aggregation strategy on the same (random, seeded) model logits."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,9 @@ def test_encode_offsets_words_and_specials(tokenizer):
     assert features.tokens[0] == "[CLS]" and features.tokens[-1] == "[SEP]"
     assert features.special_tokens_mask == [1] + [0] * (len(features) - 2) + [1]
     assert features.offsets[0] == (0, 0) and features.word_ids[0] is None
-    words = [features.text[s:e] for (s, e), special in zip(features.offsets, features.special_tokens_mask)
-             if not special]
+    words = [
+        features.text[s:e] for (s, e), special in zip(features.offsets, features.special_tokens_mask) if not special
+    ]
     assert "".join(words) == "Kathmandu,Nepal"
     assert len(set(features.word_ids[1:-1])) == 3  # kathmandu (several pieces), ",", nepal
 
@@ -61,8 +63,9 @@ def test_align_labels_first_subtoken_only():
     # B- on a word's first sub-token, I- on the rest: "W." = "w" "." must stay one entity when served.
     labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
     assert ner.continuation_labels(labels) == {1: 2, 3: 4}
-    assert ner.align_labels([1, 2, 0], [None, 0, 0, 1, 1, 2, None], label_all_subtokens=True,
-                            continuation=ner.continuation_labels(labels)) == [-100, 1, 2, 2, 2, 0, -100]
+    assert ner.align_labels(
+        [1, 2, 0], [None, 0, 0, 1, 1, 2, None], label_all_subtokens=True, continuation=ner.continuation_labels(labels)
+    ) == [-100, 1, 2, 2, 2, 0, -100]
 
 
 def test_align_labels_on_real_conll_words(tokenizer):
@@ -88,8 +91,9 @@ def test_decode_ignores_padding_rows(tokenizer):
     logits = np.random.default_rng(0).normal(size=(len(features), len(LABELS))).astype(np.float32)
     padded = np.concatenate([logits, np.full((5, len(LABELS)), 50.0, np.float32)])
     for aggregation in ner.AGGREGATIONS:
-        assert ner.decode(features, padded, ID2LABEL, aggregation=aggregation) == \
-            ner.decode(features, logits, ID2LABEL, aggregation=aggregation)
+        assert ner.decode(features, padded, ID2LABEL, aggregation=aggregation) == ner.decode(
+            features, logits, ID2LABEL, aggregation=aggregation
+        )
 
 
 # ---- parity with the pipeline -------------------------------------------------------------------
@@ -100,9 +104,15 @@ def tiny_ner(minilm_dir, tokenizer):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=37, id2label=ID2LABEL,
-                                     label2id={v: k for k, v in ID2LABEL.items()})
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        id2label=ID2LABEL,
+        label2id={v: k for k, v in ID2LABEL.items()},
+    )
     model = transformers.BertForTokenClassification(config).eval()
     with torch.no_grad():
         model.classifier.weight.mul_(30.0)

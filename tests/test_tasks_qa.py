@@ -7,6 +7,7 @@ v4.57 pipeline's preprocess/postprocess that uses transformers' own tokenizer, i
 `select_starts_ends` (still shipped in transformers.pipelines.document_question_answering) and
 tokenizers' `token_to_word` / `word_to_chars`, i.e. none of the code under test.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -34,8 +35,14 @@ def squad(data_dir) -> list[dict]:
         for paragraph in article["paragraphs"]:
             qa_item = paragraph["qas"][0]
             answer = qa_item["answers"][0]
-            examples.append({"context": paragraph["context"], "question": qa_item["question"],
-                             "answer_start": answer["answer_start"], "answer_text": answer["text"]})
+            examples.append(
+                {
+                    "context": paragraph["context"],
+                    "question": qa_item["question"],
+                    "answer_start": answer["answer_start"],
+                    "answer_text": answer["text"],
+                }
+            )
     return examples[:1000]
 
 
@@ -73,8 +80,9 @@ def test_encode_layout_and_ownership(tokenizer):
         assert positions.start == n_question + 2 and positions.stop == len(w) - 1
         assert w.token_type_ids == [0] * (n_question + 2) + [1] * (len(positions) + 1)
         assert all(w.offsets[p] is None for p in range(len(w)) if p not in positions)
-        assert [w.offsets[p] for p in positions] == [tuple(o) for o in context_tokens.offsets[
-            w.context_token_start:w.context_token_start + len(positions)]]
+        assert [w.offsets[p] for p in positions] == [
+            tuple(o) for o in context_tokens.offsets[w.context_token_start : w.context_token_start + len(positions)]
+        ]
         owned += [w.context_token_start + i for i, p in enumerate(positions) if w.token_is_max_context[p]]
     assert sorted(owned) == list(range(len(context_tokens.ids)))  # every context token owned exactly once
 
@@ -98,23 +106,39 @@ def test_windows_identical_to_transformers_overflow(tokenizer, minilm_dir, squad
     theirs = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
     questions = [e["question"] for e in squad]
     contexts = [e["context"] for e in squad]
-    expected = theirs(questions, contexts, truncation="only_second", max_length=384, stride=128,
-                      return_overflowing_tokens=True, return_offsets_mapping=True)
+    expected = theirs(
+        questions,
+        contexts,
+        truncation="only_second",
+        max_length=384,
+        stride=128,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+    )
     ours = [w for q, c in zip(questions, contexts) for w in qa.encode(tokenizer, q, c)]
     assert len(ours) == len(expected["input_ids"]) > len(contexts)
     for i, window in enumerate(ours):
         assert window.input_ids == expected["input_ids"][i]
         assert window.token_type_ids == expected["token_type_ids"][i]
         sequence_ids = expected.sequence_ids(i)
-        assert window.offsets == [tuple(o) if s == 1 else None
-                                  for o, s in zip(expected["offset_mapping"][i], sequence_ids)]
+        assert window.offsets == [
+            tuple(o) if s == 1 else None for o, s in zip(expected["offset_mapping"][i], sequence_ids)
+        ]
 
 
 def test_train_features_point_at_the_answer(tokenizer, squad):
     found = 0
     for example in squad[:300]:
-        features = qa.train_features(tokenizer, example["question"], example["context"], example["answer_start"],
-                                     example["answer_text"], max_length=128, doc_stride=32, max_query_length=64)
+        features = qa.train_features(
+            tokenizer,
+            example["question"],
+            example["context"],
+            example["answer_start"],
+            example["answer_text"],
+            max_length=128,
+            doc_stride=32,
+            max_query_length=64,
+        )
         answer_end = example["answer_start"] + len(example["answer_text"])
         for window, start, end in features:
             if start == end == 0:
@@ -163,24 +187,50 @@ def test_decode_respects_max_answer_len_and_top_k(tokenizer):
 
 
 # ---- decoding: parity with the pipeline ---------------------------------------------------------
-def pipeline_reference(transformers, model, hf_tokenizer, question, context, *, max_seq_len, doc_stride, top_k,
-                       max_answer_len, handle_impossible_answer):
+def pipeline_reference(
+    transformers,
+    model,
+    hf_tokenizer,
+    question,
+    context,
+    *,
+    max_seq_len,
+    doc_stride,
+    top_k,
+    max_answer_len,
+    handle_impossible_answer,
+):
     """QuestionAnsweringPipeline(question=..., context=...) as a list of answers: the real one when
     this transformers has it (`model` a torch model), else its v4.57 preprocess + postprocess
     transcribed (fast tokenizer, padding_side right, align_to_words=True; `model` maps numpy inputs
     to (start, end) logits)."""
     if hasattr(transformers, "QuestionAnsweringPipeline"):
         pipe = transformers.pipeline("question-answering", model=model, tokenizer=hf_tokenizer)
-        out = pipe(question=question, context=context, top_k=top_k, max_answer_len=max_answer_len,
-                   max_seq_len=max_seq_len, doc_stride=doc_stride, handle_impossible_answer=handle_impossible_answer)
+        out = pipe(
+            question=question,
+            context=context,
+            top_k=top_k,
+            max_answer_len=max_answer_len,
+            max_seq_len=max_seq_len,
+            doc_stride=doc_stride,
+            handle_impossible_answer=handle_impossible_answer,
+        )
         return out if isinstance(out, list) else [out]
 
     from transformers.pipelines.document_question_answering import select_starts_ends
 
-    encoded = hf_tokenizer(text=question, text_pair=context, padding="do_not_pad", truncation="only_second",
-                           max_length=max_seq_len, stride=doc_stride, return_token_type_ids=True,
-                           return_overflowing_tokens=True, return_offsets_mapping=True,
-                           return_special_tokens_mask=True)
+    encoded = hf_tokenizer(
+        text=question,
+        text_pair=context,
+        padding="do_not_pad",
+        truncation="only_second",
+        max_length=max_seq_len,
+        stride=doc_stride,
+        return_token_type_ids=True,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
     min_null_score = 1000000
     answers = []
     for span in range(len(encoded["input_ids"])):
@@ -191,8 +241,15 @@ def pipeline_reference(transformers, model, hf_tokenizer, question, context, *, 
         inputs = {k: np.array([encoded[k][span]]) for k in ("input_ids", "token_type_ids", "attention_mask")}
         start_logits, end_logits = model(**inputs)
         starts, ends, scores, min_null_score = select_starts_ends(
-            start_logits, end_logits, np.array([p_mask]), inputs["attention_mask"], min_null_score,
-            top_k * 2 + 10, handle_impossible_answer, max_answer_len)
+            start_logits,
+            end_logits,
+            np.array([p_mask]),
+            inputs["attention_mask"],
+            min_null_score,
+            top_k * 2 + 10,
+            handle_impossible_answer,
+            max_answer_len,
+        )
         enc = encoded[span]
         for s, e, score in zip(starts, ends, scores):
             try:
@@ -237,8 +294,13 @@ def tiny_qa(minilm_dir, tokenizer):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=37)
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+    )
     model = transformers.BertForQuestionAnswering(config).eval()
     with torch.no_grad():
         model.qa_outputs.weight.mul_(20.0)  # peaked, not flat, start/end distributions
@@ -259,8 +321,9 @@ SETTINGS = [  # (top_k, max_answer_len, handle_impossible_answer)
 
 
 @pytest.mark.parametrize("top_k,max_answer_len,handle_impossible_answer", SETTINGS)
-def test_decode_equals_question_answering_pipeline(tokenizer, tiny_qa, squad, top_k, max_answer_len,
-                                                   handle_impossible_answer):
+def test_decode_equals_question_answering_pipeline(
+    tokenizer, tiny_qa, squad, top_k, max_answer_len, handle_impossible_answer
+):
     transformers, model, logits, hf_tokenizer = tiny_qa
     examples = [(e["question"], e["context"]) for e in squad[:4]]
     examples += [("Who?", "Zubkov met Schwarzenegger."), ("Where is it?", "Kathmandu")]  # tiny contexts
@@ -268,11 +331,26 @@ def test_decode_equals_question_answering_pipeline(tokenizer, tiny_qa, squad, to
     for question, context in examples:
         windows = qa.encode(tokenizer, question, context, max_length=64, doc_stride=16)
         windows_seen += len(windows)
-        got = qa.decode(context, windows, *logits.windows(windows), top_k=top_k,
-                        max_answer_len=max_answer_len, handle_impossible_answer=handle_impossible_answer)
+        got = qa.decode(
+            context,
+            windows,
+            *logits.windows(windows),
+            top_k=top_k,
+            max_answer_len=max_answer_len,
+            handle_impossible_answer=handle_impossible_answer,
+        )
         reference_model = model if hasattr(transformers, "QuestionAnsweringPipeline") else logits
-        expected = pipeline_reference(transformers, reference_model, hf_tokenizer, question, context, max_seq_len=64,
-                                      doc_stride=16, top_k=top_k, max_answer_len=max_answer_len,
-                                      handle_impossible_answer=handle_impossible_answer)
+        expected = pipeline_reference(
+            transformers,
+            reference_model,
+            hf_tokenizer,
+            question,
+            context,
+            max_seq_len=64,
+            doc_stride=16,
+            top_k=top_k,
+            max_answer_len=max_answer_len,
+            handle_impossible_answer=handle_impossible_answer,
+        )
         assert got == expected, question
     assert windows_seen > 20  # long contexts really were split into many windows

@@ -1,5 +1,6 @@
 """bert.tokenizer: ids and offsets identical to transformers' BertTokenizerFast on real data,
 training a vocabulary, saving and loading, and the InputTooLong contract."""
+
 from __future__ import annotations
 
 import gzip
@@ -79,10 +80,18 @@ def test_squad_question_context_windows_identical(tokenizer_pair, squad_examples
     ours, theirs = tokenizer_pair
     questions = [q for q, _ in squad_examples]
     contexts = [c for _, c in squad_examples]
-    expected = theirs(questions, contexts, truncation="only_second", max_length=384, stride=128,
-                      return_overflowing_tokens=True, return_offsets_mapping=True)
-    encodings = ours.encode_batch(questions, contexts, truncation="only_second", max_length=384, stride=128,
-                                  return_overflowing=True)
+    expected = theirs(
+        questions,
+        contexts,
+        truncation="only_second",
+        max_length=384,
+        stride=128,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+    )
+    encodings = ours.encode_batch(
+        questions, contexts, truncation="only_second", max_length=384, stride=128, return_overflowing=True
+    )
     windows = [w for encoding in encodings for w in [encoding, *encoding.overflowing]]
     assert len(windows) == len(expected["input_ids"]) > len(contexts)  # some contexts need several windows
     identical = _count_identical(windows, expected)
@@ -95,8 +104,9 @@ def test_padded_call_matches_transformers(tokenizer_pair):
     pairs = ["a pair", "another, longer pair of sentences", "x"]
     for args in ((texts,), (texts, pairs)):
         got = ours(*args)
-        want = theirs(*args, padding=True, return_offsets_mapping=True, return_special_tokens_mask=True,
-                      return_tensors="np")
+        want = theirs(
+            *args, padding=True, return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="np"
+        )
         for key in ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "offset_mapping"):
             assert got[key].dtype == np.int64
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
@@ -158,8 +168,12 @@ def test_train_save_load_round_trip(data_dir, tmp_path, transformers):
 
     saved = tmp_path / "tok"
     trained.save(saved)
-    assert {p.name for p in saved.iterdir()} >= {"vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                                                  "special_tokens_map.json"}
+    assert {p.name for p in saved.iterdir()} >= {
+        "vocab.txt",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    }
     texts = ["The game began development in 2010.", "Robert Boulter is an English actor."]
     reloaded = BertTokenizer.from_dir(saved)
     theirs = transformers.BertTokenizerFast.from_pretrained(str(saved))
@@ -216,15 +230,18 @@ def test_small_batches_encoded_one_by_one_equal_the_batched_path(minilm_dir, squ
     from bert import tokenizer as T
 
     tok = T.BertTokenizer.from_dir(minilm_dir)
-    pairs = squad_examples[:T.SERIAL_ENCODE_MAX]
+    pairs = squad_examples[: T.SERIAL_ENCODE_MAX]
     questions, contexts = [q for q, _ in pairs], [c for _, c in pairs]
-    cases = [dict(texts=questions), dict(texts=questions, pairs=contexts),
-             dict(texts=questions, pairs=contexts, max_length=96, truncation="only_second", stride=32),
-             dict(texts=[q.split() for q in questions], is_split_into_words=True)]
+    cases = [
+        dict(texts=questions),
+        dict(texts=questions, pairs=contexts),
+        dict(texts=questions, pairs=contexts, max_length=96, truncation="only_second", stride=32),
+        dict(texts=[q.split() for q in questions], is_split_into_words=True),
+    ]
     for case in cases:
         small = tok.encode_batch(**case)
         padded = {k: (v + v[:1] if k in ("texts", "pairs") else v) for k, v in case.items()}  # one more: batched
-        large = tok.encode_batch(**padded)[:len(small)]
+        large = tok.encode_batch(**padded)[: len(small)]
         for a, b in zip(small, large):
             assert (a.ids, a.type_ids, a.offsets) == (b.ids, b.type_ids, b.offsets)
             assert [o.ids for o in a.overflowing] == [o.ids for o in b.overflowing]

@@ -6,6 +6,7 @@ kernel there is the per-sequence reference, and buckets run eagerly instead of a
 On a GPU (marker `gpu`, skipped without CUDA): the flash varlen kernels, CUDA graphs, fp16/bf16 against
 an fp32 reference, many shapes, concurrent callers, and SDPA's flash kernel on unpadded batches.
 """
+
 from __future__ import annotations
 
 import threading
@@ -21,8 +22,14 @@ from bert.config import BertConfig  # noqa: E402
 from bert.model import activation  # noqa: E402
 from bert.tasks.registry import TASKS  # noqa: E402
 from serving.backends import torch_backend  # noqa: E402
-from serving.backends.torch_packed import (PackedEncoder, PackedRunner, attention_reference,  # noqa: E402
-                                           batch_bucket, pack, token_bucket)
+from serving.backends.torch_packed import (  # noqa: E402
+    PackedEncoder,
+    PackedRunner,
+    attention_reference,
+    batch_bucket,
+    pack,
+    token_bucket,
+)
 
 CUDA = torch.cuda.is_available()
 TOKENIZER = Path(__file__).resolve().parents[1] / "serving" / "demo_model"  # part of the checkout, wherever it runs
@@ -35,8 +42,14 @@ def tiny_model(kind: str, *, hidden=32, layers=2, heads=2, seed=0):
     names), here randomly initialised."""
     from bert.model import BertForMultiTask
 
-    common = dict(vocab_size=1000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                  intermediate_size=2 * hidden, max_position_embeddings=512)
+    common = dict(
+        vocab_size=1000,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=512,
+    )
     if kind == "multi":
         config = BertConfig(**common, task_labels={"classify": ["a", "b"], "ner": NER, "qa": []})
     elif kind == "qa":
@@ -89,8 +102,9 @@ def test_pack_keeps_real_tokens_row_after_row():
     packed = pack(batch)
     assert packed.cu_seqlens.tolist() == [0, 3, 8, 9]
     assert packed.positions.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0]
-    assert packed.ids.tolist() == (batch["input_ids"][0, :3].tolist() + batch["input_ids"][1, :5].tolist()
-                                   + batch["input_ids"][2, :1].tolist())
+    assert packed.ids.tolist() == (
+        batch["input_ids"][0, :3].tolist() + batch["input_ids"][1, :5].tolist() + batch["input_ids"][2, :1].tolist()
+    )
     assert packed.max_len == 5 and packed.batch == 3 and packed.tokens == 9
     assert packed.ids.dtype == np.int32 and packed.cu_seqlens.dtype == np.int32
 
@@ -138,12 +152,21 @@ def test_packed_path_runs_the_models_own_modules():
     model = tiny_model("multi")
     before = {name: p.data_ptr() for name, p in model.named_parameters()}
     encoder = PackedEncoder(model)
-    held = [name for name, value in vars(encoder).items()
-            if isinstance(value, (torch.Tensor, torch.nn.Module)) and value is not model]
+    held = [
+        name
+        for name, value in vars(encoder).items()
+        if isinstance(value, (torch.Tensor, torch.nn.Module)) and value is not model
+    ]
     assert held == []
     calls = []
-    for module in [*model.bert.encoder.layer, model.bert.embeddings, model.bert.pooler, model.classifier,
-                   model.token_classifier, model.qa_outputs]:
+    for module in [
+        *model.bert.encoder.layer,
+        model.bert.embeddings,
+        model.bert.pooler,
+        model.classifier,
+        model.token_classifier,
+        model.qa_outputs,
+    ]:
         module.register_forward_hook(lambda m, args, out: calls.append(type(m).__name__))
     batch = random_batch([4, 9, 2], seed=3)
     got = ours(PackedRunner(encoder, torch.device("cpu"), graphs=False).run(pack(batch)))
@@ -252,15 +275,17 @@ def test_graph_capture_code_runs_against_torch_cuda_api(monkeypatch):
 def multi_checkpoint(tmp_path_factory):
     from bert.checkpoint import save_checkpoint
 
-    return save_checkpoint(tiny_model("multi", hidden=32), tmp_path_factory.mktemp("packed") / "multi",
-                           tokenizer=TOKENIZER)
+    return save_checkpoint(
+        tiny_model("multi", hidden=32), tmp_path_factory.mktemp("packed") / "multi", tokenizer=TOKENIZER
+    )
 
 
 def make_backend(path, device="cpu", precision="fp32", **options):
     from serving.backends.base import read_model_spec
 
-    settings = SimpleNamespace(device=device, effective_precision=precision, threads=None,
-                               effective_inference_workers=1)
+    settings = SimpleNamespace(
+        device=device, effective_precision=precision, threads=None, effective_inference_workers=1
+    )
     return torch_backend.TorchBackend(read_model_spec(path), settings, **options)
 
 
@@ -268,8 +293,13 @@ def test_cpu_backend_is_padded_by_default_and_packed_on_request(multi_checkpoint
     padded = make_backend(multi_checkpoint)
     packed = make_backend(multi_checkpoint, packed=True)
     assert padded.fast_path["packed"] is False and padded.runner is None
-    assert packed.fast_path == {"packed": True, "attention": "attention_reference", "cuda_graphs": False,
-                                "gelu_epilogue": False, "notes": []}
+    assert packed.fast_path == {
+        "packed": True,
+        "attention": "attention_reference",
+        "cuda_graphs": False,
+        "gelu_epilogue": False,
+        "notes": [],
+    }
     batch = random_batch([7, 40, 1, 19], width=40, seed=4)
     assert_close(packed.run(batch), padded.run(batch), batch, atol=2e-5)
     holes = random_batch([6, 6], width=6, seed=5)
@@ -279,8 +309,8 @@ def test_cpu_backend_is_padded_by_default_and_packed_on_request(multi_checkpoint
 
 def test_probe_turns_a_wrong_packed_path_off(multi_checkpoint, monkeypatch):
     def shuffled(q, k, v, cu, max_len, cu_host=None):  # attends across sequences: wrong
-        return attention_reference(q, k, v, torch.tensor([0, q.shape[0]], dtype=torch.int32), max_len,
-                                   [0, q.shape[0]])
+        return attention_reference(q, k, v, torch.tensor([0, q.shape[0]], dtype=torch.int32), max_len, [0, q.shape[0]])
+
     shuffled.__name__ = "attention_shuffled"
     monkeypatch.setattr(torch_backend, "attention_reference", shuffled)
     backend = make_backend(multi_checkpoint, packed=True)
@@ -402,15 +432,17 @@ def test_cuda_varlen_kernels_ignore_empty_sequences_and_filler():
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
 def test_cuda_concurrent_callers_each_get_their_own_answer(medium_checkpoint):
     backend = make_backend(medium_checkpoint, device="cuda", precision="fp16")
-    batches = [random_batch([int(x) for x in np.random.default_rng(s).integers(1, 200, size=4)], seed=s)
-               for s in range(8)]
+    batches = [
+        random_batch([int(x) for x in np.random.default_rng(s).integers(1, 200, size=4)], seed=s) for s in range(8)
+    ]
     expected = [backend.run(b) for b in batches]
     failures = []
 
     def worker(i):
         for _ in range(5):
-            problem = torch_backend.mismatch(backend.run(batches[i]), expected[i], 1e-3, 1e-3,
-                                             where=batches[i]["attention_mask"] != 0)
+            problem = torch_backend.mismatch(
+                backend.run(batches[i]), expected[i], 1e-3, 1e-3, where=batches[i]["attention_mask"] != 0
+            )
             if problem:
                 failures.append(problem)
 

@@ -1,4 +1,5 @@
 """Pretraining data: corpus reading, NSP pairs, streamed shards, masking statistics (tiny vocabularies)."""
+
 from __future__ import annotations
 
 import random
@@ -7,16 +8,26 @@ import numpy as np
 import pytest
 
 from bert.tokenizer import BertTokenizer
-from training.data.pretraining import (IGNORE_INDEX, MaskingConfig, PretrainingShards, continuation_flags,
-                                       create_pretraining_data, instances_from_document, mask_tokens,
-                                       read_documents, truncate_seq_pair)
+from training.data.pretraining import (
+    IGNORE_INDEX,
+    MaskingConfig,
+    PretrainingShards,
+    continuation_flags,
+    create_pretraining_data,
+    instances_from_document,
+    mask_tokens,
+    read_documents,
+    truncate_seq_pair,
+)
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = ("the a cat dog sat on mat ran fast slow red blue green big small house tree car road sun moon star "
-         "good bad film movie plot actor great awful boring fun day night man woman child play played run "
-         "walk talk see saw look eat ate drink water food bread milk city town river hill sky rain snow "
-         "wind cold hot warm old new young happy sad book read write pen paper door window room table chair "
-         "one two three four five six seven eight nine ten . , ! ?").split()
+WORDS = (
+    "the a cat dog sat on mat ran fast slow red blue green big small house tree car road sun moon star "
+    "good bad film movie plot actor great awful boring fun day night man woman child play played run "
+    "walk talk see saw look eat ate drink water food bread milk city town river hill sky rain snow "
+    "wind cold hot warm old new young happy sad book read write pen paper door window room table chair "
+    "one two three four five six seven eight nine ten . , ! ?"
+).split()
 PIECES = ["##s", "##ed", "##ing", "##er", "##ly"]
 
 
@@ -27,8 +38,12 @@ def tiny_tokenizer(tmp_path) -> BertTokenizer:
 
 
 def masking(tokenizer, **kw) -> MaskingConfig:
-    return MaskingConfig(mask_token_id=tokenizer.mask_token_id, vocab_size=tokenizer.vocab_size,
-                         special_ids=tuple(tokenizer.all_special_ids), **kw)
+    return MaskingConfig(
+        mask_token_id=tokenizer.mask_token_id,
+        vocab_size=tokenizer.vocab_size,
+        special_ids=tuple(tokenizer.all_special_ids),
+        **kw,
+    )
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -54,8 +69,12 @@ def _numbered_documents(n_docs=40, n_sentences=12, length=7):
 def test_nsp_is_balanced_and_isnext_pairs_are_adjacent():
     docs = _numbered_documents()
     rng = random.Random(1)
-    instances = [inst for _ in range(10) for d in range(len(docs))
-                 for inst in instances_from_document(docs, d, max_seq_length=64, short_seq_prob=0.1, rng=rng)]
+    instances = [
+        inst
+        for _ in range(10)
+        for d in range(len(docs))
+        for inst in instances_from_document(docs, d, max_seq_length=64, short_seq_prob=0.1, rng=rng)
+    ]
     assert len(instances) > 1000
     not_next = np.mean([i.is_random_next for i in instances])
     assert abs(not_next - 0.5) < 0.04, not_next
@@ -74,7 +93,7 @@ def test_nsp_is_balanced_and_isnext_pairs_are_adjacent():
             assert flat.index(inst.tokens_b[0]) > flat.index(inst.tokens_a[-1])
             if len(inst.tokens_a) + len(inst.tokens_b) < 64 - 3:  # untruncated: B starts right after A
                 assert flat.index(inst.tokens_b[0]) == flat.index(inst.tokens_a[-1]) + 1
-            span = flat[flat.index(inst.tokens_a[0]):flat.index(inst.tokens_b[-1]) + 1]
+            span = flat[flat.index(inst.tokens_a[0]) : flat.index(inst.tokens_b[-1]) + 1]
             assert set(inst.tokens_a) | set(inst.tokens_b) <= set(span)
 
 
@@ -102,8 +121,9 @@ def test_masking_proportions_80_10_10_and_never_special(tmp_path):
     base = rng.integers(5, tok.vocab_size, size=(400, 100))
     chosen = masked = randomised = kept = total = 0
     for row in base:
-        ids = np.concatenate([[tok.cls_token_id], row[:60], [tok.sep_token_id], row[60:], [tok.sep_token_id],
-                              [tok.pad_token_id] * 5])
+        ids = np.concatenate(
+            [[tok.cls_token_id], row[:60], [tok.sep_token_id], row[60:], [tok.sep_token_id], [tok.pad_token_id] * 5]
+        )
         out, labels = mask_tokens(ids, cfg, rng)
         selected = labels != IGNORE_INDEX
         assert not selected[np.isin(ids, tok.all_special_ids)].any()  # never [CLS]/[SEP]/[PAD]
@@ -172,8 +192,16 @@ def test_streamed_shards_roundtrip(tmp_path):
             lines.append(" ".join(rng.choice(WORDS[:-4]) for _ in range(rng.randint(3, 12))) + " .")
         lines.append("")
     corpus.write_text("\r\n".join(lines))
-    index = create_pretraining_data([corpus], tok, tmp_path / "data", max_seq_length=32, dupe_factor=3,
-                                    heldout_percent=30, documents_per_buffer=7, instances_per_shard=50)
+    index = create_pretraining_data(
+        [corpus],
+        tok,
+        tmp_path / "data",
+        max_seq_length=32,
+        dupe_factor=3,
+        heldout_percent=30,
+        documents_per_buffer=7,
+        instances_per_shard=50,
+    )
     train = PretrainingShards(tmp_path / "data", "train")
     assert len(index["shards"]["train"]) > 2  # really sharded
     assert len(train) == index["counts"]["train"]["instances"] == sum(s["instances"] for s in index["shards"]["train"])
@@ -186,6 +214,14 @@ def test_streamed_shards_roundtrip(tmp_path):
         assert len(ids) <= 32 and 2 < a_length < len(ids)
         nsp.append(label)
     assert 0.35 < np.mean(nsp) < 0.65
-    again = create_pretraining_data([corpus], tok, tmp_path / "again", max_seq_length=32, dupe_factor=3,
-                                    heldout_percent=30, documents_per_buffer=7, instances_per_shard=50)
+    again = create_pretraining_data(
+        [corpus],
+        tok,
+        tmp_path / "again",
+        max_seq_length=32,
+        dupe_factor=3,
+        heldout_percent=30,
+        documents_per_buffer=7,
+        instances_per_shard=50,
+    )
     assert again["counts"] == index["counts"]  # seeded: the same instances every time

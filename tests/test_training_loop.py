@@ -1,5 +1,6 @@
 """The training loop on tiny models: config validation, schedule, loss going down, checkpoints that
 transformers loads, exact resume, evaluate reproducing metrics.json, and torchrun with two processes."""
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,21 @@ REPO = Path(__file__).resolve().parents[1]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 POSITIVE = "good great fun happy warm love nice fine best clever".split()
 NEGATIVE = "bad awful boring sad cold hate poor dull worst silly".split()
-FILLER = ("the a film movie plot actor was is and it this very so quite rather story cast scene end music "
-          "john paris london acme corp in of at with by on . , !").split()
-TINY = {"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "intermediate_size": 64, "max_position_embeddings": 64, "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1, "model_type": "bert"}
+FILLER = (
+    "the a film movie plot actor was is and it this very so quite rather story cast scene end music "
+    "john paris london acme corp in of at with by on . , !"
+).split()
+TINY = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "model_type": "bert",
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +62,9 @@ def assets(tmp_path_factory):
         words = [rng.choice(FILLER[:20]) for _ in range(rng.randint(2, 6))]
         tags = ["O"] * len(words)
         i = rng.randint(0, len(words))
-        kind, entity = rng.choice([("PER", ["john"]), ("LOC", ["paris"]), ("LOC", ["london"]), ("ORG", ["acme", "corp"])])
+        kind, entity = rng.choice(
+            [("PER", ["john"]), ("LOC", ["paris"]), ("LOC", ["london"]), ("ORG", ["acme", "corp"])]
+        )
         words[i:i] = entity
         tags[i:i] = [f"B-{kind}"] + [f"I-{kind}"] * (len(entity) - 1)
         conll.append("\n".join(f"{w} X X {t}" for w, t in zip(words, tags)))
@@ -64,15 +77,42 @@ def assets(tmp_path_factory):
 
 
 def classify_args(assets, out, *extra):
-    return ["--task", "classify", "--init-preset", str(assets / "tiny.json"), "--tokenizer", str(assets / "tokenizer"),
-            "--train-data", str(assets / "train.tsv"), "--eval-data", str(assets / "dev.tsv"),
-            "--output-dir", str(out), "--batch-size", "16", "--max-seq-length", "32", "--learning-rate", "3e-3",
-            "--log-every", "1", "--no-progress", "--device", "cpu", "--seed", "3", "--torch-threads", "1", *extra]
+    return [
+        "--task",
+        "classify",
+        "--init-preset",
+        str(assets / "tiny.json"),
+        "--tokenizer",
+        str(assets / "tokenizer"),
+        "--train-data",
+        str(assets / "train.tsv"),
+        "--eval-data",
+        str(assets / "dev.tsv"),
+        "--output-dir",
+        str(out),
+        "--batch-size",
+        "16",
+        "--max-seq-length",
+        "32",
+        "--learning-rate",
+        "3e-3",
+        "--log-every",
+        "1",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--seed",
+        "3",
+        "--torch-threads",
+        "1",
+        *extra,
+    ]
 
 
 def losses(out) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (Path(out) / "log.jsonl").read_text().splitlines())
-            if "loss" in r}
+    return {
+        r["step"]: r["loss"] for r in map(json.loads, (Path(out) / "log.jsonl").read_text().splitlines()) if "loss" in r
+    }
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -85,18 +125,32 @@ def test_learning_rate_schedule():
     assert all(a >= b for a, b in zip(lrs[3:], lrs[4:]))
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--task", "qa", "--max-seq-length", "64", "--max-query-length", "64"], "max_query_length + 3"),
-    (["--task", "qa", "--max-seq-length", "128", "--doc-stride", "100"], "doc_stride"),
-    (["--task", "ner", "--labels", "a,b"], "classify only"),
-    (["--task", "classify", "--regression", "--labels", "a,b"], "contradict"),
-    (["--task", "classify", "--batch-size", "10", "--grad-accum-steps", "3"], "divisible"),
-    (["--task", "classify", "--precision", "fp16", "--device", "cpu"], "fp16 needs a GPU"),
-    (["--task", "classify", "--doc-stride", "64"], "--doc-stride applies to --task qa only"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--task", "qa", "--max-seq-length", "64", "--max-query-length", "64"], "max_query_length + 3"),
+        (["--task", "qa", "--max-seq-length", "128", "--doc-stride", "100"], "doc_stride"),
+        (["--task", "ner", "--labels", "a,b"], "classify only"),
+        (["--task", "classify", "--regression", "--labels", "a,b"], "contradict"),
+        (["--task", "classify", "--batch-size", "10", "--grad-accum-steps", "3"], "divisible"),
+        (["--task", "classify", "--precision", "fp16", "--device", "cpu"], "fp16 needs a GPU"),
+        (["--task", "classify", "--doc-stride", "64"], "--doc-stride applies to --task qa only"),
+    ],
+)
 def test_contradictory_finetune_options_fail_before_work(assets, tmp_path, capsys, flags, message):
-    argv = ["--init-preset", str(assets / "tiny.json"), "--tokenizer", str(assets / "tokenizer"),
-            "--train-data", "x", "--eval-data", "y", "--output-dir", str(tmp_path / "o"), *flags]
+    argv = [
+        "--init-preset",
+        str(assets / "tiny.json"),
+        "--tokenizer",
+        str(assets / "tokenizer"),
+        "--train-data",
+        "x",
+        "--eval-data",
+        "y",
+        "--output-dir",
+        str(tmp_path / "o"),
+        *flags,
+    ]
     with pytest.raises(SystemExit) as e:
         finetune.main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
@@ -137,6 +191,7 @@ def test_tiny_checkpoint_loads_in_transformers(assets, tmp_path):
     import torch
 
     from bert.checkpoint import load_checkpoint
+
     out = tmp_path / "cls"
     finetune.main(classify_args(assets, out, "--max-steps", "3"))
     ours, _ = load_checkpoint(out / "last")
@@ -144,17 +199,41 @@ def test_tiny_checkpoint_loads_in_transformers(assets, tmp_path):
     ids = torch.tensor([[2, 10, 20, 30, 3, 0]])
     mask = (ids != 0).long()
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids, mask).logits, theirs(input_ids=ids, attention_mask=mask).logits,
-                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            ours(ids, mask).logits, theirs(input_ids=ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-4
+        )
     assert theirs.config.id2label == {0: "0", 1: "1"}
 
 
 def test_tiny_ner_run_and_evaluate_reproduces(assets, tmp_path, capsys):
     out = tmp_path / "ner"
-    argv = ["--task", "ner", "--init-preset", str(assets / "tiny.json"), "--tokenizer", str(assets / "tokenizer"),
-            "--train-data", str(assets / "ner.txt"), "--eval-data", str(assets / "ner.txt"), "--output-dir", str(out),
-            "--batch-size", "16", "--max-seq-length", "32", "--learning-rate", "3e-3", "--num-epochs", "4",
-            "--no-progress", "--device", "cpu", "--torch-threads", "1"]
+    argv = [
+        "--task",
+        "ner",
+        "--init-preset",
+        str(assets / "tiny.json"),
+        "--tokenizer",
+        str(assets / "tokenizer"),
+        "--train-data",
+        str(assets / "ner.txt"),
+        "--eval-data",
+        str(assets / "ner.txt"),
+        "--output-dir",
+        str(out),
+        "--batch-size",
+        "16",
+        "--max-seq-length",
+        "32",
+        "--learning-rate",
+        "3e-3",
+        "--num-epochs",
+        "4",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--torch-threads",
+        "1",
+    ]
     assert finetune.main(argv) == 0
     saved = json.loads((out / "best" / "metrics.json").read_text())
     assert saved["f1"] > 50
@@ -169,7 +248,9 @@ def test_finetune_resume_reproduces_losses_exactly(assets, tmp_path):
     finetune.main(classify_args(assets, whole, "--max-steps", "24", "--eval-every", "8"))
     finetune.main(classify_args(assets, parts, "--max-steps", "24", "--eval-every", "8", "--stop-at-step", "12"))
     assert max(losses(parts)) == 12
-    finetune.main(classify_args(assets, parts, "--max-steps", "24", "--eval-every", "8", "--resume", str(parts / "last")))
+    finetune.main(
+        classify_args(assets, parts, "--max-steps", "24", "--eval-every", "8", "--resume", str(parts / "last"))
+    )
     a, b = losses(whole), losses(parts)
     assert [a[s] for s in range(13, 23)] == [b[s] for s in range(13, 23)]  # bit-exact, not approximately
 
@@ -178,19 +259,47 @@ def test_finetune_resume_reproduces_losses_exactly(assets, tmp_path):
 
 
 def pretrain_args(assets, out, *extra):
-    return ["--corpus", str(assets / "corpus.txt"), "--tokenizer", str(assets / "tokenizer"),
-            "--preset", str(assets / "tiny.json"), "--output-dir", str(out), "--max-seq-length", "48",
-            "--max-predictions-per-seq", "8", "--dupe-factor", "2", "--heldout-percent", "20", "--batch-size", "8",
-            "--learning-rate", "2e-3", "--log-every", "1", "--no-progress", "--device", "cpu",
-            "--max-eval-instances", "32", "--torch-threads", "1", *extra]
+    return [
+        "--corpus",
+        str(assets / "corpus.txt"),
+        "--tokenizer",
+        str(assets / "tokenizer"),
+        "--preset",
+        str(assets / "tiny.json"),
+        "--output-dir",
+        str(out),
+        "--max-seq-length",
+        "48",
+        "--max-predictions-per-seq",
+        "8",
+        "--dupe-factor",
+        "2",
+        "--heldout-percent",
+        "20",
+        "--batch-size",
+        "8",
+        "--learning-rate",
+        "2e-3",
+        "--log-every",
+        "1",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--max-eval-instances",
+        "32",
+        "--torch-threads",
+        "1",
+        *extra,
+    ]
 
 
 def test_pretrain_interrupted_and_resumed_matches_uninterrupted(assets, tmp_path):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     pretrain.main(pretrain_args(assets, whole, "--max-steps", "30", "--eval-every", "10"))
     pretrain.main(pretrain_args(assets, parts, "--max-steps", "30", "--eval-every", "10", "--stop-at-step", "10"))
-    pretrain.main(pretrain_args(assets, parts, "--max-steps", "30", "--eval-every", "10",
-                                "--resume", str(parts / "last")))
+    pretrain.main(
+        pretrain_args(assets, parts, "--max-steps", "30", "--eval-every", "10", "--resume", str(parts / "last"))
+    )
     a, b = losses(whole), losses(parts)
     assert [a[s] for s in range(11, 21)] == [b[s] for s in range(11, 21)]
     assert sum(a[s] for s in range(26, 31)) < sum(a[s] for s in range(1, 6))  # and it learns
@@ -201,8 +310,17 @@ def test_pretrain_interrupted_and_resumed_matches_uninterrupted(assets, tmp_path
 
 def _torchrun(assets, out, *extra):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "training.finetune", *classify_args(assets, out, "--max-steps", "8", "--eval-every", "4", *extra)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "training.finetune",
+        *classify_args(assets, out, "--max-steps", "8", "--eval-every", "4", *extra),
+    ]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -245,6 +363,7 @@ def test_ctrl_c_mid_step_saves_last_and_resume_is_exact(assets, tmp_path, monkey
 
 def test_tiny_qa_run_with_heldout_articles_and_evaluate_reproduces(assets, tmp_path, capsys):
     import gzip
+
     rng = random.Random(5)
     articles = []
     for a in range(12):
@@ -254,17 +373,54 @@ def test_tiny_qa_run_with_heldout_articles_and_evaluate_reproduces(assets, tmp_p
             context = " ".join(rng.choice(FILLER[:20]) for _ in range(rng.randint(20, 40)))
             start = len(context) + 1
             context = f"{context} {name} " + " ".join(rng.choice(FILLER[:20]) for _ in range(10))
-            paragraphs.append({"context": context, "qas": [
-                {"id": f"{a}-{p}", "question": "who is it ?", "answers": [{"text": name, "answer_start": start}]}]})
+            paragraphs.append(
+                {
+                    "context": context,
+                    "qas": [
+                        {
+                            "id": f"{a}-{p}",
+                            "question": "who is it ?",
+                            "answers": [{"text": name, "answer_start": start}],
+                        }
+                    ],
+                }
+            )
         articles.append({"title": f"article {a}", "paragraphs": paragraphs})
     for part, chunk in ((1, articles[:6]), (2, articles[6:])):
         with gzip.open(tmp_path / f"train.part-0{part}.json.gz", "wt") as f:
             json.dump({"version": "1.1", "data": chunk}, f)
     out = tmp_path / "qa"
-    argv = ["--task", "qa", "--init-preset", str(assets / "tiny.json"), "--tokenizer", str(assets / "tokenizer"),
-            "--train-data", str(tmp_path), "--heldout-articles", "2", "--output-dir", str(out),
-            "--max-seq-length", "32", "--doc-stride", "8", "--max-query-length", "8", "--batch-size", "8",
-            "--learning-rate", "3e-3", "--max-steps", "10", "--no-progress", "--device", "cpu", "--torch-threads", "1"]
+    argv = [
+        "--task",
+        "qa",
+        "--init-preset",
+        str(assets / "tiny.json"),
+        "--tokenizer",
+        str(assets / "tokenizer"),
+        "--train-data",
+        str(tmp_path),
+        "--heldout-articles",
+        "2",
+        "--output-dir",
+        str(out),
+        "--max-seq-length",
+        "32",
+        "--doc-stride",
+        "8",
+        "--max-query-length",
+        "8",
+        "--batch-size",
+        "8",
+        "--learning-rate",
+        "3e-3",
+        "--max-steps",
+        "10",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--torch-threads",
+        "1",
+    ]
     assert finetune.main(argv) == 0
     saved = json.loads((out / "best" / "metrics.json").read_text())
     assert saved["total"] == 6  # the 2 held-out articles x 3 questions

@@ -1,12 +1,25 @@
 """Metrics against hand-computed values, the official SQuAD normalisation, and conlleval's chunk rules."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from training.metrics import (accuracy, chunks, classification_metrics, conlleval, f1_binary, matthews_corrcoef,
-                              normalize_answer, pearson, spearman, squad_exact, squad_f1, squad_metrics)
+from training.metrics import (
+    accuracy,
+    chunks,
+    classification_metrics,
+    conlleval,
+    f1_binary,
+    matthews_corrcoef,
+    normalize_answer,
+    pearson,
+    spearman,
+    squad_exact,
+    squad_f1,
+    squad_metrics,
+)
 
 
 def test_classification_by_hand():

@@ -1,6 +1,7 @@
 """training.multitask on a tiny random backbone (hidden 32, 2 layers) with the MiniLM tokenizer: mixed
 single-task batches, per-task losses that go down, and an end-to-end run whose output loads back as a
 BertForMultiTask with three heads, sharded in fp16, with metrics for all three tasks."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,15 @@ import torch
 from training import multitask
 from training.config import ConfigError
 
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-        "max_position_embeddings": 128, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 128,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 POSITIVE = "good great fun happy warm".split()
 NEGATIVE = "bad awful boring sad cold".split()
 FILLER = "the film movie plot was is and it this very".split()
@@ -53,28 +61,76 @@ def assets(tmp_path_factory, minilm_dir):
         conll.append("\n".join(f"{w} X X {t}" for w, t in zip(words, tags)))
     (root / "ner.txt").write_text("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(conll) + "\n")
     articles = []
-    for a, (city, person) in enumerate([("paris", "john"), ("london", "mary"), ("berlin", "peter"),
-                                        ("rome", "anna"), ("madrid", "paul")]):
+    for a, (city, person) in enumerate(
+        [("paris", "john"), ("london", "mary"), ("berlin", "peter"), ("rome", "anna"), ("madrid", "paul")]
+    ):
         context = f"{person} lives in {city} . the weather in {city} is warm and {person} likes it ."
-        qas = [{"id": f"{a}-{q}", "question": question,
-                "answers": [{"text": answer, "answer_start": context.index(answer)}]}
-               for q, (question, answer) in enumerate([("where does the person live ?", city),
-                                                       ("who lives there ?", person),
-                                                       ("how is the weather ?", "warm")])]
+        qas = [
+            {
+                "id": f"{a}-{q}",
+                "question": question,
+                "answers": [{"text": answer, "answer_start": context.index(answer)}],
+            }
+            for q, (question, answer) in enumerate(
+                [
+                    ("where does the person live ?", city),
+                    ("who lives there ?", person),
+                    ("how is the weather ?", "warm"),
+                ]
+            )
+        ]
         articles.append({"title": city, "paragraphs": [{"context": context, "qas": qas}]})
     (root / "squad.json").write_text(json.dumps({"version": "1.1", "data": articles}))
     return root
 
 
 def argv(root: Path, out: Path, *extra: str) -> list[str]:
-    return ["--ckpt", str(root / "backbone"), "--classify-train", str(root / "train.tsv"),
-            "--classify-eval", str(root / "dev.tsv"), "--classify-labels", "0,1", "--classify-label-names", "negative,positive",
-            "--ner-train", str(root / "ner.txt"), "--ner-eval", str(root / "ner.txt"),
-            "--qa-train", str(root / "squad.json"), "--heldout-articles", "1",
-            "--classify-max-seq-length", "32", "--ner-max-seq-length", "32", "--qa-max-seq-length", "64",
-            "--max-query-length", "16", "--doc-stride", "16", "--batch-size", "4", "--eval-batch-size", "8",
-            "--learning-rate", "1e-3", "--warmup-steps", "0", "--device", "cpu", "--torch-threads", "1",
-            "--no-progress", "--output-dir", str(out), *extra]
+    return [
+        "--ckpt",
+        str(root / "backbone"),
+        "--classify-train",
+        str(root / "train.tsv"),
+        "--classify-eval",
+        str(root / "dev.tsv"),
+        "--classify-labels",
+        "0,1",
+        "--classify-label-names",
+        "negative,positive",
+        "--ner-train",
+        str(root / "ner.txt"),
+        "--ner-eval",
+        str(root / "ner.txt"),
+        "--qa-train",
+        str(root / "squad.json"),
+        "--heldout-articles",
+        "1",
+        "--classify-max-seq-length",
+        "32",
+        "--ner-max-seq-length",
+        "32",
+        "--qa-max-seq-length",
+        "64",
+        "--max-query-length",
+        "16",
+        "--doc-stride",
+        "16",
+        "--batch-size",
+        "4",
+        "--eval-batch-size",
+        "8",
+        "--learning-rate",
+        "1e-3",
+        "--warmup-steps",
+        "0",
+        "--device",
+        "cpu",
+        "--torch-threads",
+        "1",
+        "--no-progress",
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
 
 
 def test_batches_single_task_and_weighted(assets):
@@ -104,8 +160,9 @@ def test_losses_finite_and_decreasing(assets):
     tokenizer = BertTokenizer.from_dir(assets / "backbone")
     parts = {t: multitask.prepare(cfg.task_config(t), tokenizer)[0] for t in cfg.tasks()}
     labels = {"classify": ["negative", "positive"], "ner": ["O"] * 7, "qa": []}
-    model, report = load_checkpoint(assets / "backbone", model_cls=BertForMultiTask, from_backbone=True,
-                                    config_overrides={"task_labels": labels})
+    model, report = load_checkpoint(
+        assets / "backbone", model_cls=BertForMultiTask, from_backbone=True, config_overrides={"task_labels": labels}
+    )
     assert {"classifier.weight", "token_classifier.weight", "qa_outputs.weight"} <= set(report.initialised)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -129,8 +186,12 @@ def test_end_to_end_fp16_shards(assets, tmp_path):
     from bert.model import BertForMultiTask
 
     out = tmp_path / "run"
-    assert multitask.main(argv(assets, out, "--max-steps", "6", "--eval-every", "3",
-                               "--save-dtype", "fp16", "--max-shard-mb", "0.3")) == 0
+    assert (
+        multitask.main(
+            argv(assets, out, "--max-steps", "6", "--eval-every", "3", "--save-dtype", "fp16", "--max-shard-mb", "0.3")
+        )
+        == 0
+    )
     best = out / "best"
     model, report = load_checkpoint(best, model_cls=BertForMultiTask)
     assert not report and isinstance(model, BertForMultiTask)
@@ -145,6 +206,7 @@ def test_end_to_end_fp16_shards(assets, tmp_path):
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and all((best / s).is_file() for s in shards)
     from safetensors.torch import load_file
+
     for shard in shards:  # at most 0.3 MB, unless one tensor alone is bigger (the word embeddings)
         tensors = load_file(best / shard)
         assert (best / shard).stat().st_size <= 300_000 + 10_000 or len(tensors) == 1
@@ -176,9 +238,15 @@ def test_resume_is_exact(assets, tmp_path):
 def test_flags_checked_before_work(assets):
     with pytest.raises(SystemExit):
         multitask.parse_config(multitask.MultiTaskConfig, ["--ckpt", str(assets / "backbone")])  # no task
-    cfg = multitask.MultiTaskConfig(ckpt=str(assets / "backbone"), qa_train=str(assets / "squad.json"),
-                                    task_weights=["qa=1", "ner=1"], save_dtype="int8", qa_max_seq_length=32,
-                                    max_query_length=64, embed_weight=0.0)
+    cfg = multitask.MultiTaskConfig(
+        ckpt=str(assets / "backbone"),
+        qa_train=str(assets / "squad.json"),
+        task_weights=["qa=1", "ner=1"],
+        save_dtype="int8",
+        qa_max_seq_length=32,
+        max_query_length=64,
+        embed_weight=0.0,
+    )
     with pytest.raises(ConfigError) as e:
         cfg.validate()
     message = str(e.value)
@@ -215,14 +283,16 @@ def test_embedding_loss_is_zero_when_the_student_is_the_teacher(assets):
     cfg = multitask.parse_config(multitask.MultiTaskConfig, argv(assets, assets / "unused"))
     tokenizer = BertTokenizer.from_dir(assets / "backbone")
     parts = {t: multitask.prepare(cfg.task_config(t), tokenizer)[0] for t in cfg.tasks()}
-    targets = multitask.teacher_targets(multitask.load_teacher(str(assets / "backbone"), "cpu"), "mean", parts,
-                                        batch_size=8)
+    targets = multitask.teacher_targets(
+        multitask.load_teacher(str(assets / "backbone"), "cpu"), "mean", parts, batch_size=8
+    )
     assert targets["classify"].segments is None and targets["ner"].segments is None  # the input itself
     assert targets["qa"].segments is not None  # the question alone
     assert len(targets["qa"].vectors) < len(parts["qa"])  # a question with several windows is embedded once
     labels = {"classify": ["negative", "positive"], "ner": ["O"] * 7, "qa": []}
-    student, _ = load_checkpoint(assets / "backbone", model_cls=BertForMultiTask, from_backbone=True,
-                                 config_overrides={"task_labels": labels})
+    student, _ = load_checkpoint(
+        assets / "backbone", model_cls=BertForMultiTask, from_backbone=True, config_overrides={"task_labels": labels}
+    )
     student.set_pooling("mean")  # TINY has no dropout: in train mode too the student computes the teacher's function
     data = multitask.MultiTaskData(parts, seed=0, embed_targets=targets)
     for offset in data.offsets:
@@ -239,10 +309,16 @@ def test_the_teacher_keeps_the_embeddings_close(assets, tmp_path):
     teacher's, on held-out texts of every kind (sentences, questions, contexts)."""
     steps = ["--max-steps", "40", "--eval-every", "40", "--learning-rate", "3e-3"]
     multitask.main(argv(assets, tmp_path / "plain", *steps))
-    multitask.main(argv(assets, tmp_path / "kept", *steps, "--embed-teacher", str(assets / "backbone"),
-                        "--embed-weight", "1"))
-    texts = ["a warm and very good film", "the plot was boring", "john smith lives in paris",
-             "where does the person live ?", "anna lives in rome . the weather in rome is warm and anna likes it ."]
+    multitask.main(
+        argv(assets, tmp_path / "kept", *steps, "--embed-teacher", str(assets / "backbone"), "--embed-weight", "1")
+    )
+    texts = [
+        "a warm and very good film",
+        "the plot was boring",
+        "john smith lives in paris",
+        "where does the person live ?",
+        "anna lives in rome . the weather in rome is warm and anna likes it .",
+    ]
     plain = teacher_cosine(tmp_path / "plain", assets / "backbone", texts)
     kept = teacher_cosine(tmp_path / "kept", assets / "backbone", texts)
     print(f"mean cosine to the teacher: without it {plain:.4f}, with it {kept:.4f}")
@@ -264,8 +340,10 @@ def test_resume_is_exact_with_the_teacher(assets, tmp_path):
     multitask.main(argv(assets, part, *teacher, "--resume", str(part / "last")))
     a, b = read_state_dict(full / "last"), read_state_dict(part / "last")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    losses = [[r["loss"] for r in map(json.loads, (d / "log.jsonl").read_text().splitlines()) if "loss" in r]
-              for d in (full, part)]
+    losses = [
+        [r["loss"] for r in map(json.loads, (d / "log.jsonl").read_text().splitlines()) if "loss" in r]
+        for d in (full, part)
+    ]
     assert losses[0] == losses[1]  # qa batches (a question forward of their own) included: 6 steps, 3 tasks
 
 
@@ -278,22 +356,30 @@ def test_config_records_the_teachers_pooling(assets, tmp_path):
 
     teacher = tmp_path / "st-teacher"
     shutil.copytree(assets / "backbone", teacher)
-    (teacher / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (teacher / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
     (teacher / "1_Pooling").mkdir()
     (teacher / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
     out = tmp_path / "run"
-    assert multitask.main(argv(assets, out, "--max-steps", "2", "--eval-every", "2",
-                               "--embed-teacher", str(teacher))) == 0
+    assert (
+        multitask.main(argv(assets, out, "--max-steps", "2", "--eval-every", "2", "--embed-teacher", str(teacher))) == 0
+    )
     for directory in (out / "best", out / "last"):
         assert json.loads((directory / "config.json").read_text())["pooling"] == {"mode": "cls", "normalize": True}
         assert (read_pooling(directory).mode, read_pooling(directory).source) == ("cls", "config.json")
     # Without a teacher: the pooling the starting checkpoint declares (here none: mean, normalised).
     assert multitask.main(argv(assets, tmp_path / "plain", "--max-steps", "1", "--eval-every", "1")) == 0
     assert json.loads((tmp_path / "plain" / "best" / "config.json").read_text())["pooling"] == {
-        "mode": "mean", "normalize": True}
+        "mode": "mean",
+        "normalize": True,
+    }
 
 
 def bad_teachers(assets: Path, root: Path) -> dict[str, tuple[Path, str]]:
@@ -306,25 +392,32 @@ def bad_teachers(assets: Path, root: Path) -> dict[str, tuple[Path, str]]:
     from bert.tokenizer import BertTokenizer
 
     vocab = BertTokenizer.from_dir(assets / "backbone").vocab_size
-    save_checkpoint(BertModel(BertConfig(vocab_size=vocab, **dict(TINY, hidden_size=64))), root / "wide",
-                    tokenizer=assets / "backbone")
+    save_checkpoint(
+        BertModel(BertConfig(vocab_size=vocab, **dict(TINY, hidden_size=64))),
+        root / "wide",
+        tokenizer=assets / "backbone",
+    )
     other_vocab = root / "other-vocab-tokenizer"
     other_vocab.mkdir()
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(vocab - 5)]
     (other_vocab / "vocab.txt").write_text("\n".join(words) + "\n")
     save_checkpoint(BertModel(BertConfig(vocab_size=vocab, **TINY)), root / "other-vocab", tokenizer=other_vocab)
     shutil.copytree(assets / "backbone", root / "sqrt-pooling")
-    (root / "sqrt-pooling" / "modules.json").write_text(json.dumps([
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (root / "sqrt-pooling" / "modules.json").write_text(
+        json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+    )
     (root / "sqrt-pooling" / "1_Pooling").mkdir()
     (root / "sqrt-pooling" / "1_Pooling" / "config.json").write_text(
-        json.dumps({"pooling_mode_mean_sqrt_len_tokens": True}))
+        json.dumps({"pooling_mode_mean_sqrt_len_tokens": True})
+    )
     (root / "no-config").mkdir()
-    return {"missing": (root / "nowhere", "not a directory"),
-            "no-config": (root / "no-config", "holds no config.json"),
-            "wider": (root / "wide", "64 dimensions, the student's 32"),
-            "other-vocabulary": (root / "other-vocab", "vocabulary"),
-            "unknown-pooling": (root / "sqrt-pooling", "pooling")}
+    return {
+        "missing": (root / "nowhere", "not a directory"),
+        "no-config": (root / "no-config", "holds no config.json"),
+        "wider": (root / "wide", "64 dimensions, the student's 32"),
+        "other-vocabulary": (root / "other-vocab", "vocabulary"),
+        "unknown-pooling": (root / "sqrt-pooling", "pooling"),
+    }
 
 
 @pytest.mark.parametrize("case", ["missing", "no-config", "wider", "other-vocabulary", "unknown-pooling"])
@@ -345,8 +438,17 @@ def test_a_bad_teacher_on_the_command_line(assets, tmp_path):
     import sys
 
     repo = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-m", "training.multitask",
-                             *argv(assets, tmp_path / "run", "--embed-teacher", str(tmp_path / "nowhere"))],
-                            cwd=repo, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training.multitask",
+            *argv(assets, tmp_path / "run", "--embed-teacher", str(tmp_path / "nowhere")),
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("error: --embed-teacher ") and "Traceback" not in result.stderr

@@ -1,4 +1,5 @@
 """Dataset readers: GLUE TSV (header, BOM, pairs), CoNLL (IOB1 -> IOB2, -DOCSTART-), SQuAD (.gz parts)."""
+
 from __future__ import annotations
 
 import gzip
@@ -6,13 +7,21 @@ import json
 
 import pytest
 
-from training.data.readers import (DataError, detect_scheme, iob1_to_iob2, read_conll, read_squad,
-                                   read_squad_articles, read_tsv, split_heldout)
+from training.data.readers import (
+    DataError,
+    detect_scheme,
+    iob1_to_iob2,
+    read_conll,
+    read_squad,
+    read_squad_articles,
+    read_tsv,
+    split_heldout,
+)
 
 
 def test_tsv_header_detected_and_bom_stripped(tmp_path):
     path = tmp_path / "train.tsv"
-    path.write_bytes("\ufeffsentence\tlabel\r\na fine film \t1\r\nawful \"quoted\t0\r\n".encode("utf-8"))
+    path.write_bytes('\ufeffsentence\tlabel\r\na fine film \t1\r\nawful "quoted\t0\r\n'.encode("utf-8"))
     rows = read_tsv(path)
     assert [(r.text, r.pair, r.label) for r in rows] == [("a fine film", None, "1"), ('awful "quoted', None, "0")]
 
@@ -32,8 +41,15 @@ def test_tsv_without_header_and_pairs_by_name_and_index(tmp_path):
 
 
 def test_iob1_to_iob2():
-    assert iob1_to_iob2(["I-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC", "I-ORG"]) == \
-        ["B-PER", "I-PER", "O", "B-LOC", "B-LOC", "I-LOC", "B-ORG"]
+    assert iob1_to_iob2(["I-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC", "I-ORG"]) == [
+        "B-PER",
+        "I-PER",
+        "O",
+        "B-LOC",
+        "B-LOC",
+        "I-LOC",
+        "B-ORG",
+    ]
     assert detect_scheme([["B-PER", "I-PER"]]) == "iob2"
     assert detect_scheme([["O", "I-PER"]]) == "iob1"
 
@@ -45,7 +61,8 @@ def test_conll_docstart_and_iob1_conversion(tmp_path):
         "EU NNP I-NP I-ORG\nrejects VBZ I-VP O\nGerman JJ I-NP I-MISC\n\n"
         "Peter NNP I-NP I-PER\nBlackburn NNP I-NP I-PER\n\n"
         "-DOCSTART- -X- -X- O\n\n"
-        "Paris NNP I-NP I-LOC\nLondon NNP I-NP B-LOC\n")
+        "Paris NNP I-NP I-LOC\nLondon NNP I-NP B-LOC\n"
+    )
     sentences = read_conll(path)
     assert len(sentences) == 3
     assert sentences[0].words == ["EU", "rejects", "German"]
@@ -57,10 +74,27 @@ def test_conll_docstart_and_iob1_conversion(tmp_path):
 
 
 def _squad(titles):
-    return {"version": "1.1", "data": [
-        {"title": t, "paragraphs": [{"context": f"{t} is a place.", "qas": [
-            {"id": f"{t}-q", "question": f"What is {t}?", "answers": [{"text": "a place", "answer_start": len(t) + 4}]}]}]}
-        for t in titles]}
+    return {
+        "version": "1.1",
+        "data": [
+            {
+                "title": t,
+                "paragraphs": [
+                    {
+                        "context": f"{t} is a place.",
+                        "qas": [
+                            {
+                                "id": f"{t}-q",
+                                "question": f"What is {t}?",
+                                "answers": [{"text": "a place", "answer_start": len(t) + 4}],
+                            }
+                        ],
+                    }
+                ],
+            }
+            for t in titles
+        ],
+    }
 
 
 def test_squad_plain_gz_and_parts(tmp_path):
@@ -71,7 +105,7 @@ def test_squad_plain_gz_and_parts(tmp_path):
         json.dump(["recon-1"], f)
     examples = read_squad(f"{tmp_path / 'part-01.json'},{tmp_path / 'part-02.json.gz'}")
     assert [e.id for e in examples] == ["Alpha-q", "Beta-q", "Gamma-q"]
-    assert examples[2].context[examples[2].answers[0]["answer_start"]:].startswith("a place")
+    assert examples[2].context[examples[2].answers[0]["answer_start"] :].startswith("a place")
     assert [e.id for e in read_squad(tmp_path)] == ["Alpha-q", "Beta-q", "Gamma-q"]
     with pytest.raises(DataError):
         read_squad(tmp_path / "ids.json.gz")

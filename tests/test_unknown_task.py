@@ -1,6 +1,7 @@
 """A task name nobody declared (or one that cannot be trained) given to a command line is one `error:` line and
 exit 2, before any work: training.finetune, training.multitask (--task-weights), training.evaluate, export.onnx.
 And the training side loops over the registry: each trainable task declares its training hooks."""
+
 from __future__ import annotations
 
 import os
@@ -24,19 +25,68 @@ def one_error_line(stderr: str) -> str:
 
 
 def run_module(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 CASES = {
-    "finetune": ("training.finetune", ["--task", "nosuch", "--init-preset", "tiny", "--tokenizer", "tok",
-                                       "--train-data", "t.tsv", "--eval-data", "e.tsv", "--output-dir", "run"]),
-    "finetune-untrainable": ("training.finetune", ["--task", "embed", "--init-preset", "tiny", "--tokenizer", "tok",
-                                                   "--train-data", "t.tsv", "--eval-data", "e.tsv",
-                                                   "--output-dir", "run"]),
-    "multitask": ("training.multitask", ["--init-preset", "tiny", "--tokenizer", "tok", "--classify-train", "t.tsv",
-                                         "--classify-eval", "e.tsv", "--task-weights", "classify=1,nosuch=2",
-                                         "--output-dir", "run"]),
+    "finetune": (
+        "training.finetune",
+        [
+            "--task",
+            "nosuch",
+            "--init-preset",
+            "tiny",
+            "--tokenizer",
+            "tok",
+            "--train-data",
+            "t.tsv",
+            "--eval-data",
+            "e.tsv",
+            "--output-dir",
+            "run",
+        ],
+    ),
+    "finetune-untrainable": (
+        "training.finetune",
+        [
+            "--task",
+            "embed",
+            "--init-preset",
+            "tiny",
+            "--tokenizer",
+            "tok",
+            "--train-data",
+            "t.tsv",
+            "--eval-data",
+            "e.tsv",
+            "--output-dir",
+            "run",
+        ],
+    ),
+    "multitask": (
+        "training.multitask",
+        [
+            "--init-preset",
+            "tiny",
+            "--tokenizer",
+            "tok",
+            "--classify-train",
+            "t.tsv",
+            "--classify-eval",
+            "e.tsv",
+            "--task-weights",
+            "classify=1,nosuch=2",
+            "--output-dir",
+            "run",
+        ],
+    ),
     "evaluate": ("training.evaluate", ["--task", "nosuch", "--ckpt", "no-such-checkpoint", "--data", "e.tsv"]),
     "export": ("export.onnx", ["--task", "nosuch", "--ckpt", "no-such-checkpoint", "--out", "run"]),
 }
@@ -58,8 +108,9 @@ def test_in_process_the_unknown_task_is_the_registrys_error():
     from training import evaluate, finetune
 
     with pytest.raises(registry.UnknownTask, match="must be one of"):
-        finetune.FinetuneConfig(task="summarise", init_preset="tiny", tokenizer="tok", train_data="t",
-                                eval_data="e").validate()
+        finetune.FinetuneConfig(
+            task="summarise", init_preset="tiny", tokenizer="tok", train_data="t", eval_data="e"
+        ).validate()
     with pytest.raises(registry.UnknownTask):
         evaluate.EvaluateConfig(task="summarise", ckpt="c", data="d").validate()
 
@@ -95,8 +146,18 @@ def test_an_option_of_another_task_is_refused_by_its_flag():
     from training.finetune import FinetuneConfig
 
     with pytest.raises(ConfigError, match="--doc-stride applies to --task qa only"):
-        FinetuneConfig(task="classify", init_preset="tiny", tokenizer="tok", train_data="t", eval_data="e",
-                       doc_stride=64).validate()
+        FinetuneConfig(
+            task="classify", init_preset="tiny", tokenizer="tok", train_data="t", eval_data="e", doc_stride=64
+        ).validate()
     with pytest.raises(ConfigError, match="--scheme applies to --task ner only"):
-        FinetuneConfig(task="qa", init_preset="tiny", tokenizer="tok", train_data="t", heldout_articles=1,
-                       max_seq_length=64, max_query_length=16, doc_stride=16, scheme="iob1").validate()
+        FinetuneConfig(
+            task="qa",
+            init_preset="tiny",
+            tokenizer="tok",
+            train_data="t",
+            heldout_articles=1,
+            max_seq_length=64,
+            max_query_length=16,
+            doc_stride=16,
+            scheme="iob1",
+        ).validate()

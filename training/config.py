@@ -4,6 +4,7 @@ Every field of a config dataclass is one option, declared with its help (bert/op
 env var BERTSERVE_<NAME>; flag > env > default); unknown flags and, through `validate()`, contradictory ones
 are refused before any data is read.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,7 +36,9 @@ class TrainConfig:
     warmup_ratio: float = option(0.1, "fraction of total steps spent warming up (ignored if warmup_steps > 0)")
     warmup_steps: int = option(0, "warmup length in optimizer steps; 0 = use warmup_ratio")
     num_epochs: float = option(3.0, "passes over the training data (fractions allowed)")
-    max_steps: int = option(0, "stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length")
+    max_steps: int = option(
+        0, "stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length"
+    )
     batch_size: int = option(32, "examples per optimizer step (across accumulation and processes)")
     grad_accum_steps: int = option(1, "micro-batches per optimizer step (per process); batch_size must divide by it")
     max_grad_norm: float = option(1.0, "gradient clipping (0 = off)")
@@ -61,7 +64,9 @@ class TrainConfig:
         if self.batch_size <= 0 or self.grad_accum_steps <= 0:
             problems.append("batch_size and grad_accum_steps must be positive")
         elif self.batch_size % self.grad_accum_steps:
-            problems.append(f"batch_size {self.batch_size} is not divisible by grad_accum_steps {self.grad_accum_steps}")
+            problems.append(
+                f"batch_size {self.batch_size} is not divisible by grad_accum_steps {self.grad_accum_steps}"
+            )
         if self.precision not in PRECISIONS:
             problems.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.precision == "fp16" and self.device == "cpu":
@@ -69,7 +74,9 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             problems.append(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         # last.old: a save was killed between its two renames; the run resumes from that previous copy
-        if self.resume and not any((Path(d) / "trainer_state.json").is_file() for d in (self.resume, self.resume + ".old")):
+        if self.resume and not any(
+            (Path(d) / "trainer_state.json").is_file() for d in (self.resume, self.resume + ".old")
+        ):
             problems.append(f"--resume {self.resume}: no trainer_state.json there (pass a last/ directory)")
         for name in ("eval_every", "save_every", "log_every", "max_steps", "warmup_steps", "torch_threads"):
             if getattr(self, name) < 0:

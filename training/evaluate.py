@@ -4,6 +4,7 @@ Settings the fine-tuning run used (max_seq_length, TSV columns, label values, qa
 articles) are read from the checkpoint's finetune_config.json, so evaluating best/ reproduces its
 metrics.json; any flag given here overrides them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,15 +43,22 @@ class EvaluateConfig:
     doc_stride: int | None = _from_run("doc_stride")
     max_query_length: int | None = _from_run("max_query_length")
     max_answer_length: int | None = _from_run("max_answer_length")
-    heldout_articles: int | None = like(FinetuneConfig, "heldout_articles", None, suffix=RUN,
-                                        help="qa: evaluate on the last N articles of --data (the held-out split)")
+    heldout_articles: int | None = like(
+        FinetuneConfig,
+        "heldout_articles",
+        None,
+        suffix=RUN,
+        help="qa: evaluate on the last N articles of --data (the held-out split)",
+    )
     device: str = option("cpu", "cpu | cuda | cuda:N")
     torch_threads: int = like(FinetuneConfig, "torch_threads")
 
     def resolved(self, saved: dict) -> "EvaluateConfig":
         """Unset options take the fine-tuning run's value, then finetune's declared default."""
         defaults = FinetuneConfig()
-        values = {name: saved.get(name, getattr(defaults, name)) for name in _RUN_OPTIONS if getattr(self, name) is None}
+        values = {
+            name: saved.get(name, getattr(defaults, name)) for name in _RUN_OPTIONS if getattr(self, name) is None
+        }
         if self.task == "" and saved.get("task"):
             values["task"] = saved["task"]
         return dataclasses.replace(self, **values)
@@ -58,11 +66,18 @@ class EvaluateConfig:
     def finetune_config(self) -> FinetuneConfig:
         """The fine-tuning options these evaluation options stand for, which the task's hooks read: --data as
         the evaluation data, or, with --heldout-articles, as the training data whose tail is held out."""
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                  if f.name in {g.name for g in dataclasses.fields(FinetuneConfig)} and getattr(self, f.name) is not None}
+        shared = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name in {g.name for g in dataclasses.fields(FinetuneConfig)} and getattr(self, f.name) is not None
+        }
         held_out = bool(self.heldout_articles)
-        return FinetuneConfig(**shared, train_data=self.data if held_out else "", eval_data="" if held_out else self.data,
-                              max_eval_examples=self.max_examples)
+        return FinetuneConfig(
+            **shared,
+            train_data=self.data if held_out else "",
+            eval_data="" if held_out else self.data,
+            max_eval_examples=self.max_examples,
+        )
 
     def validate(self) -> None:
         task = trainable_task(self.task)
@@ -90,6 +105,7 @@ def _run_settings(path) -> dict:
 
 def evaluate(cfg: EvaluateConfig) -> dict:
     import torch
+
     from bert.checkpoint import load_checkpoint, resolve_checkpoint
     from bert.tasks import registry
     from bert.tokenizer import BertTokenizer
@@ -108,7 +124,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     settings = cfg.finetune_config()
     _, examples = task.read_examples(settings, train=False)
     if cfg.max_examples:
-        examples = examples[:cfg.max_examples]
+        examples = examples[: cfg.max_examples]
     return task.evaluate(model, tokenizer, examples, task.saved_labels(settings, model.config, saved), settings)
 
 

@@ -6,6 +6,7 @@
 Writes <output-dir>/best (checkpoint + metrics.json + finetune_config.json), <output-dir>/last
 (the same, plus trainer state for --resume), log.jsonl and metrics.json.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +33,13 @@ def trainable_task(name: str):
 @dataclass
 class FinetuneConfig(TrainConfig):
     task: str = option("", "a trainable task: classify | ner | qa ...")
-    ckpt: str = option("", 'checkpoint path, store name or Hub id `org/name[@revision]` (README "Models from the Hub") to start from (its encoder; heads start fresh if absent)')
-    init_preset: str = option("", "instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)")
+    ckpt: str = option(
+        "",
+        'checkpoint path, store name or Hub id `org/name[@revision]` (README "Models from the Hub") to start from (its encoder; heads start fresh if absent)',
+    )
+    init_preset: str = option(
+        "", "instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)"
+    )
     tokenizer: str = option("", "tokenizer directory (default: the checkpoint's)")
     train_data: str = option("", "TSV (classify), CoNLL (ner), SQuAD JSON / .gz / comma-separated parts (qa)")
     eval_data: str = option("", "same format; for qa it may be empty when --heldout-articles > 0")
@@ -51,12 +57,16 @@ class FinetuneConfig(TrainConfig):
     regression: bool = option(False, "one output, MSE loss, Pearson/Spearman (e.g. STS-B)")
     # ner
     scheme: str = option("auto", "ner: auto | iob1 | iob2: tag scheme of the CoNLL files (IOB1 is converted to IOB2)")
-    label_all_subtokens: bool = option(False, "ner: train every sub-token (B- becomes I- after a word's first; default: first only)")
+    label_all_subtokens: bool = option(
+        False, "ner: train every sub-token (B- becomes I- after a word's first; default: first only)"
+    )
     # qa
     doc_stride: int = option(128, "qa: tokens between the starts of consecutive context windows")
     max_query_length: int = option(64, "qa: questions are cut to this many tokens")
     max_answer_length: int = option(30, "qa: longest predicted answer, in tokens")
-    heldout_articles: int = option(0, "qa: hold out the last N articles of the training data for evaluation (never trained on)")
+    heldout_articles: int = option(
+        0, "qa: hold out the last N articles of the training data for evaluation (never trained on)"
+    )
     stop_at_step: int = option(0, "stop as if interrupted after this step (schedule unchanged; then --resume)")
 
     def task_problems(self) -> list[str]:
@@ -86,8 +96,10 @@ class FinetuneConfig(TrainConfig):
             # goes to the command line as it is.
             ckpt_config = BertConfig.from_json_file(resolve_checkpoint(self.ckpt))
             if self.max_seq_length > ckpt_config.max_position_embeddings:
-                problems.append(f"{flag(self, 'max_seq_length')} {self.max_seq_length} exceeds the model's "
-                                f"max_position_embeddings {ckpt_config.max_position_embeddings}")
+                problems.append(
+                    f"{flag(self, 'max_seq_length')} {self.max_seq_length} exceeds the model's "
+                    f"max_position_embeddings {ckpt_config.max_position_embeddings}"
+                )
         return problems
 
 
@@ -96,15 +108,19 @@ class FinetuneConfig(TrainConfig):
 
 def foreign_options(cfg, task) -> list[str]:
     """Options that belong to other tasks (their `train_options`), set away from their defaults."""
-    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                for f in dataclasses.fields(FinetuneConfig)}
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(FinetuneConfig)
+    }
     owners: dict[str, list[str]] = {}
     for other in registry.TASKS.values():
         for name in other.train_options:
             owners.setdefault(name, []).append(other.name)
-    return [f"--{name.replace('_', '-')} applies to --task {' or '.join(names)} only"
-            for name, names in owners.items()
-            if name not in task.train_options and getattr(cfg, name) != defaults[name]]
+    return [
+        f"--{name.replace('_', '-')} applies to --task {' or '.join(names)} only"
+        for name, names in owners.items()
+        if name not in task.train_options and getattr(cfg, name) != defaults[name]
+    ]
 
 
 def read_data(cfg: FinetuneConfig):
@@ -126,11 +142,13 @@ def prepare(cfg: FinetuneConfig, tokenizer):
     train, evaluation = read_data(cfg)
     labels = task.train_labels(cfg, train, evaluation)
     features, targets = task.encode_train(tokenizer, train, labels, cfg)
-    data = FeatureData(features, targets, task.name, cfg.batch_size, cfg.seed, cfg.group_by_length,
-                       tokenizer.pad_token_id)
+    data = FeatureData(
+        features, targets, task.name, cfg.batch_size, cfg.seed, cfg.group_by_length, tokenizer.pad_token_id
+    )
 
     def evaluate(model):
         return task.evaluate(model, tokenizer, evaluation, labels, cfg)
+
     return data, evaluate, labels, evaluation
 
 
@@ -142,12 +160,14 @@ def run_labels(task, labels) -> dict:
 
 def build_model(cfg: FinetuneConfig, labels):
     import torch
+
     from bert.checkpoint import init_model, load_checkpoint
 
     torch.manual_seed(cfg.seed)  # fresh heads start the same way every run
     overrides = {"problem_type": labels.problem_type} if labels.problem_type else None
     if cfg.init_preset:
         from bert.tokenizer import BertTokenizer
+
         vocab = BertTokenizer.from_dir(cfg.tokenizer).vocab_size
         config = model_config(cfg.init_preset, vocab_size=vocab, **(overrides or {}))
         if labels.names is not None:
@@ -157,8 +177,9 @@ def build_model(cfg: FinetuneConfig, labels):
     else:
         model = _from_multitask(cfg, labels, overrides)
         if model is None:
-            model, report = load_checkpoint(cfg.ckpt, task=cfg.task, labels=labels.names, from_backbone=True,
-                                            config_overrides=overrides)
+            model, report = load_checkpoint(
+                cfg.ckpt, task=cfg.task, labels=labels.names, from_backbone=True, config_overrides=overrides
+            )
     model.train()
     return model
 
@@ -177,8 +198,9 @@ def _from_multitask(cfg: FinetuneConfig, labels, overrides):
         return None
     cls = TASK_ARCHITECTURES[cfg.task]
     names = labels.names if labels is not None else None
-    plan = check_checkpoint(directory, cls, labels=names,
-                            config_overrides=dict(overrides or {}, task_labels=None, task=cfg.task))
+    plan = check_checkpoint(
+        directory, cls, labels=names, config_overrides=dict(overrides or {}, task_labels=None, task=cfg.task)
+    )
     model = cls(plan.config)
     state = read_state_dict(directory)
     # Where the multi-task checkpoint keeps the task's head, and where the task's own model keeps it.
@@ -186,18 +208,30 @@ def _from_multitask(cfg: FinetuneConfig, labels, overrides):
     source_head, head = f"{declared.attribute}.", f"{declared.single_attribute}."
     kept = cfg.task in stored and (not registry.get(cfg.task).labelled or list(names or []) == stored[cfg.task])
     heads = tuple(f"{registry.get(t).head.attribute}." for t in stored)
-    state = {(head + k[len(source_head):] if kept and k.startswith(source_head) else k): v
-             for k, v in state.items() if not k.startswith(heads) or (kept and k.startswith(source_head))}
+    state = {
+        (head + k[len(source_head) :] if kept and k.startswith(source_head) else k): v
+        for k, v in state.items()
+        if not k.startswith(heads) or (kept and k.startswith(source_head))
+    }
     state, _ = match_state_dict(model, state, from_backbone=True, source=str(directory))
     model.load_state_dict(state, strict=False)
     if kept:
-        print(f"finetune: {directory} is a multi-task checkpoint ({', '.join(stored)}); fine-tuning its "
-              f"{cfg.task} head on the shared encoder", file=sys.stderr)
+        print(
+            f"finetune: {directory} is a multi-task checkpoint ({', '.join(stored)}); fine-tuning its "
+            f"{cfg.task} head on the shared encoder",
+            file=sys.stderr,
+        )
     else:
-        why = (f"it has no {cfg.task} head" if cfg.task not in stored
-               else f"its {cfg.task} labels {stored[cfg.task]} are not {list(names or [])}")
-        print(f"finetune: {directory} is a multi-task checkpoint ({', '.join(stored)}); the {cfg.task} "
-              f"model starts from its shared encoder with a fresh head ({why})", file=sys.stderr)
+        why = (
+            f"it has no {cfg.task} head"
+            if cfg.task not in stored
+            else f"its {cfg.task} labels {stored[cfg.task]} are not {list(names or [])}"
+        )
+        print(
+            f"finetune: {directory} is a multi-task checkpoint ({', '.join(stored)}); the {cfg.task} "
+            f"model starts from its shared encoder with a fresh head ({why})",
+            file=sys.stderr,
+        )
     return model
 
 
@@ -211,19 +245,40 @@ def main(argv=None) -> int:
     data, evaluate, labels, _ = prepare(cfg, tokenizer)
     model = build_model(cfg, labels)
     if dist.main:
-        print(f"finetune {cfg.task}: {len(data)} training features, {len(data.batches(0))} steps/epoch, "
-              f"device {device}, {dist.world_size} process(es)", file=sys.stderr)
+        print(
+            f"finetune {cfg.task}: {len(data)} training features, {len(data.batches(0))} steps/epoch, "
+            f"device {device}, {dist.world_size} process(es)",
+            file=sys.stderr,
+        )
 
     run_settings = dict(cfg.to_dict(), **run_labels(task, labels))
 
     def save_model(m, directory: Path) -> None:
-        save_checkpoint(m, directory, tokenizer=tokenizer,
-                        extra_files={"finetune_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"})
+        save_checkpoint(
+            m,
+            directory,
+            tokenizer=tokenizer,
+            extra_files={"finetune_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"},
+        )
 
-    result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric=task.best_metric(labels),
-                   dist=dist, device=device, stop_at_step=cfg.stop_at_step)
-    summary = {"task": cfg.task, "steps": result["step"], "total_steps": result["total_steps"],
-               "best": result["best"], "last_eval": result["last_eval"]}
+    result = train(
+        cfg,
+        model,
+        data,
+        save_model=save_model,
+        evaluate=evaluate,
+        best_metric=task.best_metric(labels),
+        dist=dist,
+        device=device,
+        stop_at_step=cfg.stop_at_step,
+    )
+    summary = {
+        "task": cfg.task,
+        "steps": result["step"],
+        "total_steps": result["total_steps"],
+        "best": result["best"],
+        "last_eval": result["last_eval"],
+    }
     return finish_run(dist, cfg.output_dir, summary)
 
 

@@ -9,6 +9,7 @@ The data side is a `TrainData`: `batches(epoch)` returns the epoch's global batc
 indices, a pure function of seed and epoch), and `collate(indices, rng)` builds tensors; `rng` is a
 numpy Generator seeded from (seed, epoch, batch) so dynamic masking is reproducible and resumable.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,9 +20,10 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -65,8 +67,9 @@ def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.AdamW:
     # The fused kernel updates all parameters in one pass, several times faster than foreach on CPU
     # (docs/training.md, "Batching"). Same maths, same state dict.
     fused = all(p.device.type in ("cpu", "cuda") for p in decay + plain)
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                             eps=cfg.adam_epsilon, fused=fused or None)
+    return torch.optim.AdamW(
+        groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon, fused=fused or None
+    )
 
 
 # ----------------------------------------------------------------------------- processes and devices
@@ -162,16 +165,19 @@ def save_trainer_state(directory: Path, *, optimizer, scaler, state: dict, rank_
     with weights_only=True); counters and the Python/numpy RNG states to trainer_state.json; under
     torchrun each process's dropout RNG to rng_rank<N>.pt. Then checkpoint.json names the step and every
     file, so that resume can tell that weights, optimizer and trainer state belong together."""
-    save_torch_file({"optimizer": optimizer.state_dict(),
-                     "scaler": scaler.state_dict() if scaler is not None else None,
-                     "torch_rng": torch.get_rng_state(),
-                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-                    directory / OPTIMIZER_STATE)
+    save_torch_file(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
+        directory / OPTIMIZER_STATE,
+    )
     pause_point(f"{directory.name}:optimizer", partial=directory / OPTIMIZER_STATE)
     for rank, blob in enumerate(rank_rngs or []):
         save_torch_file(blob, directory / f"rng_rank{rank}.pt")
-    payload = dict(state, python_rng=_jsonable(random.getstate()),
-                   numpy_rng=_jsonable(np.random.get_state()))
+    payload = dict(state, python_rng=_jsonable(random.getstate()), numpy_rng=_jsonable(np.random.get_state()))
     (directory / TRAINER_STATE).write_text(json.dumps(payload, indent=1) + "\n")
     pause_point(f"{directory.name}:state", partial=directory / TRAINER_STATE)
     write_manifest(directory, step=state["step"], epoch=state["epoch"], position=state["position"])
@@ -200,11 +206,15 @@ def resume_directory(requested: Path) -> Path:
     replaced = not requested.is_dir() and old_copy(requested).is_dir()
     found = recover(requested)
     if found is None:
-        raise CheckpointError(f"--resume {requested}: no such directory (nor a previous copy "
-                              f"{old_copy(requested).name} beside it)")
+        raise CheckpointError(
+            f"--resume {requested}: no such directory (nor a previous copy {old_copy(requested).name} beside it)"
+        )
     if replaced:
-        print(f"resume: {requested} was being replaced when the run stopped; using the previous copy "
-              f"({old_copy(requested).name}, now {found})", file=sys.stderr)
+        print(
+            f"resume: {requested} was being replaced when the run stopped; using the previous copy "
+            f"({old_copy(requested).name}, now {found})",
+            file=sys.stderr,
+        )
     elif old_copy(requested).is_dir():  # killed after the new copy was in place: the old one is stale
         shutil.rmtree(old_copy(requested), ignore_errors=True)
     remove_stale_temporaries(requested)
@@ -221,8 +231,10 @@ def load_trainer_state(directory: Path, *, model, optimizer, scaler, device) -> 
     weights, optimizer and trainer state from one step, or a CheckpointError naming the file and why."""
     manifest = verify_manifest(directory)
     if manifest is None:
-        print(f"resume: {directory} has no checkpoint.json (saved by an older version); its files are "
-              "not verified", file=sys.stderr)
+        print(
+            f"resume: {directory} has no checkpoint.json (saved by an older version); its files are not verified",
+            file=sys.stderr,
+        )
     path = directory / TRAINER_STATE
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
@@ -231,14 +243,17 @@ def load_trainer_state(directory: Path, *, model, optimizer, scaler, device) -> 
     if not isinstance(state, dict) or not all(k in state for k in ("step", "epoch", "position", "python_rng")):
         raise CheckpointError(f"--resume: {path} lacks the step, epoch, position or RNG state of a trainer")
     if manifest is not None and manifest.get("step") != state["step"]:
-        raise CheckpointError(f"--resume: {path} is at step {state['step']} but {directory / 'checkpoint.json'} "
-                              f"says step {manifest.get('step')}: not one save")
+        raise CheckpointError(
+            f"--resume: {path} is at step {state['step']} but {directory / 'checkpoint.json'} "
+            f"says step {manifest.get('step')}: not one save"
+        )
     weights = read_state_dict(directory)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.startswith("cls.predictions.decoder")]  # tied to embeddings
     if missing or unexpected:
-        raise CheckpointError(f"--resume {directory}: weights do not match the model (missing {missing[:8]}, "
-                              f"unexpected {unexpected[:8]})")
+        raise CheckpointError(
+            f"--resume {directory}: weights do not match the model (missing {missing[:8]}, unexpected {unexpected[:8]})"
+        )
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     path = directory / OPTIMIZER_STATE
@@ -332,14 +347,18 @@ def train(
             if blob.get("cuda_rng") is not None and device.type == "cuda":
                 torch.cuda.set_rng_state(blob["cuda_rng"], device)
         if state.get("total_steps") != total_steps:
-            raise ValueError(f"--resume {cfg.resume}: that run planned {state.get('total_steps')} steps, "
-                             f"this config plans {total_steps}; resume with the same options")
+            raise ValueError(
+                f"--resume {cfg.resume}: that run planned {state.get('total_steps')} steps, "
+                f"this config plans {total_steps}; resume with the same options"
+            )
 
     train_model = model
     if dist.world_size > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=find_unused_parameters)
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=find_unused_parameters,
+        )
     micro_per_rank = cfg.grad_accum_steps
 
     def log(record: dict) -> None:
@@ -351,16 +370,33 @@ def train(
         rank_rngs = None
         if dist.world_size > 1:  # every process has its own dropout RNG stream; all go into the one last/
             rank_rngs = [None] * dist.world_size
-            torch.distributed.all_gather_object(rank_rngs, {
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+            torch.distributed.all_gather_object(
+                rank_rngs,
+                {
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                },
+            )
         if dist.main:
             with publish_dir(out / "last") as directory:  # weights, optimizer and state published together
                 save_model(model, directory)
-                save_trainer_state(directory, optimizer=optimizer, scaler=scaler, rank_rngs=rank_rngs, state={
-                    "step": step, "epoch": epoch, "position": position, "total_steps": total_steps,
-                    "best": best, "last_eval": last_eval, "reason": reason, "config": cfg.to_dict(),
-                    "world_size": dist.world_size})
+                save_trainer_state(
+                    directory,
+                    optimizer=optimizer,
+                    scaler=scaler,
+                    rank_rngs=rank_rngs,
+                    state={
+                        "step": step,
+                        "epoch": epoch,
+                        "position": position,
+                        "total_steps": total_steps,
+                        "best": best,
+                        "last_eval": last_eval,
+                        "reason": reason,
+                        "config": cfg.to_dict(),
+                        "world_size": dist.world_size,
+                    },
+                )
         _barrier(dist)
 
     def run_eval() -> None:
@@ -377,8 +413,9 @@ def train(
                     best = {"value": value, "step": step, "metric": best_metric}
                     with publish_dir(out / "best") as directory:  # the weights and the score that claims them
                         save_model(model, directory)
-                        (directory / "metrics.json").write_text(json.dumps(
-                            dict(metrics, step=step, epoch=epoch), indent=2, sort_keys=True) + "\n")
+                        (directory / "metrics.json").write_text(
+                            json.dumps(dict(metrics, step=step, epoch=epoch), indent=2, sort_keys=True) + "\n"
+                        )
                         pause_point("best:metrics", partial=directory / "metrics.json")
                         write_manifest(directory, step=step)
                     if bar is not None:
@@ -388,6 +425,7 @@ def train(
     bar = None
     if dist.main and cfg.progress:
         from tqdm import tqdm
+
         bar = tqdm(total=total_steps, initial=step, dynamic_ncols=True, desc="train")
 
     model.train()
@@ -401,7 +439,7 @@ def train(
             batches = data.batches(epoch)
             while position < len(batches):
                 global_batch = batches[position]
-                rank_part = global_batch[dist.rank::dist.world_size]
+                rank_part = global_batch[dist.rank :: dist.world_size]
                 micro_batches = [rank_part[i::micro_per_rank] for i in range(micro_per_rank)]
                 lr = learning_rate_at(step, peak=cfg.learning_rate, warmup_steps=warmup, total_steps=total_steps)
                 for group in optimizer.param_groups:
@@ -416,8 +454,11 @@ def train(
                     context = contextlib.nullcontext() if sync else train_model.no_sync()
                     with context:
                         with torch.autocast(device.type, dtype=amp_dtype, enabled=use_autocast):
-                            loss = (compute_loss(train_model, batch) if compute_loss is not None
-                                    else train_model(**batch).loss) / len(micro_batches)
+                            loss = (
+                                compute_loss(train_model, batch)
+                                if compute_loss is not None
+                                else train_model(**batch).loss
+                            ) / len(micro_batches)
                         (scaler.scale(loss) if scaler else loss).backward()
                     loss_sum += float(loss.detach())
                 if scaler:
@@ -439,14 +480,25 @@ def train(
                 if bar is not None:
                     elapsed = time.perf_counter() - window_start
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{window_tokens / max(elapsed, 1e-9):.0f}", epoch=epoch)
+                    bar.set_postfix(
+                        loss=f"{loss_value:.4f}",
+                        lr=f"{lr:.2e}",
+                        tok_s=f"{window_tokens / max(elapsed, 1e-9):.0f}",
+                        epoch=epoch,
+                    )
                 if step % cfg.log_every == 0 or step == total_steps:
                     elapsed = time.perf_counter() - window_start
-                    log({"step": step, "epoch": epoch, "loss": loss_value,
-                         "loss_avg": sum(window_losses) / len(window_losses), "lr": lr,
-                         "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                         "elapsed_s": time.perf_counter() - started})
+                    log(
+                        {
+                            "step": step,
+                            "epoch": epoch,
+                            "loss": loss_value,
+                            "loss_avg": sum(window_losses) / len(window_losses),
+                            "lr": lr,
+                            "tokens_per_s": window_tokens / max(elapsed, 1e-9),
+                            "elapsed_s": time.perf_counter() - started,
+                        }
+                    )
                     window_losses, window_tokens, window_start = [], 0, time.perf_counter()
 
                 end_of_epoch = position == len(batches)

@@ -2,13 +2,14 @@
 
 Pure Python + numpy, so they can be checked against hand-computed values.
 """
+
 from __future__ import annotations
 
 import collections
 import math
 import re
 import string
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def _ranks(x: np.ndarray) -> np.ndarray:
         j = i
         while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
             j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
         i = j + 1
     return ranks
 
@@ -78,8 +79,11 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def classification_metrics(predictions: Sequence[int], labels: Sequence[int]) -> dict:
-    metrics = {"accuracy": accuracy(predictions, labels), "matthews": matthews_corrcoef(predictions, labels),
-               "f1_macro": f1_macro(predictions, labels)}
+    metrics = {
+        "accuracy": accuracy(predictions, labels),
+        "matthews": matthews_corrcoef(predictions, labels),
+        "f1_macro": f1_macro(predictions, labels),
+    }
     if set(labels) <= {0, 1} and set(predictions) <= {0, 1}:
         metrics["f1"] = f1_binary(predictions, labels)
     return metrics
@@ -105,20 +109,28 @@ def _split(tag: str) -> tuple[str, str]:
 
 
 def _end_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
-    return ((prev_tag == "E") or (prev_tag == "S")
-            or (prev_tag == "B" and tag in ("B", "S", "O"))
-            or (prev_tag == "I" and tag in ("B", "S", "O"))
-            or (prev_tag not in ("O", ".") and prev_type != type_)
-            or prev_tag == "]" or prev_tag == "[")
+    return (
+        (prev_tag == "E")
+        or (prev_tag == "S")
+        or (prev_tag == "B" and tag in ("B", "S", "O"))
+        or (prev_tag == "I" and tag in ("B", "S", "O"))
+        or (prev_tag not in ("O", ".") and prev_type != type_)
+        or prev_tag == "]"
+        or prev_tag == "["
+    )
 
 
 def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
-    return ((tag == "B") or (tag == "S")
-            or (prev_tag == "E" and tag in ("E", "I"))
-            or (prev_tag == "S" and tag in ("E", "I"))
-            or (prev_tag == "O" and tag in ("E", "I"))
-            or (tag not in ("O", ".") and prev_type != type_)
-            or tag == "[" or tag == "]")
+    return (
+        (tag == "B")
+        or (tag == "S")
+        or (prev_tag == "E" and tag in ("E", "I"))
+        or (prev_tag == "S" and tag in ("E", "I"))
+        or (prev_tag == "O" and tag in ("E", "I"))
+        or (tag not in ("O", ".") and prev_type != type_)
+        or tag == "["
+        or tag == "]"
+    )
 
 
 def chunks(tags: Sequence[str]) -> list[tuple[str, int, int]]:
@@ -170,8 +182,9 @@ def conlleval(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]])
 
     result = prf(sum(correct.values()), sum(n_pred.values()), sum(n_gold.values()))
     result["accuracy"] = 100.0 * correct_tokens / tokens if tokens else 0.0
-    result["per_type"] = {kind: prf(correct[kind], n_pred[kind], n_gold[kind])
-                          for kind in sorted(set(n_gold) | set(n_pred))}
+    result["per_type"] = {
+        kind: prf(correct[kind], n_pred[kind], n_gold[kind]) for kind in sorted(set(n_gold) | set(n_pred))
+    }
     return result
 
 

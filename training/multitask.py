@@ -22,6 +22,7 @@ Writes <output-dir>/best (checkpoint in --save-dtype, sharded by --max-shard-mb,
 <output-dir>/last (full precision + trainer state for --resume), log.jsonl and metrics.json (with the
 scores of best/ re-measured after loading it back from disk).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -56,7 +57,9 @@ class MultiTaskOptions(TrainConfig):
     init_preset: str = like(FinetuneConfig, "init_preset")
     tokenizer: str = like(FinetuneConfig, "tokenizer")
     heldout_articles: int = like(FinetuneConfig, "heldout_articles")
-    task_weights: list[str] = option([], "e.g. classify=1,ner=1,qa=2: share of batches per task (default: by dataset size)")
+    task_weights: list[str] = option(
+        [], "e.g. classify=1,ner=1,qa=2: share of batches per task (default: by dataset size)"
+    )
     doc_stride: int = like(FinetuneConfig, "doc_stride")
     max_query_length: int = like(FinetuneConfig, "max_query_length")
     max_answer_length: int = like(FinetuneConfig, "max_answer_length")
@@ -65,11 +68,17 @@ class MultiTaskOptions(TrainConfig):
     eval_batch_size: int = like(FinetuneConfig, "eval_batch_size")
     max_train_examples: int = like(FinetuneConfig, "max_train_examples")
     max_eval_examples: int = like(FinetuneConfig, "max_eval_examples")
-    save_dtype: str = option("fp32", "fp32 | fp16 | bf16 weights of best/ (last/ keeps full precision for exact resume)")
+    save_dtype: str = option(
+        "fp32", "fp32 | fp16 | bf16 weights of best/ (last/ keeps full precision for exact resume)"
+    )
     max_shard_mb: float = option(0.0, "shard the weights into files of at most this many MB (+ index); 0 = one file")
     stop_at_step: int = like(FinetuneConfig, "stop_at_step")
-    embed_teacher: str = option("", "checkpoint (sentence-transformers or BERT) whose sentence embeddings the encoder keeps; empty = none")
-    embed_weight: float = option(DEFAULT_EMBED_WEIGHT, "weight of the embedding loss (cosine distance to --embed-teacher's vectors)")
+    embed_teacher: str = option(
+        "", "checkpoint (sentence-transformers or BERT) whose sentence embeddings the encoder keeps; empty = none"
+    )
+    embed_weight: float = option(
+        DEFAULT_EMBED_WEIGHT, "weight of the embedding loss (cosine distance to --embed-teacher's vectors)"
+    )
 
     def tasks(self) -> list[str]:
         return [t for t in TASKS if getattr(self, f"{t}_train")]
@@ -95,10 +104,19 @@ class MultiTaskOptions(TrainConfig):
                 value = getattr(self, name)
                 options[opt] = list(value) if isinstance(value, list) else value
         config = FinetuneConfig(
-            **shared, **options, task=task, ckpt=self.ckpt, init_preset=self.init_preset, tokenizer=self.tokenizer,
-            train_data=getattr(self, f"{task}_train"), eval_data=getattr(self, f"{task}_eval"),
-            max_seq_length=getattr(self, f"{task}_max_seq_length"), eval_batch_size=self.eval_batch_size,
-            max_train_examples=self.max_train_examples, max_eval_examples=self.max_eval_examples)
+            **shared,
+            **options,
+            task=task,
+            ckpt=self.ckpt,
+            init_preset=self.init_preset,
+            tokenizer=self.tokenizer,
+            train_data=getattr(self, f"{task}_train"),
+            eval_data=getattr(self, f"{task}_eval"),
+            max_seq_length=getattr(self, f"{task}_max_seq_length"),
+            eval_batch_size=self.eval_batch_size,
+            max_train_examples=self.max_train_examples,
+            max_eval_examples=self.max_eval_examples,
+        )
         config.flag_names = task_flags(task)  # its messages name this command's flags (--qa-train, --classify-labels)
         return config
 
@@ -120,8 +138,9 @@ class MultiTaskOptions(TrainConfig):
             trained = [t for t in self.tasks() if opt in registry.get(t).train_options]
             if not trained and getattr(self, opt) != _default(MultiTaskOptions, opt):
                 owners = [t for t in TASKS if opt in registry.get(t).train_options]
-                problems.append(f"--{opt.replace('_', '-')} given without "
-                                f"{' or '.join(f'--{t}-train' for t in owners)}")
+                problems.append(
+                    f"--{opt.replace('_', '-')} given without {' or '.join(f'--{t}-train' for t in owners)}"
+                )
         for task in self.tasks():
             for p in self.task_config(task).task_problems():
                 problems.append(self._task_message(task, p))
@@ -133,11 +152,15 @@ class MultiTaskOptions(TrainConfig):
             if weights is not None:
                 unknown = [name for name in weights if name not in TASKS]
                 if unknown:
-                    raise registry.UnknownTask(f"--task-weights names {', '.join(map(repr, unknown))}: the trainable "
-                                               f"tasks are {', '.join(TASKS)}")
+                    raise registry.UnknownTask(
+                        f"--task-weights names {', '.join(map(repr, unknown))}: the trainable "
+                        f"tasks are {', '.join(TASKS)}"
+                    )
                 if set(weights) != set(self.tasks()):
-                    problems.append(f"--task-weights must name each trained task ({', '.join(self.tasks())}) "
-                                    f"once, got {sorted(weights)}")
+                    problems.append(
+                        f"--task-weights must name each trained task ({', '.join(self.tasks())}) "
+                        f"once, got {sorted(weights)}"
+                    )
                 elif any(w <= 0 for w in weights.values()):
                     problems.append("--task-weights must be positive")
         if self.save_dtype not in SAVE_DTYPES:
@@ -157,8 +180,12 @@ class MultiTaskOptions(TrainConfig):
 
 def task_flags(task: str) -> dict[str, str]:
     """The flags a task's own options have here: --<task>-train for --train-data, --<task>-labels ..."""
-    own = {"train_data": "train", "eval_data": "eval", "max_seq_length": "max_seq_length",
-           **{o: o for o in registry.get(task).multitask_options}}
+    own = {
+        "train_data": "train",
+        "eval_data": "eval",
+        "max_seq_length": "max_seq_length",
+        **{o: o for o in registry.get(task).multitask_options},
+    }
     return {name: f"--{task}-{suffix.replace('_', '-')}" for name, suffix in own.items()}
 
 
@@ -181,10 +208,15 @@ def _task_fields() -> list[tuple]:
     for name in TASKS:
         task = registry.get(name)
         what = task.train_data_help or "training data"
-        out += [(f"{name}_train", str, option("", f"{what} for the {name} head; empty = no {name} head")),
-                (f"{name}_eval", str, option("", f"{what} to evaluate {name} on")),
-                (f"{name}_max_seq_length", int, option(task.train_max_seq_length,
-                                                       f"longest {name} input (longer inputs are truncated or windowed)"))]
+        out += [
+            (f"{name}_train", str, option("", f"{what} for the {name} head; empty = no {name} head")),
+            (f"{name}_eval", str, option("", f"{what} to evaluate {name} on")),
+            (
+                f"{name}_max_seq_length",
+                int,
+                option(task.train_max_seq_length, f"longest {name} input (longer inputs are truncated or windowed)"),
+            ),
+        ]
         for opt in task.multitask_options:
             out.append((f"{name}_{opt}", hints[opt], like(FinetuneConfig, opt, prefix=f"{name}: ")))
     return out
@@ -206,8 +238,14 @@ class MultiTaskData:
     and task t gets a share w_t / sum(w), cycling through its data (fresh order each pass) or cutting it.
     """
 
-    def __init__(self, parts: dict, *, seed: int, weights: dict[str, float] | None = None,
-                 embed_targets: dict[str, "EmbedTargets"] | None = None):
+    def __init__(
+        self,
+        parts: dict,
+        *,
+        seed: int,
+        weights: dict[str, float] | None = None,
+        embed_targets: dict[str, "EmbedTargets"] | None = None,
+    ):
         self.parts = dict(parts)
         self.tasks = list(self.parts)
         self.seed = seed
@@ -220,8 +258,10 @@ class MultiTaskData:
         self.size = total
         empty = [t for t in self.tasks if not self.parts[t].batches(0)]
         if empty:
-            raise ValueError(f"no full batch of {self.parts[empty[0]].batch_size} examples in the "
-                             f"training data of {', '.join(empty)}")
+            raise ValueError(
+                f"no full batch of {self.parts[empty[0]].batch_size} examples in the "
+                f"training data of {', '.join(empty)}"
+            )
 
     def __len__(self) -> int:
         return self.size
@@ -241,7 +281,7 @@ class MultiTaskData:
             while len(queue) < quotas[task]:  # weighted up: further passes, each in a fresh order
                 repeat += 1
                 queue += self.parts[task].batches(1_000_000 * repeat + epoch)
-            queues[task] = [[self.offsets[k] + i for i in b] for b in queue[:quotas[task]]]
+            queues[task] = [[self.offsets[k] + i for i in b] for b in queue[: quotas[task]]]
         slots = np.concatenate([np.full(quotas[t], k) for k, t in enumerate(self.tasks)])
         slots = slots[np.random.default_rng([self.seed, epoch, 2]).permutation(len(slots))]
         cursor = dict.fromkeys(range(len(self.tasks)), 0)
@@ -367,18 +407,21 @@ def check_embed_teacher(cfg: MultiTaskConfig, tokenizer):
     flag = f"--embed-teacher {cfg.embed_teacher}"
     try:
         teacher = check_checkpoint(cfg.embed_teacher, BertModel).config
-        student = (model_config(cfg.init_preset) if cfg.init_preset
-                   else check_checkpoint(cfg.ckpt, BertModel).config)
+        student = model_config(cfg.init_preset) if cfg.init_preset else check_checkpoint(cfg.ckpt, BertModel).config
         teacher_vocab = BertTokenizer.from_dir(resolve_checkpoint(cfg.embed_teacher)).get_vocab()
         pooling = read_pooling(resolve_checkpoint(cfg.embed_teacher))
     except (CheckpointError, BertConfigError, TokenizerError, PoolingError) as e:
         raise ConfigError(f"{flag}: {e}") from None
     if teacher.hidden_size != student.hidden_size:
-        raise ConfigError(f"{flag}: its embeddings have {teacher.hidden_size} dimensions, the student's "
-                          f"{student.hidden_size}; the teacher must be as wide as the encoder it anchors")
+        raise ConfigError(
+            f"{flag}: its embeddings have {teacher.hidden_size} dimensions, the student's "
+            f"{student.hidden_size}; the teacher must be as wide as the encoder it anchors"
+        )
     if teacher_vocab != tokenizer.get_vocab():
-        raise ConfigError(f"{flag}: its vocabulary ({len(teacher_vocab)} word pieces) is not the student's "
-                          f"tokenizer's ({tokenizer.vocab_size}); it would read the student's token ids as other words")
+        raise ConfigError(
+            f"{flag}: its vocabulary ({len(teacher_vocab)} word pieces) is not the student's "
+            f"tokenizer's ({tokenizer.vocab_size}); it would read the student's token ids as other words"
+        )
     return pooling
 
 
@@ -415,12 +458,16 @@ def agreement_sample(held_out: dict[str, list], tokenizer, max_length: int) -> d
     for task, examples in held_out.items():
         for source, items in registry.get(task).embed_texts(examples).items():
             texts[source] = items[:AGREEMENT_TEXTS]
-    return {source: embed.encode(tokenizer, items, max_length=max_length, truncate=True)
-            for source, items in texts.items() if items}
+    return {
+        source: embed.encode(tokenizer, items, max_length=max_length, truncate=True)
+        for source, items in texts.items()
+        if items
+    }
 
 
-def make_agreement(sample: dict[str, list], teacher_vectors: dict[str, np.ndarray], mode: str, *,
-                   batch_size: int, pad_token_id: int):
+def make_agreement(
+    sample: dict[str, list], teacher_vectors: dict[str, np.ndarray], mode: str, *, batch_size: int, pad_token_id: int
+):
     """evaluate(model) -> {"teacher_cosine", "texts", "by_source"}: the mean cosine between the model's and the
     teacher's embeddings of the held-out sample (1.0 = the teacher's embeddings exactly)."""
     from training.task_data import pooled_embeddings
@@ -429,13 +476,20 @@ def make_agreement(sample: dict[str, list], teacher_vectors: dict[str, np.ndarra
         return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
 
     def agreement(model) -> dict:
-        cosines = {source: (unit(pooled_embeddings(model, features, mode, batch_size=batch_size,
-                                                   pad_token_id=pad_token_id))
-                            * unit(teacher_vectors[source])).sum(axis=-1)
-                   for source, features in sample.items()}
+        cosines = {
+            source: (
+                unit(pooled_embeddings(model, features, mode, batch_size=batch_size, pad_token_id=pad_token_id))
+                * unit(teacher_vectors[source])
+            ).sum(axis=-1)
+            for source, features in sample.items()
+        }
         every = np.concatenate(list(cosines.values()))
-        return {"teacher_cosine": float(every.mean()), "texts": int(len(every)),
-                "by_source": {source: float(c.mean()) for source, c in cosines.items()}}
+        return {
+            "teacher_cosine": float(every.mean()),
+            "texts": int(len(every)),
+            "by_source": {source: float(c.mean()) for source, c in cosines.items()},
+        }
+
     return agreement
 
 
@@ -445,8 +499,9 @@ def make_agreement(sample: dict[str, list], teacher_vectors: dict[str, np.ndarra
 def compute_loss(model, batch: dict, embed_weight: float = 0.0):
     """The loss of a single-task batch: its head's loss on the shared forward pass, plus, when the batch
     carries the teacher's embeddings, `embed_weight` x the embedding loss (see EmbedTargets)."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"])
+    out = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+    )
     loss = task_loss(batch["task"], out, batch)
     if "teacher_embedding" in batch:
         loss = loss + embed_weight * embedding_loss(student_embedding(model, batch, out), batch["teacher_embedding"])
@@ -486,12 +541,14 @@ def main_score(task: str, metrics: dict) -> float:
 def make_evaluate(evaluators: dict, agreement=None):
     """Each task's metrics and their mean_score (what best/ is chosen by); with a teacher, "embed" too: the
     agreement with its embeddings, reported beside the tasks, not part of the mean."""
+
     def evaluate(model) -> dict:
         results = {task: fn(task_view(model, task)) for task, fn in evaluators.items()}
         results["mean_score"] = sum(main_score(t, results[t]) for t in evaluators) / len(evaluators)
         if agreement is not None:
             results["embed"] = agreement(model)
         return results
+
     return evaluate
 
 
@@ -514,11 +571,13 @@ def build_model(cfg: MultiTaskConfig, task_labels: dict, tokenizer):
 
     torch.manual_seed(cfg.seed)  # fresh heads start the same way every run
     if cfg.init_preset:
-        model = BertForMultiTask(model_config(cfg.init_preset, vocab_size=tokenizer.vocab_size,
-                                              task_labels=task_labels))
+        model = BertForMultiTask(
+            model_config(cfg.init_preset, vocab_size=tokenizer.vocab_size, task_labels=task_labels)
+        )
     else:
-        model, _ = load_checkpoint(cfg.ckpt, model_cls=BertForMultiTask, from_backbone=True,
-                                   config_overrides={"task_labels": task_labels})
+        model, _ = load_checkpoint(
+            cfg.ckpt, model_cls=BertForMultiTask, from_backbone=True, config_overrides={"task_labels": task_labels}
+        )
     model.train()
     return model
 
@@ -538,17 +597,28 @@ def embed_teacher_steps(cfg: MultiTaskConfig, pooling, parts: dict, held_out: di
     targets = teacher_targets(teacher, pooling.mode, parts, batch_size=cfg.eval_batch_size)
     max_length = min(pooling.max_length or 512, teacher.config.max_position_embeddings)
     sample = agreement_sample(held_out, tokenizer, max_length) if dist.main else {}
-    sample_vectors = {source: pooled_embeddings(teacher, features, pooling.mode, batch_size=cfg.eval_batch_size,
-                                                pad_token_id=tokenizer.pad_token_id)
-                      for source, features in sample.items()}
+    sample_vectors = {
+        source: pooled_embeddings(
+            teacher, features, pooling.mode, batch_size=cfg.eval_batch_size, pad_token_id=tokenizer.pad_token_id
+        )
+        for source, features in sample.items()
+    }
     del teacher
     if dist.main:
         count = sum(len(t.vectors) for t in targets.values())
-        print(f"multitask: embedding teacher {cfg.embed_teacher} ({pooling.mode} pooling): {count} distinct "
-              f"training texts and {sum(len(f) for f in sample.values())} held-out texts embedded in "
-              f"{time.perf_counter() - started:.0f} s; weight {cfg.embed_weight}", file=sys.stderr)
-    agreement = make_agreement(sample, sample_vectors, pooling.mode, batch_size=cfg.eval_batch_size,
-                               pad_token_id=tokenizer.pad_token_id) if sample else None
+        print(
+            f"multitask: embedding teacher {cfg.embed_teacher} ({pooling.mode} pooling): {count} distinct "
+            f"training texts and {sum(len(f) for f in sample.values())} held-out texts embedded in "
+            f"{time.perf_counter() - started:.0f} s; weight {cfg.embed_weight}",
+            file=sys.stderr,
+        )
+    agreement = (
+        make_agreement(
+            sample, sample_vectors, pooling.mode, batch_size=cfg.eval_batch_size, pad_token_id=tokenizer.pad_token_id
+        )
+        if sample
+        else None
+    )
     return targets, agreement
 
 
@@ -576,35 +646,63 @@ def main(argv=None) -> int:
         model.set_pooling(pooling.mode)  # every forward also returns the pooled embedding the loss compares
     if dist.main:
         counts = ", ".join(f"{t} {len(d)}" for t, d in parts.items())
-        print(f"multitask: training features {counts}; {len(data.batches(0))} steps/epoch, device {device}, "
-              f"{dist.world_size} process(es)", file=sys.stderr)
+        print(
+            f"multitask: training features {counts}; {len(data.batches(0))} steps/epoch, device {device}, "
+            f"{dist.world_size} process(es)",
+            file=sys.stderr,
+        )
 
     run_settings = dict(cfg.to_dict(), task_labels=task_labels, task_settings=extra)
     best_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg.save_dtype]
     shard_bytes = int(cfg.max_shard_mb * 1_000_000) or None
 
     def save_model(m, directory: Path) -> None:
-        save_checkpoint(m, directory, tokenizer=tokenizer, dtype=None if directory.name == "last" else best_dtype,
-                        max_shard_bytes=shard_bytes,
-                        extra_files={"multitask_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"})
+        save_checkpoint(
+            m,
+            directory,
+            tokenizer=tokenizer,
+            dtype=None if directory.name == "last" else best_dtype,
+            max_shard_bytes=shard_bytes,
+            extra_files={"multitask_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"},
+        )
 
     evaluate = make_evaluate(evaluators, agreement)
-    result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric="mean_score",
-                   dist=dist, device=device, stop_at_step=cfg.stop_at_step,
-                   compute_loss=functools.partial(compute_loss, embed_weight=cfg.embed_weight),
-                   find_unused_parameters=dist.world_size > 1)
-    summary = {"tasks": list(parts), "steps": result["step"], "total_steps": result["total_steps"],
-               "best": result["best"], "last_eval": result["last_eval"]}
+    result = train(
+        cfg,
+        model,
+        data,
+        save_model=save_model,
+        evaluate=evaluate,
+        best_metric="mean_score",
+        dist=dist,
+        device=device,
+        stop_at_step=cfg.stop_at_step,
+        compute_loss=functools.partial(compute_loss, embed_weight=cfg.embed_weight),
+        find_unused_parameters=dist.world_size > 1,
+    )
+    summary = {
+        "tasks": list(parts),
+        "steps": result["step"],
+        "total_steps": result["total_steps"],
+        "best": result["best"],
+        "last_eval": result["last_eval"],
+    }
     best_dir = Path(cfg.output_dir) / "best"
     if dist.main and result["step"] == result["total_steps"] and result["best"] is not None:
         # The weights as saved (e.g. fp16), loaded back as a server would load them, then measured.
         saved, _ = load_checkpoint(best_dir, model_cls=BertForMultiTask, device=device)
         summary["best_checkpoint_eval"] = evaluate(saved.float())
-        print(f"held-out scores of {best_dir} (step {result['best']['step']}): "
-              f"{summary_line(summary['best_checkpoint_eval'])}", file=sys.stderr)
+        print(
+            f"held-out scores of {best_dir} (step {result['best']['step']}): "
+            f"{summary_line(summary['best_checkpoint_eval'])}",
+            file=sys.stderr,
+        )
     final = summary.get("best_checkpoint_eval") or summary["last_eval"]
-    printed = {"steps": result["step"], "best": result["best"],
-               "scores": {t: main_score(t, final[t]) for t in parts} if final else {}}
+    printed = {
+        "steps": result["step"],
+        "best": result["best"],
+        "scores": {t: main_score(t, final[t]) for t in parts} if final else {},
+    }
     return finish_run(dist, cfg.output_dir, summary, printed)
 
 

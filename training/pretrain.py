@@ -8,6 +8,7 @@ files under <output-dir>/data (built once, reused when the settings match); mask
 each time a batch is built. Writes best/ (by held-out MLM accuracy) and last/ (resumable) checkpoint
 directories with the tokenizer, log.jsonl and metrics.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,9 @@ class PretrainConfig(TrainConfig):
     tokenizer: str = option("", "an existing tokenizer directory (vocab.txt / tokenizer.json)")
     vocab_size: int = option(0, "instead of --tokenizer: train a WordPiece vocabulary of this size on the corpus")
     do_lower_case: bool = option(True, "lower-case when training a new vocabulary")
-    preset: str = option("mini", "architecture, randomly initialised: tiny | mini | small | medium | base | large, or a config.json")
+    preset: str = option(
+        "mini", "architecture, randomly initialised: tiny | mini | small | medium | base | large, or a config.json"
+    )
     ckpt: str = option("", "instead of --preset: continue pretraining this checkpoint")
     max_seq_length: int = option(128, "tokens per instance, [CLS] A [SEP] B [SEP] included")
     short_seq_prob: float = option(0.1, "probability of a shorter target length for an instance")
@@ -42,11 +45,14 @@ class PretrainConfig(TrainConfig):
     max_eval_instances: int = option(2000, "held-out instances scored per evaluation")
     eval_batch_size: int = option(64, "instances per evaluation batch")
     instances_per_shard: int = option(20000, "instances per shard file")
-    documents_per_buffer: int = option(2000, "documents tokenized together (NotNext partners come from the same buffer)")
+    documents_per_buffer: int = option(
+        2000, "documents tokenized together (NotNext partners come from the same buffer)"
+    )
     stop_at_step: int = option(0, "stop as if interrupted after this step (schedule unchanged; then --resume)")
 
     def task_problems(self) -> list[str]:
         from bert.config import PRESETS
+
         problems = []
         has_data = bool(self.data_dir) and (Path(self.data_dir) / "index.json").is_file()
         if not self.corpus and not has_data:
@@ -73,8 +79,10 @@ class PretrainConfig(TrainConfig):
         if self.max_predictions_per_seq < 1:
             problems.append("max_predictions_per_seq must be >= 1")
         elif self.max_predictions_per_seq > self.max_seq_length - 3:
-            problems.append(f"max_predictions_per_seq ({self.max_predictions_per_seq}) cannot exceed the "
-                            f"maskable tokens of a sequence ({self.max_seq_length - 3})")
+            problems.append(
+                f"max_predictions_per_seq ({self.max_predictions_per_seq}) cannot exceed the "
+                f"maskable tokens of a sequence ({self.max_seq_length - 3})"
+            )
         if not 0 <= self.short_seq_prob <= 1:
             problems.append(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
         if self.dupe_factor < 1:
@@ -98,6 +106,7 @@ class PretrainData:
 
     def batches(self, epoch: int) -> list[list[int]]:
         from training.task_data import length_grouped_batches
+
         rng = np.random.default_rng([self.seed, epoch, 2])
         return length_grouped_batches(self.lengths, self.batch_size, rng, group_by_length=self.group_by_length)
 
@@ -107,6 +116,7 @@ class PretrainData:
 
 def collate_instances(shards, indices, masking, rng, pad_token_id: int):
     import torch
+
     from training.data.pretraining import mask_tokens
 
     rows = [shards[i] for i in indices]
@@ -122,13 +132,19 @@ def collate_instances(shards, indices, masking, rng, pad_token_id: int):
         input_ids[r, :n], mlm_labels[r, :n], attention_mask[r, :n] = masked, labels, 1
         token_type_ids[r, a_length:n] = 1
         nsp_labels[r] = nsp
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
-             "mlm_labels": mlm_labels, "nsp_labels": nsp_labels}
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": token_type_ids,
+        "mlm_labels": mlm_labels,
+        "nsp_labels": nsp_labels,
+    }
     return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
-def evaluate_pretraining(model, shards, masking, *, seed: int, max_instances: int, batch_size: int,
-                         pad_token_id: int, nsp: bool) -> dict:
+def evaluate_pretraining(
+    model, shards, masking, *, seed: int, max_instances: int, batch_size: int, pad_token_id: int, nsp: bool
+) -> dict:
     """Held-out MLM accuracy/loss and NSP accuracy with fixed masks (the same every evaluation)."""
     import torch
 
@@ -149,29 +165,40 @@ def evaluate_pretraining(model, shards, masking, *, seed: int, max_instances: in
             loss_sum += float(out.mlm_loss) * int(selected.numel())
             if nsp:
                 nsp_correct += int((out.nsp_logits.argmax(-1) == nsp_labels).sum())
-    metrics = {"mlm_accuracy": correct / max(total, 1), "mlm_loss": loss_sum / max(total, 1),
-               "masked_tokens": total, "instances": n}
+    metrics = {
+        "mlm_accuracy": correct / max(total, 1),
+        "mlm_loss": loss_sum / max(total, 1),
+        "masked_tokens": total,
+        "instances": n,
+    }
     if nsp:
         metrics["nsp_accuracy"] = nsp_correct / max(n, 1)
     return metrics
 
 
 def _data_matches(index: dict, cfg: PretrainConfig, vocab_size: int) -> bool:
-    wanted = {"max_seq_length": cfg.max_seq_length, "short_seq_prob": cfg.short_seq_prob,
-              "dupe_factor": cfg.dupe_factor, "nsp": cfg.nsp, "heldout_percent": cfg.heldout_percent,
-              "seed": cfg.data_seed, "vocab_size": vocab_size, "corpus": [str(p) for p in cfg.corpus]}
+    wanted = {
+        "max_seq_length": cfg.max_seq_length,
+        "short_seq_prob": cfg.short_seq_prob,
+        "dupe_factor": cfg.dupe_factor,
+        "nsp": cfg.nsp,
+        "heldout_percent": cfg.heldout_percent,
+        "seed": cfg.data_seed,
+        "vocab_size": vocab_size,
+        "corpus": [str(p) for p in cfg.corpus],
+    }
     return all(index.get(k) == v for k, v in wanted.items()) or not cfg.corpus
 
 
 def main(argv=None) -> int:
     cfg = parse_config(PretrainConfig, argv, description=__doc__.split("\n")[0])
     import torch
+
     from bert.atomic import publish_dir
     from bert.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
     from bert.model import BertForMaskedLM, BertForPreTraining
     from bert.tokenizer import BertTokenizer
-    from training.data.pretraining import (MaskingConfig, PretrainingShards, continuation_flags,
-                                           create_pretraining_data)
+    from training.data.pretraining import MaskingConfig, PretrainingShards, continuation_flags, create_pretraining_data
     from training.loop import _barrier, check_init_checkpoint, finish_run, setup_distributed, train
 
     check_init_checkpoint(cfg.ckpt)
@@ -184,8 +211,13 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         if cfg.vocab_size and not (tokenizer_dir / "vocab.txt").is_file():
             print(f"training a {cfg.vocab_size}-piece WordPiece vocabulary on {cfg.corpus}", file=sys.stderr)
-            trained = BertTokenizer.train(cfg.corpus, vocab_size=cfg.vocab_size, do_lower_case=cfg.do_lower_case,
-                                          show_progress=False, model_max_length=cfg.max_seq_length)
+            trained = BertTokenizer.train(
+                cfg.corpus,
+                vocab_size=cfg.vocab_size,
+                do_lower_case=cfg.do_lower_case,
+                show_progress=False,
+                model_max_length=cfg.max_seq_length,
+            )
             with publish_dir(tokenizer_dir) as directory:  # a killed run never leaves half a vocabulary
                 trained.save(directory)
     _barrier(dist)
@@ -200,21 +232,34 @@ def main(argv=None) -> int:
         index_path = data_dir / "index.json"
         if not (index_path.is_file() and _data_matches(json.loads(index_path.read_text()), cfg, tokenizer.vocab_size)):
             print(f"building pretraining instances in {data_dir}", file=sys.stderr)
-            index = create_pretraining_data(cfg.corpus, tokenizer, data_dir, max_seq_length=cfg.max_seq_length,
-                                            short_seq_prob=cfg.short_seq_prob, dupe_factor=cfg.dupe_factor,
-                                            nsp=cfg.nsp, heldout_percent=cfg.heldout_percent, seed=cfg.data_seed,
-                                            documents_per_buffer=cfg.documents_per_buffer,
-                                            instances_per_shard=cfg.instances_per_shard)
+            index = create_pretraining_data(
+                cfg.corpus,
+                tokenizer,
+                data_dir,
+                max_seq_length=cfg.max_seq_length,
+                short_seq_prob=cfg.short_seq_prob,
+                dupe_factor=cfg.dupe_factor,
+                nsp=cfg.nsp,
+                heldout_percent=cfg.heldout_percent,
+                seed=cfg.data_seed,
+                documents_per_buffer=cfg.documents_per_buffer,
+                instances_per_shard=cfg.instances_per_shard,
+            )
             print(f"instances: {json.dumps(index['counts'])}", file=sys.stderr)
     _barrier(dist)
     train_shards, heldout_shards = PretrainingShards(data_dir, "train"), PretrainingShards(data_dir, "heldout")
     if len(heldout_shards) == 0:
         raise SystemExit(f"no held-out instances: raise --heldout-percent (now {cfg.heldout_percent})")
 
-    masking = MaskingConfig(mask_token_id=tokenizer.mask_token_id, vocab_size=tokenizer.vocab_size,
-                            special_ids=tuple(tokenizer.all_special_ids), masked_lm_prob=cfg.masked_lm_prob,
-                            max_predictions_per_seq=cfg.max_predictions_per_seq, whole_word_mask=cfg.whole_word_mask,
-                            continuation=continuation_flags(tokenizer) if cfg.whole_word_mask else None)
+    masking = MaskingConfig(
+        mask_token_id=tokenizer.mask_token_id,
+        vocab_size=tokenizer.vocab_size,
+        special_ids=tuple(tokenizer.all_special_ids),
+        masked_lm_prob=cfg.masked_lm_prob,
+        max_predictions_per_seq=cfg.max_predictions_per_seq,
+        whole_word_mask=cfg.whole_word_mask,
+        continuation=continuation_flags(tokenizer) if cfg.whole_word_mask else None,
+    )
     model_cls = BertForPreTraining if cfg.nsp else BertForMaskedLM
     torch.manual_seed(cfg.seed)
     if cfg.ckpt:
@@ -226,21 +271,49 @@ def main(argv=None) -> int:
     data = PretrainData(train_shards, masking, cfg.batch_size, cfg.seed, tokenizer.pad_token_id, cfg.group_by_length)
     if dist.main:
         n_params = sum(p.numel() for p in model.parameters())
-        print(f"pretrain: {len(train_shards)} train / {len(heldout_shards)} held-out instances, "
-              f"{len(data.batches(0))} steps/epoch, {n_params / 1e6:.1f}M parameters, device {device}", file=sys.stderr)
+        print(
+            f"pretrain: {len(train_shards)} train / {len(heldout_shards)} held-out instances, "
+            f"{len(data.batches(0))} steps/epoch, {n_params / 1e6:.1f}M parameters, device {device}",
+            file=sys.stderr,
+        )
 
     def evaluate(m):
-        return evaluate_pretraining(m, heldout_shards, masking, seed=cfg.data_seed, max_instances=cfg.max_eval_instances,
-                                    batch_size=cfg.eval_batch_size, pad_token_id=tokenizer.pad_token_id, nsp=cfg.nsp)
+        return evaluate_pretraining(
+            m,
+            heldout_shards,
+            masking,
+            seed=cfg.data_seed,
+            max_instances=cfg.max_eval_instances,
+            batch_size=cfg.eval_batch_size,
+            pad_token_id=tokenizer.pad_token_id,
+            nsp=cfg.nsp,
+        )
 
     def save_model(m, directory: Path) -> None:
-        save_checkpoint(m, directory, tokenizer=tokenizer,
-                        extra_files={"pretrain_config.json": json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"})
+        save_checkpoint(
+            m,
+            directory,
+            tokenizer=tokenizer,
+            extra_files={"pretrain_config.json": json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n"},
+        )
 
-    result = train(cfg, model, data, save_model=save_model, evaluate=evaluate, best_metric="mlm_accuracy",
-                   dist=dist, device=device, stop_at_step=cfg.stop_at_step)
-    summary = {"steps": result["step"], "total_steps": result["total_steps"], "best": result["best"],
-               "last_eval": result["last_eval"]}
+    result = train(
+        cfg,
+        model,
+        data,
+        save_model=save_model,
+        evaluate=evaluate,
+        best_metric="mlm_accuracy",
+        dist=dist,
+        device=device,
+        stop_at_step=cfg.stop_at_step,
+    )
+    summary = {
+        "steps": result["step"],
+        "total_steps": result["total_steps"],
+        "best": result["best"],
+        "last_eval": result["last_eval"],
+    }
     return finish_run(dist, out, summary)
 
 

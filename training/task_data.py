@@ -3,6 +3,7 @@
 Training and training.evaluate both go through `predict_*` and `evaluate_*` here, so the numbers a
 fine-tuning run writes to metrics.json are the numbers evaluate prints for the same checkpoint.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,8 +21,14 @@ from training.data.readers import TaggedSentence, TextExample
 # ----------------------------------------------------------------------------- batching
 
 
-def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, *,
-                           group_by_length: bool = True, chunk_batches: int = 50) -> list[list[int]]:
+def length_grouped_batches(
+    lengths: np.ndarray,
+    batch_size: int,
+    rng: np.random.Generator,
+    *,
+    group_by_length: bool = True,
+    chunk_batches: int = 50,
+) -> list[list[int]]:
     """One epoch of full batches: a random permutation (its tail of len % batch_size dropped), then, when
     grouping, sorted by length within chunks of `chunk_batches` batches, and the batch order shuffled.
     Every example is equally likely to be in each epoch; padding shrinks to about the chunk's spread."""
@@ -29,9 +36,17 @@ def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.
     order = order[: len(order) - len(order) % batch_size]
     if group_by_length:
         chunk = batch_size * chunk_batches
-        order = np.concatenate([part[np.argsort(-lengths[part], kind="stable")]
-                                for part in np.split(order, range(chunk, len(order), chunk))]) if len(order) else order
-    batches = [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+        order = (
+            np.concatenate(
+                [
+                    part[np.argsort(-lengths[part], kind="stable")]
+                    for part in np.split(order, range(chunk, len(order), chunk))
+                ]
+            )
+            if len(order)
+            else order
+        )
+    batches = [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
     if group_by_length:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
@@ -40,7 +55,7 @@ def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.
 def eval_batches(lengths, batch_size: int) -> list[list[int]]:
     """Deterministic evaluation batches: sorted by length (less padding), independent of any seed."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
-    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
 
 
 def _tensors(features: list[Features], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -72,8 +87,9 @@ class FeatureData:
 
     def collate(self, indices: list[int], rng=None) -> dict[str, torch.Tensor]:
         batch = _tensors([self.features[i] for i in indices], self.pad_token_id)
-        batch.update(registry.get(self.task).collate_targets([self.targets[i] for i in indices],
-                                                             batch["input_ids"].shape[1]))
+        batch.update(
+            registry.get(self.task).collate_targets([self.targets[i] for i in indices], batch["input_ids"].shape[1])
+        )
         return batch
 
 
@@ -90,8 +106,10 @@ def run_model(model, features: list, *, batch_size: int = 64, pad_token_id: int 
         out = model(**batch)
         arrays = [getattr(out, name).float().cpu().numpy() for name in outputs]
         for row, i in enumerate(indices):
-            results[i] = tuple(a[row] if a.ndim == 1 or a.shape[1] != batch["input_ids"].shape[1]
-                               else a[row, :len(features[i])] for a in arrays)
+            results[i] = tuple(
+                a[row] if a.ndim == 1 or a.shape[1] != batch["input_ids"].shape[1] else a[row, : len(features[i])]
+                for a in arrays
+            )
     if was_training:
         model.train()
     return results
@@ -140,11 +158,19 @@ def classify_targets(examples: list[TextExample], labels: list[str] | None) -> l
     return [label_index(labels, e.label) for e in examples]
 
 
-def evaluate_classify(model, tokenizer, examples: list[TextExample], *, labels: list[str] | None,
-                      max_seq_length: int, batch_size: int = 64) -> dict:
+def evaluate_classify(
+    model,
+    tokenizer,
+    examples: list[TextExample],
+    *,
+    labels: list[str] | None,
+    max_seq_length: int,
+    batch_size: int = 64,
+) -> dict:
     features = encode_classify(tokenizer, examples, max_seq_length)
-    logits = np.stack([r[0] for r in run_model(model, features, batch_size=batch_size,
-                                                 pad_token_id=tokenizer.pad_token_id)])
+    logits = np.stack(
+        [r[0] for r in run_model(model, features, batch_size=batch_size, pad_token_id=tokenizer.pad_token_id)]
+    )
     targets = classify_targets(examples, labels)
     if labels is None:
         metrics = M.regression_metrics(logits[:, 0], targets)
@@ -157,16 +183,23 @@ def evaluate_classify(model, tokenizer, examples: list[TextExample], *, labels: 
 # ----------------------------------------------------------------------------- NER
 
 
-def encode_ner(tokenizer, sentences: list[TaggedSentence], labels: list[str], max_seq_length: int,
-               label_all_subtokens: bool = False):
-    features = ner_codec.encode_words(tokenizer, [s.words for s in sentences], max_length=max_seq_length,
-                                      truncate=True)
+def encode_ner(
+    tokenizer,
+    sentences: list[TaggedSentence],
+    labels: list[str],
+    max_seq_length: int,
+    label_all_subtokens: bool = False,
+):
+    features = ner_codec.encode_words(tokenizer, [s.words for s in sentences], max_length=max_seq_length, truncate=True)
     index = {label: i for i, label in enumerate(labels)}
     targets, continuation = [], ner_codec.continuation_labels(labels)
     for sentence, feature in zip(sentences, features):
         word_labels = [index[t] for t in sentence.tags]
-        targets.append(ner_codec.align_labels(word_labels, feature.word_ids,
-                                              label_all_subtokens=label_all_subtokens, continuation=continuation))
+        targets.append(
+            ner_codec.align_labels(
+                word_labels, feature.word_ids, label_all_subtokens=label_all_subtokens, continuation=continuation
+            )
+        )
     return features, targets
 
 
@@ -181,10 +214,10 @@ def word_predictions(feature, token_logits: np.ndarray, id2label: dict, n_words:
     return tags
 
 
-def evaluate_ner(model, tokenizer, sentences: list[TaggedSentence], *, labels: list[str], max_seq_length: int,
-                 batch_size: int = 64) -> dict:
-    features = ner_codec.encode_words(tokenizer, [s.words for s in sentences], max_length=max_seq_length,
-                                      truncate=True)
+def evaluate_ner(
+    model, tokenizer, sentences: list[TaggedSentence], *, labels: list[str], max_seq_length: int, batch_size: int = 64
+) -> dict:
+    features = ner_codec.encode_words(tokenizer, [s.words for s in sentences], max_length=max_seq_length, truncate=True)
     outputs = run_model(model, features, batch_size=batch_size, pad_token_id=tokenizer.pad_token_id)
     id2label = dict(enumerate(labels))
     predicted = [word_predictions(f, o[0], id2label, len(s.words)) for f, o, s in zip(features, outputs, sentences)]

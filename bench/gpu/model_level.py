@@ -16,6 +16,7 @@ packed path drops the padding itself). Speed-up = transformers' time / bertserve
 bertserve's pieces are also measured one by one (padded path; packed without CUDA graphs) to show what
 each adds. Every row is written to --out as soon as it is measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,16 +49,17 @@ def fixed_batch(rng, batch: int, seq: int, question: int = 16) -> dict[str, np.n
     ids = rng.integers(1000, 30000, size=(batch, seq), dtype=np.int64)
     ids[:, 0], ids[:, question + 1], ids[:, -1] = 101, 102, 102
     types = np.zeros((batch, seq), np.int64)
-    types[:, question + 2:] = 1
+    types[:, question + 2 :] = 1
     return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": types}
 
 
-def window_batches(rng, windows: list[list[int]], batch: int, width: int | str, multiple: int = 1
-                   ) -> list[dict[str, np.ndarray]]:
+def window_batches(
+    rng, windows: list[list[int]], batch: int, width: int | str, multiple: int = 1
+) -> list[dict[str, np.ndarray]]:
     """Batches of real (question, window) lengths, random ids; width: a number (pad to it) or 'longest'."""
     out = []
     for i in range(0, len(windows) - batch + 1, batch):
-        chunk = windows[i:i + batch]
+        chunk = windows[i : i + batch]
         longest = max(n for _, n in chunk)
         w = -(-longest // multiple) * multiple if width == "longest" else int(width)
         ids = np.zeros((batch, w), np.int64)
@@ -110,6 +112,7 @@ def transformers_runner(ckpt: Path, task: str, device: str, dtype):
         if task == "qa":
             return {"qa_start": out.start_logits.float().cpu().numpy(), "qa_end": out.end_logits.float().cpu().numpy()}
         return {"classify": out.logits.float().cpu().numpy()}
+
     return run, model
 
 
@@ -130,6 +133,7 @@ def bertserve_backend(ckpt: Path, device: str, precision: str, **options):
 
 def sync() -> None:
     import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -151,9 +155,14 @@ def measure(run, batches: list[dict], seconds: float, warmup_passes: int = 1) ->
         elapsed = time.perf_counter() - started
         if elapsed >= seconds and len(latencies) >= 5:
             break
-    return {"seq_per_s": sequences / elapsed, "p50_ms": 1e3 * percentile(latencies, 50),
-            "p99_ms": 1e3 * percentile(latencies, 99), "mean_ms": 1e3 * sum(latencies) / len(latencies),
-            "batches": len(latencies), "seconds": elapsed}
+    return {
+        "seq_per_s": sequences / elapsed,
+        "p50_ms": 1e3 * percentile(latencies, 50),
+        "p99_ms": 1e3 * percentile(latencies, 99),
+        "mean_ms": 1e3 * sum(latencies) / len(latencies),
+        "batches": len(latencies),
+        "seconds": elapsed,
+    }
 
 
 def agreement(ours: dict, theirs: dict, batch: dict) -> dict:
@@ -188,8 +197,11 @@ class Report:
 
     def row(self, **row) -> None:
         self.data["rows"].append(row)
-        print(f"{row['model']:6s} {row['workload']:22s} {row['variant']:34s} {row['seq_per_s']:10.1f} seq/s  "
-              f"p50 {row['p50_ms']:8.2f} ms  p99 {row['p99_ms']:8.2f} ms", flush=True)
+        print(
+            f"{row['model']:6s} {row['workload']:22s} {row['variant']:34s} {row['seq_per_s']:10.1f} seq/s  "
+            f"p50 {row['p50_ms']:8.2f} ms  p99 {row['p99_ms']:8.2f} ms",
+            flush=True,
+        )
         self.save()
 
 
@@ -227,11 +239,21 @@ def main(argv=None) -> int:
     fast = {"packed": True} if args.dry_run else {}
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bertserve-gpu-model-"))
-    report = Report(Path(args.out), {"machine": machine(), "torch": torch.__version__, "device": device,
-                                     "precision": precision, "dry_run": args.dry_run, "bar": BAR,
-                                     "seconds_per_row": seconds})
+    report = Report(
+        Path(args.out),
+        {
+            "machine": machine(),
+            "torch": torch.__version__,
+            "device": device,
+            "precision": precision,
+            "dry_run": args.dry_run,
+            "bar": BAR,
+            "seconds_per_row": seconds,
+        },
+    )
     try:
         import transformers
+
         report.data["transformers"] = transformers.__version__
     except ImportError:
         pass
@@ -248,33 +270,52 @@ def main(argv=None) -> int:
         ckpt = make_checkpoint(preset, task, workdir / name, dtype)
         hf, hf_model = transformers_runner(ckpt, task, device, dtype)
         ours = bertserve_backend(ckpt, device, precision, **fast)
-        report.data["backends"][name] = {"preset": preset, "task": task, "fast_path": ours.fast_path,
-                                         "params": sum(p.numel() for p in hf_model.parameters())}
+        report.data["backends"][name] = {
+            "preset": preset,
+            "task": task,
+            "fast_path": ours.fast_path,
+            "params": sum(p.numel() for p in hf_model.parameters()),
+        }
         fixed = {f"{seq}x{b}": [fixed_batch(rng, b, seq)] for b in batch_sizes}
         real_max = window_batches(rng, windows, real_batch, seq) if with_real else []
-        real_longest = [{k: v[:, : max(1, int(b["attention_mask"].sum(1).max()))] for k, v in b.items()}
-                        for b in real_max]
-        workloads = dict(fixed, **({"squad-windows/max_length": real_max, "squad-windows/longest": real_longest}
-                                   if real_max else {}))
+        real_longest = [
+            {k: v[:, : max(1, int(b["attention_mask"].sum(1).max()))] for k, v in b.items()} for b in real_max
+        ]
+        workloads = dict(
+            fixed, **({"squad-windows/max_length": real_max, "squad-windows/longest": real_longest} if real_max else {})
+        )
         contexts[name] = {"ckpt": ckpt, "hf": hf, "ours": ours, "workloads": workloads, "seq": seq}
         last = f"{seq}x{batch_sizes[-1]}"
-        report.data["agreement"].append({"model": name, "workload": last,
-                                         **agreement(ours.run(fixed[last][0]), hf(fixed[last][0]), fixed[last][0])})
+        report.data["agreement"].append(
+            {"model": name, "workload": last, **agreement(ours.run(fixed[last][0]), hf(fixed[last][0]), fixed[last][0])}
+        )
         if real_max:
-            report.data["agreement"].append({"model": name, "workload": "squad-windows",
-                                             **agreement(ours.run(real_max[0]), hf(real_max[0]), real_max[0])})
+            report.data["agreement"].append(
+                {
+                    "model": name,
+                    "workload": "squad-windows",
+                    **agreement(ours.run(real_max[0]), hf(real_max[0]), real_max[0]),
+                }
+            )
         report.save()
         for workload, batches in workloads.items():
             for variant, fn in (("transformers-sdpa", hf), ("bertserve", ours.run)):
                 if deadline.left() < 4 * seconds + 10:
                     report.data["summary"]["stopped_early"] = f"deadline reached before {name} {workload} {variant}"
                     return
-                report.row(model=name, workload=workload, variant=variant, batch=len(batches[0]["input_ids"]),
-                           **measure(fn, batches, seconds))
+                report.row(
+                    model=name,
+                    workload=workload,
+                    variant=variant,
+                    batch=len(batches[0]["input_ids"]),
+                    **measure(fn, batches, seconds),
+                )
         if ours.runner is not None:
-            report.data["backends"][name].update(graphs_captured=ours.runner.captures,
-                                                 capture_failures=ours.runner.capture_failures,
-                                                 buckets=[list(k) for k in ours.runner.buckets])
+            report.data["backends"][name].update(
+                graphs_captured=ours.runner.captures,
+                capture_failures=ours.runner.capture_failures,
+                buckets=[list(k) for k in ours.runner.buckets],
+            )
         summarise(report)
 
     def pieces(name: str, workloads: list[str]) -> None:
@@ -282,10 +323,12 @@ def main(argv=None) -> int:
         context = contexts.get(name)
         if context is None:
             return
-        for variant, options in (("bertserve-padded", {"packed": False}),
-                                 ("bertserve-packed-no-graphs", {"packed": True, "cuda_graphs": False}),
-                                 # opt-in, not the default: tanh-approximate GELU in the GEMM's epilogue
-                                 ("bertserve-gelu-epilogue", {"packed": True, "gelu_epilogue": True})):
+        for variant, options in (
+            ("bertserve-padded", {"packed": False}),
+            ("bertserve-packed-no-graphs", {"packed": True, "cuda_graphs": False}),
+            # opt-in, not the default: tanh-approximate GELU in the GEMM's epilogue
+            ("bertserve-gelu-epilogue", {"packed": True, "gelu_epilogue": True}),
+        ):
             if deadline.left() < 8 * seconds + 30:
                 report.data["summary"]["stopped_early"] = f"deadline reached before {name} {variant}"
                 return
@@ -293,8 +336,14 @@ def main(argv=None) -> int:
             report.data["backends"][f"{name}/{variant}"] = piece.fast_path
             context[variant] = piece
             first = context["workloads"][workloads[0]][0]
-            report.data["agreement"].append({"model": name, "workload": workloads[0], "variant": variant,
-                                             **agreement(piece.run(first), context["hf"](first), first)})
+            report.data["agreement"].append(
+                {
+                    "model": name,
+                    "workload": workloads[0],
+                    "variant": variant,
+                    **agreement(piece.run(first), context["hf"](first), first),
+                }
+            )
             for workload in workloads:
                 batches = context["workloads"].get(workload)
                 if not batches:
@@ -302,27 +351,45 @@ def main(argv=None) -> int:
                 if deadline.left() < 4 * seconds + 10:
                     report.data["summary"]["stopped_early"] = f"deadline reached before {name} {variant} {workload}"
                     return
-                report.row(model=name, workload=workload, variant=variant, batch=len(batches[0]["input_ids"]),
-                           **measure(piece.run, batches, seconds))
+                report.row(
+                    model=name,
+                    workload=workload,
+                    variant=variant,
+                    batch=len(batches[0]["input_ids"]),
+                    **measure(piece.run, batches, seconds),
+                )
 
     headline("large", presets[0], "qa", seq_large, batches_large, with_real=True)
     headline("base", presets[1], "classify", seq_base, batches_base, with_real=False)
     large = contexts.get("large")
     if args.profile and large and deadline.left() > 40:
         middle = f"{seq_large}x{batches_large[min(2, len(batches_large) - 1)]}"  # 384 x 32 on the GPU
-        write_profile(Path(args.profile), {"transformers-sdpa": large["hf"], "bertserve": large["ours"].run},
-                      {middle: large["workloads"][middle][0],
-                       "squad-windows/max_length": large["workloads"]["squad-windows/max_length"][0]}, cuda)
+        write_profile(
+            Path(args.profile),
+            {"transformers-sdpa": large["hf"], "bertserve": large["ours"].run},
+            {
+                middle: large["workloads"][middle][0],
+                "squad-windows/max_length": large["workloads"]["squad-windows/max_length"][0],
+            },
+            cuda,
+        )
         report.data["profile"] = str(args.profile)
-    pieces("large", [f"{seq_large}x{batches_large[min(2, len(batches_large) - 1)]}", f"{seq_large}x1",
-                     "squad-windows/max_length"])
+    pieces(
+        "large",
+        [f"{seq_large}x{batches_large[min(2, len(batches_large) - 1)]}", f"{seq_large}x1", "squad-windows/max_length"],
+    )
     if not args.dry_run:
         pieces("base", [f"{seq_base}x1", f"{seq_base}x{batches_base[-1]}"])
     if args.profile and large and "bertserve-packed-no-graphs" in large and deadline.left() > 20:
         # Inside a CUDA graph the profiler sees one launch; the eager packed run shows its kernels.
         middle = f"{seq_large}x{batches_large[min(2, len(batches_large) - 1)]}"
-        write_profile(Path(args.profile), {"bertserve-packed-no-graphs": large["bertserve-packed-no-graphs"].run},
-                      {middle: large["workloads"][middle][0]}, cuda, append=True)
+        write_profile(
+            Path(args.profile),
+            {"bertserve-packed-no-graphs": large["bertserve-packed-no-graphs"].run},
+            {middle: large["workloads"][middle][0]},
+            cuda,
+            append=True,
+        )
     summarise(report)
     report.data["status"] = "interrupted" if report.data["summary"].get("stopped_early") else "ok"
     report.save()
@@ -346,8 +413,10 @@ def summarise(report: Report) -> None:
     large_fixed = [k for k in speedups if k.startswith("large ") and k.endswith("x32")]
     checks = {}
     if "large squad-windows/max_length" in speedups:
-        checks["real_vs_max_length"] = {"speedup": speedups["large squad-windows/max_length"],
-                                        "bar": BAR["real_vs_max_length"]}
+        checks["real_vs_max_length"] = {
+            "speedup": speedups["large squad-windows/max_length"],
+            "bar": BAR["real_vs_max_length"],
+        }
     if "large squad-windows/longest" in speedups:
         checks["real_vs_longest"] = {"speedup": speedups["large squad-windows/longest"], "bar": None}
     if large_fixed:
@@ -375,8 +444,10 @@ def write_profile(path: Path, runners: dict, batches: dict, cuda: bool, append: 
                 for _ in range(3):
                     run(batch)
                 sync()
-            parts.append(f"==== {name} on {workload} (3 runs) ====\n"
-                         + prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=70))
+            parts.append(
+                f"==== {name} on {workload} (3 runs) ====\n"
+                + prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=70)
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a" if append else "w") as f:
         f.write("\n\n".join(parts) + "\n")

@@ -15,6 +15,7 @@ The folder holds:
 - backbone/ (with --backbone): the checkpoint the demo step fine-tunes (all-MiniLM-L6-v2);
 - manifest.json: every file's size and sha256.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,8 @@ DEFAULT_DATA = REPO.parent / "shared" / "data"
 # The Python packages of a CUDA image with torch, transformers and JAX (the machine the bundle was first made
 # for), used when --target-packages does not list the GPU machine's own: never bundled. Names normalised
 # (lower case, '-').
-GPU_IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
+GPU_IMAGE = set(
+    """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
 cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
 flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
@@ -56,11 +58,20 @@ scikit-image scikit-learn scipy seaborn sentencepiece sentence-transformers setu
 six sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl
 tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision
 tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug
-wheel wrapt xarray xxhash yarl zipp""".split())
+wheel wrapt xarray xxhash yarl zipp""".split()
+)
 # Bundled although the image has one: pydantic needs a recent typing-extensions, and a newer one is safe.
 ALWAYS_BUNDLE = {"typing-extensions"}
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64"]
+PLATFORMS = [
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_31_x86_64",
+]
 SQUAD_WINDOW = {"max_length": 384, "doc_stride": 128, "max_query_length": 64}
 
 
@@ -85,8 +96,15 @@ def closure(requirements: list[str], python: str = "3.12") -> dict[str, str]:
     from packaging.markers import default_environment
     from packaging.requirements import Requirement
 
-    env = dict(default_environment(), python_version=python, python_full_version=f"{python}.0", sys_platform="linux",
-               platform_system="Linux", platform_machine="x86_64", implementation_name="cpython")
+    env = dict(
+        default_environment(),
+        python_version=python,
+        python_full_version=f"{python}.0",
+        sys_platform="linux",
+        platform_system="Linux",
+        platform_machine="x86_64",
+        implementation_name="cpython",
+    )
     found: dict[str, str] = {}
     todo = [(Requirement(r), ()) for r in requirements]
     while todo:
@@ -124,8 +142,22 @@ def download_wheels(out: Path, versions: dict[str, str], have: set[str], python:
     for name, version in sorted(wanted.items()):
         if any(normalise(p.name.split("-")[0]) == name for p in out.glob("*.whl")):
             continue
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-               python, "--implementation", "cp", "-d", str(out), "--disable-pip-version-check", "-q"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            python,
+            "--implementation",
+            "cp",
+            "-d",
+            str(out),
+            "--disable-pip-version-check",
+            "-q",
+        ]
         for platform in PLATFORMS:
             cmd += ["--platform", platform]
         print(f"prepare: wheel {name}=={version}", flush=True)
@@ -138,8 +170,10 @@ def download_wheels(out: Path, versions: dict[str, str], have: set[str], python:
 
 def data_members(data: Path, tiny: bool) -> dict[str, bytes]:
     """Archive name -> bytes: the files the demo recipe and the benchmarks read (small subsets with `tiny`)."""
-    files = {name: (data / name).read_bytes() for name in
-             ("SST-2/train.tsv", "SST-2/dev.tsv", "conll2003/train.txt", "conll2003/valid.txt")}
+    files = {
+        name: (data / name).read_bytes()
+        for name in ("SST-2/train.tsv", "SST-2/dev.tsv", "conll2003/train.txt", "conll2003/valid.txt")
+    }
     squad = sorted((data / "squad-train").glob("train-v1.1.part-*.json.gz"))
     if not tiny:
         for path in squad:
@@ -181,10 +215,16 @@ def squad_windows(data: Path, tokenizer_dir: Path, questions: int, seed: int, ti
             question = window.token_type_ids.index(1) if 1 in window.token_type_ids else len(window)
             windows.append([question, len(window)])
     lengths = [w[1] for w in windows]
-    return {"source": "SQuAD v1.1 train (shared/data/squad-train), seeded sample of questions",
-            "seed": seed, "questions": len(sample), **SQUAD_WINDOW,
-            "mean_length": sum(lengths) / len(lengths), "share_full": sum(n == 384 for n in lengths) / len(lengths),
-            "columns": ["segment_a_tokens", "window_tokens"], "windows": windows}
+    return {
+        "source": "SQuAD v1.1 train (shared/data/squad-train), seeded sample of questions",
+        "seed": seed,
+        "questions": len(sample),
+        **SQUAD_WINDOW,
+        "mean_length": sum(lengths) / len(lengths),
+        "share_full": sum(n == 384 for n in lengths) / len(lengths),
+        "columns": ["segment_a_tokens", "window_tokens"],
+        "windows": windows,
+    }
 
 
 # ----------------------------------------------------------------------------- manifest
@@ -210,8 +250,11 @@ def main(argv=None) -> int:
     p.add_argument("--no-wheels", action="store_true", help="skip downloading wheels (the dry run needs none)")
     p.add_argument("--questions", type=int, default=3000, help="SQuAD questions whose windows are measured")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target-packages", help="the GPU machine's `pip list --format=freeze`: bundle wheels only for "
-                                             "what it lacks (default: a CUDA image with torch and transformers)")
+    p.add_argument(
+        "--target-packages",
+        help="the GPU machine's `pip list --format=freeze`: bundle wheels only for "
+        "what it lacks (default: a CUDA image with torch and transformers)",
+    )
     p.add_argument("--python-version", default="3.12", help="the GPU machine's Python (major.minor), for wheels")
     p.add_argument("--backbone", help="a checkpoint dir (e.g. all-MiniLM-L6-v2) the demo step fine-tunes there")
     args = p.parse_args(argv)
@@ -222,12 +265,20 @@ def main(argv=None) -> int:
     if not (data / "SST-2" / "train.tsv").is_file():
         raise SystemExit(f"prepare: no data at {data} (--data)")
     write_data_archive(out / "data.tar.xz", data_members(data, args.tiny))
-    windows = squad_windows(data, REPO / "serving" / "demo_model", 40 if args.tiny else args.questions,
-                            args.seed, args.tiny)
+    windows = squad_windows(
+        data, REPO / "serving" / "demo_model", 40 if args.tiny else args.questions, args.seed, args.tiny
+    )
     (out / "squad_windows.json").write_text(json.dumps(windows, separators=(",", ":")) + "\n")
-    wheels = [] if args.no_wheels else download_wheels(
-        out / "wheels", closure(serve_requirements(), args.python_version), target_packages(args.target_packages),
-        args.python_version)
+    wheels = (
+        []
+        if args.no_wheels
+        else download_wheels(
+            out / "wheels",
+            closure(serve_requirements(), args.python_version),
+            target_packages(args.target_packages),
+            args.python_version,
+        )
+    )
     if args.backbone:
         if not (Path(args.backbone) / "config.json").is_file():
             raise SystemExit(f"prepare: {args.backbone} holds no config.json (--backbone)")
@@ -235,18 +286,26 @@ def main(argv=None) -> int:
         shutil.copytree(args.backbone, out / "backbone", symlinks=False)
 
     kit_bytes = folder_bytes(out)
-    files = {str(f.relative_to(out)): {"bytes": f.stat().st_size, "sha256": sha256(f)}
-             for f in sorted(out.rglob("*")) if f.is_file() and f.name != "manifest.json"}
-    manifest = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tiny": args.tiny,
-                "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                         text=True).stdout.strip(),
-                "files": files, "wheels": wheels, "squad_windows": {k: windows[k] for k in
-                                                                    ("questions", "mean_length", "share_full")},
-                "kit_mib": round(kit_bytes / 2**20, 2)}
+    files = {
+        str(f.relative_to(out)): {"bytes": f.stat().st_size, "sha256": sha256(f)}
+        for f in sorted(out.rglob("*"))
+        if f.is_file() and f.name != "manifest.json"
+    }
+    manifest = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "tiny": args.tiny,
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+        "files": files,
+        "wheels": wheels,
+        "squad_windows": {k: windows[k] for k in ("questions", "mean_length", "share_full")},
+        "kit_mib": round(kit_bytes / 2**20, 2),
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    print(f"prepare: {out}: {kit_bytes / 2**20:.1f} MiB ({len(wheels)} wheels, {len(windows['windows'])} SQuAD "
-          f"windows, mean {windows['mean_length']:.0f} tokens); {time.time() - started:.0f} s. Copy it, with the "
-          "checkout, to the GPU machine (bench/gpu/README.md)")
+    print(
+        f"prepare: {out}: {kit_bytes / 2**20:.1f} MiB ({len(wheels)} wheels, {len(windows['windows'])} SQuAD "
+        f"windows, mean {windows['mean_length']:.0f} tokens); {time.time() - started:.0f} s. Copy it, with the "
+        "checkout, to the GPU machine (bench/gpu/README.md)"
+    )
     return 0
 
 

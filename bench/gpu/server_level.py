@@ -9,6 +9,7 @@ questions with their contexts to /qa, over raw keep-alive HTTP/1.1 (asyncio; che
 bottleneck). Per level: requests/s, p50/p95/p99 latency, errors, and bertserve's mean batch size from
 its /metrics. Rows are written to --out as they are measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 async def post(reader, writer, host: str, path: str, body: bytes) -> int:
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     length = next(int(line.split(b":", 1)[1]) for line in lines[1:] if line.lower().startswith(b"content-length:"))
@@ -119,10 +123,14 @@ async def load(port: int, path: str, payloads: list[dict], clients: int, seconds
 
     await asyncio.gather(*(client() for _ in range(clients)))
     ok = len(latencies)
-    return {"requests_per_s": ok / seconds, "ok": ok, "errors": errors,
-            "p50_ms": 1e3 * percentile(latencies, 50) if ok else None,
-            "p95_ms": 1e3 * percentile(latencies, 95) if ok else None,
-            "p99_ms": 1e3 * percentile(latencies, 99) if ok else None}
+    return {
+        "requests_per_s": ok / seconds,
+        "ok": ok,
+        "errors": errors,
+        "p50_ms": 1e3 * percentile(latencies, 50) if ok else None,
+        "p95_ms": 1e3 * percentile(latencies, 95) if ok else None,
+        "p99_ms": 1e3 * percentile(latencies, 99) if ok else None,
+    }
 
 
 def batch_counters(port: int) -> dict[str, float]:
@@ -155,8 +163,16 @@ def main(argv=None) -> int:
     logs = Path(args.logs) if args.logs else out.parent
     logs.mkdir(parents=True, exist_ok=True)
     levels = [int(c) for c in args.clients.split(",")]
-    report = {"machine": machine(), "model": args.model, "device": device, "seconds": args.seconds,
-              "warmup": args.warmup, "clients": levels, "rows": [], "speedup": {}}
+    report = {
+        "machine": machine(),
+        "model": args.model,
+        "device": device,
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "clients": levels,
+        "rows": [],
+        "speedup": {},
+    }
 
     def save() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -170,10 +186,36 @@ def main(argv=None) -> int:
     for task in args.tasks.split(","):
         payloads = bodies(task, Path(args.data))
         servers = {
-            "bertserve": ([sys.executable, "-m", "serving", "--model", args.model, "--device", device,
-                           "--backend", "torch", "--log-level", "warning"], "/ready"),
-            "baseline": ([sys.executable, "-m", "bench.gpu.baseline_gpu", "--ckpt", args.model, "--task", task,
-                          "--device", device], "/health"),
+            "bertserve": (
+                [
+                    sys.executable,
+                    "-m",
+                    "serving",
+                    "--model",
+                    args.model,
+                    "--device",
+                    device,
+                    "--backend",
+                    "torch",
+                    "--log-level",
+                    "warning",
+                ],
+                "/ready",
+            ),
+            "baseline": (
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.gpu.baseline_gpu",
+                    "--ckpt",
+                    args.model,
+                    "--task",
+                    task,
+                    "--device",
+                    device,
+                ],
+                "/health",
+            ),
         }
         for name, (cmd, ready) in servers.items():
             if time_left() < needed_per_server:
@@ -182,8 +224,13 @@ def main(argv=None) -> int:
                 continue
             port = free_port()
             try:
-                proc = start(cmd + ["--port", str(port)], port, ready, logs / f"server-{name}-{task}.log",
-                             timeout=min(300.0, max(30.0, time_left() - 30)))
+                proc = start(
+                    cmd + ["--port", str(port)],
+                    port,
+                    ready,
+                    logs / f"server-{name}-{task}.log",
+                    timeout=min(300.0, max(30.0, time_left() - 30)),
+                )
             except RuntimeError as e:
                 report.setdefault("errors", []).append(f"{task} {name}: {e}")
                 save()
@@ -198,12 +245,16 @@ def main(argv=None) -> int:
                     after = batch_counters(port)
                     count = after.get("bertserve_batch_size_count", 0) - before.get("bertserve_batch_size_count", 0)
                     if count > 0:
-                        row["mean_batch"] = (after["bertserve_batch_size_sum"]
-                                             - before["bertserve_batch_size_sum"]) / count
+                        row["mean_batch"] = (
+                            after["bertserve_batch_size_sum"] - before["bertserve_batch_size_sum"]
+                        ) / count
                     report["rows"].append({"task": task, "server": name, "clients": clients, **row})
-                    print(f"{task:8s} {name:10s} {clients:4d} clients {row['requests_per_s']:9.1f} req/s  "
-                          f"p50 {row['p50_ms'] or 0:8.1f} ms  p99 {row['p99_ms'] or 0:8.1f} ms  "
-                          f"errors {row['errors']}  batch {row.get('mean_batch', 0):.1f}", flush=True)
+                    print(
+                        f"{task:8s} {name:10s} {clients:4d} clients {row['requests_per_s']:9.1f} req/s  "
+                        f"p50 {row['p50_ms'] or 0:8.1f} ms  p99 {row['p99_ms'] or 0:8.1f} ms  "
+                        f"errors {row['errors']}  batch {row.get('mean_batch', 0):.1f}",
+                        flush=True,
+                    )
                     save()
             finally:
                 stop(proc)
@@ -213,8 +264,11 @@ def main(argv=None) -> int:
             if ours and theirs:
                 report["speedup"][f"{task} {clients}"] = ours / theirs
         save()
-    dead = [f"{r['task']} {r['server']} {r['clients']} clients: no request answered ({r['errors']} errors)"
-            for r in report["rows"] if r["ok"] == 0 and r["errors"]]
+    dead = [
+        f"{r['task']} {r['server']} {r['clients']} clients: no request answered ({r['errors']} errors)"
+        for r in report["rows"]
+        if r["ok"] == 0 and r["errors"]
+    ]
     if dead:  # only errors, no answer: broken, not slow (its log is in --logs)
         report.setdefault("errors", []).extend(dead)
     report["status"] = "failed" if report.get("errors") else "interrupted" if report.get("skipped") else "ok"

@@ -9,11 +9,13 @@ runs every peer of bench/peers/catalog.py (bertserve's variants, the transformer
 engines) one at a time on the same weights with the load generator of bench/server_bench.py; see
 bench/peers/__main__.py.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.common import REPO
 
@@ -40,26 +42,34 @@ class Adapter:
 class Peer:
     """A server under test, for one task. `argv` may hold "{port}", replaced by the port it gets."""
 
-    name: str             # the variant, e.g. "bertserve-ort-int8"
-    server: str           # the product it belongs to: "bertserve", "baseline", "infinity"
-    task: str             # "classify", "embed", "ner", "qa"
-    engine: str           # "torch", "onnxruntime", ...
-    precision: str        # "fp32", "int8", ...
+    name: str  # the variant, e.g. "bertserve-ort-int8"
+    server: str  # the product it belongs to: "bertserve", "baseline", "infinity"
+    task: str  # "classify", "embed", "ner", "qa"
+    engine: str  # "torch", "onnxruntime", ...
+    precision: str  # "fp32", "int8", ...
     argv: list[str]
     adapter: Adapter
     ready_path: str = "/health"  # answers 200 once the model is loaded
     cwd: Path = REPO
     env: dict[str, str] = field(default_factory=dict)
     prepare: Callable[[], None] | None = None  # makes what argv needs (weights, a venv); may raise PeerUnavailable
-    notes: str = ""       # what was done to make it run here, for the results
+    notes: str = ""  # what was done to make it run here, for the results
 
     def command(self, port: int) -> list[str]:
         return [a.replace("{port}", str(port)) for a in self.argv]
 
     def describe(self) -> dict:
-        return {"name": self.name, "server": self.server, "task": self.task, "engine": self.engine,
-                "precision": self.precision, "argv": self.argv, "cwd": str(self.cwd), "env": self.env,
-                "notes": self.notes}
+        return {
+            "name": self.name,
+            "server": self.server,
+            "task": self.task,
+            "engine": self.engine,
+            "precision": self.precision,
+            "argv": self.argv,
+            "cwd": str(self.cwd),
+            "env": self.env,
+            "notes": self.notes,
+        }
 
 
 def _top_label(scores: list[dict]) -> str:

@@ -13,6 +13,7 @@ CPU recorded. A peer that cannot run here (no infinity venv with --no-setup, no 
 skipped with its reason. Prints a table and the best of each server side by side, writes
 bench/results/peers-TIMESTAMP.json, and with --plot docs/img/peers-TASK-{requests_per_s,p99_ms}.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,14 +27,25 @@ from bench.common import REPO, machine, print_table, sst2_sample, write_json
 from bench.peers import Peer, PeerUnavailable, infinity_env
 from bench.peers import catalog as peer_catalog
 from bench.peers.quality import decode, reference_answers, score
-from bench.server_bench import (QuietPolicy, ServerFailed, add_quiet_arguments, collect, log_headline, log_tail, plot,
-                                run_levels, serve, work_items)
+from bench.server_bench import (
+    QuietPolicy,
+    ServerFailed,
+    add_quiet_arguments,
+    collect,
+    log_headline,
+    log_tail,
+    plot,
+    run_levels,
+    serve,
+    work_items,
+)
 
 TASKS = ("classify", "embed")
 
 
-def run_peer(peer: Peer, items: list[str], reference: list, gold: list[str] | None, args, quiet: QuietPolicy,
-             results: dict) -> None:
+def run_peer(
+    peer: Peer, items: list[str], reference: list, gold: list[str] | None, args, quiet: QuietPolicy, results: dict
+) -> None:
     """Prepare, start, score and sweep one peer; what it could not do goes to results["skipped"]."""
     print(f"\n== {peer.task}: {peer.name}", flush=True)
     try:
@@ -44,24 +56,35 @@ def run_peer(peer: Peer, items: list[str], reference: list, gold: list[str] | No
             if status == 404:
                 raise PeerUnavailable(f"POST {peer.adapter.path} answered 404: this server has no such endpoint yet")
             if status != 200:
-                raise PeerUnavailable(f"POST {peer.adapter.path} answered {status}: {payload[:300]!r}; "
-                                      f"server log: {log_headline(log_tail(proc))}")
+                raise PeerUnavailable(
+                    f"POST {peer.adapter.path} answered {status}: {payload[:300]!r}; "
+                    f"server log: {log_headline(log_tail(proc))}"
+                )
             bodies = [peer.adapter.body(s) for s in items]
             answers = decode(peer.adapter, asyncio.run(collect(url + peer.adapter.path, bodies, 8)))
             quality = {"peer": peer.name, "task": peer.task, **score(peer.task, answers, reference, gold)}
             results["quality"].append(quality)
-            print("quality vs fp32 reference:", {k: round(v, 4) if isinstance(v, float) else v
-                                                 for k, v in quality.items() if k not in ("peer", "task")}, flush=True)
-            results["rows"] += run_levels(peer, proc, url, items, args.levels, args.seconds, args.warmup,
-                                          args.client, quiet)
+            print(
+                "quality vs fp32 reference:",
+                {
+                    k: round(v, 4) if isinstance(v, float) else v
+                    for k, v in quality.items()
+                    if k not in ("peer", "task")
+                },
+                flush=True,
+            )
+            results["rows"] += run_levels(
+                peer, proc, url, items, args.levels, args.seconds, args.warmup, args.client, quiet
+            )
         results["peers"].append(peer.describe())
     except PeerUnavailable as e:
         print(f"skipped {peer.name} ({peer.task}): {e}", flush=True)
         results["skipped"].append({"peer": peer.name, "task": peer.task, "reason": str(e)})
     except ServerFailed as e:
         print(f"skipped {peer.name} ({peer.task}): {e}", flush=True)
-        results["skipped"].append({"peer": peer.name, "task": peer.task, "reason": e.headline, "log_tail": e.log,
-                                   "argv": peer.argv})
+        results["skipped"].append(
+            {"peer": peer.name, "task": peer.task, "reason": e.headline, "log_tail": e.log, "argv": peer.argv}
+        )
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -98,10 +121,23 @@ def print_results(results: dict) -> None:
         q = quality.get((r["task"], r["peer"]), {})
         table.append({**r, "agree": q.get("agree_pct", q.get("cosine_mean")), "busy": "BUSY" if r["busy"] else ""})
     print()
-    print_table(table, [("task", "task"), ("peer", "peer"), ("concurrency", "clients"), ("requests_per_s", "req/s"),
-                        ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("errors", "errors"),
-                        ("server_cpu_cores", "server CPU"), ("client_cpu_cores", "client CPU"),
-                        ("other_cpu_cores", "other CPU"), ("agree", "agree % / cos"), ("busy", "")])
+    print_table(
+        table,
+        [
+            ("task", "task"),
+            ("peer", "peer"),
+            ("concurrency", "clients"),
+            ("requests_per_s", "req/s"),
+            ("p50_ms", "p50 ms"),
+            ("p99_ms", "p99 ms"),
+            ("errors", "errors"),
+            ("server_cpu_cores", "server CPU"),
+            ("client_cpu_cores", "client CPU"),
+            ("other_cpu_cores", "other CPU"),
+            ("agree", "agree % / cos"),
+            ("busy", ""),
+        ],
+    )
     for task, levels in results["summary"].items():
         for c, level in levels.items():
             best = "  ".join(f"{server} {b['requests_per_s']:.1f} ({b['peer']})" for server, b in level["best"].items())
@@ -119,16 +155,31 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=15.0, help="measured seconds per level")
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each level")
     p.add_argument("--sample", type=int, default=872, help="SST-2 dev sentences sent and scored (872: all)")
-    p.add_argument("--threads", type=int, default=2, help="inference threads for bertserve and the baseline "
-                   "(infinity keeps its own defaults)")
-    p.add_argument("--classify-model", type=Path, default=REPO / "serving" / "demo_model",
-                   help="bertserve checkpoint with a classify head: the weights every classify peer serves")
-    p.add_argument("--bertserve-root", type=Path, default=REPO,
-                   help="checkout whose serving/ and export/ bertserve runs (default: this one; e.g. a clean "
-                        "snapshot of main: `git archive main | tar -x -C DIR`)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="inference threads for bertserve and the baseline (infinity keeps its own defaults)",
+    )
+    p.add_argument(
+        "--classify-model",
+        type=Path,
+        default=REPO / "serving" / "demo_model",
+        help="bertserve checkpoint with a classify head: the weights every classify peer serves",
+    )
+    p.add_argument(
+        "--bertserve-root",
+        type=Path,
+        default=REPO,
+        help="checkout whose serving/ and export/ bertserve runs (default: this one; e.g. a clean "
+        "snapshot of main: `git archive main | tar -x -C DIR`)",
+    )
     p.add_argument("--work-dir", type=Path, default=peer_catalog.WORK, help="exports and infinity's venv (cached)")
-    p.add_argument("--no-setup", action="store_true", help="skip infinity if its venv is not set up, instead of "
-                   "setting it up (python -m bench.peers.infinity_env)")
+    p.add_argument(
+        "--no-setup",
+        action="store_true",
+        help="skip infinity if its venv is not set up, instead of setting it up (python -m bench.peers.infinity_env)",
+    )
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds a server may take to get ready")
     p.add_argument("--client", choices=("raw", "httpx"), default="raw", help="load generator transport")
     add_quiet_arguments(p)
@@ -144,20 +195,40 @@ def main(argv=None) -> int:
     quiet = QuietPolicy(args.busy, args.max_other_cpu, args.busy_wait, args.check_seconds)
     out = args.out or REPO / "bench" / "results" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
 
-    results: dict = {"machine": machine(), "command": [sys.executable, "-m", "bench.peers", *(argv or sys.argv[1:])],
-                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
-                     "settings": {"tasks": tasks, "concurrency": args.levels, "seconds": args.seconds,
-                                  "warmup": args.warmup, "sample": args.sample, "threads": args.threads,
-                                  "client": args.client, "classify_model": str(args.classify_model),
-                                  "bertserve_root": str(args.bertserve_root),
-                                  "busy": vars(quiet)},
-                     "peers": [], "quality": [], "rows": [], "skipped": [], "references": {}}
-    catalogs = {task: peer_catalog.catalog(task, args.classify_model, args.threads, args.work_dir, not args.no_setup,
-                                           args.bertserve_root.resolve())
-                for task in tasks}
+    results: dict = {
+        "machine": machine(),
+        "command": [sys.executable, "-m", "bench.peers", *(argv or sys.argv[1:])],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": versions(),
+        "settings": {
+            "tasks": tasks,
+            "concurrency": args.levels,
+            "seconds": args.seconds,
+            "warmup": args.warmup,
+            "sample": args.sample,
+            "threads": args.threads,
+            "client": args.client,
+            "classify_model": str(args.classify_model),
+            "bertserve_root": str(args.bertserve_root),
+            "busy": vars(quiet),
+        },
+        "peers": [],
+        "quality": [],
+        "rows": [],
+        "skipped": [],
+        "references": {},
+    }
+    catalogs = {
+        task: peer_catalog.catalog(
+            task, args.classify_model, args.threads, args.work_dir, not args.no_setup, args.bertserve_root.resolve()
+        )
+        for task in tasks
+    }
     if unknown := set(wanted) - {peer.name for peers in catalogs.values() for peer in peers}:
-        p.error(f"unknown peers {sorted(unknown)}; the {'/'.join(tasks)} peers are "
-                f"{', '.join(dict.fromkeys(peer.name for peers in catalogs.values() for peer in peers))}")
+        p.error(
+            f"unknown peers {sorted(unknown)}; the {'/'.join(tasks)} peers are "
+            f"{', '.join(dict.fromkeys(peer.name for peers in catalogs.values() for peer in peers))}"
+        )
     sample = sst2_sample(args.sample)
     for task in tasks:
         peers = [peer for peer in catalogs[task] if not wanted or peer.name in wanted]
@@ -170,8 +241,11 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         reference, names = reference_answers(task, model, items)
         gold = [names[label] for _, label in sample] if task == "classify" else None
-        results["references"][task] = {"model": str(model), "how": "transformers fp32, in the bench process",
-                                       "n": len(reference)}
+        results["references"][task] = {
+            "model": str(model),
+            "how": "transformers fp32, in the bench process",
+            "n": len(reference),
+        }
         print(f"{task}: fp32 reference on {len(items)} sentences in {time.perf_counter() - t0:.1f} s", flush=True)
         for peer in peers:
             run_peer(peer, items, reference, gold, args, quiet, results)
@@ -183,8 +257,11 @@ def main(argv=None) -> int:
         for task in tasks:
             rows = [r for r in results["rows"] if r["task"] == task]
             if rows:
-                results["plots"] += plot(rows, args.plot_dir / f"peers-{task}.png",
-                                         title=f"{task}: single SST-2 sentences, {machine().get('cpus')} CPUs")
+                results["plots"] += plot(
+                    rows,
+                    args.plot_dir / f"peers-{task}.png",
+                    title=f"{task}: single SST-2 sentences, {machine().get('cpus')} CPUs",
+                )
     print_results(results)
     write_json(out, results)
     print(f"\nwrote {out} {' '.join(results['plots'])}")

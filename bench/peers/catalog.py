@@ -11,6 +11,7 @@ Everything made here goes under the work directory (bench/.peers, git-ignored), 
 its inputs (the weights, and the code that makes it), so a changed exporter is never measured
 through a stale artifact.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench.common import REPO
 from bench.peers import Peer, PeerUnavailable, bertserve_adapter, infinity_adapter, infinity_env
@@ -68,8 +69,10 @@ def run_step(cmd: list[str], what: str, cwd: Path = REPO, env: dict | None = Non
 
 # --- weights each server reads -------------------------------------------------------------------
 
-def bertserve_export(source: Path, work: Path, task: str, precision: str, int8_scope: str | None = None,
-                     root: Path = REPO) -> Path:
+
+def bertserve_export(
+    source: Path, work: Path, task: str, precision: str, int8_scope: str | None = None, root: Path = REPO
+) -> Path:
     """An ONNX artifact of `source` made by `python -m export.onnx --task auto`: the exporter's choice,
     as a user would export it (the demo model: one graph with an output per head; a
     sentence-transformers directory: whatever the exporter makes of it). `root`: the checkout whose
@@ -77,9 +80,24 @@ def bertserve_export(source: Path, work: Path, task: str, precision: str, int8_s
     label = f"{task}-{precision}" + (f"-{int8_scope}" if int8_scope else "")
 
     def build(tmp: Path) -> None:
-        run_step([sys.executable, "-m", "export.onnx", "--ckpt", str(source), "--task", "auto",
-                  "--precision", precision, *(["--int8-scope", int8_scope] if int8_scope else []),
-                  "--out", str(tmp)], f"bertserve's export of {source} ({label})", cwd=root)
+        run_step(
+            [
+                sys.executable,
+                "-m",
+                "export.onnx",
+                "--ckpt",
+                str(source),
+                "--task",
+                "auto",
+                "--precision",
+                precision,
+                *(["--int8-scope", int8_scope] if int8_scope else []),
+                "--out",
+                str(tmp),
+            ],
+            f"bertserve's export of {source} ({label})",
+            cwd=root,
+        )
 
     key = fingerprint(source, *(root / d for d in EXPORT_CODE)) + label
     return cached(work / "bertserve" / label, key, build)
@@ -88,6 +106,7 @@ def bertserve_export(source: Path, work: Path, task: str, precision: str, int8_s
 def transformers_classifier(source: Path, work: Path) -> Path:
     """The encoder + classify head of a bertserve checkpoint as a transformers
     BertForSequenceClassification directory (fp32), with the checkpoint's own tokenizer files."""
+
     def build(tmp: Path) -> None:
         from bench.baseline_server import task_model  # torch + transformers: only when needed
 
@@ -110,8 +129,22 @@ def infinity_onnx(source: Path, work: Path, task: str, precision: str, setup: bo
     script = Path(__file__).with_name("infinity_onnx.py")
 
     def build(tmp: Path) -> None:
-        run_step([str(python), str(script), "--model", str(source), "--task", task, "--precision", precision,
-                  "--out", str(tmp)], f"infinity's ONNX of {source} ({precision})", env=INFINITY_ENV)
+        run_step(
+            [
+                str(python),
+                str(script),
+                "--model",
+                str(source),
+                "--task",
+                task,
+                "--precision",
+                precision,
+                "--out",
+                str(tmp),
+            ],
+            f"infinity's ONNX of {source} ({precision})",
+            env=INFINITY_ENV,
+        )
 
     key = fingerprint(source, script, infinity_env.REQUIREMENTS) + precision
     return cached(work / "infinity" / f"{task}-{precision}", key, build)
@@ -127,17 +160,36 @@ def embed_model() -> Path:
 
 # --- peers ---------------------------------------------------------------------------------------
 
-def bertserve_peer(name: str, task: str, model: Path | str | Callable[[], Path], threads: int,
-                   extra_args: list[str] = (), engine: str = "auto", precision: str = "fp32",
-                   root: Path = REPO) -> Peer:
+
+def bertserve_peer(
+    name: str,
+    task: str,
+    model: Path | str | Callable[[], Path],
+    threads: int,
+    extra_args: list[str] = (),
+    engine: str = "auto",
+    precision: str = "fp32",
+    root: Path = REPO,
+) -> Peer:
     """`python -m serving` of checkout `root` on `model` (a path, or a function that makes it: an export)."""
-    peer = Peer(name, "bertserve", task, engine, precision, [], bertserve_adapter(task), ready_path="/ready",
-                cwd=root)
+    peer = Peer(name, "bertserve", task, engine, precision, [], bertserve_adapter(task), ready_path="/ready", cwd=root)
 
     def prepare() -> None:
         path = model() if callable(model) else model
-        peer.argv = [sys.executable, "-m", "serving", "--model", str(path), "--port", "{port}",
-                     "--threads", str(threads), "--log-level", "warning", *extra_args]
+        peer.argv = [
+            sys.executable,
+            "-m",
+            "serving",
+            "--model",
+            str(path),
+            "--port",
+            "{port}",
+            "--threads",
+            str(threads),
+            "--log-level",
+            "warning",
+            *extra_args,
+        ]
 
     if callable(model):
         peer.prepare = prepare
@@ -148,24 +200,55 @@ def bertserve_peer(name: str, task: str, model: Path | str | Callable[[], Path],
 
 def baseline_peer(name: str, task: str, ckpt: Path | str, threads: int) -> Peer:
     """bench/baseline_server.py: FastAPI + a transformers pipeline, one request at a time, fp32."""
-    return Peer(name, "baseline", task, "torch", "fp32",
-                [sys.executable, "-m", "bench.baseline_server", "--ckpt", str(ckpt), "--task", task,
-                 "--port", "{port}", "--threads", str(threads)], bertserve_adapter(task))
+    return Peer(
+        name,
+        "baseline",
+        task,
+        "torch",
+        "fp32",
+        [
+            sys.executable,
+            "-m",
+            "bench.baseline_server",
+            "--ckpt",
+            str(ckpt),
+            "--task",
+            task,
+            "--port",
+            "{port}",
+            "--threads",
+            str(threads),
+        ],
+        bertserve_adapter(task),
+    )
 
 
-INFINITY_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
-                "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+INFINITY_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DO_NOT_TRACK": "1",
+    "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+}
 
 
-def infinity_peer(name: str, task: str, engine: str, precision: str, model: Callable[[], Path], work: Path,
-                  setup: bool) -> Peer:
+def infinity_peer(
+    name: str, task: str, engine: str, precision: str, model: Callable[[], Path], work: Path, setup: bool
+) -> Peer:
     """`infinity_emb v2` with its defaults (threads, batch size 32, its own warm-up) but for what it
     needs to run here. The optimum engine is started with --model-id . from inside the model
     directory: given any other local path, infinity 0.0.78 hands optimum an absolute file name that
     optimum-onnx rejects ('Could not find any ONNX files with target file name'). The ONNX it gets is
     optimised already, so infinity's own optimiser (which fails with optimum 2.x) is switched off."""
-    peer = Peer(name, "infinity", task, engine, precision, [], infinity_adapter(task),
-                env={**INFINITY_ENV, "HF_HOME": str(work / "hf-home")})
+    peer = Peer(
+        name,
+        "infinity",
+        task,
+        engine,
+        precision,
+        [],
+        infinity_adapter(task),
+        env={**INFINITY_ENV, "HF_HOME": str(work / "hf-home")},
+    )
 
     def prepare() -> None:
         notes = []
@@ -175,9 +258,11 @@ def infinity_peer(name: str, task: str, engine: str, precision: str, model: Call
         if engine == "optimum":
             peer.cwd = path
             args = ["--model-id", ".", "--engine", engine, "--onnx-disable-optimize"]
-            notes.append("optimum engine: started in the model directory with --model-id . (infinity 0.0.78 + "
-                         "optimum-onnx 0.1.0 reject an absolute ONNX file name); --onnx-disable-optimize (the "
-                         "ONNX is -O2 already; infinity's optimiser fails with optimum 2.x)")
+            notes.append(
+                "optimum engine: started in the model directory with --model-id . (infinity 0.0.78 + "
+                "optimum-onnx 0.1.0 reject an absolute ONNX file name); --onnx-disable-optimize (the "
+                "ONNX is -O2 already; infinity's optimiser fails with optimum 2.x)"
+            )
             if task == "embed":
                 # Its optimum embedder pools the [CLS] state unless told otherwise (pooling "auto" is read
                 # for the torch engine only): cosine 0.47 to the model's mean-pooled vectors without this.
@@ -187,20 +272,34 @@ def infinity_peer(name: str, task: str, engine: str, precision: str, model: Call
                 # infinity's optimum classifier runs its pipeline without truncation, so its own warm-up
                 # (512-token inputs, 514 with [CLS]/[SEP]) fails; SST-2 sentences are short.
                 args.append("--no-model-warmup")
-                notes.append("--no-model-warmup (its optimum classifier does not truncate: "
-                             "its 512-token warm-up fails)")
-        peer.argv = [str(venv / "bin" / "infinity_emb"), "v2", *args, "--device", "cpu", "--host", "127.0.0.1",
-                     "--port", "{port}", "--log-level", "warning"]
+                notes.append(
+                    "--no-model-warmup (its optimum classifier does not truncate: its 512-token warm-up fails)"
+                )
+        peer.argv = [
+            str(venv / "bin" / "infinity_emb"),
+            "v2",
+            *args,
+            "--device",
+            "cpu",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--log-level",
+            "warning",
+        ]
         peer.notes = "; ".join(notes)
 
     peer.prepare = prepare
     return peer
 
 
-def catalog(task: str, classify_source: Path, threads: int, work: Path = WORK, setup: bool = True,
-            bertserve_root: Path = REPO) -> list[Peer]:
+def catalog(
+    task: str, classify_source: Path, threads: int, work: Path = WORK, setup: bool = True, bertserve_root: Path = REPO
+) -> list[Peer]:
     """Every peer of `task`, in the order they run. bertserve's serving/ and export/ come from
     `bertserve_root` (default: this checkout; another, such as a clean snapshot of main, to measure it)."""
+
     def ours(name: str, model, extra: list[str] = (), engine: str = "onnxruntime", precision: str = "fp32") -> Peer:
         return bertserve_peer(name, task, model, threads, extra, engine, precision, bertserve_root)
 
@@ -216,10 +315,24 @@ def catalog(task: str, classify_source: Path, threads: int, work: Path = WORK, s
             ours("bertserve-ort-int8", export(source, "int8", "all"), precision="int8"),
             baseline_peer("baseline-torch-fp32", task, classify_source, threads),
             infinity_peer("infinity-torch-fp32", task, "torch", "fp32", hf, work, setup),
-            infinity_peer("infinity-optimum-fp32", task, "optimum", "fp32",
-                          lambda: infinity_onnx(hf(), work, task, "fp32", setup), work, setup),
-            infinity_peer("infinity-optimum-int8", task, "optimum", "int8",
-                          lambda: infinity_onnx(hf(), work, task, "int8", setup), work, setup),
+            infinity_peer(
+                "infinity-optimum-fp32",
+                task,
+                "optimum",
+                "fp32",
+                lambda: infinity_onnx(hf(), work, task, "fp32", setup),
+                work,
+                setup,
+            ),
+            infinity_peer(
+                "infinity-optimum-int8",
+                task,
+                "optimum",
+                "int8",
+                lambda: infinity_onnx(hf(), work, task, "int8", setup),
+                work,
+                setup,
+            ),
         ]
     if task == "embed":
         return [
@@ -227,9 +340,23 @@ def catalog(task: str, classify_source: Path, threads: int, work: Path = WORK, s
             ours("bertserve-ort-fp32", export(embed_model, "fp32")),
             ours("bertserve-ort-int8", export(embed_model, "int8", "all"), precision="int8"),
             infinity_peer("infinity-torch-fp32", task, "torch", "fp32", embed_model, work, setup),
-            infinity_peer("infinity-optimum-fp32", task, "optimum", "fp32",
-                          lambda: infinity_onnx(embed_model(), work, task, "fp32", setup), work, setup),
-            infinity_peer("infinity-optimum-int8", task, "optimum", "int8",
-                          lambda: infinity_onnx(embed_model(), work, task, "int8", setup), work, setup),
+            infinity_peer(
+                "infinity-optimum-fp32",
+                task,
+                "optimum",
+                "fp32",
+                lambda: infinity_onnx(embed_model(), work, task, "fp32", setup),
+                work,
+                setup,
+            ),
+            infinity_peer(
+                "infinity-optimum-int8",
+                task,
+                "optimum",
+                "int8",
+                lambda: infinity_onnx(embed_model(), work, task, "int8", setup),
+                work,
+                setup,
+            ),
         ]
     raise ValueError(f"no peers for task {task!r}")

@@ -10,6 +10,7 @@ sentence-transformers 3.4.1, transformers 4.57.6, onnxruntime 1.32.0, torch 2.13
 installed first and alone, pinned: that version's CPU wheel is on this machine's disk, and any
 other torch request would pull several GB of CUDA packages.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,11 @@ def _wanted() -> str:
 
 def is_ready(work: Path) -> bool:
     stamp = venv_dir(work) / STAMP
-    return (stamp.is_file() and stamp.read_text().strip() == _wanted()
-            and (venv_dir(work) / "bin" / "infinity_emb").is_file())
+    return (
+        stamp.is_file()
+        and stamp.read_text().strip() == _wanted()
+        and (venv_dir(work) / "bin" / "infinity_emb").is_file()
+    )
 
 
 def ensure(work: Path, setup: bool = True) -> Path:
@@ -48,8 +52,10 @@ def ensure(work: Path, setup: bool = True) -> Path:
     if is_ready(work):
         return target
     if not setup:
-        raise PeerUnavailable(f"infinity's venv is not set up at {target}: run `python -m bench.peers.infinity_env` "
-                              "(or leave out --no-setup)")
+        raise PeerUnavailable(
+            f"infinity's venv is not set up at {target}: run `python -m bench.peers.infinity_env` "
+            "(or leave out --no-setup)"
+        )
     log = work / "infinity-setup.log"
     work.mkdir(parents=True, exist_ok=True)
     print(f"setting up infinity's venv at {target} (a few minutes; log: {log})", flush=True)
@@ -60,17 +66,20 @@ def ensure(work: Path, setup: bool = True) -> Path:
             print("$", " ".join(pip + step), file=out, flush=True)
             if subprocess.run(pip + step, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                 tail = log.read_text(errors="replace")[-1500:]
-                raise PeerUnavailable(f"setting up infinity's venv failed at `pip install {' '.join(step)}` "
-                                      f"(full log {log}):\n{tail}")
+                raise PeerUnavailable(
+                    f"setting up infinity's venv failed at `pip install {' '.join(step)}` (full log {log}):\n{tail}"
+                )
     (target / STAMP).write_text(_wanted() + "\n")
     return target
 
 
 def versions(work: Path) -> dict[str, str]:
     """Versions of the packages that decide infinity's speed, as installed in its venv."""
-    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
-            "('infinity_emb', 'optimum', 'optimum-onnx', 'onnxruntime', 'torch', 'transformers', "
-            "'sentence-transformers', 'tokenizers', 'uvicorn', 'fastapi')}))")
+    code = (
+        "import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+        "('infinity_emb', 'optimum', 'optimum-onnx', 'onnxruntime', 'torch', 'transformers', "
+        "'sentence-transformers', 'tokenizers', 'uvicorn', 'fastapi')}))"
+    )
     run = subprocess.run([str(venv_dir(work) / "bin" / "python"), "-c", code], capture_output=True, text=True)
     return json.loads(run.stdout) if run.returncode == 0 else {"error": run.stderr[-500:]}
 

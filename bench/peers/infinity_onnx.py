@@ -10,6 +10,7 @@ own directory with exactly one .onnx file, so infinity has no choice to make.
 
 Runs in infinity's venv (optimum, torch, transformers of its pinned versions): imports nothing of bertserve.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,16 @@ from pathlib import Path
 
 ORT_CLASSES = {"classify": "ORTModelForSequenceClassification", "embed": "ORTModelForFeatureExtraction"}
 EXPORT_TASKS = {"classify": "text-classification", "embed": "feature-extraction"}
-KEEP = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
-        "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+KEEP = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+)
 
 
 def cpu_flags() -> set[str]:
@@ -43,10 +52,18 @@ def quantize(optimized: Path, out: Path) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     vnni = "avx512_vnni" in cpu_flags()
-    quantize_dynamic(optimized, out / "model_quantized.onnx", per_channel=True, reduce_range=not vnni,
-                     weight_type=QuantType.QInt8,
-                     extra_options={"WeightSymmetric": True, "ActivationSymmetric": False,
-                                    "DefaultTensorType": onnx.TensorProto.FLOAT})
+    quantize_dynamic(
+        optimized,
+        out / "model_quantized.onnx",
+        per_channel=True,
+        reduce_range=not vnni,
+        weight_type=QuantType.QInt8,
+        extra_options={
+            "WeightSymmetric": True,
+            "ActivationSymmetric": False,
+            "DefaultTensorType": onnx.TensorProto.FLOAT,
+        },
+    )
     return out
 
 
@@ -59,8 +76,14 @@ def export(model: Path, task: str, out: Path, precision: str) -> Path:
     work = Path(tempfile.mkdtemp(prefix="infinity-onnx-"))
     # library_name: a sentence-transformers directory would otherwise export token_embeddings and
     # sentence_embedding, while infinity's optimum embedder reads last_hidden_state and pools itself.
-    main_export(str(model), output=work / "exported", task=EXPORT_TASKS[task], opset=17, device="cpu",
-                library_name="transformers")
+    main_export(
+        str(model),
+        output=work / "exported",
+        task=EXPORT_TASKS[task],
+        opset=17,
+        device="cpu",
+        library_name="transformers",
+    )
     ort_model = getattr(ortm, ORT_CLASSES[task]).from_pretrained(work / "exported")
     optimizer = ORTOptimizer.from_pretrained(ort_model)
     optimizer.optimize(AutoOptimizationConfig.O2(), save_dir=work / "optimized")

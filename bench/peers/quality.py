@@ -6,6 +6,7 @@ the benchmark's sentences, against an fp32 reference computed here with transfor
 - embed: the sentence-transformers recipe (mean of the last hidden states over real tokens, L2
   normalised) on transformers' fp32 BertModel; cosine similarity per sentence, mean and minimum.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ def reference_answers(task: str, model: Path, sentences: list[str], batch: int =
     tokenizer = AutoTokenizer.from_pretrained(model)
     if task == "classify":
         from bench.baseline_server import task_model
+
         net = task_model(str(model), "classify")
         names = [net.config.id2label[i] for i in range(net.config.num_labels)]
     else:
@@ -32,7 +34,9 @@ def reference_answers(task: str, model: Path, sentences: list[str], batch: int =
     out: list = []
     with torch.inference_mode():
         for i in range(0, len(sentences), batch):
-            enc = tokenizer(sentences[i:i + batch], padding=True, truncation=True, max_length=512, return_tensors="pt")
+            enc = tokenizer(
+                sentences[i : i + batch], padding=True, truncation=True, max_length=512, return_tensors="pt"
+            )
             if task == "classify":
                 out += [names[k] for k in net(**enc).logits.argmax(-1).tolist()]
             else:
@@ -60,8 +64,7 @@ def score(task: str, answers: list, reference: list, gold: list[str] | None = No
     n = len(reference)
     failed = sum(a is None for a in answers)
     if task == "classify":
-        out = {"n": n, "failed": failed,
-               "agree_pct": 100 * sum(a == r for a, r in zip(answers, reference)) / n}
+        out = {"n": n, "failed": failed, "agree_pct": 100 * sum(a == r for a, r in zip(answers, reference)) / n}
         if gold is not None:
             out["accuracy_pct"] = 100 * sum(a == g for a, g in zip(answers, gold)) / n
         return out

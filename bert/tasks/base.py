@@ -13,10 +13,12 @@ Everything else (the multi-task model, the backends, export, the routes, the SDK
 loops over the registry (`bert.tasks.registry`) and never names a task. numpy-free at import time: torch is
 imported inside the training hooks only, so a server with an ONNX backend imports every task without torch.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bert.options import flag
 
@@ -170,8 +172,12 @@ class Task:
     # training.finetune.FinetuneConfig (multitask builds one per task; evaluate one from its own options): the
     # task reads its data options from it (train_data, eval_data, max_seq_length, max_*_examples and the fields
     # in `train_options`). Examples are whatever the task's reader returns; Labels says what its head predicts.
-    train_options: ClassVar[tuple[str, ...]] = ()  # FinetuneConfig fields only this task reads (others leave them at their defaults)
-    multitask_options: ClassVar[tuple[str, ...]] = ()  # of those, the ones multitask gives each task its own copy of: --<task>-<option>
+    train_options: ClassVar[
+        tuple[str, ...]
+    ] = ()  # FinetuneConfig fields only this task reads (others leave them at their defaults)
+    multitask_options: ClassVar[
+        tuple[str, ...]
+    ] = ()  # of those, the ones multitask gives each task its own copy of: --<task>-<option>
     train_max_seq_length: ClassVar[int] = 128  # multitask's default --<task>-max-seq-length
     train_data_help: ClassVar[str] = ""  # what --train-data / --<task>-train holds for this task (help text)
 

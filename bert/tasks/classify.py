@@ -1,7 +1,8 @@
 """Sequence (and sequence-pair) classification: [CLS] a [SEP] (b [SEP]) in, ranked labels out."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -52,10 +53,12 @@ def encode(
     if too_long and not truncate:
         check_length(too_long[0], len(encoded[too_long[0]].ids), max_length)
     if too_long:
-        encoded.update(_encode_rows(tokenizer, texts, pairs, too_long,
-                                    max_length=max_length, truncation="longest_first"))
-    return [Features(input_ids=list(encoded[i].ids), token_type_ids=list(encoded[i].type_ids))
-            for i in range(len(split))]
+        encoded.update(
+            _encode_rows(tokenizer, texts, pairs, too_long, max_length=max_length, truncation="longest_first")
+        )
+    return [
+        Features(input_ids=list(encoded[i].ids), token_type_ids=list(encoded[i].type_ids)) for i in range(len(split))
+    ]
 
 
 def _label(id2label: dict, index: int) -> str:
@@ -112,8 +115,16 @@ def encode_request(tokenizer, items: list, limits: Limits, *, truncate: bool = F
     return [[f] for f in encode(tokenizer, pairs, max_length=limits.max_length, truncate=truncate)]
 
 
-def decode_request(items: list, features: list, outputs: list, facts: ModelFacts, *, top_k: int | None = 1,
-                   function_to_apply: str | None = None, **_) -> list[list[dict]]:
+def decode_request(
+    items: list,
+    features: list,
+    outputs: list,
+    facts: ModelFacts,
+    *,
+    top_k: int | None = 1,
+    function_to_apply: str | None = None,
+    **_,
+) -> list[list[dict]]:
     logits = np.stack([sequences[0]["classify"] for sequences in outputs])
     return decode(logits, facts.labels, top_k=top_k, function=function_to_apply, problem_type=facts.problem_type)
 
@@ -129,8 +140,17 @@ class ClassifyTask(Task):
     labelled = True
     graph_outputs = {"classify_logits": "classify"}
     single_graph_outputs = {"logits": "classify"}
-    routes = (Route("/classify", "ClassifyRequest", "ClassifyResponse", "Classify texts or text pairs",
-                    to_items=texts_of, shape=one_or_list, check=check_inputs),)
+    routes = (
+        Route(
+            "/classify",
+            "ClassifyRequest",
+            "ClassifyResponse",
+            "Classify texts or text pairs",
+            to_items=texts_of,
+            shape=one_or_list,
+            check=check_inputs,
+        ),
+    )
     trainable = True
     main_metric = "accuracy"
 
@@ -161,8 +181,12 @@ class ClassifyTask(Task):
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
         from training.data.readers import read_tsv
 
-        columns = dict(text_column=cfg.text_column, pair_column=cfg.pair_column or None,
-                       label_column=cfg.label_column, header={"auto": None, "yes": True, "no": False}[cfg.header])
+        columns = dict(
+            text_column=cfg.text_column,
+            pair_column=cfg.pair_column or None,
+            label_column=cfg.label_column,
+            header={"auto": None, "yes": True, "no": False}[cfg.header],
+        )
         return (read_tsv(cfg.train_data, **columns) if train else []), read_tsv(cfg.eval_data, **columns)
 
     def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
@@ -200,8 +224,14 @@ class ClassifyTask(Task):
     def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
         from training.task_data import evaluate_classify
 
-        return evaluate_classify(model, tokenizer, examples, labels=labels.values, max_seq_length=cfg.max_seq_length,
-                                 batch_size=cfg.eval_batch_size)
+        return evaluate_classify(
+            model,
+            tokenizer,
+            examples,
+            labels=labels.values,
+            max_seq_length=cfg.max_seq_length,
+            batch_size=cfg.eval_batch_size,
+        )
 
     def best_metric(self, labels: Labels) -> str:
         return "pearson" if labels.problem_type == "regression" else self.main_metric

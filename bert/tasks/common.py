@@ -1,4 +1,5 @@
 """Pieces every task codec shares: one unpadded model input, batching it, and a stable softmax."""
+
 from __future__ import annotations
 
 import re

@@ -6,6 +6,7 @@ directory (`modules.json` -> its Pooling module's `config.json`, and whether a N
 else from our `config.json` key "pooling", else mean pooling, sentence-transformers' choice for a plain
 encoder. Vectors equal sentence-transformers' `encode(normalize_embeddings=True)` for the same model.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,14 @@ DEFAULT_POOLING = "mean"
 _ST_POOLING = "sentence_transformers.models.Pooling"
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
 # sentence-transformers' pooling_mode names and legacy flags -> ours
-_ST_MODES = {"cls": "cls", "mean": "mean", "max": "max", "pooling_mode_cls_token": "cls",
-             "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max"}
+_ST_MODES = {
+    "cls": "cls",
+    "mean": "mean",
+    "max": "max",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+}
 
 
 class PoolingError(ValueError):
@@ -53,9 +60,15 @@ def read_pooling(directory) -> Pooling:
     if isinstance(declared, dict):
         mode, max_length = declared.get("mode", DEFAULT_POOLING), declared.get("max_length")
         if mode not in POOLINGS:
-            raise PoolingError(f"{directory / 'config.json'}: pooling mode {mode!r} is not one of {', '.join(POOLINGS)}")
-        return Pooling(mode, bool(declared.get("normalize", True)), "config.json",
-                       max_length if isinstance(max_length, int) and max_length > 0 else None)
+            raise PoolingError(
+                f"{directory / 'config.json'}: pooling mode {mode!r} is not one of {', '.join(POOLINGS)}"
+            )
+        return Pooling(
+            mode,
+            bool(declared.get("normalize", True)),
+            "config.json",
+            max_length if isinstance(max_length, int) and max_length > 0 else None,
+        )
     return Pooling()
 
 
@@ -68,16 +81,23 @@ def _sentence_transformers_pooling(directory: Path, modules: list) -> Pooling:
         config = _read_json(path)
         if not isinstance(config, dict):
             raise PoolingError(f"{path}: not a pooling configuration")
-        modes = [config["pooling_mode"]] if isinstance(config.get("pooling_mode"), str) else [
-            key for key, value in config.items() if key.startswith("pooling_mode") and value is True]
+        modes = (
+            [config["pooling_mode"]]
+            if isinstance(config.get("pooling_mode"), str)
+            else [key for key, value in config.items() if key.startswith("pooling_mode") and value is True]
+        )
         known = [_ST_MODES[m] for m in modes if m in _ST_MODES]
         if len(modes) != 1 or len(known) != 1:
             raise PoolingError(f"{path}: pooling {modes or 'none'} is not one of cls, mean, max alone")
         mode = known[0]
     settings = _read_json(directory / "sentence_bert_config.json")
     max_length = settings.get("max_seq_length") if isinstance(settings, dict) else None
-    return Pooling(mode, _ST_NORMALIZE in types, "sentence-transformers",
-                   int(max_length) if isinstance(max_length, int) and max_length > 0 else None)
+    return Pooling(
+        mode,
+        _ST_NORMALIZE in types,
+        "sentence-transformers",
+        int(max_length) if isinstance(max_length, int) and max_length > 0 else None,
+    )
 
 
 def _read_json(path: Path):
@@ -124,8 +144,9 @@ def encode_request(tokenizer, items: list[str], limits: Limits, *, truncate: boo
     return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
 
 
-def decode_request(items: list, features: list, outputs: list, facts: ModelFacts, *, normalize: bool = True,
-                   **_) -> list[list[float]]:
+def decode_request(
+    items: list, features: list, outputs: list, facts: ModelFacts, *, normalize: bool = True, **_
+) -> list[list[float]]:
     return decode(np.stack([o[0]["embed"] for o in outputs]), normalize=normalize)
 
 
@@ -151,9 +172,12 @@ def _openai_shape(vectors: list, body, info) -> dict:
         return vector
 
     tokens = info.tokens
-    return {"object": "list", "model": body.model or info.model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)]}
+    return {
+        "object": "list",
+        "model": body.model or info.model_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "data": [{"object": "embedding", "index": i, "embedding": encoded(v)} for i, v in enumerate(vectors)],
+    }
 
 
 class EmbedTask(Task):
@@ -167,10 +191,25 @@ class EmbedTask(Task):
     graph_outputs = {"embedding": "embed"}
     single_graph_outputs = {"embedding": "embed"}
     routes = (
-        Route("/embed", "EmbedRequest", "EmbedResponse", "Embed texts (text-embeddings-inference's shape)",
-              to_items=texts_of, shape=lambda answers, body, info=None: answers, check=check_inputs),
-        Route("/v1/embeddings", "OpenAIEmbeddingRequest", "OpenAIEmbeddingResponse", "Embed texts (OpenAI's shape)",
-              to_items=_openai_items, shape=_openai_shape, check=_check_openai, batch_field="input"),
+        Route(
+            "/embed",
+            "EmbedRequest",
+            "EmbedResponse",
+            "Embed texts (text-embeddings-inference's shape)",
+            to_items=texts_of,
+            shape=lambda answers, body, info=None: answers,
+            check=check_inputs,
+        ),
+        Route(
+            "/v1/embeddings",
+            "OpenAIEmbeddingRequest",
+            "OpenAIEmbeddingResponse",
+            "Embed texts (OpenAI's shape)",
+            to_items=_openai_items,
+            shape=_openai_shape,
+            check=_check_openai,
+            batch_field="input",
+        ),
     )
 
     def encode_request(self, tokenizer, items, limits, **options):

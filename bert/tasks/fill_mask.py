@@ -4,6 +4,7 @@ Answers carry transformers' fill-mask pipeline's fields (`score`, `token`, `toke
 one list per [MASK]. The model's graph hands back, for every token, the probabilities and ids of its
 likeliest tokens (MLM_CANDIDATES of them, softmax over the whole vocabulary), so `top_k` is at most that.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,9 +45,14 @@ def decode(tokenizer, feature: Features, scores: np.ndarray, ids: np.ndarray, *,
         for score, token in zip(scores[position][:top_k], ids[position][:top_k]):
             filled = input_ids.copy()
             filled[position] = int(token)
-            candidates.append({"score": float(score), "token": int(token),
-                               "token_str": tokenizer.decode([int(token)], skip_special_tokens=True),
-                               "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=single)})
+            candidates.append(
+                {
+                    "score": float(score),
+                    "token": int(token),
+                    "token_str": tokenizer.decode([int(token)], skip_special_tokens=True),
+                    "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=single),
+                }
+            )
         answers.append(candidates)
     return answers
 
@@ -61,9 +67,17 @@ class FillMaskTask(Task):
     architectures = ("BertForMaskedLM", "BertForPreTraining")
     graph_outputs = {"fill_mask_scores": "fill_mask_scores", "fill_mask_ids": "fill_mask_ids"}
     single_graph_outputs = {"fill_mask_scores": "fill_mask_scores", "fill_mask_ids": "fill_mask_ids"}
-    routes = (Route("/fill-mask", "FillMaskRequest", "FillMaskResponse", "Fill the [MASK] tokens of texts",
-                    to_items=texts_of, shape=lambda answers, body, info=None: answers[0] if isinstance(body.inputs, str)
-                    else answers, check=check_inputs),)
+    routes = (
+        Route(
+            "/fill-mask",
+            "FillMaskRequest",
+            "FillMaskResponse",
+            "Fill the [MASK] tokens of texts",
+            to_items=texts_of,
+            shape=lambda answers, body, info=None: answers[0] if isinstance(body.inputs, str) else answers,
+            check=check_inputs,
+        ),
+    )
 
     def head_width(self, labels) -> int:
         return 0  # the tied decoder's width is the vocabulary
@@ -74,8 +88,10 @@ class FillMaskTask(Task):
     def decode_request(self, items, features, outputs, facts: ModelFacts, *, top_k: int = 5, **_):
         if top_k > MLM_CANDIDATES:
             raise ValueError(f"top_k: at most {MLM_CANDIDATES}")
-        return [decode(facts.tokenizer, f[0], o[0]["fill_mask_scores"], o[0]["fill_mask_ids"], top_k=top_k)
-                for f, o in zip(features, outputs)]
+        return [
+            decode(facts.tokenizer, f[0], o[0]["fill_mask_scores"], o[0]["fill_mask_ids"], top_k=top_k)
+            for f, o in zip(features, outputs)
+        ]
 
 
 TASK = FillMaskTask()

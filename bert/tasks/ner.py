@@ -4,6 +4,7 @@
 the "is this a sub-word" test, word aggregation none/simple/first/average/max, B-/I- grouping),
 so a served model answers exactly what the pipeline would for the same logits.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,16 +36,20 @@ class NerFeatures(Features):
 # ---- encoding -----------------------------------------------------------------------------
 def _marks_subwords(tokenizer) -> bool:
     backend = getattr(tokenizer, "backend", None)
-    return bool(getattr(getattr(backend, "model", None), "continuing_subword_prefix", None)) \
-        if backend is not None else True
+    return (
+        bool(getattr(getattr(backend, "model", None), "continuing_subword_prefix", None))
+        if backend is not None
+        else True
+    )
 
 
 def _features(encoding, text: str, char_shift: list[int] | None = None, marks_subwords: bool = True) -> NerFeatures:
     word_ids = list(encoding.word_ids)
     offsets = [tuple(o) for o in encoding.offsets]
     if char_shift is not None:  # pre-split words: offsets are relative to each word
-        offsets = [(s + char_shift[w], e + char_shift[w]) if w is not None else (s, e)
-                   for (s, e), w in zip(offsets, word_ids)]
+        offsets = [
+            (s + char_shift[w], e + char_shift[w]) if w is not None else (s, e) for (s, e), w in zip(offsets, word_ids)
+        ]
     return NerFeatures(
         input_ids=list(encoding.ids),
         token_type_ids=list(encoding.type_ids),
@@ -69,8 +74,12 @@ def _encode_checked(tokenizer, inputs, *, max_length: int, truncate: bool, is_sp
     if too_long and not truncate:
         check_length(too_long[0], len(encodings[too_long[0]].ids), max_length)
     if too_long:
-        cut = tokenizer.encode_batch([inputs[i] for i in too_long], max_length=max_length, truncation=True,
-                                     is_split_into_words=is_split_into_words)
+        cut = tokenizer.encode_batch(
+            [inputs[i] for i in too_long],
+            max_length=max_length,
+            truncation=True,
+            is_split_into_words=is_split_into_words,
+        )
         for i, encoding in zip(too_long, cut):
             encodings[i] = encoding
     return encodings
@@ -95,14 +104,19 @@ def encode_words(
     features = []
     for sentence, encoding in zip(words, encodings):
         starts = np.cumsum([0] + [len(w) + 1 for w in sentence[:-1]]).tolist()
-        features.append(_features(encoding, " ".join(sentence), char_shift=starts,
-                                  marks_subwords=_marks_subwords(tokenizer)))
+        features.append(
+            _features(encoding, " ".join(sentence), char_shift=starts, marks_subwords=_marks_subwords(tokenizer))
+        )
     return features
 
 
 def align_labels(
-    word_labels: list[int], word_ids: list[int | None], *, label_all_subtokens: bool = False,
-    continuation: dict[int, int] | None = None, ignore_index: int = -100
+    word_labels: list[int],
+    word_ids: list[int | None],
+    *,
+    label_all_subtokens: bool = False,
+    continuation: dict[int, int] | None = None,
+    ignore_index: int = -100,
 ) -> list[int]:
     """Per-token training labels: a word's label on its first sub-token, ignore_index on the rest
     (or, with label_all_subtokens, a label on every sub-token: the word's, mapped through
@@ -129,8 +143,11 @@ def align_labels(
 def continuation_labels(labels: list[str]) -> dict[int, int]:
     """Label index of each B-X -> that of I-X, for the sub-tokens after a word's first (IOB2 labels)."""
     index = {label: i for i, label in enumerate(labels)}
-    return {i: index["I-" + label[2:]] for i, label in enumerate(labels)
-            if label.startswith("B-") and "I-" + label[2:] in index}
+    return {
+        i: index["I-" + label[2:]]
+        for i, label in enumerate(labels)
+        if label.startswith("B-") and "I-" + label[2:] in index
+    }
 
 
 # ---- decoding -----------------------------------------------------------------------------
@@ -156,11 +173,19 @@ def _pre_entities(features: NerFeatures, tokens: list[str], scores: np.ndarray) 
             # transformers' test: a "##piece" is longer than the text it covers, a whole word is not.
             is_subword = len(piece) != len(original)
         else:
-            is_subword = start > 0 and " " not in features.text[start - 1:start + 1]
+            is_subword = start > 0 and " " not in features.text[start - 1 : start + 1]
         if piece == UNK:  # show the text, not "[UNK]"
             piece, is_subword = original, False
-        records.append({"word": piece, "scores": token_scores, "start": int(start), "end": int(end),
-                        "index": index, "is_subword": is_subword})
+        records.append(
+            {
+                "word": piece,
+                "scores": token_scores,
+                "start": int(start),
+                "end": int(end),
+                "index": index,
+                "is_subword": is_subword,
+            }
+        )
     return records
 
 
@@ -168,9 +193,16 @@ def _token_entities(records: list[dict], id2label: dict) -> list[dict]:
     entities = []
     for record in records:
         best = record["scores"].argmax()
-        entities.append({"entity": _label(id2label, best), "score": record["scores"][best],
-                         "index": record["index"], "word": record["word"],
-                         "start": record["start"], "end": record["end"]})
+        entities.append(
+            {
+                "entity": _label(id2label, best),
+                "score": record["scores"][best],
+                "index": record["index"],
+                "word": record["word"],
+                "start": record["start"],
+                "end": record["end"],
+            }
+        )
     return entities
 
 
@@ -185,9 +217,13 @@ def _word_entity(pieces: list[dict], aggregation: str, id2label: dict) -> dict:
     else:
         raise ValueError(f"not a word aggregation: {aggregation!r}")
     best = scores.argmax()
-    return {"entity": _label(id2label, best), "score": scores[best],
-            "word": _pieces_to_text([p["word"] for p in pieces]),
-            "start": pieces[0]["start"], "end": pieces[-1]["end"]}
+    return {
+        "entity": _label(id2label, best),
+        "score": scores[best],
+        "word": _pieces_to_text([p["word"] for p in pieces]),
+        "start": pieces[0]["start"],
+        "end": pieces[-1]["end"],
+    }
 
 
 def _word_entities(records: list[dict], aggregation: str, id2label: dict) -> list[dict]:
@@ -271,20 +307,25 @@ def decode(
     for entity in kept:
         entity["score"] = float(entity["score"])
         if word_from_text:
-            entity["word"] = features.text[entity["start"]:entity["end"]]
+            entity["word"] = features.text[entity["start"] : entity["end"]]
     return kept
 
 
 # ---- serving ------------------------------------------------------------------------------------
-def encode_request(tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, **_) -> list[list[NerFeatures]]:
+def encode_request(
+    tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, **_
+) -> list[list[NerFeatures]]:
     return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
 
 
-def decode_request(items: list, features: list, outputs: list, facts: ModelFacts, *, aggregation: str = "first",
-                   **_) -> list[list[dict]]:
+def decode_request(
+    items: list, features: list, outputs: list, facts: ModelFacts, *, aggregation: str = "first", **_
+) -> list[list[dict]]:
     """Entities per text, each `word` as written in the text (casing kept)."""
-    return [decode(f[0], o[0]["ner"], facts.labels, aggregation=aggregation, word_from_text=True)
-            for f, o in zip(features, outputs)]
+    return [
+        decode(f[0], o[0]["ner"], facts.labels, aggregation=aggregation, word_from_text=True)
+        for f, o in zip(features, outputs)
+    ]
 
 
 class NerTask(Task):
@@ -298,8 +339,17 @@ class NerTask(Task):
     labelled = True
     graph_outputs = {"ner_logits": "ner"}
     single_graph_outputs = {"logits": "ner"}
-    routes = (Route("/ner", "NerRequest", "NerResponse", "Find named entities",
-                    to_items=texts_of, shape=one_or_list, check=check_inputs),)
+    routes = (
+        Route(
+            "/ner",
+            "NerRequest",
+            "NerResponse",
+            "Find named entities",
+            to_items=texts_of,
+            shape=one_or_list,
+            check=check_inputs,
+        ),
+    )
     trainable = True
     main_metric = "f1"
 
@@ -322,7 +372,9 @@ class NerTask(Task):
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
         from training.data.readers import read_conll
 
-        return (read_conll(cfg.train_data, scheme=cfg.scheme) if train else []), read_conll(cfg.eval_data, scheme=cfg.scheme)
+        return (read_conll(cfg.train_data, scheme=cfg.scheme) if train else []), read_conll(
+            cfg.eval_data, scheme=cfg.scheme
+        )
 
     def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
         from training.config import ConfigError
@@ -351,7 +403,7 @@ class NerTask(Task):
 
         labels = torch.full((len(targets), width), IGNORE_INDEX, dtype=torch.long)
         for row, target in enumerate(targets):
-            labels[row, :len(target)] = torch.tensor(target)
+            labels[row, : len(target)] = torch.tensor(target)
         return {"labels": labels}
 
     def loss(self, outputs: dict, batch: dict):
@@ -365,8 +417,14 @@ class NerTask(Task):
     def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
         from training.task_data import evaluate_ner
 
-        return evaluate_ner(model, tokenizer, examples, labels=labels.values, max_seq_length=cfg.max_seq_length,
-                            batch_size=cfg.eval_batch_size)
+        return evaluate_ner(
+            model,
+            tokenizer,
+            examples,
+            labels=labels.values,
+            max_seq_length=cfg.max_seq_length,
+            batch_size=cfg.eval_batch_size,
+        )
 
     def summary(self, metrics: dict) -> str:
         return f"ner entity F1 {metrics['f1']:.2f}"

@@ -11,6 +11,7 @@ logits with everything but [CLS] and the context masked, the start x end outer p
 0 <= end - start < max_answer_len, a top-k search, answers widened to whole words, identical answer
 texts from different windows merged by adding their scores.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -80,8 +81,9 @@ class TooManyWindows(ValueError):
     def __init__(self, needed: int | None, limit: int):
         self.needed = needed  # None: more than `limit`, not counted further
         self.limit = limit
-        super().__init__(f"the context needs {'more than ' + str(limit) if needed is None else needed} windows; "
-                         f"the limit is {limit}")
+        super().__init__(
+            f"the context needs {'more than ' + str(limit) if needed is None else needed} windows; the limit is {limit}"
+        )
 
 
 class QuestionTooLong(ValueError):
@@ -91,8 +93,9 @@ class QuestionTooLong(ValueError):
         self.length = length
         self.limit = limit
         has = f"more than {limit}" if length is None else str(length)
-        super().__init__(f"the question has {has} tokens; at most {limit} fit in a window "
-                         f'(send "truncate": true to cut it)')
+        super().__init__(
+            f'the question has {has} tokens; at most {limit} fit in a window (send "truncate": true to cut it)'
+        )
 
 
 def max_context_owner(ranges: list[tuple[int, int]], num_tokens: int) -> list[int]:
@@ -115,26 +118,39 @@ def max_context_owner(ranges: list[tuple[int, int]], num_tokens: int) -> list[in
 def pair_template(tokenizer) -> tuple[list[int], list[int], list[int], int]:
     """The tokenizer's pair template (bert.tokenizer.BertTokenizer.pair_template), BERT's for one without it."""
     template = getattr(tokenizer, "pair_template", None)
-    return template if template is not None else (
-        [tokenizer.cls_token_id], [tokenizer.sep_token_id], [tokenizer.sep_token_id], 1)
+    return (
+        template
+        if template is not None
+        else ([tokenizer.cls_token_id], [tokenizer.sep_token_id], [tokenizer.sep_token_id], 1)
+    )
 
 
 def _check_window_args(question_length: int, max_length: int, doc_stride: int, specials: int = 3) -> int:
     capacity = max_length - question_length - specials  # [CLS] question [SEP] context [SEP]: 3
     if capacity <= 0:
-        raise ValueError(f"max_length {max_length} leaves no room for the context after a "
-                         f"{question_length}-token question")
+        raise ValueError(
+            f"max_length {max_length} leaves no room for the context after a {question_length}-token question"
+        )
     if doc_stride >= capacity:
-        raise ValueError(f"doc_stride {doc_stride} must be smaller than the {capacity} context tokens "
-                         f"a window holds (max_length {max_length}, question {question_length} tokens)")
+        raise ValueError(
+            f"doc_stride {doc_stride} must be smaller than the {capacity} context tokens "
+            f"a window holds (max_length {max_length}, question {question_length} tokens)"
+        )
     if doc_stride < 0:
         raise ValueError(f"doc_stride must be >= 0, got {doc_stride}")
     return capacity
 
 
 def encode(
-    tokenizer, question: str, context: str, *, max_length: int = 384, doc_stride: int = 128, max_query_length: int = 64,
-    truncate_question: bool = True, max_windows: int | None = None,
+    tokenizer,
+    question: str,
+    context: str,
+    *,
+    max_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    truncate_question: bool = True,
+    max_windows: int | None = None,
 ) -> list[QaWindow]:
     """One QaWindow per overlapping slice of the context: [CLS] question [SEP] slice [SEP].
 
@@ -147,8 +163,9 @@ def encode(
     if len(question_ids) > max_query_length and not truncate_question:
         raise QuestionTooLong(None if question_cut else len(question_ids), max_query_length)
     question_ids = question_ids[:max_query_length]
-    capacity = _check_window_args(len(question_ids), max_length, doc_stride,
-                                  sum(len(part) for part in pair_template(tokenizer)[:3]))
+    capacity = _check_window_args(
+        len(question_ids), max_length, doc_stride, sum(len(part) for part in pair_template(tokenizer)[:3])
+    )
     if max_windows is not None:
         _, context_cut = bounded_text(tokenizer, context, max_context_tokens(max_windows, capacity, doc_stride))
         if context_cut:
@@ -170,16 +187,19 @@ def encode(
         width = stop - start
         outside = [None] * len(head)
         tail = [None] * len(after)
-        windows.append(QaWindow(
-            input_ids=head + list(context_ids[start:stop]) + list(after),
-            token_type_ids=[0] * len(head) + [context_type] * (width + len(after)),
-            offsets=outside + context_offsets[start:stop] + tail,
-            token_is_max_context=[False] * len(head) + [owner[p] == index for p in range(start, stop)]
-            + [False] * len(after),
-            window_index=index,
-            word_ids=outside + list(context_words[start:stop]) + tail,
-            context_token_start=start,
-        ))
+        windows.append(
+            QaWindow(
+                input_ids=head + list(context_ids[start:stop]) + list(after),
+                token_type_ids=[0] * len(head) + [context_type] * (width + len(after)),
+                offsets=outside + context_offsets[start:stop] + tail,
+                token_is_max_context=[False] * len(head)
+                + [owner[p] == index for p in range(start, stop)]
+                + [False] * len(after),
+                window_index=index,
+                word_ids=outside + list(context_words[start:stop]) + tail,
+                context_token_start=start,
+            )
+        )
     return windows
 
 
@@ -196,16 +216,19 @@ def train_features(
 ) -> list[tuple[QaWindow, int, int]]:
     """Windows with the answer's start/end token positions in each; (0, 0) = [CLS] where the window
     does not hold the whole answer (the usual SQuAD v1 training target)."""
-    windows = encode(tokenizer, question, context, max_length=max_length, doc_stride=doc_stride,
-                     max_query_length=max_query_length)
+    windows = encode(
+        tokenizer, question, context, max_length=max_length, doc_stride=doc_stride, max_query_length=max_query_length
+    )
     answer_end_char = answer_start_char + len(answer_text)
     if not answer_text or context[answer_start_char:answer_end_char] != answer_text:
         raise ValueError(f"answer {answer_text!r} is not at character {answer_start_char} of the context")
     # The answer's first and last token, counted over the whole context.
-    covering = [window.context_token_start + i
-                for window in windows
-                for i, p in enumerate(window.context_positions)
-                if window.offsets[p][0] < answer_end_char and window.offsets[p][1] > answer_start_char]
+    covering = [
+        window.context_token_start + i
+        for window in windows
+        for i, p in enumerate(window.context_positions)
+        if window.offsets[p][0] < answer_end_char and window.offsets[p][1] > answer_start_char
+    ]
     if not covering:
         raise ValueError(f"answer {answer_text!r} covers no context token")
     first_token, last_token = min(covering), max(covering)
@@ -334,8 +357,9 @@ def window_limits(limits: Limits) -> tuple[int, int, int]:
     return max_length, max_query, (max_length - max_query - 3) // 2
 
 
-def encode_request(tokenizer, items: list[dict], limits: Limits, *, cancelled=lambda: False,
-                   **_) -> list[list[QaWindow]]:
+def encode_request(
+    tokenizer, items: list[dict], limits: Limits, *, cancelled=lambda: False, **_
+) -> list[list[QaWindow]]:
     """Items {question, context, doc_stride?, truncate?} -> the windows of each, at most
     limits.max_sequences in all (TooMuchWork beyond, raised before the windows are built)."""
     max_length, max_query, max_stride = window_limits(limits)
@@ -344,21 +368,31 @@ def encode_request(tokenizer, items: list[dict], limits: Limits, *, cancelled=la
         stride = item.get("doc_stride")
         if stride is not None and stride > max_stride:
             where = f"[{index}].doc_stride" if len(items) > 1 else "doc_stride"
-            raise ValueError(f"{where}: {stride} is more than half a window; at most {max_stride} with "
-                             f"{max_length}-token windows")
+            raise ValueError(
+                f"{where}: {stride} is more than half a window; at most {max_stride} with {max_length}-token windows"
+            )
         strides.append(min(DEFAULT_DOC_STRIDE, max_stride) if stride is None else stride)
     windows, used, limit = [], 0, limits.max_sequences
     for item, stride in zip(items, strides):
         if cancelled():  # the caller has gone: stop working for it
             raise CallerGone()
         try:
-            item_windows = encode(tokenizer, item["question"], item["context"], max_length=max_length,
-                                  doc_stride=stride, max_query_length=max_query,
-                                  truncate_question=bool(item.get("truncate")), max_windows=limit - used)
+            item_windows = encode(
+                tokenizer,
+                item["question"],
+                item["context"],
+                max_length=max_length,
+                doc_stride=stride,
+                max_query_length=max_query,
+                truncate_question=bool(item.get("truncate")),
+                max_windows=limit - used,
+            )
         except TooManyWindows as e:
             needed = "more than " + str(limit) if e.needed is None else str(used + e.needed)
-            raise TooMuchWork(f"the contexts of this request need {needed} windows of {max_length} tokens; the "
-                              f"limit is {limit} (qa_max_windows): send shorter contexts or fewer items") from None
+            raise TooMuchWork(
+                f"the contexts of this request need {needed} windows of {max_length} tokens; the "
+                f"limit is {limit} (qa_max_windows): send shorter contexts or fewer items"
+            ) from None
         used += len(item_windows)
         windows.append(item_windows)
     return windows
@@ -368,9 +402,14 @@ def decode_request(items: list[dict], windows: list, outputs: list, facts: Model
     """Per item its answers, best first (one empty answer when no span qualifies)."""
     answers = []
     for item, item_windows, sequences in zip(items, windows, outputs):
-        found = decode(item["context"], item_windows, [s["qa_start"] for s in sequences],
-                       [s["qa_end"] for s in sequences], top_k=item.get("top_k", 1),
-                       max_answer_len=item.get("max_answer_len", 30))
+        found = decode(
+            item["context"],
+            item_windows,
+            [s["qa_start"] for s in sequences],
+            [s["qa_end"] for s in sequences],
+            top_k=item.get("top_k", 1),
+            max_answer_len=item.get("max_answer_len", 30),
+        )
         answers.append(found or [{"answer": "", "score": 0.0, "start": 0, "end": 0}])
     return answers
 
@@ -381,8 +420,14 @@ def margins(items: list[dict], windows: list, outputs: list, facts: ModelFacts, 
     the engine recomputes those items on an exact model (--qa-verify-model)."""
     found = []
     for item, item_windows, sequences in zip(items, windows, outputs):
-        best = decode(item["context"], item_windows, [s["qa_start"] for s in sequences],
-                      [s["qa_end"] for s in sequences], top_k=2, max_answer_len=item.get("max_answer_len", 30))
+        best = decode(
+            item["context"],
+            item_windows,
+            [s["qa_start"] for s in sequences],
+            [s["qa_end"] for s in sequences],
+            top_k=2,
+            max_answer_len=item.get("max_answer_len", 30),
+        )
         found.append(best[0]["score"] - (best[1]["score"] if len(best) > 1 else 0.0) if best else 1.0)
     return found
 
@@ -417,8 +462,19 @@ class QATask(Task):
     architectures = ("BertForQuestionAnswering",)
     graph_outputs = {"qa_start_logits": "qa_start", "qa_end_logits": "qa_end"}
     single_graph_outputs = {"start_logits": "qa_start", "end_logits": "qa_end"}
-    routes = (Route("/qa", "QARequest", "QAResponse", "Answer questions from a context", to_items=_qa_items,
-                    shape=_shape_qa, check=_check_qa, batch_field="body", many=True),)
+    routes = (
+        Route(
+            "/qa",
+            "QARequest",
+            "QAResponse",
+            "Answer questions from a context",
+            to_items=_qa_items,
+            shape=_shape_qa,
+            check=_check_qa,
+            batch_field="body",
+            many=True,
+        ),
+    )
     trainable = True
     main_metric = "f1"
 
@@ -441,11 +497,15 @@ class QATask(Task):
         if not cfg.eval_data and cfg.heldout_articles <= 0:
             problems.append(f"{flag(cfg, 'eval_data')} is required (for qa, or --heldout-articles N)")
         if cfg.max_seq_length <= cfg.max_query_length + 3:
-            problems.append(f"{flag(cfg, 'max_seq_length')} ({cfg.max_seq_length}) must exceed max_query_length + 3 "
-                            f"({cfg.max_query_length + 3}): [CLS] question [SEP] context [SEP] needs room")
+            problems.append(
+                f"{flag(cfg, 'max_seq_length')} ({cfg.max_seq_length}) must exceed max_query_length + 3 "
+                f"({cfg.max_query_length + 3}): [CLS] question [SEP] context [SEP] needs room"
+            )
         elif cfg.doc_stride >= cfg.max_seq_length - cfg.max_query_length - 3:
-            problems.append(f"doc_stride ({cfg.doc_stride}) must be smaller than the context room "
-                            f"{flag(cfg, 'max_seq_length')} - max_query_length - 3 = {cfg.max_seq_length - cfg.max_query_length - 3}")
+            problems.append(
+                f"doc_stride ({cfg.doc_stride}) must be smaller than the context room "
+                f"{flag(cfg, 'max_seq_length')} - max_query_length - 3 = {cfg.max_seq_length - cfg.max_query_length - 3}"
+            )
         if cfg.doc_stride <= 0 or cfg.max_answer_length <= 0:
             problems.append("doc_stride and max_answer_length must be positive")
         return problems
@@ -464,34 +524,54 @@ class QATask(Task):
     def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
         from training.qa_data import train_features
 
-        return train_features(tokenizer, examples, max_seq_length=cfg.max_seq_length, doc_stride=cfg.doc_stride,
-                              max_query_length=cfg.max_query_length)
+        return train_features(
+            tokenizer,
+            examples,
+            max_seq_length=cfg.max_seq_length,
+            doc_stride=cfg.doc_stride,
+            max_query_length=cfg.max_query_length,
+        )
 
     def collate_targets(self, targets: list, width: int) -> dict:
         import torch
 
-        return {"start_positions": torch.tensor([t[0] for t in targets], dtype=torch.long),
-                "end_positions": torch.tensor([t[1] for t in targets], dtype=torch.long)}
+        return {
+            "start_positions": torch.tensor([t[0] for t in targets], dtype=torch.long),
+            "end_positions": torch.tensor([t[1] for t in targets], dtype=torch.long),
+        }
 
     def loss(self, outputs: dict, batch: dict):
         from bert.model import span_loss
 
-        return span_loss(outputs[self.output_name("qa_start")], outputs[self.output_name("qa_end")],
-                         batch["start_positions"], batch["end_positions"])
+        return span_loss(
+            outputs[self.output_name("qa_start")],
+            outputs[self.output_name("qa_end")],
+            batch["start_positions"],
+            batch["end_positions"],
+        )
 
     def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
         from training.qa_data import evaluate_qa
 
-        return evaluate_qa(model, tokenizer, examples, max_seq_length=cfg.max_seq_length, doc_stride=cfg.doc_stride,
-                           max_query_length=cfg.max_query_length, max_answer_length=cfg.max_answer_length,
-                           batch_size=cfg.eval_batch_size)
+        return evaluate_qa(
+            model,
+            tokenizer,
+            examples,
+            max_seq_length=cfg.max_seq_length,
+            doc_stride=cfg.doc_stride,
+            max_query_length=cfg.max_query_length,
+            max_answer_length=cfg.max_answer_length,
+            batch_size=cfg.eval_batch_size,
+        )
 
     def summary(self, metrics: dict) -> str:
         return f"qa EM {metrics['exact_match']:.2f} / F1 {metrics['f1']:.2f}"
 
     def embed_texts(self, examples: list) -> dict[str, list[str]]:
-        return {f"{self.name}_questions": [e.question for e in examples],
-                f"{self.name}_contexts": list(dict.fromkeys(e.context for e in examples))}
+        return {
+            f"{self.name}_questions": [e.question for e in examples],
+            f"{self.name}_contexts": list(dict.fromkeys(e.context for e in examples)),
+        }
 
 
 TASK = QATask()

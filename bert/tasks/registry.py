@@ -6,6 +6,7 @@ middleware and the metrics read this table. An unknown name is `UnknownTask`, on
 
 numpy-free and torch-free at import time.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -51,8 +52,11 @@ def get(name: str) -> Task:
 # ---- derived tables (read these; never re-declare them) -------------------------------------------
 def names(*, trainable: bool | None = None, labelled: bool | None = None) -> tuple[str, ...]:
     """Task names in registration order, optionally only the trainable / labelled ones."""
-    return tuple(t.name for t in TASKS.values()
-                 if (trainable is None or t.trainable == trainable) and (labelled is None or t.labelled == labelled))
+    return tuple(
+        t.name
+        for t in TASKS.values()
+        if (trainable is None or t.trainable == trainable) and (labelled is None or t.labelled == labelled)
+    )
 
 
 def with_heads() -> tuple[str, ...]:
@@ -67,8 +71,11 @@ def per_token_outputs() -> frozenset[str]:
 def tasks_of_architecture(architecture: str, config: dict | None = None) -> tuple[str, ...]:
     """The tasks a checkpoint made for one task alone serves, by its architecture (and, where one architecture
     serves several, what its config says: a one-output sequence classifier is also a reranker)."""
-    return tuple(t.name for t in TASKS.values()
-                 if t.head is not None and architecture in t.architectures and t.serves(config or {}))
+    return tuple(
+        t.name
+        for t in TASKS.values()
+        if t.head is not None and architecture in t.architectures and t.serves(config or {})
+    )
 
 
 def task_of_architecture(architecture: str) -> str | None:

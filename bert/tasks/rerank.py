@@ -11,6 +11,7 @@ labels, or `squad:PATH[,PATH...]`, which makes each SQuAD question a query again
 (the one holding the answer is relevant; --heldout-articles N keeps the last N articles for evaluation). Loss: BCE
 with logits on the one output; metrics: MRR (the main one) and recall@1 over each query's candidates.
 """
+
 from __future__ import annotations
 
 import re
@@ -90,8 +91,13 @@ def read_rerank_tsv(path: str, cfg) -> list[RerankQuery]:
     from training.config import ConfigError
     from training.data.readers import read_tsv
 
-    rows = read_tsv(path, text_column=cfg.text_column, pair_column=cfg.pair_column or 1,
-                    label_column=cfg.label_column, header={"auto": None, "yes": True, "no": False}[cfg.header])
+    rows = read_tsv(
+        path,
+        text_column=cfg.text_column,
+        pair_column=cfg.pair_column or 1,
+        label_column=cfg.label_column,
+        header={"auto": None, "yes": True, "no": False}[cfg.header],
+    )
     queries: dict[str, RerankQuery] = {}
     for row in rows:
         try:
@@ -119,8 +125,12 @@ def ranking_metrics(groups: list[tuple[list[float], list[float]]]) -> dict:
         reciprocal += 1.0 / rank
         top1 += rank == 1
         counted += 1
-    return {"mrr": reciprocal / counted if counted else 0.0, "recall_at_1": top1 / counted if counted else 0.0,
-            "queries": counted, "candidates": sum(len(s) for s, _ in groups)}
+    return {
+        "mrr": reciprocal / counted if counted else 0.0,
+        "recall_at_1": top1 / counted if counted else 0.0,
+        "queries": counted,
+        "candidates": sum(len(s) for s, _ in groups),
+    }
 
 
 # ---- the two HTTP shapes ------------------------------------------------------------------------------
@@ -136,8 +146,10 @@ def _check_tei(body, info=None) -> None:
 
 
 def _tei_shape(values: list[float], body, info=None) -> list[dict]:
-    return [{"index": i, "score": values[i], **({"text": body.texts[i]} if body.return_text else {})}
-            for i in ranked(values)]
+    return [
+        {"index": i, "score": values[i], **({"text": body.texts[i]} if body.return_text else {})}
+        for i in ranked(values)
+    ]
 
 
 def _v1_items(body) -> tuple[list, dict]:
@@ -154,10 +166,19 @@ def _check_v1(body, info=None) -> None:
 def _v1_shape(values: list[float], body, info) -> dict:
     order = ranked(values)[: body.top_n] if body.top_n is not None else ranked(values)
     tokens = info.tokens
-    return {"object": "rerank", "model": body.model or info.model_name,
-            "results": [{"index": i, "relevance_score": values[i],
-                         **({"document": body.documents[i]} if body.return_documents else {})} for i in order],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {
+        "object": "rerank",
+        "model": body.model or info.model_name,
+        "results": [
+            {
+                "index": i,
+                "relevance_score": values[i],
+                **({"document": body.documents[i]} if body.return_documents else {}),
+            }
+            for i in order
+        ],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
 
 
 class RerankTask(Task):
@@ -171,12 +192,26 @@ class RerankTask(Task):
     graph_outputs = {"rerank_logits": "rerank"}
     single_graph_outputs = {"logits": "rerank"}
     routes = (
-        Route("/rerank", "RerankRequest", "RerankResponse", "Rerank texts by relevance to a query "
-              "(text-embeddings-inference's shape)", to_items=_tei_items, shape=_tei_shape, check=_check_tei,
-              batch_field="texts"),
-        Route("/v1/rerank", "V1RerankRequest", "V1RerankResponse", "Rerank documents by relevance to a query "
-              "(the shape of infinity, Cohere and Jina)", to_items=_v1_items, shape=_v1_shape, check=_check_v1,
-              batch_field="documents"),
+        Route(
+            "/rerank",
+            "RerankRequest",
+            "RerankResponse",
+            "Rerank texts by relevance to a query (text-embeddings-inference's shape)",
+            to_items=_tei_items,
+            shape=_tei_shape,
+            check=_check_tei,
+            batch_field="texts",
+        ),
+        Route(
+            "/v1/rerank",
+            "V1RerankRequest",
+            "V1RerankResponse",
+            "Rerank documents by relevance to a query (the shape of infinity, Cohere and Jina)",
+            to_items=_v1_items,
+            shape=_v1_shape,
+            check=_check_v1,
+            batch_field="documents",
+        ),
     )
 
     def serves(self, config: dict) -> bool:
@@ -210,12 +245,12 @@ class RerankTask(Task):
 
         def read(path: str) -> list[RerankQuery]:
             if path.startswith(SQUAD_PREFIX):
-                return squad_queries(read_squad_articles(path[len(SQUAD_PREFIX):]))
+                return squad_queries(read_squad_articles(path[len(SQUAD_PREFIX) :]))
             return read_rerank_tsv(path, cfg)
 
         training, heldout = [], []
         if cfg.train_data.startswith(SQUAD_PREFIX) and (train or not cfg.eval_data):
-            articles = read_squad_articles(cfg.train_data[len(SQUAD_PREFIX):])
+            articles = read_squad_articles(cfg.train_data[len(SQUAD_PREFIX) :])
             kept, held = split_heldout(articles, cfg.heldout_articles)
             training, heldout = squad_queries(kept), squad_queries(held)
         elif train:
@@ -256,11 +291,13 @@ class RerankTask(Task):
 
         pairs = [(q.query, text) for q in examples for text in q.texts]
         features = classify.encode(tokenizer, pairs, max_length=cfg.max_seq_length, truncate=True)
-        scores = [float(r[0][0]) for r in run_model(model, features, batch_size=cfg.eval_batch_size,
-                                                    pad_token_id=tokenizer.pad_token_id)]
+        scores = [
+            float(r[0][0])
+            for r in run_model(model, features, batch_size=cfg.eval_batch_size, pad_token_id=tokenizer.pad_token_id)
+        ]
         groups, cursor = [], 0
         for q in examples:
-            groups.append((scores[cursor:cursor + len(q.texts)], q.labels))
+            groups.append((scores[cursor : cursor + len(q.texts)], q.labels))
             cursor += len(q.texts)
         return ranking_metrics(groups)
 
@@ -271,8 +308,10 @@ class RerankTask(Task):
         return f"rerank MRR {self.score(metrics):.2f} / recall@1 {100 * metrics['recall_at_1']:.2f} %"
 
     def embed_texts(self, examples: list) -> dict[str, list[str]]:
-        return {f"{self.name}_queries": [q.query for q in examples],
-                f"{self.name}_texts": list(dict.fromkeys(t for q in examples for t in q.texts))}
+        return {
+            f"{self.name}_queries": [q.query for q in examples],
+            f"{self.name}_texts": list(dict.fromkeys(t for q in examples for t in q.texts)),
+        }
 
 
 TASK = RerankTask()

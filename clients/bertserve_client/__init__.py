@@ -7,6 +7,7 @@
 Errors are all `BertserveError`; see `bertserve_client._exceptions` for which status maps to
 which class. `APIConnectionError` / `APITimeoutError` are named so as not to shadow the builtins.
 """
+
 from ._async_client import AsyncClient
 from ._client import Client
 from ._exceptions import (

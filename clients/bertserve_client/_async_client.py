@@ -1,4 +1,5 @@
 """The asyncio client: the same calls as Client, awaited."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,9 @@ class AsyncClient(Endpoints, BaseClient):
     closes only the connection pool it created itself.
     """
 
-    def __init__(self, base_url: str | None = None, *, http_client: httpx.AsyncClient | None = None, **options: Any) -> None:
+    def __init__(
+        self, base_url: str | None = None, *, http_client: httpx.AsyncClient | None = None, **options: Any
+    ) -> None:
         super().__init__(base_url, **options)
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient()

@@ -10,6 +10,7 @@ Each endpoint method is declared once, in `Endpoints`: it says how to plan the c
 `self._run`, which `Client` runs to its result and `AsyncClient` as a coroutine to await. A new endpoint
 is a plan function and a method here, and its result types in types.py.
 """
+
 from __future__ import annotations
 
 import email.utils
@@ -152,10 +153,12 @@ def plan_embed(inputs: EmbedInput, *, normalize: bool, truncate: bool, batch_lim
     """/embed answers a list of vectors even for one text; the SDK gives one vector for one text."""
     options = {"normalize": normalize, "truncate": truncate}
     if not is_many(inputs):
+
         def one(answers: list[Any]) -> list[float]:
             if not isinstance(answers[0], list) or len(answers[0]) != 1:
                 raise BertserveError("/embed: expected one vector for one input")
             return _vector(answers[0][0])
+
         return Plan([Call("POST", "/embed", {"inputs": inputs, **options})], one)
     bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
     return _batched("/embed", bodies, _vector)
@@ -209,8 +212,9 @@ def plan_qa(
     return _batched("/qa", _chunks(items, batch_limit), lambda data: _answers(data, top_k))
 
 
-def plan_rerank(query: str, texts: Sequence[str], *, raw_scores: bool, truncate: bool, return_text: bool,
-                batch_limit: int | None) -> Plan:
+def plan_rerank(
+    query: str, texts: Sequence[str], *, raw_scores: bool, truncate: bool, return_text: bool, batch_limit: int | None
+) -> Plan:
     """/rerank, in as many requests as the server's per-request limit needs; a pair's score does not depend on
     the other texts, so the chunks' rankings merge into the one ranking a single request would give."""
     if not isinstance(query, str):
@@ -219,8 +223,10 @@ def plan_rerank(query: str, texts: Sequence[str], *, raw_scores: bool, truncate:
         raise TypeError("texts must be a list of str")
     texts = list(texts)
     chunks = _chunks(texts, batch_limit)
-    bodies = [{"query": query, "texts": chunk, "raw_scores": raw_scores, "truncate": truncate,
-               "return_text": return_text} for chunk in chunks]
+    bodies = [
+        {"query": query, "texts": chunk, "raw_scores": raw_scores, "truncate": truncate, "return_text": return_text}
+        for chunk in chunks
+    ]
 
     def assemble(answers: list[Any]) -> list[Ranked]:
         ranked, offset = [], 0
@@ -260,21 +266,32 @@ class Endpoints:
     def _run(self, planned: Planned) -> Any:
         raise NotImplementedError
 
-    def classify(self, inputs: ClassifyInput, *, top_k: int = 1, truncate: bool = False) -> list[Label] | list[list[Label]]:
+    def classify(
+        self, inputs: ClassifyInput, *, top_k: int = 1, truncate: bool = False
+    ) -> list[Label] | list[list[Label]]:
         """Labels for one text (a list of Label) or for many texts or [text, text_pair] pairs (a list per input)."""
-        return self._run(Planned(inputs, lambda limit: plan_classify(
-            inputs, top_k=top_k, truncate=truncate, batch_limit=limit)))
+        return self._run(
+            Planned(inputs, lambda limit: plan_classify(inputs, top_k=top_k, truncate=truncate, batch_limit=limit))
+        )
 
-    def ner(self, inputs: NerInput, *, aggregation: str = "first", truncate: bool = False) -> list[Entity] | list[list[Entity]]:
+    def ner(
+        self, inputs: NerInput, *, aggregation: str = "first", truncate: bool = False
+    ) -> list[Entity] | list[list[Entity]]:
         """Entities of one text (a list of Entity) or of many texts (a list per input)."""
-        return self._run(Planned(inputs, lambda limit: plan_ner(
-            inputs, aggregation=aggregation, truncate=truncate, batch_limit=limit)))
+        return self._run(
+            Planned(
+                inputs, lambda limit: plan_ner(inputs, aggregation=aggregation, truncate=truncate, batch_limit=limit)
+            )
+        )
 
-    def embed(self, inputs: EmbedInput, *, normalize: bool = True, truncate: bool = False) -> list[float] | list[list[float]]:
+    def embed(
+        self, inputs: EmbedInput, *, normalize: bool = True, truncate: bool = False
+    ) -> list[float] | list[list[float]]:
         """The vector of one text (a list of floats), or of many texts (one vector per input), unit length
         unless `normalize=False`."""
-        return self._run(Planned(inputs, lambda limit: plan_embed(
-            inputs, normalize=normalize, truncate=truncate, batch_limit=limit)))
+        return self._run(
+            Planned(inputs, lambda limit: plan_embed(inputs, normalize=normalize, truncate=truncate, batch_limit=limit))
+        )
 
     def qa(
         self,
@@ -287,22 +304,48 @@ class Endpoints:
     ) -> Answer | list[Answer] | list[Answer | list[Answer]]:
         """`qa(question, context)` gives an Answer (a list of top_k Answers when top_k > 1);
         `qa([(question, context), ...])` gives one of those per item."""
-        return self._run(Planned(None if isinstance(question, str) else question, lambda limit: plan_qa(
-            question, context, top_k=top_k, max_answer_len=max_answer_len, doc_stride=doc_stride, batch_limit=limit)))
+        return self._run(
+            Planned(
+                None if isinstance(question, str) else question,
+                lambda limit: plan_qa(
+                    question,
+                    context,
+                    top_k=top_k,
+                    max_answer_len=max_answer_len,
+                    doc_stride=doc_stride,
+                    batch_limit=limit,
+                ),
+            )
+        )
 
-    def rerank(self, query: str, texts: Sequence[str], *, raw_scores: bool = False, truncate: bool = False,
-               return_text: bool = False) -> list[Ranked]:
+    def rerank(
+        self,
+        query: str,
+        texts: Sequence[str],
+        *,
+        raw_scores: bool = False,
+        truncate: bool = False,
+        return_text: bool = False,
+    ) -> list[Ranked]:
         """`texts` ranked by relevance to `query`, best first: one Ranked (index into `texts`, score, and the
         text with `return_text`) per text. Scores are the cross-encoder's sigmoid, or its logit with `raw_scores`."""
-        return self._run(Planned(texts, lambda limit: plan_rerank(
-            query, texts, raw_scores=raw_scores, truncate=truncate, return_text=return_text, batch_limit=limit)))
+        return self._run(
+            Planned(
+                texts,
+                lambda limit: plan_rerank(
+                    query, texts, raw_scores=raw_scores, truncate=truncate, return_text=return_text, batch_limit=limit
+                ),
+            )
+        )
 
-    def fill_mask(self, inputs: FillMaskInput, *, top_k: int = 5,
-                  truncate: bool = False) -> list[list[MaskCandidate]] | list[list[list[MaskCandidate]]]:
+    def fill_mask(
+        self, inputs: FillMaskInput, *, top_k: int = 5, truncate: bool = False
+    ) -> list[list[MaskCandidate]] | list[list[list[MaskCandidate]]]:
         """For a text, one list of candidates per [MASK] in it, best first (transformers' fill-mask fields); for
         a list of texts, that per text."""
-        return self._run(Planned(inputs, lambda limit: plan_fill_mask(
-            inputs, top_k=top_k, truncate=truncate, batch_limit=limit)))
+        return self._run(
+            Planned(inputs, lambda limit: plan_fill_mask(inputs, top_k=top_k, truncate=truncate, batch_limit=limit))
+        )
 
 
 def endpoint_names() -> list[str]:

@@ -1,4 +1,5 @@
 """The blocking client."""
+
 from __future__ import annotations
 
 import time

@@ -6,6 +6,7 @@ the class. Transport failures get their own two classes. They are named `APIConn
 `ConnectionError` and `TimeoutError` in a module that does `from bertserve_client import *`.
 `ValidationError` is ours, not pydantic's: import it as `bertserve_client.ValidationError`.
 """
+
 from __future__ import annotations
 
 import httpx

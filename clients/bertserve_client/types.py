@@ -1,5 +1,6 @@
 """Typed results. Field names are the server's; unknown fields are kept, so a newer server's
 additions reach the caller instead of breaking the parse."""
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict

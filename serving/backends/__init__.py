@@ -3,6 +3,7 @@ is imported only when that backend is chosen (torch and tensorrt are large, and 
 
     create_backend(spec, settings)  # settings.backend: a registered name, "auto", or "package.module:factory"
 """
+
 from __future__ import annotations
 
 import importlib
@@ -45,8 +46,10 @@ def create_backend(spec: ModelSpec, settings) -> Backend:
     if entry is None:
         raise ModelError(f"unknown backend {choice!r}; registered: {', '.join(BACKENDS)}")
     if spec.kind not in entry.kinds:
-        raise ModelError(f"the {choice} backend runs {' or '.join(entry.kinds)} directories; {spec.path} is "
-                         f"a{'n' if spec.kind[0] in 'aeiou' else ''} {spec.kind} directory")
+        raise ModelError(
+            f"the {choice} backend runs {' or '.join(entry.kinds)} directories; {spec.path} is "
+            f"a{'n' if spec.kind[0] in 'aeiou' else ''} {spec.kind} directory"
+        )
     return _load(entry.target)(spec, settings)
 
 

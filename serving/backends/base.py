@@ -8,6 +8,7 @@ or int64 for ids (a masked-LM head's top-K token ids).
 It knows its `tasks`, runs a `warmup()`, and is called from one inference thread at a time unless it
 sets `concurrent_runs = True` (then from up to --inference-workers threads at once).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -100,19 +101,22 @@ def resolve_model_path(name_or_path: str) -> Path:
     if not path.is_dir() and old_copy(path).is_dir():
         # A writer killed (or still running) between its two renames (bert/atomic.py) leaves the previous
         # directory whole as NAME.old. Served where it lies: renaming it back could break a writer still at work.
-        log.warning("%s is being replaced or its writer was killed; serving the previous copy %s", path,
-                    old_copy(path))
+        log.warning("%s is being replaced or its writer was killed; serving the previous copy %s", path, old_copy(path))
         path = old_copy(path)
     if path.is_dir():
         return path.resolve()
     try:  # a name in the checkpoint store ($BERTSERVE_HOME/checkpoints/NAME); torch-free
         from bert.checkpoint import resolve_checkpoint
+
         return Path(resolve_checkpoint(name_or_path)).resolve()
     except Exception as e:  # noqa: BLE001 - any failure means "not found" here, but a Hub id's says why
         from bert.hub import is_hub_id
+
         if is_hub_id(name_or_path):
             raise ModelError(str(e)) from None
-        raise ModelError(f"model {name_or_path!r} not found: not a directory, nor a name in the checkpoint store") from None
+        raise ModelError(
+            f"model {name_or_path!r} not found: not a directory, nor a name in the checkpoint store"
+        ) from None
 
 
 def read_model_spec(path: Path) -> ModelSpec:
@@ -128,8 +132,11 @@ def read_model_spec(path: Path) -> ModelSpec:
         kind = "onnx"
     elif (path / "model.plan").is_file() or (path / "model.engine").is_file():
         kind = "tensorrt"
-    elif (path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file() \
-            or (path / "pytorch_model.bin").is_file():
+    elif (
+        (path / "model.safetensors").is_file()
+        or (path / "model.safetensors.index.json").is_file()
+        or (path / "pytorch_model.bin").is_file()
+    ):
         kind = "checkpoint"
     else:
         raise ModelError(f"{path} holds no model.onnx, model.plan or model.safetensors")
@@ -155,31 +162,55 @@ def read_model_spec(path: Path) -> ModelSpec:
         # The heads of a checkpoint made for one task: every task its architecture serves (one head may serve
         # several), what the torch backend's model holds too.
         try:
-            labels = {t: _id2label(v) for t, v in head_layout(
-                dataclasses.replace(BertConfig.from_json_file(path / "config.json"), task=task))[0].items()}
+            labels = {
+                t: _id2label(v)
+                for t, v in head_layout(
+                    dataclasses.replace(BertConfig.from_json_file(path / "config.json"), task=task)
+                )[0].items()
+            }
         except (ConfigError, CheckpointError) as e:
             raise ModelError(str(e)) from None
     unknown = [t for t in labels if t not in TASKS or TASKS[t].head is None]
     if unknown:
-        raise ModelError(f"{path}: task_labels names {unknown}, not tasks with a head ({', '.join(registry.with_heads())})")
+        raise ModelError(
+            f"{path}: task_labels names {unknown}, not tasks with a head ({', '.join(registry.with_heads())})"
+        )
     # Any encoder serves the tasks without a head of their own (embed), beside its heads.
     tasks = list(labels) + [t for t in TASKS if TASKS[t].head is None]
     try:
         pooling = read_pooling(path)
     except PoolingError as e:
         raise ModelError(str(e)) from None
-    return ModelSpec(path=path, kind=kind, tasks=tasks, labels={t: labels.get(t, {}) for t in tasks},
-                     # usable positions (RoBERTa's table has pad_token_id + 1 rows more: bert/families.py)
-                     max_position_embeddings=parsed.max_position_embeddings,
-                     problem_type=config.get("problem_type"), config=config, manifest=manifest, pooling=pooling)
+    return ModelSpec(
+        path=path,
+        kind=kind,
+        tasks=tasks,
+        labels={t: labels.get(t, {}) for t in tasks},
+        # usable positions (RoBERTa's table has pad_token_id + 1 rows more: bert/families.py)
+        max_position_embeddings=parsed.max_position_embeddings,
+        problem_type=config.get("problem_type"),
+        config=config,
+        manifest=manifest,
+        pooling=pooling,
+    )
 
 
 # What the server reads from an artifact directory: each must be in its manifest, with the same size and sha256.
 ARTIFACT_GRAPHS = ("model.onnx", "model.plan", "model.engine")
-ARTIFACT_READS = (*ARTIFACT_GRAPHS, "config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                  "special_tokens_map.json", "modules.json", "sentence_bert_config.json")
-UNVERIFIED_HINT = ("re-export it (python -m export.onnx), or pass --allow-unverified (BERTSERVE_ALLOW_UNVERIFIED=1) "
-                   "to serve it as it is")
+ARTIFACT_READS = (
+    *ARTIFACT_GRAPHS,
+    "config.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+)
+UNVERIFIED_HINT = (
+    "re-export it (python -m export.onnx), or pass --allow-unverified (BERTSERVE_ALLOW_UNVERIFIED=1) "
+    "to serve it as it is"
+)
 
 
 def verify_artifact(spec: ModelSpec) -> None:
@@ -191,12 +222,16 @@ def verify_artifact(spec: ModelSpec) -> None:
         return
     graphs = ", ".join(n for n in ARTIFACT_GRAPHS if (path / n).is_file())
     if not (path / "manifest.json").is_file():
-        raise ModelError(f"{path} holds {graphs} but no manifest.json, so nothing says its files are whole and "
-                         f"belong together; {UNVERIFIED_HINT}")
+        raise ModelError(
+            f"{path} holds {graphs} but no manifest.json, so nothing says its files are whole and "
+            f"belong together; {UNVERIFIED_HINT}"
+        )
     listed = listed_entries(spec.manifest.get("files"))
     if not listed:
-        raise ModelError(f"{path / 'manifest.json'} lists no size and sha256 of the files (an older or hand-made "
-                         f"manifest); {UNVERIFIED_HINT}")
+        raise ModelError(
+            f"{path / 'manifest.json'} lists no size and sha256 of the files (an older or hand-made "
+            f"manifest); {UNVERIFIED_HINT}"
+        )
     problems = mismatches(path, listed, ARTIFACT_READS)
     if problems:
         raise ModelError(f"{path} does not match its manifest.json: {'; '.join(problems)}; {UNVERIFIED_HINT}")
@@ -222,18 +257,26 @@ def servable_tasks(spec: ModelSpec, output_names, model_file: Path | str = "the 
     mapped = {ours for name, feeds in graph_outputs(spec.tasks).items() if name in names for ours in feeds}
     missing = registry.missing_outputs(spec.headed_tasks, mapped)
     if missing:
-        raise ModelError(f"{model_file} gives outputs {', '.join(names)}, none for task(s) {', '.join(missing)} that "
-                         f"its directory's config.json (or manifest.json) declares")
+        raise ModelError(
+            f"{model_file} gives outputs {', '.join(names)}, none for task(s) {', '.join(missing)} that "
+            f"its directory's config.json (or manifest.json) declares"
+        )
     optional = [t for t in spec.tasks if TASKS[t].head is None]
     served = [t for t in optional if not registry.missing_outputs([t], mapped) or HIDDEN_STATES in names]
     for task in set(optional) - set(served):
-        log.info("%s: no %s output in the graph (re-export with --task %s, or multi), so %s is not served",
-                 spec.path, "/".join(TASKS[task].graph_outputs), task, task)
+        log.info(
+            "%s: no %s output in the graph (re-export with --task %s, or multi), so %s is not served",
+            spec.path,
+            "/".join(TASKS[task].graph_outputs),
+            task,
+            task,
+        )
     return spec.headed_tasks + served
 
 
-def task_outputs(named: dict[str, Any], tasks: list[str], attention_mask: np.ndarray | None = None,
-                 pooling: Pooling | None = None) -> dict[str, np.ndarray]:
+def task_outputs(
+    named: dict[str, Any], tasks: list[str], attention_mask: np.ndarray | None = None, pooling: Pooling | None = None
+) -> dict[str, np.ndarray]:
     """A graph's outputs ("logits", "start_logits", "classify_logits", "embedding", ...) under our names, float32.
     A task without a head whose output the graph lacks is derived from its token states (the embed task pools
     `last_hidden_state` with the batch's attention mask)."""
@@ -247,8 +290,12 @@ def task_outputs(named: dict[str, Any], tasks: list[str], attention_mask: np.nda
             out[key] = array
     if HIDDEN_STATES in named:  # an encoder graph: the pooled embedding is computed here
         for task in registry.missing_outputs([t for t in tasks if TASKS[t].head is None], out):
-            out.update({name: pool(named[HIDDEN_STATES], attention_mask, (pooling or Pooling()).mode)
-                        for name in TASKS[task].outputs})
+            out.update(
+                {
+                    name: pool(named[HIDDEN_STATES], attention_mask, (pooling or Pooling()).mode)
+                    for name in TASKS[task].outputs
+                }
+            )
     missing = registry.missing_outputs(tasks, out)
     if missing:
         raise ModelError(f"the model gave outputs {sorted(named)}, none for task(s) {missing}")
@@ -258,8 +305,9 @@ def task_outputs(named: dict[str, Any], tasks: list[str], attention_mask: np.nda
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def check_model_io(model_file: Path, spec: ModelSpec, inputs: dict[str, tuple[list, bool]],
-                   outputs: dict[str, list]) -> list[str]:
+def check_model_io(
+    model_file: Path, spec: ModelSpec, inputs: dict[str, tuple[list, bool]], outputs: dict[str, list]
+) -> list[str]:
     """A graph must take BERT's inputs and give what every task of its directory needs: checked when it
     loads, so that a graph that does not fit stops the server at startup with one line naming the file,
     instead of failing its warm-up or its first request. Returns the tasks it serves (servable_tasks).
@@ -269,8 +317,10 @@ def check_model_io(model_file: Path, spec: ModelSpec, inputs: dict[str, tuple[li
     expected = ", ".join(MODEL_INPUTS)
     unknown = [n for n in inputs if n not in MODEL_INPUTS]
     if unknown or "input_ids" not in inputs:
-        raise ModelError(f"{model_file} takes inputs {', '.join(inputs) or 'none'}; a BERT graph takes input_ids "
-                         f"and may take attention_mask and token_type_ids ({expected})")
+        raise ModelError(
+            f"{model_file} takes inputs {', '.join(inputs) or 'none'}; a BERT graph takes input_ids "
+            f"and may take attention_mask and token_type_ids ({expected})"
+        )
     for name, (shape, integer) in inputs.items():
         if shape is not None and len(shape) != 2:
             raise ModelError(f"{model_file}: input {name} has shape {shape}; it must be (batch, sequence)")
@@ -291,8 +341,10 @@ def check_model_io(model_file: Path, spec: ModelSpec, inputs: dict[str, tuple[li
             task = owner.get(key)
             labels = spec.labels.get(task) if task is not None and TASKS[task].labelled else None
             if labels and isinstance(shape[-1], int) and shape[-1] != len(labels):
-                raise ModelError(f"{model_file}: output {name} gives {shape[-1]} scores per {key} prediction; "
-                                 f"{spec.path / 'config.json'} has {len(labels)} {key} labels")
+                raise ModelError(
+                    f"{model_file}: output {name} gives {shape[-1]} scores per {key} prediction; "
+                    f"{spec.path / 'config.json'} has {len(labels)} {key} labels"
+                )
     return servable_tasks(spec, outputs, model_file)
 
 

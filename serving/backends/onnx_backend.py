@@ -2,6 +2,7 @@
 
 CPU by default; with --device cuda it uses the TensorRT and CUDA execution providers that the
 installed onnxruntime offers (onnxruntime-gpu), falling back to CPU for what they cannot run."""
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,7 @@ class OnnxBackend(Backend):
             wanted = ["TensorrtExecutionProvider", "CUDAExecutionProvider"]
             providers = [p for p in wanted if p in available]
             if not providers:
-                raise ModelError(f"--device cuda: this onnxruntime offers only {available}; "
-                                 "install onnxruntime-gpu")
+                raise ModelError(f"--device cuda: this onnxruntime offers only {available}; install onnxruntime-gpu")
             providers.append("CPUExecutionProvider")
         else:
             providers = ["CPUExecutionProvider"]
@@ -51,17 +51,22 @@ class OnnxBackend(Backend):
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
             raise ModelError(f"onnxruntime cannot load {model_file}: {one_line(e, 300)}") from None
         self.tasks = check_model_io(
-            model_file, spec, inputs={i.name: (i.shape, i.type in _NUMPY_TYPES) for i in self.session.get_inputs()},
-            outputs={o.name: o.shape for o in self.session.get_outputs()})
+            model_file,
+            spec,
+            inputs={i.name: (i.shape, i.type in _NUMPY_TYPES) for i in self.session.get_inputs()},
+            outputs={o.name: o.shape for o in self.session.get_outputs()},
+        )
         self.providers = self.session.get_providers()
         self.inputs = {i.name: _NUMPY_TYPES[i.type] for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.precision = str(spec.manifest.get("precision", "fp32"))
-        log.info("onnxruntime session on %s; inputs %s; outputs %s", self.providers, list(self.inputs),
-                 self.output_names)
+        log.info(
+            "onnxruntime session on %s; inputs %s; outputs %s", self.providers, list(self.inputs), self.output_names
+        )
 
     def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {name: np.ascontiguousarray(batch[name], dtype=dtype) for name, dtype in self.inputs.items()}
         values = self.session.run(self.output_names, feed)
-        return task_outputs(dict(zip(self.output_names, values)), self.tasks, batch["attention_mask"],
-                            self.spec.pooling)
+        return task_outputs(
+            dict(zip(self.output_names, values)), self.tasks, batch["attention_mask"], self.spec.pooling
+        )

@@ -2,6 +2,7 @@
 
 The engine runtime (bert/tensorrt_runtime.py, shared with export) needs the `tensorrt` package and a CUDA
 device; both are imported only when this backend is chosen, and their absence is a clear error."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,10 @@ class TensorRTBackend(Backend):
         try:
             import tensorrt  # noqa: F401  - checked first for a clearer message than the runtime's
         except ImportError:
-            raise ModelError("the tensorrt backend needs the `tensorrt` package (pip install tensorrt) "
-                             "and an NVIDIA GPU; use --backend onnxruntime or torch instead") from None
+            raise ModelError(
+                "the tensorrt backend needs the `tensorrt` package (pip install tensorrt) "
+                "and an NVIDIA GPU; use --backend onnxruntime or torch instead"
+            ) from None
         from bert.tensorrt_runtime import TrtEngine
 
         self.engine = TrtEngine(str(plan))
@@ -29,6 +32,7 @@ class TensorRTBackend(Backend):
         self.precision = str(spec.manifest.get("precision", "fp16"))
 
     def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64) for k in ("input_ids", "attention_mask",
-                                                                          "token_type_ids")}
+        feed = {
+            k: np.ascontiguousarray(batch[k], dtype=np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")
+        }
         return task_outputs(self.engine.run(feed), self.tasks, feed.get("attention_mask"), self.spec.pooling)

@@ -8,6 +8,7 @@ The only serving module that imports torch (with torch_packed.py, its fast path)
   batch on this device and matched the padded path; each piece that fails is left out and said so in
   `fast_path` (what /info-style reports and the GPU kit record).
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,7 @@ import torch
 
 from bert.tasks import TASKS
 from serving.backends.base import Backend, ModelError, ModelSpec, threads_per_run
-from serving.backends.torch_packed import (CUDA_ATTENTIONS, PackedEncoder, PackedRunner, attention_reference,
-                                           pack)
+from serving.backends.torch_packed import CUDA_ATTENTIONS, PackedEncoder, PackedRunner, attention_reference, pack
 
 log = logging.getLogger("bertserve")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -32,8 +32,15 @@ class TorchBackend(Backend):
     name = "torch"
     concurrent_runs = True  # inference under no_grad keeps no state between calls (the packed runner locks)
 
-    def __init__(self, spec: ModelSpec, settings, *, packed: bool | None = None, cuda_graphs: bool | None = None,
-                 gelu_epilogue: bool | None = None):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        settings,
+        *,
+        packed: bool | None = None,
+        cuda_graphs: bool | None = None,
+        gelu_epilogue: bool | None = None,
+    ):
         """packed / cuda_graphs: None = the device's default (both on for CUDA, off for CPU); gelu_epilogue: see
         PackedEncoder (None = only for tanh-GELU models). Settings may carry `torch_packed`,
         `torch_cuda_graphs`, `torch_gelu_epilogue` to override."""
@@ -87,13 +94,19 @@ class TorchBackend(Backend):
 
     @torch.inference_mode()
     def run_padded(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        inputs = {k: torch.from_numpy(np.ascontiguousarray(batch[k])).to(self.device, non_blocking=True)
-                  for k in ("input_ids", "attention_mask", "token_type_ids")}
+        inputs = {
+            k: torch.from_numpy(np.ascontiguousarray(batch[k])).to(self.device, non_blocking=True)
+            for k in ("input_ids", "attention_mask", "token_type_ids")
+        }
         if np.all(batch["attention_mask"]):  # nothing padded: no mask, so SDPA may use its flash kernel
             inputs["attention_mask"] = None
         table = self.model(**inputs).outputs
-        return self._named({name: (value.float() if value.is_floating_point() else value).cpu().numpy()
-                            for name, value in table.items()})
+        return self._named(
+            {
+                name: (value.float() if value.is_floating_point() else value).cpu().numpy()
+                for name, value in table.items()
+            }
+        )
 
     # ---- choosing the packed path on this device ----------------------------------------------
     def _packed_runner(self, cuda_graphs: bool, gelu_epilogue: bool | None) -> PackedRunner | None:
@@ -108,8 +121,12 @@ class TorchBackend(Backend):
         reference = self.run_padded(probe)
         attentions = CUDA_ATTENTIONS if self.device.type == "cuda" else [attention_reference]
         # Most preferred first: each piece that fails here is dropped, the others kept.
-        candidates = [(gelu, attention, graphs) for gelu in dict.fromkeys([encoder.gelu_epilogue, False])
-                      for attention in attentions for graphs in dict.fromkeys([cuda_graphs, False])]
+        candidates = [
+            (gelu, attention, graphs)
+            for gelu in dict.fromkeys([encoder.gelu_epilogue, False])
+            for attention in attentions
+            for graphs in dict.fromkeys([cuda_graphs, False])
+        ]
         for gelu, attention, graphs in candidates:
             encoder.attention, encoder.gelu_epilogue = attention, gelu
             label = f"{attention.__name__}{' + CUDA graphs' if graphs else ''}{' + GELU epilogue' if gelu else ''}"
@@ -153,8 +170,9 @@ def probe_batch(vocab_size: int, max_positions: int) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def mismatch(got: dict[str, np.ndarray], want: dict[str, np.ndarray], atol: float, rtol: float,
-             where: np.ndarray | None = None) -> str:
+def mismatch(
+    got: dict[str, np.ndarray], want: dict[str, np.ndarray], atol: float, rtol: float, where: np.ndarray | None = None
+) -> str:
     """'' when every output agrees within atol + rtol * max|want| (per-token outputs compared on real
     tokens only), else what differs."""
     if set(got) != set(want):

@@ -25,13 +25,14 @@ Every piece except the flash kernel and the graph capture itself runs on CPU too
 per-sequence reference, graphs replaced by eager calls on the same static buffers), which is how the
 tests prove the packing, the bucket padding and the heads equal the padded model.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -79,9 +80,14 @@ def pack(batch: dict[str, np.ndarray]) -> Packed | None:
     cu = np.zeros(rows + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
     positions = np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width))[where]
-    return Packed(ids=np.asarray(batch["input_ids"])[where].astype(np.int32),
-                  types=np.asarray(batch["token_type_ids"])[where].astype(np.int32),
-                  positions=positions, cu_seqlens=cu, where=where, max_len=int(lengths.max()))
+    return Packed(
+        ids=np.asarray(batch["input_ids"])[where].astype(np.int32),
+        types=np.asarray(batch["token_type_ids"])[where].astype(np.int32),
+        positions=positions,
+        cu_seqlens=cu,
+        where=where,
+        max_len=int(lengths.max()),
+    )
 
 
 def batch_bucket(rows: int) -> int:
@@ -139,14 +145,20 @@ def attention_reference(q, k, v, cu, max_len, cu_host=None):
 
 def contiguous(attention: Attention) -> Attention:
     """The same kernel fed contiguous q, k, v (for a kernel that refuses the strided views of one QKV tensor)."""
+
     def call(q, k, v, cu, max_len, cu_host=None):
         return attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, cu_host)
+
     call.__name__ = f"{attention.__name__}_contiguous"
     return call
 
 
-CUDA_ATTENTIONS: list[Attention] = [attention_varlen, attention_aten_flash,
-                                    contiguous(attention_varlen), contiguous(attention_aten_flash)]
+CUDA_ATTENTIONS: list[Attention] = [
+    attention_varlen,
+    attention_aten_flash,
+    contiguous(attention_varlen),
+    contiguous(attention_aten_flash),
+]
 
 
 # ----------------------------------------------------------------------------- the model over packed tokens
@@ -178,7 +190,8 @@ class PackedEncoder:
         self.attention = attention
         tanh_gelu = config.hidden_act in ("gelu_new", "gelu_pytorch_tanh")
         self.gelu_epilogue = (tanh_gelu if gelu_epilogue is None else gelu_epilogue) and (
-            tanh_gelu or config.hidden_act == "gelu")
+            tanh_gelu or config.hidden_act == "gelu"
+        )
         self.max_positions = config.max_position_embeddings
         model.fuse_qkv()
         # The model's outputs with a row per token (unpacked into the padded layout); the others have one per
@@ -194,8 +207,9 @@ class PackedEncoder:
 
     def unpack(self, outputs: dict[str, np.ndarray], where: np.ndarray) -> dict[str, np.ndarray]:
         """Per-token outputs back in the padded (B, T, ...) layout; per-sequence ones as they are."""
-        return {name: unpack_tokens(value, where) if name in self.per_token else value
-                for name, value in outputs.items()}
+        return {
+            name: unpack_tokens(value, where) if name in self.per_token else value for name, value in outputs.items()
+        }
 
 
 # ----------------------------------------------------------------------------- static buckets and CUDA graphs
@@ -204,8 +218,9 @@ class PackedEncoder:
 class _Bucket:
     """Static device buffers for one (sequences, tokens) bucket, and on CUDA the graph captured over them."""
 
-    def __init__(self, encoder: PackedEncoder, device: torch.device, sequences: int, tokens: int, *,
-                 graph: bool, pool=None):
+    def __init__(
+        self, encoder: PackedEncoder, device: torch.device, sequences: int, tokens: int, *, graph: bool, pool=None
+    ):
         self.sequences, self.tokens = sequences, tokens
         self.max_len = min(tokens, encoder.max_positions)
         cuda = device.type == "cuda"
@@ -214,7 +229,7 @@ class _Bucket:
         self.device_in = torch.zeros(size, dtype=torch.int32, device=device)
         d = self.device_in
         t, s = tokens, sequences
-        self.views = (d[:t], d[t:2 * t], d[2 * t:3 * t], d[3 * t:3 * t + s + 1], d[3 * t + s + 1:])
+        self.views = (d[:t], d[t : 2 * t], d[2 * t : 3 * t], d[3 * t : 3 * t + s + 1], d[3 * t + s + 1 :])
         self.cu_host: list[int] | None = None  # read by the reference attention (CPU); graphs never need it
         self.encoder = encoder
         self.graph = None
@@ -230,8 +245,7 @@ class _Bucket:
 
     def _capture(self, pool) -> None:
         # Valid inputs for the warm-up runs: one sequence over every token.
-        self._fill(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32),
-                   np.array([0, 1], np.int32))
+        self._fill(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), np.array([0, 1], np.int32))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # cuBLAS handles, workspaces and lazy kernels before capture
@@ -248,11 +262,11 @@ class _Bucket:
         n, b = len(ids), len(cu) - 1
         host = self.host.numpy()
         host[:] = 0  # filler tokens: id 0, no sequence covers them
-        host[:n], host[t:t + n], host[2 * t:2 * t + n] = ids, types, positions
-        cu_all = host[3 * t:3 * t + s + 1]
-        cu_all[:b + 1] = cu
-        cu_all[b + 1:] = cu[-1]  # empty sequences up to the bucket's count
-        host[3 * t + s + 1:3 * t + s + 1 + b] = cu[:-1]  # each sequence's [CLS] row
+        host[:n], host[t : t + n], host[2 * t : 2 * t + n] = ids, types, positions
+        cu_all = host[3 * t : 3 * t + s + 1]
+        cu_all[: b + 1] = cu
+        cu_all[b + 1 :] = cu[-1]  # empty sequences up to the bucket's count
+        host[3 * t + s + 1 : 3 * t + s + 1 + b] = cu[:-1]  # each sequence's [CLS] row
         self.cu_host = cu_all.tolist()
         self.device_in.copy_(self.host, non_blocking=True)
 
@@ -265,15 +279,19 @@ class _Bucket:
         else:
             outputs = self._run()
         if self.host_outputs is None:
-            self.host_outputs = {name: torch.empty(value.shape, dtype=value.dtype, pin_memory=self.pinned)
-                                 for name, value in outputs.items()}
+            self.host_outputs = {
+                name: torch.empty(value.shape, dtype=value.dtype, pin_memory=self.pinned)
+                for name, value in outputs.items()
+            }
         for name, host in self.host_outputs.items():
             host.copy_(outputs[name], non_blocking=True)
         if self.device_in.is_cuda:
             torch.cuda.current_stream().synchronize()
         n, b = packed.tokens, packed.batch
-        return {name: host.numpy()[:n if name in self.encoder.per_token else b].copy()
-                for name, host in self.host_outputs.items()}
+        return {
+            name: host.numpy()[: n if name in self.encoder.per_token else b].copy()
+            for name, host in self.host_outputs.items()
+        }
 
 
 class PackedRunner:

@@ -3,6 +3,7 @@
 The inference routes are made here from the task registry (each task's `Route`s, bert/tasks/base.py): one
 generic endpoint per route, its body the route's request schema (serving/routes/schemas.py). No task is named.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,6 +30,7 @@ class AnswerResponse(Response):
     but for an exponent's spelling, 1e-7 for 1e-07; every float round-trips exactly), at a fraction of
     json.dumps's cost on the event loop (docs/serving.md, "Why it is built this way"). A number that is
     not finite is refused as starlette refuses it (a 500), never written as null."""
+
     media_type = "application/json"
 
     def render(self, content) -> bytes:
@@ -46,6 +48,7 @@ def _has_nan(content) -> bool:
     if isinstance(content, (list, tuple)):
         return any(_has_nan(v) for v in content)
     return False
+
 
 router = APIRouter()
 _ERRORS = {
@@ -87,9 +90,14 @@ async def _answer(request: Request, work) -> Response:
 
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     watcher.add_done_callback(lambda task: task.cancelled() or stop(ClientClosed("client closed the request")))
-    forget_abort = request.app.state.server.on_abort(lambda: stop(Unavailable(
-        "the server is shutting down and this request did not finish in time (shutdown_timeout_s); "
-        "retry on another replica")))
+    forget_abort = request.app.state.server.on_abort(
+        lambda: stop(
+            Unavailable(
+                "the server is shutting down and this request did not finish in time (shutdown_timeout_s); "
+                "retry on another replica"
+            )
+        )
+    )
     try:
         content = await work(ticket, timing)
     except asyncio.CancelledError:
@@ -100,11 +108,14 @@ async def _answer(request: Request, work) -> Response:
         stopped.append(None)  # a stop() from now on does nothing
         watcher.cancel()
         forget_abort()
-    return AnswerResponse(content, headers={
-        "x-queue-time-ms": f"{timing.queue_s * 1000:.2f}",
-        "x-inference-time-ms": f"{timing.inference_s * 1000:.2f}",
-        **({"x-verified-items": str(timing.verified)} if timing.verified else {}),
-    })
+    return AnswerResponse(
+        content,
+        headers={
+            "x-queue-time-ms": f"{timing.queue_s * 1000:.2f}",
+            "x-inference-time-ms": f"{timing.inference_s * 1000:.2f}",
+            **({"x-verified-items": str(timing.verified)} if timing.verified else {}),
+        },
+    )
 
 
 class RouteInfo:
@@ -170,9 +181,12 @@ def _endpoint(task: str, route: Route):
 
     request_schema = schema_class(route.request)
     body = Union[request_schema, list[request_schema]] if route.many else request_schema
-    endpoint.__signature__ = inspect.Signature([
-        inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body),
-        inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)])
+    endpoint.__signature__ = inspect.Signature(
+        [
+            inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body),
+            inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+        ]
+    )
     endpoint.__name__ = route.path.strip("/").rsplit("/", 1)[-1].replace("-", "_")
     endpoint.__doc__ = getattr(request_schema, "endpoint_doc", None) or route.summary
     return endpoint
@@ -184,9 +198,16 @@ def task_routes() -> APIRouter:
     for task in registry.TASKS.values():
         for route in task.routes:
             endpoint = _endpoint(task.name, route)
-            routes.add_api_route(route.path, endpoint, methods=["POST"], name=endpoint.__name__,
-                                 response_model=schema_class(route.response), responses=_ERRORS,
-                                 tags=["inference"], summary=route.summary)
+            routes.add_api_route(
+                route.path,
+                endpoint,
+                methods=["POST"],
+                name=endpoint.__name__,
+                response_model=schema_class(route.response),
+                responses=_ERRORS,
+                tags=["inference"],
+                summary=route.summary,
+            )
     return routes
 
 
@@ -210,17 +231,30 @@ async def ready(request: Request):
 async def info(request: Request):
     """The model, its tasks and labels, the backend and the batching limits."""
     engine, settings = request.app.state.engine, request.app.state.settings
-    return Info(model=engine.model_name, tasks=engine.tasks, backend=engine.backend_name,
-                precision=engine.precision, device=settings.device,
-                max_batch_requests=min(engine.max_batch_requests(u) for u in engine.units),
-                max_batch_tokens=settings.max_batch_tokens, max_input_length=engine.max_input_length,
-                max_client_batch_size=settings.max_client_batch_size,
-                max_concurrent_requests=settings.max_concurrent_requests, version=version(),
-                labels=engine.labels(), embedding=engine.embedding_info(), verify=engine.verify_info())
+    return Info(
+        model=engine.model_name,
+        tasks=engine.tasks,
+        backend=engine.backend_name,
+        precision=engine.precision,
+        device=settings.device,
+        max_batch_requests=min(engine.max_batch_requests(u) for u in engine.units),
+        max_batch_tokens=settings.max_batch_tokens,
+        max_input_length=engine.max_input_length,
+        max_client_batch_size=settings.max_client_batch_size,
+        max_concurrent_requests=settings.max_concurrent_requests,
+        version=version(),
+        labels=engine.labels(),
+        embedding=engine.embedding_info(),
+        verify=engine.verify_info(),
+    )
 
 
-@router.get("/metrics", tags=["status"], response_class=Response,
-            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+@router.get(
+    "/metrics",
+    tags=["status"],
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+)
 async def metrics(request: Request):
     """Prometheus metrics."""
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -11,6 +11,7 @@ Shapes (the client SDK relies on them):
 - /embed: `inputs` a str or a list -> always a list of vectors (text-embeddings-inference's shape).
 - /v1/embeddings: OpenAI's request and response.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal, Optional, Union
@@ -29,52 +30,69 @@ class _Body(BaseModel):
 
 
 class ClassifyRequest(_Body):
-    endpoint_doc: ClassVar[str] = ("`inputs` a string: a list of {label, score}, best first. A list: one such list "
-                                   "per input.")
+    endpoint_doc: ClassVar[str] = (
+        "`inputs` a string: a list of {label, score}, best first. A list: one such list per input."
+    )
     inputs: Union[str, list[Union[str, TextPair]]] = Field(
-        ..., description="a text, a list of texts, or a list of [text, text_pair]",
-        examples=["I loved this film.", ["great plot", ["A man is eating.", "Someone eats."]]])
+        ...,
+        description="a text, a list of texts, or a list of [text, text_pair]",
+        examples=["I loved this film.", ["great plot", ["A man is eating.", "Someone eats."]]],
+    )
     top_k: Optional[int] = Field(1, ge=1, description="labels per input, best first; null for all labels")
     function_to_apply: Optional[Literal["softmax", "sigmoid", "none"]] = Field(
-        None, description="score function (default: the model's, as in transformers' pipeline)")
+        None, description="score function (default: the model's, as in transformers' pipeline)"
+    )
     truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
 
 
 class NerRequest(_Body):
     endpoint_doc: ClassVar[str] = (
         "`inputs` a string: a list of entities {entity_group, score, word, start, end} (character offsets; `word` as "
-        "written). A list: one list of entities per input. With aggregation \"none\": per token "
-        "{entity, score, index, word, start, end}.")
-    inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts",
-                                          examples=["My name is Wolfgang and I live in Berlin."])
+        'written). A list: one list of entities per input. With aggregation "none": per token '
+        "{entity, score, index, word, start, end}."
+    )
+    inputs: Union[str, list[str]] = Field(
+        ..., description="a text or a list of texts", examples=["My name is Wolfgang and I live in Berlin."]
+    )
     aggregation: Literal["first", "simple", "average", "max", "none"] = Field(
-        "first", description="how word pieces are merged into entities (transformers' aggregation_strategy); the "
-                             "default, first, labels whole words by their first piece, so an entity is never a "
-                             "fragment of a word")
+        "first",
+        description="how word pieces are merged into entities (transformers' aggregation_strategy); the "
+        "default, first, labels whole words by their first piece, so an entity is never a "
+        "fragment of a word",
+    )
     truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
 
 
 class QARequest(_Body):
     endpoint_doc: ClassVar[str] = (
         "One {question, context}: an answer {answer, score, start, end} (a list of answers when top_k > 1). A list "
-        "of them: one entry per item, each as above. Long contexts are windowed (doc_stride), never cut.")
+        "of them: one entry per item, each as above. Long contexts are windowed (doc_stride), never cut."
+    )
     question: str = Field(..., min_length=1, examples=["Where do I live?"])
     context: str = Field(..., min_length=1, examples=["My name is Wolfgang and I live in Berlin."])
     top_k: int = Field(1, ge=1, le=100, description="answers to return; more than 1 gives a list")
     max_answer_len: int = Field(30, ge=1, le=512, description="longest answer in tokens")
     doc_stride: Optional[int] = Field(
-        None, ge=0, description="context tokens shared by neighbouring windows of a long context (default 128, or "
-                                "less where windows are narrower); at most half a window")
-    truncate: bool = Field(False, description="cut a question longer than a window keeps for it instead of "
-                                              "refusing it; contexts are never cut, they are windowed")
+        None,
+        ge=0,
+        description="context tokens shared by neighbouring windows of a long context (default 128, or "
+        "less where windows are narrower); at most half a window",
+    )
+    truncate: bool = Field(
+        False,
+        description="cut a question longer than a window keeps for it instead of "
+        "refusing it; contexts are never cut, they are windowed",
+    )
 
 
 class EmbedRequest(_Body):
     endpoint_doc: ClassVar[str] = (
         "One vector per input, always a list of vectors (as text-embeddings-inference answers), pooled as the model's "
-        "sentence-transformers configuration says and scaled to unit length unless `normalize` is false.")
-    inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts",
-                                          examples=["What is the capital of France?"])
+        "sentence-transformers configuration says and scaled to unit length unless `normalize` is false."
+    )
+    inputs: Union[str, list[str]] = Field(
+        ..., description="a text or a list of texts", examples=["What is the capital of France?"]
+    )
     normalize: bool = Field(True, description="scale each vector to unit length (cosine similarity = dot product)")
     truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
 
@@ -85,12 +103,17 @@ class OpenAIEmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     endpoint_doc: ClassVar[str] = (
         "OpenAI's embeddings API: `input` a text or a list of texts; vectors scaled to unit length, as floats or as "
-        "base64 little-endian float32 (`encoding_format`); `usage` counts the model's input tokens.")
-    input: Union[str, list[str]] = Field(..., description="a text or a list of texts (token arrays are not taken)",
-                                         examples=["What is the capital of France?"])
+        "base64 little-endian float32 (`encoding_format`); `usage` counts the model's input tokens."
+    )
+    input: Union[str, list[str]] = Field(
+        ...,
+        description="a text or a list of texts (token arrays are not taken)",
+        examples=["What is the capital of France?"],
+    )
     model: Optional[str] = Field(None, description="echoed back; the server embeds with the model it serves")
     encoding_format: Literal["float", "base64"] = Field(
-        "float", description="float: lists of numbers; base64: little-endian float32 bytes, base64-encoded")
+        "float", description="float: lists of numbers; base64: little-endian float32 bytes, base64-encoded"
+    )
     dimensions: Optional[int] = Field(None, ge=1, description="must equal the model's own dimensions if sent")
     user: Optional[str] = Field(None, description="accepted and ignored")
 
@@ -152,10 +175,14 @@ class RerankRequest(_Body):
     endpoint_doc: ClassVar[str] = (
         "Each (query, text) pair is scored by the cross-encoder (one model input each, batched with all other "
         "requests); the texts come back best first as {index, score, text?}. Scores are the logit's sigmoid, or "
-        "the logit itself with `raw_scores`.")
+        "the logit itself with `raw_scores`."
+    )
     query: str = Field(..., description="what the texts are ranked for", examples=["What is the capital of France?"])
-    texts: list[str] = Field(..., description="the texts to rank; each (query, text) pair is one model input",
-                             examples=[["Paris is the capital of France.", "Berlin is in Germany."]])
+    texts: list[str] = Field(
+        ...,
+        description="the texts to rank; each (query, text) pair is one model input",
+        examples=[["Paris is the capital of France.", "Berlin is in Germany."]],
+    )
     raw_scores: bool = Field(False, description="the model's logit instead of its sigmoid")
     return_text: bool = Field(False, description="echo each text beside its score")
     truncate: bool = Field(False, description="cut pairs longer than the model's limit instead of refusing them")
@@ -173,7 +200,8 @@ RerankResponse = list[Ranked]
 class V1RerankRequest(_Body):
     endpoint_doc: ClassVar[str] = (
         "The rerank API of infinity, Cohere and Jina: the documents by relevance to the query, best first, the "
-        "best `top_n` of them; `relevance_score` is the cross-encoder's sigmoid; `usage` counts the input tokens.")
+        "best `top_n` of them; `relevance_score` is the cross-encoder's sigmoid; `usage` counts the input tokens."
+    )
     query: str = Field(..., examples=["What is the capital of France?"])
     documents: list[str] = Field(..., examples=[["Paris is the capital of France.", "Berlin is in Germany."]])
     model: Optional[str] = Field(None, description="echoed back; the server ranks with the model it serves")
@@ -200,9 +228,13 @@ class FillMaskRequest(_Body):
     endpoint_doc: ClassVar[str] = (
         "The masked-LM head's proposals for each [MASK] token, best first, with transformers' fill-mask fields "
         "{score, token, token_str, sequence}: for a text, one list per [MASK]; for a list of texts, that per text. "
-        "A text without a [MASK] is a 422.")
-    inputs: Union[str, list[str]] = Field(..., description="a text or a list of texts, each with [MASK] tokens",
-                                          examples=["Paris is the [MASK] of France."])
+        "A text without a [MASK] is a 422."
+    )
+    inputs: Union[str, list[str]] = Field(
+        ...,
+        description="a text or a list of texts, each with [MASK] tokens",
+        examples=["Paris is the [MASK] of France."],
+    )
     top_k: int = Field(5, ge=1, le=50, description="candidates per [MASK], best first")
     truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
 
@@ -235,10 +267,14 @@ class Info(BaseModel):
     max_concurrent_requests: int
     version: str
     labels: dict[str, list[str]] = Field(..., description="labels of each task that has them (classify, ner)")
-    embedding: Optional[dict] = Field(None, description="the embed task's pooling, normalisation, dimensions, and "
-                                                        "what is known of the vectors' quality")
-    verify: dict[str, dict] = Field(default_factory=dict, description="per task, the exact model that answers "
-                                                                     "its unsure items again, and the margin")
+    embedding: Optional[dict] = Field(
+        None,
+        description="the embed task's pooling, normalisation, dimensions, and what is known of the vectors' quality",
+    )
+    verify: dict[str, dict] = Field(
+        default_factory=dict,
+        description="per task, the exact model that answers its unsure items again, and the margin",
+    )
 
 
 # ---- limits that depend on the server's settings, declared in the OpenAPI schema -----------------------

@@ -9,14 +9,15 @@ once per dupe); masks are drawn at batch time from a per-batch RNG, so every epo
 Every random choice goes through one `random.Random` (instances) or `numpy.random.Generator`
 (masks) that the caller passes in; the functions themselves are pure.
 """
+
 from __future__ import annotations
 
 import json
 import random
 import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -51,7 +52,7 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer, batch: int = 2
     for document in documents:
         ids = []
         for start in range(0, len(document), batch):
-            encodings = tokenizer.encode_batch(document[start:start + batch], add_special_tokens=False)
+            encodings = tokenizer.encode_batch(document[start : start + batch], add_special_tokens=False)
             ids.extend(list(e.ids) for e in encodings if len(e.ids))
         if ids:
             yield ids
@@ -117,7 +118,7 @@ def instances_from_document(
                     other = (doc_index + 1) % len(documents)
                 random_document = documents[other]
                 tokens_b = []
-                for segment in random_document[rng.randint(0, len(random_document) - 1):]:
+                for segment in random_document[rng.randint(0, len(random_document) - 1) :]:
                     tokens_b.extend(segment)
                     if len(tokens_b) >= target_b_length:
                         break
@@ -214,18 +215,23 @@ def create_pretraining_data(
     out_dir = Path(out_dir)
     rng = random.Random(seed)
     id_dtype = np.uint16 if tokenizer.vocab_size <= 65535 else np.int32
-    writers = {"train": ShardWriter(out_dir / "train", instances_per_shard, id_dtype),
-               "heldout": ShardWriter(out_dir / "heldout", instances_per_shard, id_dtype)}
-    counts = {"train": {"documents": 0, "instances": 0, "not_next": 0},
-              "heldout": {"documents": 0, "instances": 0, "not_next": 0}}
+    writers = {
+        "train": ShardWriter(out_dir / "train", instances_per_shard, id_dtype),
+        "heldout": ShardWriter(out_dir / "heldout", instances_per_shard, id_dtype),
+    }
+    counts = {
+        "train": {"documents": 0, "instances": 0, "not_next": 0},
+        "heldout": {"documents": 0, "instances": 0, "not_next": 0},
+    }
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
 
     def emit(split: str, buffer: list[list[list[int]]]) -> None:
         order = list(range(len(buffer)))
         rng.shuffle(order)  # instance order within a buffer; batches are shuffled again per epoch
         for doc_index in order:
-            for instance in instances_from_document(buffer, doc_index, max_seq_length=max_seq_length,
-                                                    short_seq_prob=short_seq_prob, rng=rng, nsp=nsp):
+            for instance in instances_from_document(
+                buffer, doc_index, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, rng=rng, nsp=nsp
+            ):
                 ids, a_length = instance_arrays(instance, cls_id, sep_id)
                 writers[split].add(ids, a_length, instance.is_random_next)
                 counts[split]["instances"] += 1
@@ -252,10 +258,18 @@ def create_pretraining_data(
                 emit(split, buffer)
     for writer in writers.values():
         writer.flush()
-    index = {"max_seq_length": max_seq_length, "short_seq_prob": short_seq_prob, "dupe_factor": dupe_factor,
-             "nsp": nsp, "heldout_percent": heldout_percent, "seed": seed, "vocab_size": tokenizer.vocab_size,
-             "corpus": [str(p) for p in corpus], "counts": counts,
-             "shards": {split: w.shards for split, w in writers.items()}}
+    index = {
+        "max_seq_length": max_seq_length,
+        "short_seq_prob": short_seq_prob,
+        "dupe_factor": dupe_factor,
+        "nsp": nsp,
+        "heldout_percent": heldout_percent,
+        "seed": seed,
+        "vocab_size": tokenizer.vocab_size,
+        "corpus": [str(p) for p in corpus],
+        "counts": counts,
+        "shards": {split: w.shards for split, w in writers.items()},
+    }
     (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
     return index
 
@@ -269,8 +283,9 @@ class PretrainingShards:
         self.parts = []
         for shard in self.index["shards"][split]:
             base = directory / split / shard["name"]
-            self.parts.append(tuple(np.load(f"{base}.{kind}.npy", mmap_mode="r")
-                                    for kind in ("ids", "offsets", "a_lengths", "nsp")))
+            self.parts.append(
+                tuple(np.load(f"{base}.{kind}.npy", mmap_mode="r") for kind in ("ids", "offsets", "a_lengths", "nsp"))
+            )
         sizes = [len(p[3]) for p in self.parts]
         self.starts = np.cumsum([0] + sizes)
 
@@ -281,8 +296,11 @@ class PretrainingShards:
         shard = int(np.searchsorted(self.starts, i, side="right") - 1)
         ids, offsets, a_lengths, nsp = self.parts[shard]
         local = i - self.starts[shard]
-        return (np.asarray(ids[offsets[local]:offsets[local + 1]], dtype=np.int64), int(a_lengths[local]),
-                int(nsp[local]))
+        return (
+            np.asarray(ids[offsets[local] : offsets[local + 1]], dtype=np.int64),
+            int(a_lengths[local]),
+            int(nsp[local]),
+        )
 
 
 # ----------------------------------------------------------------------------- masking

@@ -2,15 +2,16 @@
 
 Each returns plain Python records; tokenisation happens elsewhere (training.task_data).
 """
+
 from __future__ import annotations
 
 import csv
 import gzip
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 PathLike = str | os.PathLike
 
@@ -78,11 +79,17 @@ def read_tsv(
         return []
     first = rows[0]
     names = [c.strip() for c in first]
-    named = any(isinstance(c, str) and not str(c).lstrip("-").isdigit()
-                for c in (text_column, pair_column, label_column) if c is not None)
+    named = any(
+        isinstance(c, str) and not str(c).lstrip("-").isdigit()
+        for c in (text_column, pair_column, label_column)
+        if c is not None
+    )
     if header is None:
-        label_guess = names.index(label_column) if isinstance(label_column, str) and label_column in names else (
-            int(label_column) if label_column is not None and str(label_column).lstrip("-").isdigit() else None)
+        label_guess = (
+            names.index(label_column)
+            if isinstance(label_column, str) and label_column in names
+            else (int(label_column) if label_column is not None and str(label_column).lstrip("-").isdigit() else None)
+        )
         header = named or _looks_like_header(first, label_guess)
     head = names if header else None
     body = rows[1:] if header else rows
@@ -90,11 +97,13 @@ def read_tsv(
     examples = []
     for line_no, row in enumerate(body, 2 if header else 1):
         try:
-            examples.append(TextExample(
-                text=row[t].strip(),
-                pair=row[p].strip() if p is not None else None,
-                label=row[lab].strip() if lab is not None else None,
-            ))
+            examples.append(
+                TextExample(
+                    text=row[t].strip(),
+                    pair=row[p].strip() if p is not None else None,
+                    label=row[lab].strip() if lab is not None else None,
+                )
+            )
         except IndexError:
             raise DataError(f"{path}:{line_no}: row has {len(row)} columns, fewer than the columns asked for") from None
     return examples
@@ -234,9 +243,16 @@ def squad_examples(articles: Iterable[dict]) -> list[QAExample]:
         for paragraph in article["paragraphs"]:
             context = paragraph["context"]
             for qa in paragraph["qas"]:
-                examples.append(QAExample(
-                    id=qa["id"], title=title, question=qa["question"], context=context,
-                    answers=list(qa.get("answers", [])), is_impossible=bool(qa.get("is_impossible", False))))
+                examples.append(
+                    QAExample(
+                        id=qa["id"],
+                        title=title,
+                        question=qa["question"],
+                        context=context,
+                        answers=list(qa.get("answers", [])),
+                        is_impossible=bool(qa.get("is_impossible", False)),
+                    )
+                )
     return examples
 
 

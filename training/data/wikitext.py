@@ -5,6 +5,7 @@
 Articles start at top-level headings (" = Title = "); sub-headings are dropped; paragraphs are
 split into sentences after " . ", " ? " or " ! " (WikiText's tokenised text spaces punctuation).
 """
+
 from __future__ import annotations
 
 import re
