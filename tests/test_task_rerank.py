@@ -200,3 +200,29 @@ def _flatten(value, keys=()):
         for k, v in value.items():
             yield k
             yield from _flatten(v)
+
+
+def test_a_reranker_trained_from_squad_scores_as_cross_encoder_does(tmp_path, data_dir):
+    """The SQuAD recipe's reranker (finetune --task rerank --train-data squad:..., here a few steps of a tiny
+    model) is a CrossEncoder to sentence-transformers, and /rerank gives its scores (torch backend)."""
+    from sentence_transformers import CrossEncoder
+
+    _finetune(
+        tmp_path,
+        "--train-data",
+        f"squad:{data_dir / 'squad-train'}",
+        "--heldout-articles",
+        "1",
+        "--max-train-examples",
+        "40",
+        "--max-eval-examples",
+        "20",
+        "--max-steps",
+        "3",
+    )
+    trained = tmp_path / "run" / "best"
+    expected = CrossEncoder(str(trained), device="cpu").predict([(QUERY, t) for t in TEXTS])
+    with Server("--model", str(trained)) as server:
+        answer = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS}).json()
+    got = np.array([r["score"] for r in sorted(answer, key=lambda r: r["index"])])
+    assert np.abs(got - expected).max() <= 1e-5, (got, expected)
