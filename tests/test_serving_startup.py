@@ -73,7 +73,9 @@ def test_health_answers_and_ready_is_503_while_the_model_loads(tmp_path):
             time.sleep(0.1)
         loading = [s for s in seen if s[1] == 503]
         print(f"{len(loading)} polls while loading: {set(loading)}; then {seen[-1]}")
-        assert len(loading) >= 5, seen  # the load takes 3 s: the port answered through it
+        # The load takes 3 s: the port answered through it (a poll is 3 requests and 0.1 s, seconds each on a
+        # busy machine, so only a couple are certain).
+        assert len(loading) >= 2, seen
         assert seen[-1] == (200, 200, 200), seen
     finally:
         server.stop()
