@@ -8,12 +8,14 @@ that infinity, Cohere and Jina use.
 
 Trainable (python -m training.finetune --task rerank): a TSV of (query, text, label) rows with 0/1 or graded
 labels, or `squad:PATH[,PATH...]`, which makes each SQuAD question a query against the sentences of its paragraph
-(the one holding the answer is relevant; --heldout-articles N keeps the last N articles for evaluation). Loss: BCE
+(the one holding the answer is relevant) and the few sentences of its article's other paragraphs that share most
+words with it (--heldout-articles N keeps the last N articles for evaluation). Loss: BCE
 with logits on the one output; metrics: MRR (the main one) and recall@1 over each query's candidates.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -67,23 +69,57 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in spans if text[a:b].strip()]
 
 
-def squad_queries(articles: list[dict]) -> list[RerankQuery]:
-    """Per answerable SQuAD question: its paragraph's sentences, 1 for the one holding the first answer's start."""
-    queries = []
+WORD = re.compile(r"\w+")
+# Per SQuAD question, this many sentences from the other paragraphs of its article join the candidates: the ones
+# sharing the most (IDF-weighted) words with the question. Search ranks a question against its whole article, so
+# a reranker must also learn to turn down on-topic sentences of other paragraphs, not only its own neighbours.
+ARTICLE_NEGATIVES = 4
+
+
+def _words(text: str) -> set[str]:
+    return set(WORD.findall(text.lower()))
+
+
+def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGATIVES) -> list[RerankQuery]:
+    """Per answerable SQuAD question: its paragraph's sentences (1 for the one holding the first answer's start)
+    and `article_negatives` word-overlap-nearest sentences of its article's other paragraphs (0). Questions come
+    interleaved across articles (each article's first, then each one's second, ...), so the first N span them all."""
+    per_article = []
     for article in articles:
-        for paragraph in article["paragraphs"]:
-            context = paragraph["context"]
-            spans = sentence_spans(context)
-            for qa in paragraph["qas"]:
+        paragraphs = [(p["context"], sentence_spans(p["context"]), p["qas"]) for p in article["paragraphs"]]
+        sentences = [(at, context[a:b]) for at, (context, spans, _) in enumerate(paragraphs) for a, b in spans]
+        words = [_words(text) for _, text in sentences]
+        df: dict[str, int] = {}
+        for ws in words:
+            for w in ws:
+                df[w] = df.get(w, 0) + 1
+        idf = {w: math.log((len(sentences) + 1) / (c + 0.5)) for w, c in df.items()}
+        queries = []
+        for at, (context, spans, qas) in enumerate(paragraphs):
+            for qa in qas:
                 answers = qa.get("answers") or []
-                if qa.get("is_impossible") or not answers or len(spans) < 2:
-                    continue  # nothing to rank: no answer, or a one-sentence paragraph
+                if qa.get("is_impossible") or not answers:
+                    continue  # nothing to rank: no answer
                 start = int(answers[0]["answer_start"])
                 labels = [1.0 if a <= start < b else 0.0 for a, b in spans]
                 if sum(labels) != 1.0:
                     continue  # the answer starts in white space between sentences: no target
-                queries.append(RerankQuery(qa["question"], [context[a:b] for a, b in spans], labels))
-    return queries
+                texts = [context[a:b] for a, b in spans]
+                if article_negatives > 0:
+                    asked = _words(qa["question"])
+                    others = [
+                        (-sum(idf[w] for w in asked & words[j]), j) for j, (p, _) in enumerate(sentences) if p != at
+                    ]
+                    picked = [j for _, j in sorted(others)[:article_negatives]]
+                    texts += [sentences[j][1] for j in picked]
+                    labels += [0.0] * len(picked)
+                if len(texts) >= 2:  # a one-sentence paragraph alone has nothing to rank
+                    queries.append(RerankQuery(qa["question"], texts, labels))
+        per_article.append(queries)
+    interleaved = []
+    for i in range(max(map(len, per_article), default=0)):
+        interleaved += [qs[i] for qs in per_article if i < len(qs)]
+    return interleaved
 
 
 def read_rerank_tsv(path: str, cfg) -> list[RerankQuery]:
