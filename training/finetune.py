@@ -165,6 +165,10 @@ def build_model(cfg: FinetuneConfig, labels):
 
     torch.manual_seed(cfg.seed)  # fresh heads start the same way every run
     overrides = {"problem_type": labels.problem_type} if labels.problem_type else None
+    if labels.names is None:
+        # A head without named labels (qa's two span outputs): the starting checkpoint's id2label names another
+        # head's outputs; kept, it would be written into this checkpoint and transformers would size the head by it.
+        overrides = {**(overrides or {}), "id2label": None}
     if cfg.init_preset:
         from bert.tokenizer import BertTokenizer
 
