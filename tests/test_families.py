@@ -346,14 +346,37 @@ def test_tokenizer_ids_and_offsets_equal_transformers(trained_tokenizers, data_d
     assert (before, between, after, context_type) == ([0], [2, 2], [2], 0)
 
 
+SQUAD_CONTEXTS = 1000
+
+
+def test_tokenizer_squad_contexts_singles_and_pairs_equal_transformers(trained_tokenizers, data_dir):
+    """1,000 SQuAD contexts alone, and each with its first question as (question, context): ids and character
+    offsets equal transformers' fast tokenizer's, one token type."""
+    ours, theirs, _ = trained_tokenizers
+    pairs = _squad_contexts(data_dir, SQUAD_CONTEXTS)
+    assert len(pairs) == SQUAD_CONTEXTS
+    questions, contexts = [q for q, _ in pairs], [c for _, c in pairs]
+    tokens = 0
+    for firsts, seconds in ((contexts, None), (questions, contexts)):
+        mine = ours.encode_batch(firsts, seconds)
+        ref = theirs(firsts, seconds, return_offsets_mapping=True)
+        assert len(mine) == len(ref["input_ids"]) == SQUAD_CONTEXTS
+        for e, ids, offsets in zip(mine, ref["input_ids"], ref["offset_mapping"]):
+            assert e.ids == ids and [tuple(o) for o in e.offsets] == [tuple(o) for o in offsets]
+            assert set(e.type_ids) == {0}
+            tokens += len(ids)
+    assert tokens > 2 * 100 * SQUAD_CONTEXTS  # contexts of a few hundred tokens, not empty encodings
+
+
 def test_qa_windows_equal_transformers_overflow(trained_tokenizers, data_dir):
-    """Our QA windows (bert/tasks/qa.py) against transformers' only_second truncation with a stride: the same
-    ids, and every context token's character offsets into the context."""
+    """Our QA windows (bert/tasks/qa.py) against transformers' only_second truncation with a stride, on 1,000
+    SQuAD contexts with their first questions: the same ids, and every context token's character offsets into
+    the context."""
     from bert.tasks import qa
 
     ours, theirs, _ = trained_tokenizers
-    compared = 0
-    for question, context in _squad_contexts(data_dir, 200):
+    compared = contexts = 0
+    for question, context in _squad_contexts(data_dir, SQUAD_CONTEXTS):
         windows = qa.encode(ours, question, context, max_length=96, doc_stride=32, max_query_length=64)
         ref = theirs(
             question,
@@ -371,7 +394,8 @@ def test_qa_windows_equal_transformers_overflow(trained_tokenizers, data_dir):
             expected = [tuple(o) if s == 1 else None for o, s in zip(ref["offset_mapping"][k], sequence)]
             assert window.offsets == expected
             compared += 1
-    assert compared >= 200
+        contexts += 1
+    assert contexts == SQUAD_CONTEXTS and compared > contexts  # long contexts give several windows
 
 
 # ---- served (torch backend, real server) and exported (ONNX fp32) -----------------------------------------
