@@ -11,5 +11,5 @@ source "$(dirname "$0")/common.sh"
 $PY -m training.finetune --task rerank --ckpt "$MINILM" \
   --train-data "squad:$DATA/squad-train" --heldout-articles 10 --max-train-examples ${QUESTIONS:-9000} --max-eval-examples 300 \
   --output-dir "$OUT" --max-seq-length 96 --batch-size 32 --learning-rate 5e-5 --warmup-steps 100 \
-  --max-steps ${STEPS:-3000} --eval-every 250 --log-every 20 --precision ${PRECISION:-bf16} \
+  --max-steps ${STEPS:-2500} --eval-every 250 --log-every 20 --precision ${PRECISION:-bf16} \
   --torch-threads ${THREADS:-0} "$@"

@@ -165,3 +165,40 @@ def test_fill_mask_from_an_onnx_export(masked_lm, tmp_path):
         for mask_torch, mask_onnx in zip(text_torch, text_onnx, strict=True):
             assert [c["token"] for c in mask_torch] == [c["token"] for c in mask_onnx]
             assert max(abs(a["score"] - b["score"]) for a, b in zip(mask_torch, mask_onnx)) <= 1e-4
+
+
+def test_sdk_fill_mask_gives_what_the_http_api_gives(masked_lm):
+    """The SDK's fill_mask() (sync and async): one candidate list per [MASK] for a text, that per text for a
+    list, as /fill-mask answers; a text without [MASK] is a ValidationError."""
+    import asyncio
+
+    from bertserve_client import AsyncClient, Client, ValidationError
+
+    with Server("--model", str(masked_lm)) as server:
+        raw = httpx.post(server.url + "/fill-mask", json={"inputs": TEXTS, "top_k": 3}).json()
+        raw_one = httpx.post(server.url + "/fill-mask", json={"inputs": TEXTS[0], "top_k": 3}).json()
+        with Client(server.url) as client:
+            many = client.fill_mask(TEXTS, top_k=3)
+            one = client.fill_mask(TEXTS[0], top_k=3)
+            with pytest.raises(ValidationError):
+                client.fill_mask("no mask here")
+
+        async def run():
+            async with AsyncClient(server.url) as client:
+                return await client.fill_mask(TEXTS, top_k=3)
+
+        many_async = asyncio.run(run())
+
+    def dumped(answer):
+        return [[[c.model_dump() for c in mask] for mask in text] for text in answer]
+
+    for got in (dumped(many), dumped(many_async), dumped([one])):
+        want = raw if len(got) == len(raw) else [raw_one]
+        assert [[[c["token"] for c in m] for m in t] for t in got] == [
+            [[c["token"] for c in m] for m in t] for t in want
+        ]
+        assert [[[c["sequence"] for c in m] for m in t] for t in got] == [
+            [[c["sequence"] for c in m] for m in t] for t in want
+        ]
+        flat = [(a["score"], b["score"]) for t, u in zip(got, want) for m, n in zip(t, u) for a, b in zip(m, n)]
+        assert max(abs(a - b) for a, b in flat) <= 1e-6

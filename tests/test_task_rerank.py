@@ -300,3 +300,36 @@ def test_a_reranker_trained_from_squad_scores_as_cross_encoder_does(tmp_path, da
     worst = _served_like_cross_encoder(trained, tmp_path, pairs)
     print(f"bar 3, reranker {trained} on {len(pairs)} held-out questions: max |bertserve - CrossEncoder| {worst}")
     assert worst["torch"] <= 1e-5 and worst["onnx"] <= 1e-4, worst
+
+
+def test_sdk_rerank_gives_what_the_http_api_gives(cross_encoder):
+    """The SDK's rerank() (sync and async) returns /rerank's answer as Ranked objects, best first; more texts
+    than the server takes per request go in several requests whose rankings merge into the one ranking."""
+    import asyncio
+
+    from bertserve_client import AsyncClient, Client, ValidationError
+
+    with Server("--model", str(cross_encoder), "--max-client-batch-size", "3") as server:
+        raw = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS[:3], "return_text": True}).json()
+        small = [httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": [t]}).json()[0] for t in TEXTS]
+        with Client(server.url) as client:
+            ranked = client.rerank(QUERY, TEXTS[:3], return_text=True)
+            logits = client.rerank(QUERY, TEXTS[:3], raw_scores=True)
+            split = client.rerank(QUERY, TEXTS)  # 5 texts, 3 per request: two requests, one ranking
+            with pytest.raises(ValidationError):
+                client.rerank(QUERY, [""])
+
+        async def run():
+            async with AsyncClient(server.url) as client:
+                return await client.rerank(QUERY, TEXTS[:3], return_text=True)
+
+        ranked_async = asyncio.run(run())
+    for answer in (ranked, ranked_async):
+        assert [r.index for r in answer] == [r["index"] for r in raw]
+        assert [r.text for r in answer] == [r["text"] for r in raw]
+        assert np.allclose([r.score for r in answer], [r["score"] for r in raw], atol=1e-6)
+    assert [r.index for r in logits] == [r["index"] for r in raw]
+    by_index = {r["index"]: r["score"] for r in raw}
+    assert np.allclose([1 / (1 + np.exp(-r.score)) for r in logits], [by_index[r.index] for r in logits], atol=1e-6)
+    assert [r.index for r in split] == list(np.argsort([-r["score"] for r in small], kind="stable"))
+    assert np.allclose([r.score for r in split], sorted((r["score"] for r in small), reverse=True), atol=1e-6)
