@@ -49,11 +49,10 @@ def reference(cross_encoder) -> tuple[np.ndarray, np.ndarray]:
     return model.predict(pairs), model.predict(pairs, activation_fn=__import__("torch").nn.Identity())
 
 
-@pytest.fixture(scope="module")
-def artifact(cross_encoder, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rerank-onnx") / "artifact"
+def export_rerank(ckpt, out):
+    """`python -m export.onnx --task rerank` (fp32) of `ckpt` into `out`."""
     run = subprocess.run(
-        [PYTHON, "-m", "export.onnx", "--ckpt", str(cross_encoder), "--task", "rerank", "--out", str(out)],
+        [PYTHON, "-m", "export.onnx", "--ckpt", str(ckpt), "--task", "rerank", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -61,6 +60,11 @@ def artifact(cross_encoder, tmp_path_factory):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def artifact(cross_encoder, tmp_path_factory):
+    return export_rerank(cross_encoder, tmp_path_factory.mktemp("rerank-onnx") / "artifact")
 
 
 @pytest.mark.parametrize("backend,tolerance", [("torch", 1e-5), ("onnx", 1e-4)])
@@ -193,15 +197,7 @@ def _served_like_cross_encoder(model_dir, tmp_path, pairs: list[tuple[str, list[
 
     reference = CrossEncoder(str(model_dir), device="cpu")
     expected = [reference.predict([(q, t) for t in texts]) for q, texts in pairs]
-    out = tmp_path / "artifact"
-    run = subprocess.run(
-        [PYTHON, "-m", "export.onnx", "--ckpt", str(model_dir), "--task", "rerank", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    out = export_rerank(model_dir, tmp_path / "artifact")
     worst = {}
     for backend, served in (("torch", model_dir), ("onnx", out)):
         diff = 0.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,10 +90,7 @@ def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGA
         paragraphs = [(p["context"], sentence_spans(p["context"]), p["qas"]) for p in article["paragraphs"]]
         sentences = [(at, context[a:b]) for at, (context, spans, _) in enumerate(paragraphs) for a, b in spans]
         words = [_words(text) for _, text in sentences]
-        df: dict[str, int] = {}
-        for ws in words:
-            for w in ws:
-                df[w] = df.get(w, 0) + 1
+        df = Counter(w for ws in words for w in ws)
         idf = {w: math.log((len(sentences) + 1) / (c + 0.5)) for w, c in df.items()}
         queries = []
         for at, (context, spans, qas) in enumerate(paragraphs):
