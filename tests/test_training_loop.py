@@ -309,7 +309,8 @@ def test_pretrain_interrupted_and_resumed_matches_uninterrupted(assets, tmp_path
 
 
 def _torchrun(assets, out, *extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    # PYTHONFAULTHANDLER: a process that aborts in native code still prints where Python was
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1")
     cmd = [
         sys.executable,
         "-m",
@@ -322,7 +323,7 @@ def _torchrun(assets, out, *extra):
         *classify_args(assets, out, "--max-steps", "8", "--eval-every", "4", *extra),
     ]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"stdout: {done.stdout[-1000:]}\nstderr: {done.stderr[-6000:]}"
 
 
 def test_torchrun_two_processes_gloo_and_exact_resume(assets, tmp_path):

@@ -156,6 +156,7 @@ def finish_run(dist: "Dist", output_dir: str | Path, summary: dict | None, print
         write_file_atomic(Path(output_dir) / "metrics.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(json.dumps(summary if printed is None else printed, sort_keys=True))
     if dist.world_size > 1:
+        _barrier(dist)  # no process tears its connections down while another still writes or talks
         torch.distributed.destroy_process_group()
     return 0
 
