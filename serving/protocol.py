@@ -7,6 +7,12 @@ buffered. Here every request's headers must be complete `header_timeout_s` after
 after the request's first byte (else 408), and within MAX_HEADER_BYTES (else 431); then the connection is
 closed. A request that does not parse as HTTP gets uvicorn's 400, but as JSON like every other error.
 (The body has its own bounds, in the middleware.)
+
+A response leaves in one write: uvicorn writes the status line and headers as soon as the app starts its
+response, and the body when it comes, and on a busy machine the process can be descheduled between the two.
+A replica killed there leaves its load balancer a 200 with no body, which it can neither retry nor pass on
+whole. Held until the body's first write, the head leaves with it: a kill leaves either nothing (retried
+elsewhere) or the answer.
 """
 
 from __future__ import annotations
@@ -27,6 +33,40 @@ def _json_response(error: ServingError, reason: str) -> bytes:
         f"HTTP/1.1 {error.status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
         f"content-length: {len(body)}\r\n\r\n"
     ).encode() + body
+
+
+class _OneWriteResponses:
+    """A transport that holds a response's head (status line and headers) until the next write, its body's,
+    and writes both at once. Everything else passes through."""
+
+    def __init__(self, transport):
+        self._transport = transport
+        self._head = b""
+
+    def write(self, data: bytes) -> None:
+        if self._head:
+            data, self._head = self._head + data, b""
+        elif (
+            isinstance(data, bytes)
+            and data.startswith(b"HTTP/1.1 ")
+            and data[9:10] != b"1"
+            and data.endswith(b"\r\n\r\n")
+        ):
+            self._head = bytes(data)  # a whole head with no body yet (1xx, e.g. 100 Continue, goes at once)
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._head:
+            head, self._head = self._head, b""
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
 
 
 def http_protocol(header_timeout_s: float):
@@ -51,8 +91,12 @@ def http_protocol(header_timeout_s: float):
         _header_bytes = 0
 
         def connection_made(self, transport) -> None:
-            super().connection_made(transport)
+            super().connection_made(_OneWriteResponses(transport))
             self._arm()
+
+        def on_response_complete(self) -> None:
+            self.transport.flush()  # a response with no body bytes (HEAD, 204) has had no write to carry its head
+            super().on_response_complete()
 
         def data_received(self, data: bytes) -> None:
             if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):

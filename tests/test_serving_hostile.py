@@ -334,6 +334,72 @@ def test_slow_body_gets_408(server):
     _check_ready(server)
 
 
+def test_head_and_100_continue_are_not_held_back(server):
+    """A response's head waits for its body so both leave in one write; a HEAD answer (no body) and an
+    interim 100 Continue must still go at once, on a connection that is kept alive."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            chunk = sock.recv(1)  # a held head would time out here
+            assert chunk, head
+            head += chunk
+        assert head.startswith(b"HTTP/1.1 405"), head  # /health is GET only; the answer still comes at once
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, body = _read_response(sock)
+        assert status == 200 and json.loads(body)["status"] == "ok", body
+
+        payload = json.dumps({"inputs": "a fine film"}).encode()
+        sock.sendall(
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
+            b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n"
+        )
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n"):
+            chunk = sock.recv(1)
+            assert chunk, interim
+            interim += chunk
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+        sock.sendall(payload)
+        status, _, body = _read_response(sock)
+        assert status == 200 and json.loads(body)[0]["label"], body
+
+
+def test_a_response_head_leaves_with_its_body():
+    from serving.protocol import _OneWriteResponses
+
+    class Recording:
+        def __init__(self):
+            self.writes, self.closed = [], False
+
+        def write(self, data):
+            self.writes.append(data)
+
+        def close(self):
+            self.closed = True
+
+        def is_closing(self):
+            return self.closed
+
+    sent = Recording()
+    transport = _OneWriteResponses(sent)
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+    transport.write(head)
+    assert sent.writes == []
+    transport.write(b"{}")
+    assert sent.writes == [head + b"{}"]  # one write: a kill leaves nothing or all of it
+    transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # interim: at once
+    assert sent.writes[-1] == b"HTTP/1.1 100 Continue\r\n\r\n"
+    whole = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 2\r\n\r\n{}"  # head and body together
+    transport.write(whole)
+    assert sent.writes[-1] == whole
+    transport.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+    assert not transport.is_closing()  # passed through
+    transport.close()  # a held head is written before the close
+    assert sent.writes[-1] == b"HTTP/1.1 204 No Content\r\n\r\n" and sent.closed
+
+
 def test_case_count():
     """The bar: at least 150 hostile cases across all routes."""
     total = len(BODY_CASES) + len(REQUEST_CASES) + len(RAW_CASES) + 3
