@@ -119,13 +119,16 @@ DISTILBERT_NAMES = (  # DistilBERT's parameter names -> BERT's, written out here
 )
 
 
+BERT_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act")
+DISTILBERT_SIZES = ("dim", "n_layers", "n_heads", "hidden_dim", "activation")  # the same, in DistilBertConfig
+
+
 def bert_layout_copy(qa_dir: Path, out: Path) -> Path:
     """The family QA model of `qa_dir` as transformers' BertForQuestionAnswering: positions counted from 0, two
     token-type rows (RoBERTa: its one row twice; DistilBERT: two zero rows; ELECTRA: its own two rows)."""
     theirs = transformers.AutoModelForQuestionAnswering.from_pretrained(qa_dir)
     config = theirs.config
     state = dict(theirs.state_dict())
-    hidden = {}
     if config.model_type == "distilbert":
         mapped = {}
         for key, value in state.items():
@@ -134,26 +137,13 @@ def bert_layout_copy(qa_dir: Path, out: Path) -> Path:
             mapped[key] = value
         state = mapped
         state["bert.embeddings.token_type_embeddings.weight"] = torch.zeros(2, config.dim)
-        hidden = dict(
-            hidden_size=config.dim,
-            num_hidden_layers=config.n_layers,
-            num_attention_heads=config.n_heads,
-            intermediate_size=config.hidden_dim,
-            hidden_act=config.activation,
-            layer_norm_eps=1e-12,  # DistilBERT's LayerNorms, fixed in its code
-        )
+        sizes = {bert: getattr(config, theirs) for bert, theirs in zip(BERT_SIZES, DISTILBERT_SIZES, strict=True)}
+        sizes["layer_norm_eps"] = 1e-12  # DistilBERT's LayerNorms, fixed in its code
     else:
         prefix = theirs.base_model_prefix + "."
         state = {("bert." + k[len(prefix) :]) if k.startswith(prefix) else k: v for k, v in state.items()}
         assert not any("embeddings_project" in k for k in state)  # embedding_size == hidden_size
-        hidden = dict(
-            hidden_size=config.hidden_size,
-            num_hidden_layers=config.num_hidden_layers,
-            num_attention_heads=config.num_attention_heads,
-            intermediate_size=config.intermediate_size,
-            hidden_act=config.hidden_act,
-            layer_norm_eps=config.layer_norm_eps,
-        )
+        sizes = {name: getattr(config, name) for name in (*BERT_SIZES, "layer_norm_eps")}
     positions = state["bert.embeddings.position_embeddings.weight"]
     if config.model_type == "roberta":
         positions = positions[config.pad_token_id + 1 :]  # RoBERTa's first real position is pad + 1
@@ -167,7 +157,7 @@ def bert_layout_copy(qa_dir: Path, out: Path) -> Path:
         max_position_embeddings=positions.shape[0],
         type_vocab_size=2,
         pad_token_id=config.pad_token_id,
-        **hidden,
+        **sizes,
     )
     bert = transformers.BertForQuestionAnswering(bert_config).eval()
     missing, unexpected = bert.load_state_dict(state, strict=False)
