@@ -51,7 +51,8 @@ _short = _repr.repr  # a value quoted in an error message: short, so the message
 
 
 class ConfigError(BadInput, ValueError):
-    """A config that cannot describe a working model."""
+    """A config that cannot describe a working model, or a command's options that cannot work together (raised
+    before any work starts); one line, exit 2."""
 
 
 @dataclass

@@ -50,10 +50,6 @@ class Family:
     pooler_activation: str = "tanh"  # the first-token layer's activation before a sequence head
     bare_pooler: bool = True  # a bare encoder of this family carries a pooler
 
-    @property
-    def default_model_type(self) -> str:
-        return next(iter(self.model_types))
-
     # ---- config.json ------------------------------------------------------------------------------------
     def config_to_ours(self, data: dict) -> dict:
         """A config.json's keys and values as BertConfig reads them (positions counted as usable positions)."""
@@ -178,10 +174,6 @@ ELECTRA = Family(
 
 FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA)
 BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in FAMILIES for mt in f.model_types}
-
-
-def supported_model_types() -> tuple[str, ...]:
-    return tuple(BY_MODEL_TYPE)
 
 
 def family_of(model_type: str) -> Family:

@@ -19,12 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig, head_layout
+from .losses import IGNORE_INDEX, span_loss
 from .tasks import registry
 from .tasks.base import MLM_CANDIDATES
 from .tasks.embed import POOLINGS
 from .tasks.registry import TASKS
-
-IGNORE_INDEX = -100  # label value that the losses skip (sub-tokens, padding, unmasked tokens)
 
 
 def activation(name: str):
@@ -577,17 +576,6 @@ class SpanOutput:
     end_logits: torch.Tensor  # (B, T)
     loss: torch.Tensor | None = None
     embedding: torch.Tensor | None = None  # (B, H), with set_pooling
-
-
-def span_loss(start_logits, end_logits, start_positions, end_positions) -> torch.Tensor:
-    # Positions outside the sequence (answer cut off by a window) are ignored, as in transformers.
-    ignored = start_logits.shape[1]
-    start = start_positions.clamp(0, ignored)
-    end = end_positions.clamp(0, ignored)
-    return (
-        F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
-        + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)
-    ) / 2
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):

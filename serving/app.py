@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serving.docs import install_docs
+from serving.docs import app_description, install_docs
 from serving.engine import Engine, version
 from serving.errors import install_error_handlers
 from serving.metrics import Metrics
@@ -55,8 +55,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app = FastAPI(
         title="bertserve",
         version=version(),
-        description="BERT classification, NER and question answering behind a dynamically batched HTTP API. "
-        "Errors are JSON {error, error_type}.",
+        description=app_description(),
         lifespan=lifespan,
         docs_url=None,  # serving.docs serves /docs and /redoc without a CDN
         redoc_url=None,

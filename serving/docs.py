@@ -46,6 +46,21 @@ def assets_dir() -> Path:
     return directory
 
 
+def app_description() -> str:
+    """The API's description in the OpenAPI document: every task the registry holds, with its routes."""
+    from bert.tasks import registry
+
+    tasks = "\n".join(
+        f"- **{task.name}**: " + "; ".join(f"`POST {route.path}` {route.summary}" for route in task.routes)
+        for task in registry.TASKS.values()
+        if task.routes
+    )
+    return (
+        "BERT-family encoders behind a dynamically batched HTTP API. The tasks (a server answers those its "
+        f"model has heads for; `GET /info` lists them):\n\n{tasks}\n\nErrors are JSON {{error, error_type}}."
+    )
+
+
 def install_docs(app: FastAPI) -> None:
     """Serve /docs, /redoc, /docs/oauth2-redirect and the assets from this machine; `/` redirects to /docs.
     The app must be created with docs_url=None and redoc_url=None so FastAPI's CDN pages stay off."""

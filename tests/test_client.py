@@ -196,6 +196,26 @@ REVIEWS = [
 ]
 
 
+def test_every_response_type_is_exported():
+    """What a method returns can be named from the package (`from bertserve_client import Ranked`), so every
+    result model in bertserve_client.types is in __all__."""
+    import pydantic
+
+    from bertserve_client import types
+
+    results = {
+        name
+        for name, value in vars(types).items()
+        if isinstance(value, type)
+        and issubclass(value, pydantic.BaseModel)
+        and value.__module__ == types.__name__
+        and not name.startswith("_")
+    }
+    assert {"Label", "Entity", "Answer", "Ranked", "MaskCandidate", "Info"} <= results
+    assert results - set(bertserve_client.__all__) == set()
+    assert all(getattr(bertserve_client, name) is getattr(types, name) for name in results)
+
+
 def test_classify_single_and_many(use):
     single = use(lambda c: c.classify(REVIEWS[0]))
     assert len(single) == 1 and isinstance(single[0], Label) and 0 <= single[0].score <= 1

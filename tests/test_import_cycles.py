@@ -1,16 +1,24 @@
-"""bert/ has no import cycles: the core's modules form layers (errors, config, tokenizer, tasks, model,
-checkpoint), and a lower one never imports a higher one.
+"""The product's imports form layers: no import cycle anywhere, and bert/ at the bottom.
+
+Packages: bert (the core), training, export, serving, batch (when present), the SDK (clients/bertserve_client),
+bench and evals. Rules, each a test:
+- no cycle, in any package or across them;
+- bert/ imports none of training, serving, export, batch: it holds the declarations (tasks, heads, families)
+  and the code that runs a model, which the others read;
+- serving imports neither export nor training; export does not import training;
+- the SDK imports nothing of ours (it is installed alone, on machines without the server).
 
 The graph is read from the source with `ast`, without importing anything. An edge A -> B is an `import`
 statement in A that names B (`import bert.x`, `from bert.x import y`, `from bert import x`, relative forms);
 importing a submodule is not counted as importing its package's __init__ (every sibling import would
 otherwise be a cycle through it), and imports under `if TYPE_CHECKING:` never run, so they do not count.
 
-Two graphs, two tests:
+Two graphs:
 - module-level imports only (what runs when a module is imported): a cycle there is an import-order bug;
 - every import, including those inside functions: a deferred import does not make a cycle harmless, it
   hides it (bert/errors.py once imported checkpoint, config and tokenizer inside bad_input_errors(), and
-  each of them imported bert.errors; the module-level graph alone did not show it).
+  each of them imported bert.errors; the module-level graph alone did not show it). The layering rules are
+  checked on this one: a layer imported inside a function is still imported.
 """
 
 from __future__ import annotations
@@ -19,10 +27,28 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGE = "bert"
+# import name -> its folder in the repository
+PRODUCT = {
+    "bert": "bert",
+    "training": "training",
+    "export": "export",
+    "serving": "serving",
+    "batch": "batch",
+    "bertserve_client": "clients/bertserve_client",
+    "bench": "bench",
+    "evals": "evals",
+}
+# package -> the packages it must never import
+FORBIDDEN = {
+    "bert": ("training", "serving", "export", "batch"),
+    "serving": ("export", "training"),
+    "export": ("training",),
+    "bertserve_client": tuple(p for p in PRODUCT if p != "bertserve_client"),
+}
 
 
-def module_name(path: Path, root: Path = REPO) -> str:
+def module_name(path: Path, root: Path) -> str:
+    """A file's import name; `root` is the folder its top package sits in."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -50,9 +76,14 @@ def _imports(tree: ast.Module, module_level: bool):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(root: Path = REPO, package: str = PACKAGE, *, module_level: bool) -> dict[str, dict[str, int]]:
-    """module -> {imported module of the package: line of the import}."""
-    files = {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+def import_graph(
+    root: Path = REPO, packages: dict[str, str] = PRODUCT, *, module_level: bool
+) -> dict[str, dict[str, int]]:
+    """module -> {imported module of `packages` (import name -> folder under `root`): line of the import}."""
+    files = {}
+    for folder in packages.values():
+        top = root / folder
+        files.update({module_name(p, top.parent): p for p in sorted(top.rglob("*.py")) if top.is_dir()})
     graph: dict[str, dict[str, int]] = {}
     for name, path in files.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -96,23 +127,58 @@ def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
     return None
 
 
+def cycles(graph: dict[str, dict[str, int]], limit: int = 20) -> list[list[str]]:
+    """Cycles enough to show every tangle: find one, drop its first edge, look again (at most `limit`)."""
+    graph = {node: dict(edges) for node, edges in graph.items()}
+    found = []
+    while len(found) < limit and (cycle := find_cycle(graph)):
+        found.append(cycle)
+        del graph[cycle[0]][cycle[1]]
+    return found
+
+
 def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
     return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+
+
+def cycle_report(graph: dict[str, dict[str, int]]) -> str:
+    return "import cycles:\n" + "\n".join(describe(c, graph) for c in cycles(graph))
+
+
+def layer_violations(graph: dict[str, dict[str, int]], forbidden: dict[str, tuple[str, ...]] = FORBIDDEN) -> list[str]:
+    """Each import a package may not make, as "importer (line N) -> imported"."""
+    return [
+        f"{module} (line {line}) -> {target}"
+        for module, edges in sorted(graph.items())
+        for target, line in sorted(edges.items())
+        if target.split(".")[0] in forbidden.get(module.split(".")[0], ())
+    ]
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def test_the_graph_sees_relative_and_package_imports(tmp_path):
     """The checker itself: each import form makes its edge, a TYPE_CHECKING import none, and a cycle
     through a function's import shows only in the full graph."""
-    pkg = tmp_path / "bert"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "sub" / "__init__.py").write_text("from bert.sub import leaf\n")
-    (pkg / "sub" / "leaf.py").write_text("from ..low import x\n")
-    (pkg / "low.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import bert.high\ndef f():\n    from . import high\n"
+    _write(
+        tmp_path,
+        {
+            "bert/__init__.py": "",
+            "bert/sub/__init__.py": "from bert.sub import leaf\n",
+            "bert/sub/leaf.py": "from ..low import x\n",
+            "bert/low.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import bert.high\n"
+                "def f():\n    from . import high\n"
+            ),
+            "bert/high.py": "import bert.low\nfrom bert import sub\n",
+        },
     )
-    (pkg / "high.py").write_text("import bert.low\nfrom bert import sub\n")
-    top = import_graph(tmp_path, module_level=True)
+    top = import_graph(tmp_path, {"bert": "bert"}, module_level=True)
     assert top == {
         "bert": {},
         "bert.sub": {"bert.sub.leaf": 1},
@@ -121,22 +187,70 @@ def test_the_graph_sees_relative_and_package_imports(tmp_path):
         "bert.high": {"bert.low": 1, "bert.sub": 2},
     }
     assert find_cycle(top) is None
-    full = import_graph(tmp_path, module_level=False)
+    full = import_graph(tmp_path, {"bert": "bert"}, module_level=False)
     assert full["bert.low"] == {"bert.high": 5}
     assert find_cycle(full) == ["bert.high", "bert.low", "bert.high"]
+    assert describe(find_cycle(full), full) == "bert.high (line 1) -> bert.low (line 5) -> bert.high"
+
+
+def test_the_checker_sees_cycles_across_packages_and_layer_violations(tmp_path):
+    """A tree that breaks every rule: a cycle between two packages through a function's import, a second,
+    separate cycle, the core importing training, serving importing export, and an SDK (in a folder named
+    differently from its import name) importing the core."""
+    _write(
+        tmp_path,
+        {
+            "bert/__init__.py": "",
+            "bert/model.py": "def train():\n    from training.loop import step\n",
+            "training/__init__.py": "",
+            "training/loop.py": "from bert.model import train\n",
+            "serving/__init__.py": "",
+            "serving/app.py": "import export.onnx\n",
+            "export/__init__.py": "",
+            "export/onnx.py": "from . import wrapper\n",
+            "export/wrapper.py": "from export.onnx import x\n",
+            "clients/sdk/__init__.py": "from bert import model\n",
+        },
+    )
+    packages = {"bert": "bert", "training": "training", "serving": "serving", "export": "export", "sdk": "clients/sdk"}
+    full = import_graph(tmp_path, packages, module_level=False)
+    found = cycles(full)
+    assert sorted(c[:-1] for c in found) == [["bert.model", "training.loop"], ["export.onnx", "export.wrapper"]]
+    report = cycle_report(full)
+    assert "bert.model (line 2) -> training.loop (line 1) -> bert.model" in report
+    assert "export.onnx (line 1) -> export.wrapper (line 1) -> export.onnx" in report
+    assert find_cycle(import_graph(tmp_path, packages, module_level=True)) == [
+        "export.onnx",
+        "export.wrapper",
+        "export.onnx",
+    ]
+    forbidden = {**FORBIDDEN, "sdk": tuple(packages)}
+    assert layer_violations(full, forbidden) == [
+        "bert.model (line 2) -> training.loop",
+        "sdk (line 1) -> bert.model",
+        "serving.app (line 1) -> export.onnx",
+    ]
 
 
 def test_no_cycle_among_module_level_imports():
     graph = import_graph(module_level=True)
-    assert len(graph) > 5
-    cycle = find_cycle(graph)
-    assert cycle is None, describe(cycle, graph)
+    assert {name.split(".")[0] for name in graph} >= {"bert", "training", "export", "serving", "bench", "evals"}
+    assert "bertserve_client" in graph
+    assert not cycles(graph), cycle_report(graph)
 
 
 def test_no_cycle_counting_imports_inside_functions():
     graph = import_graph(module_level=False)
-    cycle = find_cycle(graph)
-    assert cycle is None, describe(cycle, graph)
+    assert not cycles(graph), cycle_report(graph)
+
+
+def test_each_layer_imports_only_those_below_it():
+    """bert/ imports no training, serving, export or batch; serving no export or training; export no training;
+    the SDK nothing of ours. Counted with imports inside functions: a deferred import still ties the layers."""
+    graph = import_graph(module_level=False)
+    assert graph["bert.tasks.qa"], "the graph must see bert's own imports"
+    violations = layer_violations(graph)
+    assert not violations, "imports across the layers' rules:\n" + "\n".join(violations)
 
 
 def test_the_config_imports_no_codec():

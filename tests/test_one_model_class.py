@@ -3,8 +3,7 @@
 transformers-made checkpoints (tiny, random, save_pretrained) load into it: a masked LM's head at "cls" with
 its decoder tied to the word embeddings, scored as top-K probabilities equal to transformers' softmax.topk; a
 one-output sequence classifier's one head serves classify and rerank, from the torch backend and from an
-exported ONNX graph alike. The two tasks whose modules do not exist yet are declared here as issue 19 gives
-them (unless the registry already has them), so that the generic code is shown to cover them.
+exported ONNX graph alike.
 """
 
 from __future__ import annotations
@@ -19,40 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert.tasks import registry  # noqa: E402
-from bert.tasks.base import Head, Task  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "serving" / "demo_model"
-
-
-class _Rerank(Task):
-    name = "rerank"
-    order = 50
-    outputs, output_ranks, per_token = ("rerank",), (2,), False
-    head = Head("sequence", attribute="rerank_classifier", single_attribute="classifier", width=1)
-    architectures = ("BertForSequenceClassification",)
-    graph_outputs = {"rerank_logits": "rerank"}
-    single_graph_outputs = {"logits": "rerank"}
-
-    def serves(self, config: dict) -> bool:
-        return config.get("num_labels") == 1
-
-
-class _FillMask(Task):
-    name = "fill_mask"
-    order = 60
-    outputs, output_ranks, per_token = ("fill_mask_scores", "fill_mask_ids"), (3, 3), True
-    head = Head("mlm", attribute="cls", single_attribute="cls")
-    architectures = ("BertForMaskedLM", "BertForPreTraining")
-    graph_outputs = {"fill_mask_scores": "fill_mask_scores", "fill_mask_ids": "fill_mask_ids"}
-    single_graph_outputs = {"fill_mask_scores": "fill_mask_scores", "fill_mask_ids": "fill_mask_ids"}
-
-
-@pytest.fixture
-def declared(monkeypatch):
-    for task in (_Rerank(), _FillMask()):
-        if task.name not in registry.TASKS:
-            monkeypatch.setitem(registry.TASKS, task.name, task)
 
 
 def hf_config(**overrides):
@@ -95,7 +62,7 @@ def settings(**extra):
 
 
 @pytest.mark.parametrize("architecture", ["BertForMaskedLM", "BertForPreTraining"])
-def test_masked_lm_checkpoint_serves_transformers_top_k(tmp_path, declared, architecture):
+def test_masked_lm_checkpoint_serves_transformers_top_k(tmp_path, architecture):
     from bert.checkpoint import load_for_inference
     from bert.model import MLM_TOP_K
 
@@ -117,7 +84,7 @@ def test_masked_lm_checkpoint_serves_transformers_top_k(tmp_path, declared, arch
     assert torch.equal(got["fill_mask_ids"], want.indices)
 
 
-def test_masked_lm_through_the_torch_backend_padded_and_packed(tmp_path, declared):
+def test_masked_lm_through_the_torch_backend_padded_and_packed(tmp_path):
     from serving.backends import torch_backend
     from serving.backends.base import read_model_spec
 
@@ -135,7 +102,7 @@ def test_masked_lm_through_the_torch_backend_padded_and_packed(tmp_path, declare
     assert not problem, problem
 
 
-def test_one_output_classifier_serves_classify_and_rerank_from_one_head(tmp_path, declared):
+def test_one_output_classifier_serves_classify_and_rerank_from_one_head(tmp_path):
     from bert.checkpoint import load_for_inference
     from serving.backends import torch_backend
     from serving.backends.base import read_model_spec
@@ -156,7 +123,7 @@ def test_one_output_classifier_serves_classify_and_rerank_from_one_head(tmp_path
 
 
 @pytest.mark.slow
-def test_exported_one_output_classifier_serves_classify_and_rerank(tmp_path, declared):
+def test_exported_one_output_classifier_serves_classify_and_rerank(tmp_path):
     """The graph of a checkpoint made for one task names its output as transformers does ("logits"); a server
     reads from the checkpoint's architecture that it feeds both tasks."""
     import json

@@ -89,6 +89,17 @@ def test_swagger_ui_loads_the_schema_and_calls_no_validator(client):
     assert not {"/", "/docs", "/redoc"} & set(schema["paths"]), "the docs routes stay out of the schema"
 
 
+def test_the_description_names_every_task_and_route(client):
+    from bert.tasks import registry
+
+    description = client.get("/openapi.json").json()["info"]["description"]
+    assert len(registry.TASKS) >= 6
+    for task in registry.TASKS.values():
+        assert f"**{task.name}**" in description
+        for route in task.routes:
+            assert f"`POST {route.path}`" in description
+
+
 def test_root_redirects_to_docs_relatively(client):
     response = client.get("/")
     assert response.status_code == 307 and response.headers["location"] == "docs"

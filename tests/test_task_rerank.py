@@ -217,8 +217,8 @@ def _served_like_cross_encoder(model_dir, tmp_path, pairs: list[tuple[str, list[
 
 
 def _heldout_pairs(data_dir, n: int) -> list[tuple[str, list[str]]]:
+    from bert.tasks.qa import read_squad_articles, split_heldout
     from bert.tasks.rerank import squad_queries
-    from training.data.readers import read_squad_articles, split_heldout
 
     held = split_heldout(read_squad_articles(data_dir / "squad-train"), 1)[1]
     return [(q.query, q.texts) for q in squad_queries(held)[:n]]

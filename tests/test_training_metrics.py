@@ -1,4 +1,4 @@
-"""Metrics against hand-computed values, the official SQuAD normalisation, and conlleval's chunk rules."""
+"""Metrics against hand-computed values, the official SQuAD normalisation, and conlleval's chunk rules (each in its task)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,9 @@ import math
 
 import pytest
 
-from training.metrics import (
-    accuracy,
-    chunks,
-    classification_metrics,
-    conlleval,
-    f1_binary,
-    matthews_corrcoef,
-    normalize_answer,
-    pearson,
-    spearman,
-    squad_exact,
-    squad_f1,
-    squad_metrics,
-)
+from bert.tasks.classify import accuracy, classification_metrics, f1_binary, matthews_corrcoef, pearson, spearman
+from bert.tasks.ner import chunks, conlleval
+from bert.tasks.qa import normalize_answer, squad_exact, squad_f1, squad_metrics
 
 
 def test_classification_by_hand():

@@ -7,16 +7,10 @@ import json
 
 import pytest
 
-from training.data.readers import (
-    DataError,
-    detect_scheme,
-    iob1_to_iob2,
-    read_conll,
-    read_squad,
-    read_squad_articles,
-    read_tsv,
-    split_heldout,
-)
+from bert.tasks.classify import read_tsv
+from bert.tasks.common import DataError
+from bert.tasks.ner import detect_scheme, iob1_to_iob2, read_conll
+from bert.tasks.qa import read_squad, read_squad_articles, split_heldout
 
 
 def test_tsv_header_detected_and_bom_stripped(tmp_path):

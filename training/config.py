@@ -13,13 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from bert import options
+from bert.config import ConfigError  # options that cannot work together: the core's one ConfigError
 from bert.options import option
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-class ConfigError(ValueError):
-    """Options that cannot work together (raised before any work starts)."""
 
 
 @dataclass

@@ -335,11 +335,11 @@ class EmbedTargets:
     def collate(self, indices: list[int], pad_token_id: int) -> dict:
         import torch
 
-        from training.task_data import _tensors
+        from bert.running import batch_tensors
 
         batch = {"teacher_embedding": torch.from_numpy(self.vectors[self.rows[indices]])}
         if self.segments is not None:
-            inputs = _tensors([self.segments[i] for i in indices], pad_token_id)
+            inputs = batch_tensors([self.segments[i] for i in indices], pad_token_id)
             batch.update({f"embed_{k}": v for k, v in inputs.items()})
         return batch
 
@@ -399,7 +399,6 @@ def check_embed_teacher(cfg: MultiTaskConfig, tokenizer):
     the student's token ids as the same word pieces, with a pooling we can reproduce. Returns that pooling.
     Every refusal is one line (training.config.run: exit 2)."""
     from bert.checkpoint import CheckpointError, check_checkpoint, resolve_checkpoint
-    from bert.config import ConfigError as BertConfigError
     from bert.model import BertModel
     from bert.tasks.embed import PoolingError, read_pooling
     from bert.tokenizer import BertTokenizer, TokenizerError
@@ -410,7 +409,7 @@ def check_embed_teacher(cfg: MultiTaskConfig, tokenizer):
         student = model_config(cfg.init_preset) if cfg.init_preset else check_checkpoint(cfg.ckpt, BertModel).config
         teacher_vocab = BertTokenizer.from_dir(resolve_checkpoint(cfg.embed_teacher)).get_vocab()
         pooling = read_pooling(resolve_checkpoint(cfg.embed_teacher))
-    except (CheckpointError, BertConfigError, TokenizerError, PoolingError) as e:
+    except (CheckpointError, ConfigError, TokenizerError, PoolingError) as e:
         raise ConfigError(f"{flag}: {e}") from None
     if teacher.hidden_size != student.hidden_size:
         raise ConfigError(

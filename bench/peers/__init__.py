@@ -12,12 +12,16 @@ bench/peers/__main__.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.common import REPO
+
+# Where exports and infinity's venv are cached (the catalog and infinity_env both read it).
+WORK = Path(os.environ.get("BERTSERVE_PEERS_DIR", REPO / "bench" / ".peers"))
 
 
 class PeerUnavailable(Exception):

@@ -24,9 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import REPO
-from bench.peers import Peer, PeerUnavailable, bertserve_adapter, infinity_adapter, infinity_env
+from bench.peers import WORK, Peer, PeerUnavailable, bertserve_adapter, infinity_adapter, infinity_env
 
-WORK = Path(os.environ.get("BERTSERVE_PEERS_DIR", REPO / "bench" / ".peers"))
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 # Servers whose ONNX artifacts the exporter makes: a change in this code makes a new artifact.
 EXPORT_CODE = ("export", "bert")

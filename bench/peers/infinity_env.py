@@ -21,7 +21,7 @@ import sys
 import venv
 from pathlib import Path
 
-from bench.peers import PeerUnavailable
+from bench.peers import WORK, PeerUnavailable
 
 REQUIREMENTS = Path(__file__).with_name("infinity-requirements.txt")
 TORCH = "torch==2.13.0"  # first, alone: the CPU wheel on disk (see the Makefile)
@@ -85,8 +85,6 @@ def versions(work: Path) -> dict[str, str]:
 
 
 def main(argv=None) -> int:
-    from bench.peers.catalog import WORK
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work-dir", type=Path, default=WORK, help="where the venv goes (default: bench/.peers)")
     p.add_argument("--check", action="store_true", help="only say whether the venv is set up")

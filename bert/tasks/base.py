@@ -7,11 +7,13 @@ A task (one module in bert/tasks, one `TASK = SomeTask()` instance in it) declar
 - its HTTP routes (`Route`: path, request and response schema names, how a body becomes items and how the
   answers are shaped back), which one generic route factory in serving/routes turns into endpoints;
 - its training hooks (read data, encode, collate targets, loss, evaluate, main metric), used by
-  python -m training.finetune / multitask / evaluate.
+  python -m training.finetune / multitask / evaluate; the code behind them (the reader of its formats, its
+  encoding, targets, evaluation and metric) is in the task's own module.
 
-Everything else (the multi-task model, the backends, export, the routes, the SDK's request plans, training)
-loops over the registry (`bert.tasks.registry`) and never names a task. numpy-free at import time: torch is
-imported inside the training hooks only, so a server with an ONNX backend imports every task without torch.
+Everything else in the server and training (the multi-task model, the backends, export, the routes, training)
+loops over the registry (`bert.tasks.registry`) and never names a task. The SDK (clients/) is installed without
+bert/ and does not: it has one hand-written request plan and method per task. torch-free at import time: torch
+is imported inside the training hooks only, so a server with an ONNX backend imports every task without torch.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ class Task:
         raise NotImplementedError
 
     def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
-        """What the head of a run on these examples predicts (raise training.config.ConfigError when the
+        """What the head of a run on these examples predicts (raise bert.config.ConfigError when the
         evaluation examples need a label the training examples never show)."""
         return Labels()
 

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import csv
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from bert.options import flag
 from bert.tasks.base import Head, Labels, Route, Task, check_inputs, one_or_list, texts_of
-from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, sigmoid, softmax
+from bert.tasks.common import (
+    DataError,
+    Features,
+    Limits,
+    ModelFacts,
+    PathLike,
+    bounded_text,
+    check_length,
+    open_text,
+    sigmoid,
+    softmax,
+)
 from bert.tokenizer import InputTooLong
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
@@ -163,7 +177,7 @@ class ClassifyTask(Task):
     def score(self, metrics: dict) -> float:
         return 100.0 * float(metrics["accuracy"])  # a fraction in the task's metrics
 
-    # ---- training hooks: TSV rows (training.data.readers.TextExample) -----------------------------------
+    # ---- training hooks: TSV rows (TextExample) -----------------------------------
     train_options = ("text_column", "pair_column", "label_column", "header", "labels", "label_names", "regression")
     multitask_options = ("labels", "label_names")
     train_data_help = "TSV (text, label)"
@@ -179,8 +193,6 @@ class ClassifyTask(Task):
         return problems
 
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
-        from training.data.readers import read_tsv
-
         columns = dict(
             text_column=cfg.text_column,
             pair_column=cfg.pair_column or None,
@@ -203,8 +215,6 @@ class ClassifyTask(Task):
         return Labels(values, values)
 
     def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
-        from training.task_data import classify_targets, encode_classify
-
         return encode_classify(tokenizer, examples, cfg.max_seq_length), classify_targets(examples, labels.values)
 
     def collate_targets(self, targets: list, width: int) -> dict:
@@ -222,8 +232,6 @@ class ClassifyTask(Task):
         return F.cross_entropy(logits, labels.view(-1))
 
     def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
-        from training.task_data import evaluate_classify
-
         return evaluate_classify(
             model,
             tokenizer,
@@ -241,6 +249,207 @@ class ClassifyTask(Task):
 
     def embed_texts(self, examples: list) -> dict[str, list[str]]:
         return {self.name: [e.text for e in examples]}
+
+
+# ---- training: GLUE-style TSV rows, their targets, evaluation and its metrics -----------------------------
+@dataclass
+class TextExample:
+    text: str
+    pair: str | None
+    label: str | None  # as written in the file (class name, integer, or a float for regression)
+
+
+def _column(header: list[str] | None, spec: str | int | None) -> int | None:
+    """A column given by index (int or digit string) or by header name."""
+    if spec is None:
+        return None
+    if isinstance(spec, int) or str(spec).lstrip("-").isdigit():
+        return int(spec)
+    if header is None:
+        raise DataError(f"column {spec!r} is named but the file has no header row")
+    if spec not in header:
+        raise DataError(f"no column {spec!r} in header {header}")
+    return header.index(spec)
+
+
+def _looks_like_header(row: list[str], label_index: int | None) -> bool:
+    """GLUE headers name their columns; data rows have a label that is a number or a short class name.
+    A row whose label cell is a known header word (label, gold_label, score, ...) is a header."""
+    if label_index is None or label_index >= len(row) or label_index < -len(row):
+        return False
+    cell = row[label_index].strip().lower()
+    return cell in {"label", "labels", "gold_label", "score", "class", "target", "sentiment", "quality"}
+
+
+def read_tsv(
+    path: PathLike,
+    *,
+    text_column: str | int = 0,
+    pair_column: str | int | None = None,
+    label_column: str | int | None = -1,
+    header: bool | None = None,
+    delimiter: str = "\t",
+) -> list[TextExample]:
+    """Rows of a GLUE-style TSV. Columns by index or header name; `header=None` detects it.
+
+    BOM and CRLF are tolerated; quoting is off (GLUE files contain bare quotes).
+    """
+    with open_text(path) as f:
+        rows = [row for row in csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE) if row]
+    if not rows:
+        return []
+    first = rows[0]
+    names = [c.strip() for c in first]
+    named = any(
+        isinstance(c, str) and not str(c).lstrip("-").isdigit()
+        for c in (text_column, pair_column, label_column)
+        if c is not None
+    )
+    if header is None:
+        label_guess = (
+            names.index(label_column)
+            if isinstance(label_column, str) and label_column in names
+            else (int(label_column) if label_column is not None and str(label_column).lstrip("-").isdigit() else None)
+        )
+        header = named or _looks_like_header(first, label_guess)
+    head = names if header else None
+    body = rows[1:] if header else rows
+    t, p, lab = _column(head, text_column), _column(head, pair_column), _column(head, label_column)
+    examples = []
+    for line_no, row in enumerate(body, 2 if header else 1):
+        try:
+            examples.append(
+                TextExample(
+                    text=row[t].strip(),
+                    pair=row[p].strip() if p is not None else None,
+                    label=row[lab].strip() if lab is not None else None,
+                )
+            )
+        except IndexError:
+            raise DataError(f"{path}:{line_no}: row has {len(row)} columns, fewer than the columns asked for") from None
+    return examples
+
+
+def label_index(labels: list[str], value: str | None) -> int:
+    """A label as written in the data -> its index among `labels` (or the integer itself if in range)."""
+    if value in labels:
+        return labels.index(value)
+    if value is not None and value.lstrip("-").isdigit() and 0 <= int(value) < len(labels):
+        return int(value)
+    raise ValueError(f"label {value!r} is not one of {labels}")
+
+
+def encode_classify(tokenizer, examples: list[TextExample], max_seq_length: int) -> list[Features]:
+    inputs = [e.text if e.pair is None else (e.text, e.pair) for e in examples]
+    return encode(tokenizer, inputs, max_length=max_seq_length, truncate=True)
+
+
+def classify_targets(examples: list[TextExample], labels: list[str] | None) -> list:
+    if labels is None:  # regression
+        return [float(e.label) for e in examples]
+    return [label_index(labels, e.label) for e in examples]
+
+
+def evaluate_classify(
+    model,
+    tokenizer,
+    examples: list[TextExample],
+    *,
+    labels: list[str] | None,
+    max_seq_length: int,
+    batch_size: int = 64,
+) -> dict:
+    from bert.running import run_model
+
+    features = encode_classify(tokenizer, examples, max_seq_length)
+    logits = np.stack(
+        [r[0] for r in run_model(model, features, batch_size=batch_size, pad_token_id=tokenizer.pad_token_id)]
+    )
+    targets = classify_targets(examples, labels)
+    if labels is None:
+        metrics = regression_metrics(logits[:, 0], targets)
+    else:
+        metrics = classification_metrics(logits.argmax(-1).tolist(), targets)
+    metrics["examples"] = len(examples)
+    return metrics
+
+
+def accuracy(predictions: Sequence, labels: Sequence) -> float:
+    if not len(labels):
+        return 0.0
+    return float(np.mean(np.asarray(predictions) == np.asarray(labels)))
+
+
+def f1_binary(predictions: Sequence[int], labels: Sequence[int], positive: int = 1) -> float:
+    p, y = np.asarray(predictions), np.asarray(labels)
+    tp = int(np.sum((p == positive) & (y == positive)))
+    fp = int(np.sum((p == positive) & (y != positive)))
+    fn = int(np.sum((p != positive) & (y == positive)))
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def f1_macro(predictions: Sequence[int], labels: Sequence[int]) -> float:
+    classes = sorted(set(labels) | set(predictions))
+    return float(np.mean([f1_binary(predictions, labels, c) for c in classes])) if classes else 0.0
+
+
+def matthews_corrcoef(predictions: Sequence[int], labels: Sequence[int]) -> float:
+    """Multi-class Matthews correlation (Gorodkin's R_K), equal to the binary MCC for two classes; 0 if undefined."""
+    p, y = np.asarray(predictions), np.asarray(labels)
+    classes = sorted(set(p.tolist()) | set(y.tolist()))
+    index = {c: i for i, c in enumerate(classes)}
+    confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
+    for a, b in zip(y, p):
+        confusion[index[a], index[b]] += 1
+    t = confusion.sum(axis=1)  # true counts per class
+    q = confusion.sum(axis=0)  # predicted counts per class
+    c = np.trace(confusion)
+    s = confusion.sum()
+    numerator = c * s - t @ q
+    denominator = math.sqrt((s * s - q @ q) * (s * s - t @ t))
+    return float(numerator / denominator) if denominator else 0.0
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    xm, ym = x - x.mean(), y - y.mean()
+    denominator = math.sqrt(float(xm @ xm) * float(ym @ ym))
+    return float(xm @ ym / denominator) if denominator else 0.0
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (1-based), ties sharing the mean of their positions, as scipy.stats.rankdata."""
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=np.float64)
+    sorted_x = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    return pearson(_ranks(np.asarray(x, dtype=np.float64)), _ranks(np.asarray(y, dtype=np.float64)))
+
+
+def classification_metrics(predictions: Sequence[int], labels: Sequence[int]) -> dict:
+    metrics = {
+        "accuracy": accuracy(predictions, labels),
+        "matthews": matthews_corrcoef(predictions, labels),
+        "f1_macro": f1_macro(predictions, labels),
+    }
+    if set(labels) <= {0, 1} and set(predictions) <= {0, 1}:
+        metrics["f1"] = f1_binary(predictions, labels)
+    return metrics
+
+
+def regression_metrics(predictions: Sequence[float], labels: Sequence[float]) -> dict:
+    p, y = np.asarray(predictions, dtype=np.float64), np.asarray(labels, dtype=np.float64)
+    return {"pearson": pearson(p, y), "spearman": spearman(p, y), "mse": float(np.mean((p - y) ** 2))}
 
 
 TASK = ClassifyTask()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -125,3 +126,22 @@ class TooMuchWork(ValueError):
 
 class CallerGone(Exception):
     """Raised by a codec working for a request whose caller has hung up; nobody reads it."""
+
+
+# ---- reading data files (the tasks' training readers) --------------------------------------------
+PathLike = str | os.PathLike
+
+
+class DataError(ValueError):
+    """A data file that cannot be read as the format it claims to be."""
+
+
+def open_text(path: PathLike):
+    """Open a text file, gzip or not, decoding UTF-8 with or without a BOM; newlines normalised."""
+    import gzip
+    from pathlib import Path
+
+    path = Path(path)
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline=None)
+    return open(path, encoding="utf-8-sig", newline=None)

@@ -7,13 +7,25 @@ so a served model answers exactly what the pipeline would for the same logits.
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from tokenizers import decoders
 
 from bert.tasks.base import Head, Labels, Route, Task, check_inputs, one_or_list, texts_of
-from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, softmax
+from bert.tasks.common import (
+    DataError,
+    Features,
+    Limits,
+    ModelFacts,
+    PathLike,
+    bounded_text,
+    check_length,
+    open_text,
+    softmax,
+)
 from bert.tokenizer import UNK, InputTooLong
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
@@ -359,7 +371,7 @@ class NerTask(Task):
     def decode_request(self, items, features, outputs, facts, **options):
         return decode_request(items, features, outputs, facts, **options)
 
-    # ---- training hooks: CoNLL sentences (training.data.readers.TaggedSentence) --------------------------
+    # ---- training hooks: CoNLL sentences (TaggedSentence) --------------------------
     train_options = ("scheme", "label_all_subtokens")
     train_data_help = "CoNLL file (IOB1 or IOB2)"
 
@@ -370,14 +382,12 @@ class NerTask(Task):
         return problems
 
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
-        from training.data.readers import read_conll
-
         return (read_conll(cfg.train_data, scheme=cfg.scheme) if train else []), read_conll(
             cfg.eval_data, scheme=cfg.scheme
         )
 
     def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
-        from training.config import ConfigError
+        from bert.config import ConfigError
 
         kinds = sorted({t.split("-", 1)[1] for s in train for t in s.tags if t != "O"})
         labels = ["O"] + [f"{p}-{k}" for k in kinds for p in ("B", "I")]
@@ -392,14 +402,12 @@ class NerTask(Task):
         return Labels(labels, labels)
 
     def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
-        from training.task_data import encode_ner
-
         return encode_ner(tokenizer, examples, labels.values, cfg.max_seq_length, cfg.label_all_subtokens)
 
     def collate_targets(self, targets: list, width: int) -> dict:
         import torch
 
-        from bert.model import IGNORE_INDEX
+        from bert.losses import IGNORE_INDEX
 
         labels = torch.full((len(targets), width), IGNORE_INDEX, dtype=torch.long)
         for row, target in enumerate(targets):
@@ -409,14 +417,12 @@ class NerTask(Task):
     def loss(self, outputs: dict, batch: dict):
         import torch.nn.functional as F
 
-        from bert.model import IGNORE_INDEX
+        from bert.losses import IGNORE_INDEX
 
         logits = outputs[self.output_name("ner")]
         return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
 
     def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
-        from training.task_data import evaluate_ner
-
         return evaluate_ner(
             model,
             tokenizer,
@@ -431,6 +437,225 @@ class NerTask(Task):
 
     def embed_texts(self, examples: list) -> dict[str, list[str]]:
         return {self.name: [" ".join(s.words) for s in examples]}
+
+
+# ---- training: CoNLL files, token targets, evaluation and its metric (conlleval) --------------------------
+@dataclass
+class TaggedSentence:
+    words: list[str]
+    tags: list[str]  # IOB2
+    document: int = 0  # index of the -DOCSTART- document it came from
+
+
+def _prefix_and_kind(tag: str) -> tuple[str, str | None]:
+    if tag == "O" or "-" not in tag:
+        return "O", None
+    prefix, kind = tag.split("-", 1)
+    return prefix, kind
+
+
+def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
+    """IOB1 (B- only between two adjacent entities of one type) -> IOB2 (B- starts every entity)."""
+    out = []
+    previous_kind = None
+    for tag in tags:
+        prefix, kind = _prefix_and_kind(tag)
+        if prefix == "I" and previous_kind != kind:
+            tag = f"B-{kind}"
+        out.append(tag)
+        previous_kind = kind
+    return out
+
+
+def detect_scheme(sentences: Iterable[Sequence[str]]) -> str:
+    """'iob1' if some entity starts with I- (no B-/I- of its type before it), else 'iob2'."""
+    for tags in sentences:
+        previous_kind = None
+        for tag in tags:
+            prefix, kind = _prefix_and_kind(tag)
+            if prefix == "I" and previous_kind != kind:
+                return "iob1"
+            previous_kind = kind
+    return "iob2"
+
+
+def read_conll(path: PathLike, *, tag_column: int = -1, scheme: str = "auto") -> list[TaggedSentence]:
+    """Sentences of a CoNLL file (token ... tag per line, blank line between sentences, -DOCSTART- between
+    documents). Tags come back in IOB2; `scheme` is 'iob1', 'iob2' or 'auto' (detected over the file)."""
+    if scheme not in ("auto", "iob1", "iob2"):
+        raise DataError(f"scheme must be auto, iob1 or iob2, got {scheme!r}")
+    sentences: list[TaggedSentence] = []
+    words: list[str] = []
+    tags: list[str] = []
+    document = 0
+
+    def flush():
+        nonlocal words, tags
+        if words:
+            sentences.append(TaggedSentence(words, tags, document))
+        words, tags = [], []
+
+    with open_text(path) as f:
+        for line_no, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                flush()
+                continue
+            parts = line.split()
+            if parts[0] == "-DOCSTART-":
+                flush()
+                document += 1 if sentences or document else 0
+                continue
+            if len(parts) < 2:
+                raise DataError(f"{path}:{line_no}: expected 'token ... tag', got {line!r}")
+            words.append(parts[0])
+            tags.append(parts[tag_column])
+        flush()
+    if scheme == "auto":
+        scheme = detect_scheme(s.tags for s in sentences)
+    if scheme == "iob1":
+        for s in sentences:
+            s.tags = iob1_to_iob2(s.tags)
+    return sentences
+
+
+def encode_ner(
+    tokenizer,
+    sentences: list[TaggedSentence],
+    labels: list[str],
+    max_seq_length: int,
+    label_all_subtokens: bool = False,
+):
+    features = encode_words(tokenizer, [s.words for s in sentences], max_length=max_seq_length, truncate=True)
+    index = {label: i for i, label in enumerate(labels)}
+    targets, continuation = [], continuation_labels(labels)
+    for sentence, feature in zip(sentences, features):
+        word_labels = [index[t] for t in sentence.tags]
+        targets.append(
+            align_labels(
+                word_labels, feature.word_ids, label_all_subtokens=label_all_subtokens, continuation=continuation
+            )
+        )
+    return features, targets
+
+
+def word_predictions(feature, token_logits: np.ndarray, id2label: dict, n_words: int) -> list[str]:
+    """The label of each word: the prediction at its first sub-token; words cut off by truncation get O."""
+    tags = ["O"] * n_words
+    seen = set()
+    for token, word in enumerate(feature.word_ids):
+        if word is not None and word not in seen:
+            seen.add(word)
+            tags[word] = id2label[int(token_logits[token].argmax())]
+    return tags
+
+
+def evaluate_ner(
+    model, tokenizer, sentences: list[TaggedSentence], *, labels: list[str], max_seq_length: int, batch_size: int = 64
+) -> dict:
+    from bert.running import run_model
+
+    features = encode_words(tokenizer, [s.words for s in sentences], max_length=max_seq_length, truncate=True)
+    outputs = run_model(model, features, batch_size=batch_size, pad_token_id=tokenizer.pad_token_id)
+    id2label = dict(enumerate(labels))
+    predicted = [word_predictions(f, o[0], id2label, len(s.words)) for f, o, s in zip(features, outputs, sentences)]
+    result = conlleval([s.tags for s in sentences], predicted)
+    result["sentences"] = len(sentences)
+    return result
+
+
+# ---- conlleval
+# A port of the chunk logic of conlleval.pl (CoNLL-2000 shared task): a chunk ends and starts exactly
+# where the Perl script says, so IOB1, IOB2 (and IOBES) tags are scored alike, and a stray I- starts a chunk.
+
+
+def _split(tag: str) -> tuple[str, str]:
+    if tag in ("O", "", None):
+        return "O", ""
+    if "-" in tag:
+        prefix, kind = tag.split("-", 1)
+        return prefix, kind
+    return tag, ""  # conlleval would read a bare tag as its own chunk type with no prefix
+
+
+def _end_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
+    return (
+        (prev_tag == "E")
+        or (prev_tag == "S")
+        or (prev_tag == "B" and tag in ("B", "S", "O"))
+        or (prev_tag == "I" and tag in ("B", "S", "O"))
+        or (prev_tag not in ("O", ".") and prev_type != type_)
+        or prev_tag == "]"
+        or prev_tag == "["
+    )
+
+
+def _start_of_chunk(prev_tag, tag, prev_type, type_) -> bool:
+    return (
+        (tag == "B")
+        or (tag == "S")
+        or (prev_tag == "E" and tag in ("E", "I"))
+        or (prev_tag == "S" and tag in ("E", "I"))
+        or (prev_tag == "O" and tag in ("E", "I"))
+        or (tag not in ("O", ".") and prev_type != type_)
+        or tag == "["
+        or tag == "]"
+    )
+
+
+def chunks(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Entity chunks (type, first index, last index inclusive) of one tag sequence, conlleval's way."""
+    found = []
+    prev_tag, prev_type = "O", ""
+    start = None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        t, kind = _split(tag)
+        if start is not None and _end_of_chunk(prev_tag, t, prev_type, kind):
+            found.append((prev_type, start, i - 1))
+            start = None
+        if _start_of_chunk(prev_tag, t, prev_type, kind):
+            start = i
+        prev_tag, prev_type = t, kind
+    return found
+
+
+def conlleval(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict:
+    """Entity-level precision/recall/F1 (percent, as conlleval prints) overall and per type, plus token accuracy.
+
+    gold, predicted: per sentence the tag of every word (sentences are scored separately, as conlleval
+    does with blank lines between them).
+    """
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
+    correct = collections.Counter()
+    n_gold = collections.Counter()
+    n_pred = collections.Counter()
+    tokens = correct_tokens = 0
+    for g, p in zip(gold, predicted):
+        if len(g) != len(p):
+            raise ValueError(f"a sentence has {len(g)} gold tags but {len(p)} predicted")
+        gold_chunks, pred_chunks = set(chunks(g)), set(chunks(p))
+        for kind, _, _ in gold_chunks:
+            n_gold[kind] += 1
+        for kind, _, _ in pred_chunks:
+            n_pred[kind] += 1
+        for kind, _, _ in gold_chunks & pred_chunks:
+            correct[kind] += 1
+        tokens += len(g)
+        correct_tokens += sum(a == b for a, b in zip(g, p))
+
+    def prf(c, n_p, n_g):
+        precision = 100.0 * c / n_p if n_p else 0.0
+        recall = 100.0 * c / n_g if n_g else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        return {"precision": precision, "recall": recall, "f1": f1, "support": n_g, "predicted": n_p}
+
+    result = prf(sum(correct.values()), sum(n_pred.values()), sum(n_gold.values()))
+    result["accuracy"] = 100.0 * correct_tokens / tokens if tokens else 0.0
+    result["per_type"] = {
+        kind: prf(correct[kind], n_pred[kind], n_gold[kind]) for kind in sorted(set(n_gold) | set(n_pred))
+    }
+    return result
 
 
 TASK = NerTask()

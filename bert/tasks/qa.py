@@ -14,13 +14,31 @@ texts from different windows merged by adding their scores.
 
 from __future__ import annotations
 
+import collections
+import json
+import os
+import re
+import string
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from bert.options import flag
 from bert.tasks.base import Head, Labels, Route, Task, check_texts
-from bert.tasks.common import CallerGone, Features, Limits, ModelFacts, TooMuchWork, bounded_text
+from bert.tasks.common import (
+    CallerGone,
+    DataError,
+    Features,
+    Limits,
+    ModelFacts,
+    PathLike,
+    TooMuchWork,
+    bounded_text,
+    open_text,
+)
 
 MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
 NO_ANSWER_SENTINEL = 1000000.0  # the pipeline's starting "minimum null score"
@@ -487,7 +505,7 @@ class QATask(Task):
     def margins(self, items, features, outputs, facts, **options):
         return margins(items, features, outputs, facts, **options)
 
-    # ---- training hooks: SQuAD questions (training.data.readers.QAExample), windowed --------------------
+    # ---- training hooks: SQuAD questions (QAExample), windowed --------------------
     train_options = ("doc_stride", "max_query_length", "max_answer_length", "heldout_articles")
     train_max_seq_length = 384
     train_data_help = "SQuAD JSON / .gz / directory / comma-separated parts"
@@ -513,8 +531,6 @@ class QATask(Task):
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
         """--eval-data's questions, or those of the last --heldout-articles articles of --train-data (SQuAD v1.1
         dev is not in shared/data); training never sees a held-out article."""
-        from training.data.readers import read_squad_articles, split_heldout, squad_examples
-
         train_articles, heldout = [], []
         if train or not cfg.eval_data:
             train_articles, heldout = split_heldout(read_squad_articles(cfg.train_data), cfg.heldout_articles)
@@ -522,9 +538,7 @@ class QATask(Task):
         return (squad_examples(train_articles) if train else []), evaluation
 
     def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
-        from training.qa_data import train_features
-
-        return train_features(
+        return train_windows(
             tokenizer,
             examples,
             max_seq_length=cfg.max_seq_length,
@@ -541,7 +555,7 @@ class QATask(Task):
         }
 
     def loss(self, outputs: dict, batch: dict):
-        from bert.model import span_loss
+        from bert.losses import span_loss
 
         return span_loss(
             outputs[self.output_name("qa_start")],
@@ -551,8 +565,6 @@ class QATask(Task):
         )
 
     def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
-        from training.qa_data import evaluate_qa
-
         return evaluate_qa(
             model,
             tokenizer,
@@ -572,6 +584,217 @@ class QATask(Task):
             f"{self.name}_questions": [e.question for e in examples],
             f"{self.name}_contexts": list(dict.fromkeys(e.context for e in examples)),
         }
+
+
+# ---- training: SQuAD files, windows with answer targets, evaluation and its metric (EM/F1) ----------------
+@dataclass
+class QAExample:
+    id: str
+    title: str
+    question: str
+    context: str
+    answers: list[dict] = field(default_factory=list)  # [{"text", "answer_start"}]; empty = no answer (v2.0)
+    is_impossible: bool = False
+
+
+def expand_paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+    """A path, a comma-separated list, a list, or a directory (all *.json / *.json.gz in it, sorted)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [p for p in str(paths).split(",") if p]
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            out.extend(sorted(list(p.glob("*.json")) + list(p.glob("*.json.gz"))))
+        else:
+            out.append(p)
+    return out
+
+
+def read_squad_articles(paths: PathLike | Sequence[PathLike]) -> list[dict]:
+    """The `data` articles of one or several SQuAD files (plain or .gz), in file order."""
+    articles = []
+    given = {str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)}
+    for path in expand_paths(paths):
+        with open_text(path) as f:
+            try:
+                blob = json.load(f)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path} is not SQuAD JSON: {e}") from None
+        if not isinstance(blob, dict) or "data" not in blob:
+            if str(path) not in given and not any(str(path) in g.split(",") for g in given):
+                continue  # found by listing a directory (e.g. a side file of ids): not a SQuAD file, skip
+            raise DataError(f"{path} has no 'data' list; not a SQuAD file")
+        articles.extend(blob["data"])
+    return articles
+
+
+def squad_examples(articles: Iterable[dict]) -> list[QAExample]:
+    examples = []
+    for article in articles:
+        title = article.get("title", "")
+        for paragraph in article["paragraphs"]:
+            context = paragraph["context"]
+            for qa in paragraph["qas"]:
+                examples.append(
+                    QAExample(
+                        id=qa["id"],
+                        title=title,
+                        question=qa["question"],
+                        context=context,
+                        answers=list(qa.get("answers", [])),
+                        is_impossible=bool(qa.get("is_impossible", False)),
+                    )
+                )
+    return examples
+
+
+def read_squad(paths: PathLike | Sequence[PathLike]) -> list[QAExample]:
+    return squad_examples(read_squad_articles(paths))
+
+
+def split_heldout(articles: list[dict], heldout_articles: int) -> tuple[list[dict], list[dict]]:
+    """Deterministic train/held-out split of SQuAD train articles: the last N articles (in file order,
+    i.e. the end of part-04) are held out. Never train on them; `--heldout-articles` picks N."""
+    if heldout_articles <= 0:
+        return articles, []
+    if heldout_articles >= len(articles):
+        raise DataError(f"cannot hold out {heldout_articles} of {len(articles)} articles")
+    return articles[:-heldout_articles], articles[-heldout_articles:]
+
+
+def train_windows(tokenizer, examples: list[QAExample], *, max_seq_length: int, doc_stride: int, max_query_length: int):
+    """Every window of every question with its (start, end) token target; (0, 0) = [CLS] when the
+    window lacks the answer or the question has none (SQuAD 2.0). Uses the first gold answer."""
+    features, targets, skipped = [], [], 0
+    for example in examples:
+        if example.is_impossible or not example.answers:
+            windows = encode(
+                tokenizer,
+                example.question,
+                example.context,
+                max_length=max_seq_length,
+                doc_stride=doc_stride,
+                max_query_length=max_query_length,
+            )
+            pairs = [(w, 0, 0) for w in windows]
+        else:
+            answer = example.answers[0]
+            try:
+                pairs = train_features(
+                    tokenizer,
+                    example.question,
+                    example.context,
+                    int(answer["answer_start"]),
+                    answer["text"],
+                    max_length=max_seq_length,
+                    doc_stride=doc_stride,
+                    max_query_length=max_query_length,
+                )
+            except ValueError:
+                skipped += 1  # answer text not at its offset: unusable as a training target
+                continue
+        for window, start, end in pairs:
+            features.append(window)
+            targets.append((start, end))
+    if skipped:
+        print(f"qa: skipped {skipped} training questions whose answer is not at its offset", file=sys.stderr)
+    return features, targets
+
+
+def predict_qa(
+    model,
+    tokenizer,
+    examples: list[QAExample],
+    *,
+    max_seq_length: int,
+    doc_stride: int,
+    max_query_length: int,
+    max_answer_length: int,
+    batch_size: int = 64,
+    handle_impossible_answer: bool = False,
+) -> dict[str, str]:
+    from bert.running import run_model
+
+    windows_of = [
+        encode(
+            tokenizer,
+            e.question,
+            e.context,
+            max_length=max_seq_length,
+            doc_stride=doc_stride,
+            max_query_length=max_query_length,
+        )
+        for e in examples
+    ]
+    flat = [w for windows in windows_of for w in windows]
+    outputs = run_model(
+        model, flat, batch_size=batch_size, pad_token_id=tokenizer.pad_token_id, outputs=("start_logits", "end_logits")
+    )
+    predictions, cursor = {}, 0
+    for example, windows in zip(examples, windows_of):
+        mine = outputs[cursor : cursor + len(windows)]
+        cursor += len(windows)
+        answers = decode(
+            example.context,
+            windows,
+            [o[0] for o in mine],
+            [o[1] for o in mine],
+            top_k=1,
+            max_answer_len=max_answer_length,
+            handle_impossible_answer=handle_impossible_answer,
+        )
+        predictions[example.id] = answers[0]["answer"] if answers else ""
+    return predictions
+
+
+def evaluate_qa(model, tokenizer, examples: list[QAExample], **settings) -> dict:
+    impossible = any(e.is_impossible for e in examples)
+    predictions = predict_qa(model, tokenizer, examples, handle_impossible_answer=impossible, **settings)
+    gold = {e.id: [a["text"] for a in e.answers] for e in examples}
+    return squad_metrics(predictions, gold)
+
+
+# ---- the official SQuAD v1.1 evaluation script's EM and F1
+def normalize_answer(s: str) -> str:
+    """Lower text and remove punctuation, articles and extra whitespace (the official evaluate-v1.1.py)."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def squad_f1(prediction: str, ground_truth: str) -> float:
+    prediction_tokens = normalize_answer(prediction).split()
+    ground_truth_tokens = normalize_answer(ground_truth).split()
+    common = collections.Counter(prediction_tokens) & collections.Counter(ground_truth_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(prediction_tokens)
+    recall = num_same / len(ground_truth_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_exact(prediction: str, ground_truth: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(ground_truth))
+
+
+def squad_metrics(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict:
+    """EM and F1 in percent, each the max over the gold answers; an unanswerable question (no gold
+    answers, SQuAD 2.0) counts as right only for an empty prediction."""
+    exact = f1 = 0.0
+    for qid, answers in gold.items():
+        prediction = predictions.get(qid, "")
+        if not answers:
+            score = float(prediction == "")
+            exact += score
+            f1 += score
+            continue
+        exact += max(squad_exact(prediction, a) for a in answers)
+        f1 += max(squad_f1(prediction, a) for a in answers)
+    n = len(gold)
+    return {"exact_match": 100.0 * exact / n if n else 0.0, "f1": 100.0 * f1 / n if n else 0.0, "total": n}
 
 
 TASK = QATask()

@@ -4,7 +4,7 @@ A task module joins by defining `TASK`, an instance of `bert.tasks.base.Task`; n
 lists tasks. Training, export, the model's heads, the backends, the batcher, the engine, the routes, the
 middleware and the metrics read this table. An unknown name is `UnknownTask`, one line naming the known ones.
 
-numpy-free and torch-free at import time.
+torch-free at import time (the task modules it imports need numpy and tokenizers, never torch).
 """
 
 from __future__ import annotations
@@ -86,17 +86,6 @@ def task_of_architecture(architecture: str) -> str | None:
 def routes() -> dict[str, str]:
     """HTTP route -> task."""
     return {route.path: t.name for t in TASKS.values() for route in t.routes}
-
-
-def graph_output_names(tasks: list[str]) -> dict[str, str]:
-    """Output names of an exported graph serving `tasks` -> our output names. A graph made for one task
-    alone may use that task's single-task names ("logits", "start_logits"); a multi-task graph names
-    every output after its task ("classify_logits")."""
-    mapping = {name: out for t in TASKS.values() if t.name in tasks for name, out in t.graph_outputs.items()}
-    headed = [t for t in tasks if TASKS[t].head is not None]
-    for task in (headed if len(headed) == 1 else []) + [t for t in tasks if TASKS[t].head is None]:
-        mapping.update(TASKS[task].single_graph_outputs)
-    return mapping
 
 
 def missing_outputs(tasks: list[str], present) -> list[str]:

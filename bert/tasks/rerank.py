@@ -25,6 +25,7 @@ import numpy as np
 from bert.tasks import classify
 from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, check_texts
 from bert.tasks.common import Limits, ModelFacts, sigmoid
+from bert.tasks.qa import read_squad_articles, split_heldout
 
 
 def encode(tokenizer, pairs: list, *, max_length: int = 512, truncate: bool = False):
@@ -122,10 +123,9 @@ def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGA
 
 def read_rerank_tsv(path: str, cfg) -> list[RerankQuery]:
     """(query, text, label) rows; rows sharing a query text are one query's candidates, in first-seen order."""
-    from training.config import ConfigError
-    from training.data.readers import read_tsv
+    from bert.config import ConfigError
 
-    rows = read_tsv(
+    rows = classify.read_tsv(
         path,
         text_column=cfg.text_column,
         pair_column=cfg.pair_column or 1,
@@ -275,8 +275,6 @@ class RerankTask(Task):
         return problems
 
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
-        from training.data.readers import read_squad_articles, split_heldout
-
         def read(path: str) -> list[RerankQuery]:
             if path.startswith(SQUAD_PREFIX):
                 return squad_queries(read_squad_articles(path[len(SQUAD_PREFIX) :]))
@@ -300,8 +298,6 @@ class RerankTask(Task):
         return Labels(None, ["relevance"], "multi_label_classification")
 
     def encode_train(self, tokenizer, examples: list, labels: Labels, cfg) -> tuple[list, list]:
-        from bert.tasks import classify
-
         top = max((label for q in examples for label in q.labels), default=1.0)
         scale = top if top > 1.0 else 1.0  # graded 0..G -> [0, 1]; 0/1 labels unchanged
         pairs = [(q.query, text) for q in examples for text in q.texts]
@@ -320,8 +316,7 @@ class RerankTask(Task):
         return F.binary_cross_entropy_with_logits(logits.view(-1), batch["labels"].view(-1))
 
     def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
-        from bert.tasks import classify
-        from training.task_data import run_model
+        from bert.running import run_model
 
         pairs = [(q.query, text) for q in examples for text in q.texts]
         features = classify.encode(tokenizer, pairs, max_length=cfg.max_seq_length, truncate=True)

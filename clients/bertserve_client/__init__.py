@@ -21,7 +21,7 @@ from ._exceptions import (
     ValidationError,
 )
 from ._version import __version__
-from .types import Answer, Entity, Info, Label, QAInput
+from .types import Answer, Entity, Info, Label, MaskCandidate, QAInput, Ranked
 
 __all__ = [
     "AsyncClient",
@@ -38,6 +38,8 @@ __all__ = [
     "Entity",
     "Info",
     "Label",
+    "MaskCandidate",
     "QAInput",
+    "Ranked",
     "__version__",
 ]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.data.readers import open_text
+from bert.tasks.common import open_text
 
 IGNORE_INDEX = -100
 INDEX_NAME = "index.json"

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from training.data.readers import open_text
+from bert.tasks.common import open_text
 
 TITLE = re.compile(r"^ ?= [^=].* = ?$")
 HEADING = re.compile(r"^ ?=( =)+ .* =( =)+ ?$")
