@@ -22,7 +22,9 @@ from bert.tasks.base import Task, UnknownTask
 from bert.tasks.common import Limits, ModelFacts
 from bert.tokenizer import BertTokenizer
 from serving.backends import create_backend
-from serving.backends.base import Backend, ModelError, ModelSpec, read_model_spec, resolve_model_path, verify_artifact
+from serving.backends.artifact import verify_artifact
+from serving.backends.base import Backend
+from serving.backends.model_dir import ModelError, ModelSpec, read_model_spec, resolve_model_path
 from serving.batcher import Batcher, SequenceResult, Ticket
 from serving.errors import BackendFailure, NotFound, ServingError, refusal
 from serving.settings import DEMO_MODEL_DIR, Settings

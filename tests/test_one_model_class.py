@@ -119,7 +119,7 @@ def test_masked_lm_checkpoint_serves_transformers_top_k(tmp_path, declared, arch
 
 def test_masked_lm_through_the_torch_backend_padded_and_packed(tmp_path, declared):
     from serving.backends import torch_backend
-    from serving.backends.base import read_model_spec
+    from serving.backends.model_dir import read_model_spec
 
     directory = save_hf(transformers.BertForMaskedLM, tmp_path / "mlm")
     spec = read_model_spec(directory)
@@ -138,7 +138,7 @@ def test_masked_lm_through_the_torch_backend_padded_and_packed(tmp_path, declare
 def test_one_output_classifier_serves_classify_and_rerank_from_one_head(tmp_path, declared):
     from bert.checkpoint import load_for_inference
     from serving.backends import torch_backend
-    from serving.backends.base import read_model_spec
+    from serving.backends.model_dir import read_model_spec
 
     directory = save_hf(transformers.BertForSequenceClassification, tmp_path / "cross", num_labels=1)
     hf = transformers.BertForSequenceClassification.from_pretrained(directory).eval()
@@ -162,7 +162,7 @@ def test_exported_one_output_classifier_serves_classify_and_rerank(tmp_path, dec
     import json
 
     from export.onnx import cli
-    from serving.backends.base import read_model_spec
+    from serving.backends.model_dir import read_model_spec
     from serving.backends.onnx_backend import OnnxBackend
     from serving.backends.torch_backend import TorchBackend
 

@@ -12,7 +12,7 @@ import pytest
 from test_serving_support import CONTEXT, PYTHON, QA_ITEMS, REPO, Server, build_checkpoint
 
 from bert.tasks import qa as qa_codec
-from serving.backends.base import ModelError
+from serving.backends.model_dir import ModelError
 from serving.batcher import Ticket
 from serving.engine import Engine, Timing
 from serving.metrics import Metrics

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from bert.tasks import TASKS
-from serving.backends.base import Backend, ModelError, ModelSpec, threads_per_run
+from serving.backends.base import Backend, threads_per_run
+from serving.backends.model_dir import ModelError, ModelSpec
 from serving.backends.torch_packed import CUDA_ATTENTIONS, PackedEncoder, PackedRunner, attention_reference, pack
 
 log = logging.getLogger("bertserve")
