@@ -4,6 +4,7 @@ bert/tasks). Every backend hands its model's outputs through task_outputs."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import Any
 
@@ -17,24 +18,30 @@ HIDDEN_STATES = "last_hidden_state"  # an encoder graph's token states: tasks wi
 
 
 def graph_outputs(tasks: list[str]) -> dict[str, list[str]]:
-    """Output names a graph serving `tasks` may have -> the output names of ours each one feeds: every task's
-    multi-task names ("classify_logits") and single-task names ("logits"). One graph output may feed several
-    tasks: a one-output classifier's "logits" is both classify's and rerank's (one head serves both)."""
+    """Output names a model serving `tasks` may give -> the output names of ours each one feeds: every task's
+    multi-task names ("classify_logits", what the torch model's table and a multi-task graph use) and
+    single-task names ("logits"). One output may feed several tasks: a one-output classifier's "logits" is both
+    classify's and rerank's (one head serves both)."""
+    return {name: list(ours) for name, ours in _mapping(tuple(tasks)).items()}
+
+
+@functools.lru_cache(maxsize=64)
+def _mapping(tasks: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     table: dict[str, list[str]] = defaultdict(list)
     for task in tasks:
         for name, ours in {**TASKS[task].graph_outputs, **TASKS[task].single_graph_outputs}.items():
             if ours not in table[name]:
                 table[name].append(ours)
-    return dict(table)
+    return {name: tuple(ours) for name, ours in table.items()}
 
 
 def task_outputs(
     named: dict[str, Any], tasks: list[str], attention_mask: np.ndarray | None = None, pooling: Pooling | None = None
 ) -> dict[str, np.ndarray]:
-    """A graph's outputs ("logits", "start_logits", "classify_logits", "embedding", ...) under our names, float32.
-    A task without a head whose output the graph lacks is derived from its token states (the embed task pools
-    `last_hidden_state` with the batch's attention mask)."""
-    mapping = graph_outputs(tasks)
+    """A model's outputs ("logits", "start_logits", "classify_logits", "embedding", ...) under our names, float32
+    (what every backend hands back). A task without a head whose output the model lacks is derived from its
+    token states (the embed task pools `last_hidden_state` with the batch's attention mask)."""
+    mapping = _mapping(tuple(tasks))
     out: dict[str, np.ndarray] = {}
     for name, value in named.items():
         array = np.asarray(value)
