@@ -21,6 +21,7 @@ from bert.tasks.base import EmptyInput, Route, TooManyInputs
 from serving.batcher import Ticket
 from serving.engine import Timing, version
 from serving.errors import ClientClosed, Unavailable, refusal
+from serving.health import ALIVE, HEALTH_PATH
 from serving.routes import schemas
 from serving.routes.schemas import ErrorBody, Info, Status
 
@@ -211,13 +212,13 @@ def task_routes() -> APIRouter:
     return routes
 
 
-@router.get("/health", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
+@router.get(HEALTH_PATH, response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
 async def health(request: Request):
     """Liveness: the process is up and its event loop answers (503 only when the model failed to start)."""
     state = request.app.state.server
     if state.failed:
         return state.unavailable().response()
-    return {"status": "ok"}
+    return ALIVE
 
 
 @router.get("/ready", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
