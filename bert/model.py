@@ -20,9 +20,9 @@ from torch import nn
 
 from .config import BertConfig, head_layout
 from .losses import IGNORE_INDEX, span_loss
+from .pooling import POOLINGS, pool
 from .tasks import registry
 from .tasks.base import MLM_CANDIDATES
-from .tasks.embed import POOLINGS
 from .tasks.registry import TASKS
 
 
@@ -262,42 +262,6 @@ class EncoderOutput:
     last_hidden_state: torch.Tensor  # (B, T, H)
     pooler_output: torch.Tensor | None = None  # (B, H)
     embedding: torch.Tensor | None = None  # (B, H): the sentence embedding, when the encoder has a pooling mode
-
-
-PACKED_POOLINGS = ("cls", "mean")  # max has no packed form with static shapes
-
-
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | Packing | None, mode: str) -> torch.Tensor:
-    """Token states (B, T, H) -> one vector per sequence (B, H): the [CLS] state, or the mean / max over the
-    real tokens. The arithmetic of sentence-transformers' Pooling, so vectors match it. (bert/tasks/embed.py
-    has the numpy twin, for graphs that give token states; the modes are declared there.)"""
-    if mode not in POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {mode!r}")
-    if isinstance(attention_mask, Packing):
-        return pool_packed(hidden, attention_mask, mode)
-    if mode == "cls":
-        return hidden[:, 0]
-    if attention_mask is None:
-        return hidden.mean(dim=1) if mode == "mean" else hidden.max(dim=1).values
-    mask = attention_mask[..., None].to(hidden.dtype)  # (B, T, 1)
-    if mode == "mean":
-        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-    return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(dim=1).values
-
-
-def pool_packed(hidden: torch.Tensor, packing: Packing, mode: str) -> torch.Tensor:
-    """pool() over packed states (N, H) -> (S, H)."""
-    if mode == "cls":
-        return hidden.index_select(0, packing.cls_rows)
-    if mode != "mean":
-        raise ValueError(f"{mode} pooling has no packed form (packed: {', '.join(PACKED_POOLINGS)})")
-    # Per-sequence sums as differences of one running sum: static shapes, so it is graph-capturable. In float64,
-    # because the difference of two sums over thousands of tokens would cancel float32 digits.
-    running = F.pad(hidden.double().cumsum(dim=0), (0, 0, 1, 0))  # (N + 1, H)
-    bounds = packing.cu_seqlens.long()
-    counts = (bounds[1:] - bounds[:-1]).clamp(min=1).unsqueeze(1)
-    sums = running.index_select(0, bounds[1:]) - running.index_select(0, bounds[:-1])
-    return (sums / counts).to(hidden.dtype)
 
 
 class BertPreTrainedModel(nn.Module):

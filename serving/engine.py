@@ -17,12 +17,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bert.tasks import TASKS, registry
-from bert.tasks.base import Task, UnknownTask
+from bert.tasks import TASKS
+from bert.tasks.base import Task
 from bert.tasks.common import Limits, ModelFacts
 from bert.tokenizer import BertTokenizer
 from serving.backends import create_backend
-from serving.backends.base import Backend, ModelError, ModelSpec, read_model_spec, resolve_model_path, verify_artifact
+from serving.backends.artifact import verify_artifact
+from serving.backends.base import Backend
+from serving.backends.model_dir import ModelError, ModelSpec, read_model_spec, resolve_model_path
 from serving.batcher import Batcher, SequenceResult, Ticket
 from serving.errors import BackendFailure, NotFound, ServingError, refusal
 from serving.settings import DEMO_MODEL_DIR, Settings
@@ -259,13 +261,13 @@ class Engine:
         return unit.dimensions if unit else None
 
     def embedding_info(self) -> dict | None:
-        """What the task served by the encoder itself (no head: embed) answers: how it pools and normalises, the
-        vectors' dimensions, and what is known of them (a model directory may say, in config.json's
-        "embedding_quality", how they were measured against a reference)."""
-        task = next((t for t in self.tasks if TASKS[t].head is None), None)
-        if task is None:
+        """What the encoder's pooled vectors are, in the model that serves the tasks without a head of their own
+        (each such task answers from them): how they are pooled and normalised, their dimensions, and what is
+        known of them (a model directory may say, in config.json's "embedding_quality", how they were measured
+        against a reference). None when no such task is served."""
+        unit = next((self.by_task[t] for t in self.tasks if TASKS[t].head is None), None)
+        if unit is None:
             return None
-        unit = self.by_task[task]
         info = {"dimensions": unit.dimensions, **unit.spec.pooling.describe()}
         if unit.spec.config.get("embedding_quality"):
             info["quality"] = unit.spec.config["embedding_quality"]
@@ -350,14 +352,10 @@ class Engine:
             qa_max_question_length=self.settings.qa_max_question_length,
         )
 
-    async def infer(self, task_name: str, items: list, options: dict, *, ticket: Ticket, timing: Timing) -> list:
+    async def infer(self, task: Task, items: list, options: dict, *, ticket: Ticket, timing: Timing) -> list:
         """items (texts, pairs or QA items) -> one answer per item: the task's codec encodes them (in the
         request's lane), the unit's batcher runs their sequences, the codec decodes the outputs."""
-        try:
-            task = registry.get(task_name)
-        except UnknownTask as e:
-            raise refusal(e) from None
-        unit = self._unit(task_name)
+        unit = self._unit(task.name)
         lane = self._lane(task, _chars(items), options)
         limits = self.limits(unit)
         features = await self._codec(
@@ -372,14 +370,14 @@ class Engine:
         for item_features in features:
             outputs.append([r.outputs for r in results[at : at + len(item_features)]])
             at += len(item_features)
-        facts = unit.facts(task_name)
-        if task_name in self.verify:
-            await self._verify(task_name, items, features, outputs, facts, options, lane, ticket, timing)
+        facts = unit.facts(task.name)
+        if task.name in self.verify:
+            await self._verify(task, items, features, outputs, facts, options, lane, ticket, timing)
         return await self._codec(lambda: task.decode_request(items, features, outputs, facts, **options), lane)
 
     async def _verify(
         self,
-        task_name: str,
+        task: Task,
         items: list,
         features: list,
         outputs: list,
@@ -391,15 +389,14 @@ class Engine:
     ) -> None:
         """The items whose answers are unsure (the task's margins under --TASK-verify-margin) run again on the
         exact model; their outputs are replaced in place."""
-        task = TASKS[task_name]
         margins = await self._codec(lambda: task.margins(items, features, outputs, facts, **options), lane)
         if margins is None:
             return
-        unsure = [i for i, m in enumerate(margins) if m < self.verify_margin(task_name)]
+        unsure = [i for i, m in enumerate(margins) if m < self.verify_margin(task.name)]
         if not unsure:
             return
         flat = [f for i in unsure for f in features[i]]
-        results = await self._infer(self.verify[task_name], flat, ticket, timing)
+        results = await self._infer(self.verify[task.name], flat, ticket, timing)
         at = 0
         for i in unsure:
             outputs[i] = [r.outputs for r in results[at : at + len(features[i])]]

@@ -17,12 +17,13 @@ from starlette.exceptions import HTTPException
 from bert.tasks import registry
 from serving.docs import DOCS_PATHS
 from serving.errors import Overloaded, PayloadTooLarge, Unauthorized, Unavailable, for_status
+from serving.health import HEALTH_PATH
 from serving.logs import log_access
 from serving.logs import request_id as current_request_id
 
 INFERENCE_PATHS = frozenset(registry.routes())
 TASK_OF_PATH = registry.routes()
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"}) | DOCS_PATHS
+OPEN_PATHS = frozenset({HEALTH_PATH, "/ready", "/metrics"}) | DOCS_PATHS
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 
 

@@ -14,6 +14,8 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from serving.health import ALIVE, is_health
+
 LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
 
 
@@ -51,8 +53,8 @@ class _LoadingHandler(BaseHTTPRequestHandler):
     timeout = 5  # a client that connects and sends nothing does not hold a thread
 
     def _answer(self) -> None:
-        if self.path.split("?")[0] == "/health":
-            status, body, extra = 200, {"status": "ok"}, {}
+        if is_health(self.path):
+            status, body, extra = 200, ALIVE, {}
         else:
             status, extra = 503, {"retry-after": "1"}
             body = {"error": "the model is loading", "error_type": "unavailable"}

@@ -492,7 +492,7 @@ def test_the_valid_artifact_and_checkpoint_pass_the_same_checks(artifact, checkp
     import numpy as np
 
     from bert.checkpoint import load_checkpoint
-    from serving.backends.base import read_model_spec
+    from serving.backends.model_dir import read_model_spec
     from serving.backends.onnx_backend import OnnxBackend
     from serving.settings import Settings
 

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from bert.tasks import Features
+from bert.tasks import TASKS, Features
 from serving.batcher import Batcher, Ticket
 from serving.errors import BackendFailure
 
@@ -230,16 +230,16 @@ def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
         engine.start()
         try:
             return await asyncio.gather(
-                engine.infer("classify", TEXTS[:2], {"top_k": 1}, ticket=Ticket(), timing=Timing()),
-                engine.infer("ner", TEXTS[2:4], {"aggregation": "simple"}, ticket=Ticket(), timing=Timing()),
+                engine.infer(TASKS["classify"], TEXTS[:2], {"top_k": 1}, ticket=Ticket(), timing=Timing()),
+                engine.infer(TASKS["ner"], TEXTS[2:4], {"aggregation": "simple"}, ticket=Ticket(), timing=Timing()),
                 engine.infer(
-                    "qa",
+                    TASKS["qa"],
                     [{**QA_ITEMS[1], "top_k": 1, "max_answer_len": 30, "doc_stride": 128}],
                     {},
                     ticket=Ticket(),
                     timing=Timing(),
                 ),
-                engine.infer("embed", TEXTS[4:5], {"normalize": True}, ticket=Ticket(), timing=Timing()),
+                engine.infer(TASKS["embed"], TEXTS[4:5], {"normalize": True}, ticket=Ticket(), timing=Timing()),
             )
         finally:
             await engine.stop()

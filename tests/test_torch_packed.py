@@ -281,7 +281,7 @@ def multi_checkpoint(tmp_path_factory):
 
 
 def make_backend(path, device="cpu", precision="fp32", **options):
-    from serving.backends.base import read_model_spec
+    from serving.backends.model_dir import read_model_spec
 
     settings = SimpleNamespace(
         device=device, effective_precision=precision, threads=None, effective_inference_workers=1

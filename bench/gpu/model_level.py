@@ -119,7 +119,7 @@ def transformers_runner(ckpt: Path, task: str, device: str, dtype):
 def bertserve_backend(ckpt: Path, device: str, precision: str, **options):
     """The server's own backend object, made as the server makes it (settings -> create_backend)."""
     from serving.backends import create_backend
-    from serving.backends.base import read_model_spec
+    from serving.backends.model_dir import read_model_spec
     from serving.backends.torch_backend import TorchBackend
     from serving.settings import Settings
 

@@ -1,7 +1,7 @@
 """Sentence embeddings: texts in, one vector per text out.
 
 The encoder's token states are pooled into one vector per text ([CLS] state, mean or max over the real
-tokens), then optionally scaled to unit length. How a model pools is read from a sentence-transformers
+tokens: bert/pooling.py), then optionally scaled to unit length. How a model pools is read from a sentence-transformers
 directory (`modules.json` -> its Pooling module's `config.json`, and whether a Normalize module follows),
 else from our `config.json` key "pooling", else mean pooling, sentence-transformers' choice for a plain
 encoder. Vectors equal sentence-transformers' `encode(normalize_embeddings=True)` for the same model.
@@ -15,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from bert.pooling import DEFAULT_POOLING, POOLINGS
 from bert.tasks import classify
 from bert.tasks.base import Route, Task, check_inputs, check_texts, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts
 
-POOLINGS = ("cls", "mean", "max")
-DEFAULT_POOLING = "mean"
 _ST_POOLING = "sentence_transformers.models.Pooling"
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
 # sentence-transformers' pooling_mode names and legacy flags -> ours
@@ -113,20 +112,6 @@ def _read_json(path: Path):
 def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False) -> list[Features]:
     """Texts -> Features ([CLS] text [SEP]); too long: InputTooLong, or with `truncate` the tail is cut."""
     return classify.encode(tokenizer, list(texts), max_length=max_length, truncate=truncate)
-
-
-def pool(hidden: np.ndarray, attention_mask: np.ndarray, mode: str) -> np.ndarray:
-    """Token states (B, T, H) and mask (B, T) -> (B, H) float32: the [CLS] state, or the mean / max over the
-    real tokens (the same arithmetic as sentence-transformers' Pooling)."""
-    hidden = np.asarray(hidden, dtype=np.float32)
-    mask = np.asarray(attention_mask)[..., None].astype(np.float32)
-    if mode == "cls":
-        return hidden[:, 0]
-    if mode == "mean":
-        return (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
-    if mode == "max":
-        return np.where(mask > 0, hidden, np.float32(-1e9)).max(axis=1)
-    raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {mode!r}")
 
 
 def decode(vectors, *, normalize: bool) -> list[list[float]]:

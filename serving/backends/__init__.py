@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from serving.backends.base import Backend, ModelError, ModelSpec
+from serving.backends.base import Backend
+from serving.backends.model_dir import ModelError, ModelSpec
 
 
 @dataclass(frozen=True)

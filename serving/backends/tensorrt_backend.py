@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from serving.backends.base import Backend, ModelError, ModelSpec, servable_tasks, task_outputs
+from serving.backends.base import Backend
+from serving.backends.graph_io import servable_tasks
+from serving.backends.model_dir import ModelError, ModelSpec
+from serving.backends.outputs import task_outputs
 
 
 class TensorRTBackend(Backend):

@@ -17,7 +17,9 @@ import numpy as np
 import torch
 
 from bert.tasks import TASKS
-from serving.backends.base import Backend, ModelError, ModelSpec, threads_per_run
+from serving.backends.base import Backend, threads_per_run
+from serving.backends.model_dir import ModelError, ModelSpec
+from serving.backends.outputs import task_outputs
 from serving.backends.torch_packed import CUDA_ATTENTIONS, PackedEncoder, PackedRunner, attention_reference, pack
 
 log = logging.getLogger("bertserve")
@@ -63,8 +65,6 @@ class TorchBackend(Backend):
         if any(TASKS[t].head is None for t in self.tasks):  # pooled states come out of the heads' forward pass
             self.model.set_pooling(spec.pooling.mode)
         self.model.eval()
-        # The model's output table (graph-output names) -> our output names.
-        self.outputs = {name: ours for t in self.tasks for name, ours in TASKS[t].graph_outputs.items()}
 
         cuda = self.device.type == "cuda"
         packed = _choice(packed, getattr(settings, "torch_packed", None), cuda)
@@ -90,7 +90,8 @@ class TorchBackend(Backend):
         return self.run_padded(batch)
 
     def _named(self, table: dict) -> dict[str, np.ndarray]:
-        return {self.outputs[name]: value for name, value in table.items() if name in self.outputs}
+        """The model's output table (graph-output names) under our output names, as every backend maps them."""
+        return task_outputs(table, self.tasks)
 
     @torch.inference_mode()
     def run_padded(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

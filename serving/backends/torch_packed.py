@@ -176,7 +176,8 @@ class PackedEncoder:
     below fp16 rounding; an opt-in, measured as its own piece by the GPU kit)."""
 
     def __init__(self, model, attention: Attention = attention_reference, gelu_epilogue: bool | None = None):
-        from bert.model import PACKED_POOLINGS, BertForMultiTask
+        from bert.model import BertForMultiTask
+        from bert.pooling import PACKED_POOLINGS
 
         if not isinstance(model, BertForMultiTask):
             raise TypeError(f"no packed path for {type(model).__name__} (load checkpoints with load_for_inference)")

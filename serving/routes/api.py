@@ -17,10 +17,11 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from bert.tasks import registry
-from bert.tasks.base import EmptyInput, Route, TooManyInputs
+from bert.tasks.base import EmptyInput, Route, Task, TooManyInputs
 from serving.batcher import Ticket
 from serving.engine import Timing, version
 from serving.errors import ClientClosed, Unavailable, refusal
+from serving.health import ALIVE, HEALTH_PATH
 from serving.routes import schemas
 from serving.routes.schemas import ErrorBody, Info, Status
 
@@ -123,7 +124,7 @@ class RouteInfo:
     (bert.tasks.base.Route): the served model's name, the width of its encoder's vectors, and the request's
     input tokens (0 until its sequences have run)."""
 
-    def __init__(self, engine, task: str, timing: Timing):
+    def __init__(self, engine, task: Task, timing: Timing):
         self._engine, self._task, self._timing = engine, task, timing
 
     @property
@@ -132,7 +133,7 @@ class RouteInfo:
 
     @property
     def embedding_dimensions(self) -> int | None:
-        return self._engine.dimensions(self._task)
+        return self._engine.dimensions(self._task.name)
 
     @property
     def tokens(self) -> int:
@@ -159,7 +160,7 @@ def schema_class(name_or_class):
         raise LookupError(f"serving/routes/schemas.py defines no {name_or_class!r}") from None
 
 
-def _endpoint(task: str, route: Route):
+def _endpoint(task: Task, route: Route):
     """The endpoint of one task's route: validate (pydantic, then the route's check), count the items, run them
     through the engine's one inference path, shape the answers as the route says."""
 
@@ -197,7 +198,7 @@ def task_routes() -> APIRouter:
     routes = APIRouter()
     for task in registry.TASKS.values():
         for route in task.routes:
-            endpoint = _endpoint(task.name, route)
+            endpoint = _endpoint(task, route)
             routes.add_api_route(
                 route.path,
                 endpoint,
@@ -211,13 +212,13 @@ def task_routes() -> APIRouter:
     return routes
 
 
-@router.get("/health", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
+@router.get(HEALTH_PATH, response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})
 async def health(request: Request):
     """Liveness: the process is up and its event loop answers (503 only when the model failed to start)."""
     state = request.app.state.server
     if state.failed:
         return state.unavailable().response()
-    return {"status": "ok"}
+    return ALIVE
 
 
 @router.get("/ready", response_model=Status, tags=["status"], responses={503: {"model": ErrorBody}})

@@ -1,0 +1,47 @@
+"""An artifact directory is served only as its manifest describes it (checked before anything reads its files)."""
+
+from __future__ import annotations
+
+from bert.digest import listed_entries, mismatches
+from serving.backends.model_dir import ModelError, ModelSpec
+
+# What the server reads from an artifact directory: each must be in its manifest, with the same size and sha256.
+ARTIFACT_GRAPHS = ("model.onnx", "model.plan", "model.engine")
+ARTIFACT_READS = (
+    *ARTIFACT_GRAPHS,
+    "config.json",
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+)
+UNVERIFIED_HINT = (
+    "re-export it (python -m export.onnx), or pass --allow-unverified (BERTSERVE_ALLOW_UNVERIFIED=1) "
+    "to serve it as it is"
+)
+
+
+def verify_artifact(spec: ModelSpec) -> None:
+    """An artifact directory is served only as its manifest describes it: a directory whose manifest is missing,
+    lists no files, or does not match them (a copy cut short, a file edited or swapped, a graph from another
+    export beside this config) is refused with one line. Checkpoint directories are not artifacts."""
+    path = spec.path
+    if spec.kind == "checkpoint":
+        return
+    graphs = ", ".join(n for n in ARTIFACT_GRAPHS if (path / n).is_file())
+    if not (path / "manifest.json").is_file():
+        raise ModelError(
+            f"{path} holds {graphs} but no manifest.json, so nothing says its files are whole and "
+            f"belong together; {UNVERIFIED_HINT}"
+        )
+    listed = listed_entries(spec.manifest.get("files"))
+    if not listed:
+        raise ModelError(
+            f"{path / 'manifest.json'} lists no size and sha256 of the files (an older or hand-made "
+            f"manifest); {UNVERIFIED_HINT}"
+        )
+    problems = mismatches(path, listed, ARTIFACT_READS)
+    if problems:
+        raise ModelError(f"{path} does not match its manifest.json: {'; '.join(problems)}; {UNVERIFIED_HINT}")
