@@ -56,46 +56,51 @@ COMMANDS = {
     "training.finetune": (
         _training("training.finetune"),
         ["--init-preset", "tiny", "--tokenizer", "tok", "--train-data", "t.tsv", "--eval-data", "e.tsv"],
-        {"BERTSERVE_TASK": "summarise"},
+        {"BERTSERVE_FINETUNE_TASK": "summarise"},
         "'summarise'",
     ),
     "training.multitask": (
         _training("training.multitask"),
         ["--init-preset", "tiny", "--tokenizer", "tok", "--classify-train", "t.tsv", "--classify-eval", "e.tsv"],
-        {"BERTSERVE_TASK_WEIGHTS": "classify=1,summarise=2"},
+        {"BERTSERVE_MULTITASK_TASK_WEIGHTS": "classify=1,summarise=2"},
         "--task-weights names 'summarise'",
     ),
     "training.evaluate": (
         _training("training.evaluate"),
         ["--ckpt", "no-such-checkpoint", "--data", "e.tsv"],
-        {"BERTSERVE_TASK": "summarise"},
+        {"BERTSERVE_EVALUATE_TASK": "summarise"},
         "'summarise'",
     ),
     "training.pretrain": (
         _training("training.pretrain"),
         ["--corpus", __file__],
-        {"BERTSERVE_VOCAB_SIZE": "50"},
+        {"BERTSERVE_PRETRAIN_VOCAB_SIZE": "50"},
         "vocab_size must be in [100, 65535], got 50",
     ),
     "export.onnx": (
         _export("export.onnx"),
         ["--ckpt", "no-such-checkpoint"],
-        {"BERTSERVE_OPSET": "9"},
+        {"BERTSERVE_ONNX_OPSET": "9"},
         "--opset must be between 14 and 20, got 9",
     ),
     "export.tensorrt": (
         _export("export.tensorrt"),
         ["--artifact", "no-such-artifact"],
-        {"BERTSERVE_WORKSPACE_GB": "-2"},
+        {"BERTSERVE_TENSORRT_WORKSPACE_GB": "-2"},
         "--workspace-gb must be positive, got -2.0",
     ),
     "export.triton": (
         _export("export.triton"),
         ["--repo", "no-such-repo"],
-        {"BERTSERVE_ARTIFACT": "no-such-artifact-dir"},
+        {"BERTSERVE_TRITON_ARTIFACT": "no-such-artifact-dir"},
         "no-such-artifact-dir",
     ),
 }
+
+
+def _options(name: str) -> list[options.Option]:
+    module_name, cls = _declaration(name)
+    return options.options_of(getattr(importlib.import_module(module_name), cls))
 
 
 def _parser(name: str):
@@ -124,8 +129,7 @@ def _no_stray_env(monkeypatch):
 
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_every_option_has_help_and_shows_it_with_its_env_var(name):
-    module_name, cls = _declaration(name)
-    declared = options.options_of(getattr(importlib.import_module(module_name), cls))
+    declared = _options(name)
     assert len(declared) >= 6
     undocumented = [o.name for o in declared if len(o.help.split()) < 2]
     assert not undocumented, undocumented
@@ -151,17 +155,42 @@ def test_an_env_var_sets_an_option_and_a_flag_wins(name, capsys, monkeypatch, tm
     code, lines = _exit(entry, argv, capsys)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
     ((key, _),) = env.items()
-    flag = "--" + key.removeprefix(options.ENV_PREFIX).lower().replace("_", "-")
-    default = next(
-        o
-        for o in options.options_of(getattr(importlib.import_module(_declaration(name)[0]), _declaration(name)[1]))
-        if o.flag == flag
-    ).default
+    declared = next(o for o in _options(name) if o.env == key)
+    flag, default = declared.flag, declared.default
     if default in (None, "", []):
         return  # no value of the flag's own that passes (a required path): the env var alone is shown read
     given = ",".join(default) if isinstance(default, list) else str(default)
     code, lines = _exit(entry, [*argv, flag, given], capsys)
     assert not any(message in line for line in lines), lines  # the flag's value was used, not the env var's
+
+
+def test_no_env_var_means_two_things():
+    """Every command's options, walked: an env var read by two commands must mean the same to both (kind,
+    choices, help). Once BERTSERVE_PRECISION was fp32|bf16|fp16 to training, fp32|fp16|int8 to export and
+    fp32|fp16|bf16 to the server, so an int8 left for an export stopped the server from starting."""
+    meanings: dict[str, dict[tuple, list[str]]] = {}
+    for name in COMMANDS:
+        for o in _options(name):
+            meanings.setdefault(o.env, {}).setdefault((o.kind, o.choices, o.help), []).append(name)
+    assert len(meanings) > 200  # every command's options were walked
+    shared = {env: list(by_meaning.values()) for env, by_meaning in meanings.items() if len(by_meaning) > 1}
+    assert not shared, shared
+
+
+def test_an_export_setting_in_the_environment_leaves_the_server_alone(monkeypatch, capsys):
+    from export.onnx import OnnxOptions
+    from serving.settings import Settings
+
+    monkeypatch.setenv("BERTSERVE_ONNX_PRECISION", "int8")
+    monkeypatch.setenv("BERTSERVE_FINETUNE_PRECISION", "bf16")
+    assert options.read(OnnxOptions, ["--ckpt", "c"])["precision"] == "int8"
+    values = options.read(Settings, [])
+    settings = Settings(**{k: v for k, v in values.items() if values.sources[k] != "default"})
+    assert settings.precision is None and settings.effective_precision == "fp32"
+    # The server's own variable still means the server's precision, and int8 is not one of them.
+    monkeypatch.setenv("BERTSERVE_PRECISION", "int8")
+    code, lines = _exit(_serving, ["--model", "no-such-model"], capsys)
+    assert code == 2 and len(lines) == 1 and "BERTSERVE_PRECISION" in lines[0] and "int8" in lines[0], lines
 
 
 # ----------------------------------------------------------------------------- the mechanism itself

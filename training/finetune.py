@@ -32,6 +32,8 @@ def trainable_task(name: str):
 
 @dataclass
 class FinetuneConfig(TrainConfig):
+    env_prefix = "BERTSERVE_FINETUNE_"  # bert/options.py: an env var belongs to one command
+
     task: str = option("", "a trainable task: classify | ner | qa ...")
     ckpt: str = option(
         "",

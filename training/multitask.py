@@ -53,6 +53,8 @@ class MultiTaskOptions(TrainConfig):
     """The options every task shares; MultiTaskConfig adds each trainable task's own (see _task_fields). Those
     that mean what they mean to training.finetune are its declarations (bert.options.like)."""
 
+    env_prefix = "BERTSERVE_MULTITASK_"  # bert/options.py: an env var belongs to one command
+
     ckpt: str = option("", "checkpoint path or store name whose encoder all heads share (heads start fresh if absent)")
     init_preset: str = like(FinetuneConfig, "init_preset")
     tokenizer: str = like(FinetuneConfig, "tokenizer")
