@@ -34,6 +34,16 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 ENV_PREFIX = "BERTSERVE_"  # the server's; an offline command's class declares its own `env_prefix`
+# The product's env vars that are no command's option, with what each is for. Together with the commands' options
+# these are every BERTSERVE_ name the product reads (tests/test_options.py checks the source against both).
+ENVIRONMENT = {
+    "BERTSERVE_HOME": "the checkpoint store is $BERTSERVE_HOME/checkpoints (default: ./checkpoints), for every command",
+    "BERTSERVE_BASE_URL": "the Python SDK's server address when the Client is given none",
+    "BERTSERVE_PAUSE_AT": "crash tests only: stop at this named point of a checkpoint write (bert/atomic.py)",
+    "BERTSERVE_TEST_DATA": "tests and benchmarks: the data directory (default: ../shared/data)",
+    "BERTSERVE_PEERS_DIR": "benchmarks: where peer servers are installed (default: bench/.peers)",
+    "BERTSERVE_HEALTHCHECK_PIDS": "tests only: the processes whose sockets the container health check probes",
+}
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 EXIT_USAGE = 2
@@ -225,7 +235,7 @@ class _No(argparse.Action):
 
 
 def _default_text(o: Option) -> str:
-    if o.kind is bool:
+    if o.kind is bool and o.default is not None:  # None: the help says what decides
         return f" (default: {str(bool(o.default)).lower()})"
     if o.default is None or o.default == "" or o.default == []:
         return ""

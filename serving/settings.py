@@ -58,6 +58,21 @@ class _Settings(BaseSettings):
         description="batches that run at once, each on threads/workers CPU threads (default: 2 on "
         "cpu, 1 on cuda; 1 for a backend whose runs cannot overlap, such as tensorrt)",
     )
+    torch_packed: Optional[bool] = Field(
+        None,
+        description="torch backend: run only the real tokens of a batch (varlen attention), once that has "
+        "matched the padded path on a probe batch at load time; when it does not, the log says why and batches "
+        "run padded (default: on for cuda, off for cpu)",
+    )
+    torch_cuda_graphs: Optional[bool] = Field(
+        None,
+        description="torch backend, packed path: replay one CUDA graph per shape bucket (default: on for cuda)",
+    )
+    torch_gelu_epilogue: Optional[bool] = Field(
+        None,
+        description="torch backend, packed path: the feed-forward GELU inside the matmul (cuBLASLt's tanh "
+        "approximation); default: only for models trained with tanh GELU, true applies it to exact-GELU models too",
+    )
 
     # ---- network
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 for all interfaces)")
@@ -217,7 +232,7 @@ class _Settings(BaseSettings):
         return self.precision or ("fp16" if self.device == "cuda" else "fp32")
 
 
-# A --TASK-model flag (BERTSERVE_TASK_MODEL) for every registered task.
+# A --TASK-model flag (BERTSERVE_<TASK>_MODEL) for every registered task.
 Settings = create_model(
     "Settings",
     __base__=_Settings,

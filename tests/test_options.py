@@ -280,3 +280,95 @@ def test_help_is_read_from_the_declaration_not_the_source():
     assert "the size of it (default: 5) [env BERTSERVE_SIZE]" in " ".join(
         options.build_parser(made).format_help().split()
     )
+
+
+# ----------------------------------------------------------------------------- every option read is declared
+
+PRODUCT = ("bert", "training", "export", "serving", "batch", "evals", "bench", "clients", "docker", "examples")
+
+
+def _product_files():
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    return [p for top in PRODUCT if (repo / top).is_dir() for p in sorted((repo / top).rglob("*.py"))]
+
+
+def test_every_bertserve_variable_the_product_names_is_declared():
+    """Each BERTSERVE_ name in the product's source (a read, a message, a docstring) is some command's option or
+    one of options.ENVIRONMENT; and none of those is also an option."""
+    import re
+
+    declared, prefixes = set(), set()
+    for name in COMMANDS:
+        declared |= {o.env for o in _options(name)}
+        module_name, cls = _declaration(name)
+        prefixes.add(options.env_prefix(getattr(importlib.import_module(module_name), cls)).rstrip("_"))
+    assert not set(options.ENVIRONMENT) & declared
+    named = {}
+    for path in _product_files():
+        for found in re.findall(r"BERTSERVE_[A-Z0-9_]*[A-Z0-9]", path.read_text()):
+            named.setdefault(found, path.name)
+    assert len(named) >= 15  # the walk found the product's names
+    undeclared = {n: where for n, where in named.items() if n not in declared | prefixes | set(options.ENVIRONMENT)}
+    assert not undeclared, undeclared
+
+
+def _settings_reads(tree):
+    """(attribute, line) for each `settings.X`, `self.settings.X` and `getattr(settings, "X" or f"..X")` in tree;
+    an f-string name is given as '*' + its constant tail."""
+    import ast
+
+    def is_settings(node):
+        return (isinstance(node, ast.Name) and node.id == "settings") or (
+            isinstance(node, ast.Attribute) and node.attr == "settings"
+        )
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_settings(node.value):
+            yield node.attr, node.lineno
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) >= 2
+            and is_settings(node.args[0])
+        ):
+            name = node.args[1]
+            if isinstance(name, ast.Constant):
+                yield name.value, node.lineno
+            elif isinstance(name, ast.JoinedStr) and isinstance(name.values[-1], ast.Constant):
+                yield "*" + name.values[-1].value, node.lineno
+            else:
+                yield "?", node.lineno
+
+
+def test_every_server_setting_the_code_reads_is_declared():
+    """serving/ (and what builds its backends) reads only what Settings declares: once the torch backend read
+    `torch_packed`, `torch_cuda_graphs` and `torch_gelu_epilogue` by getattr with a default, and nothing
+    declared them."""
+    import ast
+
+    from serving.settings import Settings
+
+    known = set(Settings.model_fields) | set(dir(Settings))
+    reads, unknown = 0, []
+    for path in _product_files():
+        if path.parent.name == "tasks" or path.name == "tokenizer.py":
+            continue  # bert's own `settings` are a tokenizer's and a model directory's, not the server's
+        for attr, line in _settings_reads(ast.parse(path.read_text())):
+            reads += 1
+            ok = any(f.endswith(attr[1:]) for f in Settings.model_fields) if attr.startswith("*") else attr in known
+            if not ok:
+                unknown.append(f"{path.name}:{line}: settings.{attr}")
+    assert reads > 40  # the walk found the server's reads
+    assert not unknown, unknown
+
+
+def test_every_task_training_option_is_a_finetune_option():
+    from bert.tasks import registry
+    from training.finetune import FinetuneConfig
+
+    fields = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    for task in registry.TASKS.values():
+        assert set(task.train_options) <= fields, task.name
