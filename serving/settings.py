@@ -6,6 +6,7 @@ as every command reads its options (flag > env var > default), so the two never 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -16,6 +17,13 @@ from bert.tasks import registry
 from serving.backends import BACKENDS
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
+# Old setting -> the one that replaced it: deployed configurations still set the old names, which are read (with
+# a warning) into the new ones.
+DEPRECATED = {"qa_max_windows": "max_request_sequences"}
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
 
 
 class _Settings(BaseSettings):
@@ -123,13 +131,19 @@ class _Settings(BaseSettings):
         'longer inputs get 422 unless the request sends "truncate": true',
     )
     max_client_batch_size: int = Field(32, ge=1, description="most inputs in one request (413 beyond)")
-    qa_max_length: int = Field(384, ge=16, description="tokens per QA window (question + context piece)")
-    qa_max_question_length: int = Field(64, ge=1, description="question tokens kept in each QA window")
-    qa_max_windows: int = Field(
+    max_request_sequences: int = Field(
         256,
         ge=1,
-        description="most QA windows one request may need, over all its items "
-        "(413 beyond): contexts are windowed, never cut",
+        description="most model inputs one request may fan out to, over all its items (413 beyond), counted "
+        "before any is built (a QA context's windows: contexts are windowed, never cut)",
+    )
+    qa_max_length: int = Field(384, ge=16, description="tokens per QA window (question + context piece)")
+    qa_max_question_length: int = Field(64, ge=1, description="question tokens kept in each QA window")
+    qa_max_windows: Optional[int] = Field(
+        None,
+        ge=1,
+        description="deprecated: the old name of --max-request-sequences (it capped every task's fan-out, not "
+        "only QA's); still read, with a warning",
     )
     qa_verify_model: Optional[str] = Field(
         None,
@@ -183,6 +197,18 @@ class _Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> "_Settings":
+        for old, new in DEPRECATED.items():
+            if getattr(self, old) is None:
+                continue
+            if new in self.model_fields_set:
+                raise ValueError(f"{old} is the deprecated name of {new}: give only {new}")
+            warnings.warn(
+                f"--{_dashed(old)} (BERTSERVE_{old.upper()}) is deprecated: use --{_dashed(new)} "
+                f"(BERTSERVE_{new.upper()})",
+                FutureWarning,
+                stacklevel=2,
+            )
+            setattr(self, new, getattr(self, old))
         names = ("auto", *BACKENDS)
         if self.backend not in names and ":" not in self.backend:
             raise ValueError(f"backend must be one of {', '.join(names)} or 'module:factory', got {self.backend!r}")

@@ -391,7 +391,7 @@ def encode_request(
             needed = "more than " + str(limit) if e.needed is None else str(used + e.needed)
             raise TooMuchWork(
                 f"the contexts of this request need {needed} windows of {max_length} tokens; the "
-                f"limit is {limit} (qa_max_windows): send shorter contexts or fewer items"
+                f"limit is {limit} (max_request_sequences): send shorter contexts or fewer items"
             ) from None
         used += len(item_windows)
         windows.append(item_windows)
