@@ -372,3 +372,31 @@ def test_every_task_training_option_is_a_finetune_option():
     fields = {f.name for f in dataclasses.fields(FinetuneConfig)}
     for task in registry.TASKS.values():
         assert set(task.train_options) <= fields, task.name
+
+
+# ----------------------------------------------------------------------------- options a task declares
+
+
+def test_the_server_generates_each_tasks_declared_options():
+    """A task's serve_options (bert/tasks/<name>.py) become the server's --<task>-<name> with their help, default
+    and bounds; the task's own check of them runs at startup; only a task with margins gets --<task>-verify-*."""
+    from pydantic import ValidationError
+
+    from bert.tasks import registry
+    from bert.tasks.base import Task
+    from serving.settings import Settings
+
+    declared = 0
+    for task in registry.TASKS.values():
+        for o in task.serve_options:
+            field = Settings.model_fields[f"{task.name}_{o.name}"]
+            assert (field.description, field.default) == (o.help, o.default)
+            declared += 1
+        with_margins = type(task).margins is not Task.margins
+        assert (f"{task.name}_verify_model" in Settings.model_fields) == with_margins, task.name
+    assert declared >= 2
+    assert Settings(qa_max_length=100, qa_max_question_length=20).qa_window_capacity == 77
+    with pytest.raises(ValidationError, match="qa_max_length .60. must leave room"):
+        Settings(qa_max_length=60, qa_max_question_length=64)
+    with pytest.raises(ValidationError, match="greater than or equal to 16"):
+        Settings(qa_max_length=8)

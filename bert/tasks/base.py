@@ -110,6 +110,20 @@ def check_inputs(body, info=None) -> None:
 
 
 @dataclass(frozen=True)
+class TaskOption:
+    """An option or limit a task declares; the command that reads it names it after the task: the server's
+    `--qa-max-length` (BERTSERVE_QA_MAX_LENGTH) is QA's `max_length`. `minimum` / `maximum`: the bounds a value
+    must keep; `kind`: the value's type when the default (None) does not say."""
+
+    name: str
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    kind: type | None = None
+
+
+@dataclass(frozen=True)
 class Labels:
     """What a trained head predicts. `values`: labels as written in the training data, in head order (None: the
     head predicts no named labels); `names`: what the checkpoint shows for them (config id2label; None: no
@@ -138,6 +152,14 @@ class Task:
     routes: ClassVar[tuple[Route, ...]] = ()
     trainable: ClassVar[bool] = False
     main_metric: ClassVar[str] = ""  # the metric (0-100 after `score`) best/ is chosen by
+
+    # The server's options for this task, generated into python -m serving's as --<task>-<name>; a task that
+    # has `margins` also gets --<task>-verify-model and --<task>-verify-margin.
+    serve_options: ClassVar[tuple[TaskOption, ...]] = ()
+
+    def serve_problems(self, values: dict) -> list[str]:
+        """Contradictions among this task's serve_options (`values` by their names here), found at startup."""
+        return []
 
     # ---- what a checkpoint offers ------------------------------------------------------------------------
     def serves(self, config: dict) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bert.options import flag
-from bert.tasks.base import Head, Labels, Route, Task, check_texts
+from bert.tasks.base import Head, Labels, Route, Task, TaskOption, check_texts
 from bert.tasks.common import CallerGone, Features, Limits, ModelFacts, TooMuchWork, bounded_text
 
 MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
@@ -477,6 +477,18 @@ class QATask(Task):
     )
     trainable = True
     main_metric = "f1"
+    serve_options = (
+        TaskOption("max_length", 384, "tokens per QA window (question + context piece)", minimum=16),
+        TaskOption("max_question_length", 64, "question tokens kept in each QA window", minimum=1),
+    )
+
+    def serve_problems(self, values: dict) -> list[str]:
+        if values["max_question_length"] + 3 >= values["max_length"]:
+            return [
+                f"qa_max_length ({values['max_length']}) must leave room for the context after a "
+                f"{values['max_question_length']}-token question"
+            ]
+        return []
 
     def encode_request(self, tokenizer, items, limits, **options):
         return encode_request(tokenizer, items, limits, **options)
