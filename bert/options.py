@@ -334,6 +334,10 @@ def read(
             sources[o.name] = o.env
         else:
             values[o.name], sources[o.name] = o.default, "default"
+            unread = ENV_PREFIX + o.name.upper()
+            if o.prefix != ENV_PREFIX and unread in environ:
+                # A variable this command read before each command had its own: say so, rather than ignore it.
+                print(f"warning: {unread} is not read by {parser.prog}: its variable is {o.env}", file=sys.stderr)
     for group in dict.fromkeys(o.one_of for o in options if o.one_of):
         members = [o for o in options if o.one_of == group]
         chosen = [o for o in members if sources[o.name] != "default"]

@@ -365,13 +365,24 @@ def test_every_server_setting_the_code_reads_is_declared():
     assert not unknown, unknown
 
 
-def test_every_task_training_option_is_a_finetune_option():
+def test_training_options_are_generated_from_each_tasks_declaration():
+    """A task's `train_options` (bert/tasks/<name>.py) are training.finetune's options with their help and default;
+    multitask has each once (or per task, --classify-labels) unless the task says it does not."""
     from bert.tasks import registry
-    from training.finetune import FinetuneConfig
+    from training.multitask import MultiTaskConfig, shared_task_options
 
-    fields = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    commands = {name: {o.name: o for o in _options(name)} for name in COMMANDS}
+    declared = 0
     for task in registry.TASKS.values():
-        assert set(task.train_options) <= fields, task.name
+        for o in task.train_options:
+            finetune = commands["training.finetune"][o.name]
+            assert (finetune.help, finetune.default) == (o.help, o.default), o.name
+            in_multitask = o.name in commands["training.multitask"]
+            own = f"{task.name}_{o.name}" in commands["training.multitask"]
+            assert (in_multitask or own) == o.multitask and not (in_multitask and own), o.name
+            declared += 1
+    assert declared >= 15 and "doc_stride" in shared_task_options()
+    assert "text_column" not in {f.name for f in dataclasses.fields(MultiTaskConfig)}
 
 
 # ----------------------------------------------------------------------------- options a task declares
@@ -400,3 +411,15 @@ def test_the_server_generates_each_tasks_declared_options():
         Settings(qa_max_length=60, qa_max_question_length=64)
     with pytest.raises(ValidationError, match="greater than or equal to 16"):
         Settings(qa_max_length=8)
+
+
+def test_an_offline_command_names_a_variable_it_no_longer_reads(capsys):
+    from training.finetune import FinetuneConfig
+
+    env = {"BERTSERVE_LEARNING_RATE": "1e-3", "BERTSERVE_FINETUNE_SEED": "7"}
+    values = options.read(FinetuneConfig, [], environ=env, prog="python -m training.finetune")
+    assert values["learning_rate"] == 5e-5 and values["seed"] == 7
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: BERTSERVE_LEARNING_RATE is not read by python -m training.finetune: its variable is "
+        "BERTSERVE_FINETUNE_LEARNING_RATE"
+    ]

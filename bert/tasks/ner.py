@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import decoders
 
-from bert.tasks.base import Head, Labels, Route, Task, check_inputs, one_or_list, texts_of
+from bert.tasks.base import Head, Labels, Route, Task, TaskOption, check_inputs, one_or_list, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, check_length, softmax
 from bert.tokenizer import UNK, InputTooLong
 
@@ -360,7 +360,16 @@ class NerTask(Task):
         return decode_request(items, features, outputs, facts, **options)
 
     # ---- training hooks: CoNLL sentences (training.data.readers.TaggedSentence) --------------------------
-    train_options = ("scheme", "label_all_subtokens")
+    train_options = (
+        TaskOption(
+            "scheme", "auto", "ner: auto | iob1 | iob2: tag scheme of the CoNLL files (IOB1 is converted to IOB2)"
+        ),
+        TaskOption(
+            "label_all_subtokens",
+            False,
+            "ner: train every sub-token (B- becomes I- after a word's first; default: first only)",
+        ),
+    )
     train_data_help = "CoNLL file (IOB1 or IOB2)"
 
     def train_problems(self, cfg) -> list[str]:

@@ -452,6 +452,12 @@ def _shape_qa(answers: list, body, info=None):
     return shaped if isinstance(body, list) else shaped[0]
 
 
+# SQuAD data has no dev set of its own here: qa's and rerank's readers hold out its last articles.
+HELDOUT_ARTICLES = TaskOption(
+    "heldout_articles", 0, "qa: hold out the last N articles of the training data for evaluation (never trained on)"
+)
+
+
 class QATask(Task):
     """Extractive question answering: the best spans of a context, windowed with a doc stride, never cut."""
 
@@ -500,7 +506,12 @@ class QATask(Task):
         return margins(items, features, outputs, facts, **options)
 
     # ---- training hooks: SQuAD questions (training.data.readers.QAExample), windowed --------------------
-    train_options = ("doc_stride", "max_query_length", "max_answer_length", "heldout_articles")
+    train_options = (
+        TaskOption("doc_stride", 128, "qa: tokens between the starts of consecutive context windows"),
+        TaskOption("max_query_length", 64, "qa: questions are cut to this many tokens"),
+        TaskOption("max_answer_length", 30, "qa: longest predicted answer, in tokens"),
+        HELDOUT_ARTICLES,
+    )
     train_max_seq_length = 384
     train_data_help = "SQuAD JSON / .gz / directory / comma-separated parts"
 
