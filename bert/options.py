@@ -5,9 +5,11 @@ dataclass whose fields come from `option(default, "help")`, or, for the server, 
 fields carry `Field(description=...)`. `parse(cls, argv)` reads them the same way for all:
 
 - the flag is the field's name with dashes (`max_seq_length` -> `--max-seq-length`);
-- the env var is `BERTSERVE_` + the name in capitals (`BERTSERVE_MAX_SEQ_LENGTH`), for every option of every
-  command: a name means the same thing wherever it appears (`BERTSERVE_DEVICE=cuda` moves training, export
-  checks and the server alike);
+- the env var is the command's prefix + the name in capitals: `BERTSERVE_` for the server
+  (`BERTSERVE_MAX_BATCH_TOKENS`), `BERTSERVE_<COMMAND>_` for the offline commands (`BERTSERVE_FINETUNE_MAX_SEQ_LENGTH`,
+  `BERTSERVE_ONNX_PRECISION`), declared as the class's `env_prefix`. One env var is read by one command only:
+  the same word means different things to different commands (`precision` is fp32|bf16|fp16 to training,
+  fp32|fp16|int8 to export), and an `int8` exported with must not stop the server from starting;
 - precedence: a flag given on the command line, else its env var, else the declared default;
 - a yes/no option is `--name` (true), `--name false|true`, and `--no-name` (false); env `1/0, true/false,
   yes/no, on/off`;
@@ -31,7 +33,17 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-ENV_PREFIX = "BERTSERVE_"
+ENV_PREFIX = "BERTSERVE_"  # the server's; an offline command's class declares its own `env_prefix`
+# The product's env vars that are no command's option, with what each is for. Together with the commands' options
+# these are every BERTSERVE_ name the product reads (tests/test_options.py checks the source against both).
+ENVIRONMENT = {
+    "BERTSERVE_HOME": "the checkpoint store is $BERTSERVE_HOME/checkpoints (default: ./checkpoints), for every command",
+    "BERTSERVE_BASE_URL": "the Python SDK's server address when the Client is given none",
+    "BERTSERVE_PAUSE_AT": "crash tests only: stop at this named point of a checkpoint write (bert/atomic.py)",
+    "BERTSERVE_TEST_DATA": "tests and benchmarks: the data directory (default: ../shared/data)",
+    "BERTSERVE_PEERS_DIR": "benchmarks: where peer servers are installed (default: bench/.peers)",
+    "BERTSERVE_HEALTHCHECK_PIDS": "tests only: the processes whose sockets the container health check probes",
+}
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 EXIT_USAGE = 2
@@ -90,6 +102,7 @@ class Option:
     metavar: str | None = None
     required: bool = False
     one_of: str | None = None
+    prefix: str = ENV_PREFIX
 
     @property
     def flag(self) -> str:
@@ -97,7 +110,7 @@ class Option:
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
+        return self.prefix + self.name.upper()
 
     def convert(self, text: str):
         """A flag's or env var's text as this option's value; ValueError names what was expected."""
@@ -129,9 +142,19 @@ def _kind(hint) -> tuple[type, tuple | None]:
     return (hint if hint in (str, int, float, bool) else str), None
 
 
+def env_prefix(cls) -> str:
+    """What `cls`'s env vars start with: its `env_prefix` (a pydantic-settings model's from its model_config),
+    else BERTSERVE_."""
+    config = getattr(cls, "model_config", None)
+    if isinstance(config, dict) and config.get("env_prefix"):
+        return config["env_prefix"]
+    return getattr(cls, "env_prefix", ENV_PREFIX)
+
+
 def options_of(cls) -> list[Option]:
     """The options `cls` declares: a dataclass's fields (help in `metadata["help"]`, from `option`) or a pydantic
     model's fields (help in `Field(description=...)`), in declaration order."""
+    prefix = env_prefix(cls)
     if dataclasses.is_dataclass(cls):
         hints = typing.get_type_hints(cls)
         out = []
@@ -149,6 +172,7 @@ def options_of(cls) -> list[Option]:
                     meta.get("metavar"),
                     bool(meta.get("required")),
                     meta.get("one_of"),
+                    prefix,
                 )
             )
         return out
@@ -156,7 +180,8 @@ def options_of(cls) -> list[Option]:
     for name, f in cls.model_fields.items():  # a pydantic (settings) model
         kind, choices = _kind(f.annotation)
         required = f.is_required()
-        out.append(Option(name, kind, None if required else f.default, f.description or "", choices, required=required))
+        default = None if required else f.default
+        out.append(Option(name, kind, default, f.description or "", choices, required=required, prefix=prefix))
     return out
 
 
@@ -210,7 +235,7 @@ class _No(argparse.Action):
 
 
 def _default_text(o: Option) -> str:
-    if o.kind is bool:
+    if o.kind is bool and o.default is not None:  # None: the help says what decides
         return f" (default: {str(bool(o.default)).lower()})"
     if o.default is None or o.default == "" or o.default == []:
         return ""
@@ -290,7 +315,7 @@ def read(
     parser: argparse.ArgumentParser | None = None,
     **parser_args,
 ) -> Values:
-    """Every option of `cls`: from its flag, else its env var (BERTSERVE_<NAME>), else its default. A bad or
+    """Every option of `cls`: from its flag, else its env var (its prefix + NAME), else its default. A bad or
     missing one exits 2 with one `error:` line."""
     parser = parser or build_parser(cls, **parser_args)
     given = vars(parser.parse_args(argv))
@@ -309,6 +334,10 @@ def read(
             sources[o.name] = o.env
         else:
             values[o.name], sources[o.name] = o.default, "default"
+            unread = ENV_PREFIX + o.name.upper()
+            if o.prefix != ENV_PREFIX and unread in environ:
+                # A variable this command read before each command had its own: say so, rather than ignore it.
+                print(f"warning: {unread} is not read by {parser.prog}: its variable is {o.env}", file=sys.stderr)
     for group in dict.fromkeys(o.one_of for o in options if o.one_of):
         members = [o for o in options if o.one_of == group]
         chosen = [o for o in members if sources[o.name] != "default"]

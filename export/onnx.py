@@ -35,7 +35,9 @@ TASK_CHOICES = ("auto", *registry.names(), *LAYOUTS)
 
 @dataclass
 class OnnxOptions:
-    """python -m export.onnx's options (bert/options.py: each is also an env var BERTSERVE_<NAME>)."""
+    """python -m export.onnx's options (bert/options.py: each is also an env var BERTSERVE_ONNX_<NAME>)."""
+
+    env_prefix = "BERTSERVE_ONNX_"  # bert/options.py: an env var belongs to one command
 
     ckpt: str = option(
         metavar="NAME|PATH",

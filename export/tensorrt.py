@@ -44,7 +44,9 @@ def import_tensorrt():
 
 @dataclass
 class TensorRTOptions:
-    """python -m export.tensorrt's options (bert/options.py: each is also an env var BERTSERVE_<NAME>)."""
+    """python -m export.tensorrt's options (bert/options.py: each is also an env var BERTSERVE_TENSORRT_<NAME>)."""
+
+    env_prefix = "BERTSERVE_TENSORRT_"  # bert/options.py: an env var belongs to one command
 
     artifact: str | None = option(
         None,

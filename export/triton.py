@@ -36,7 +36,9 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 @dataclass
 class TritonOptions:
-    """python -m export.triton's options (bert/options.py: each is also an env var BERTSERVE_<NAME>)."""
+    """python -m export.triton's options (bert/options.py: each is also an env var BERTSERVE_TRITON_<NAME>)."""
+
+    env_prefix = "BERTSERVE_TRITON_"  # bert/options.py: an env var belongs to one command
 
     artifact: str = option(metavar="DIR", help="artifact directory from python -m export.onnx")
     repo: str = option(metavar="OUT", help="model repository root (created); the model goes to OUT/NAME")

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import sys
+import warnings
 
 import uvicorn
 from pydantic import ValidationError
@@ -124,7 +125,11 @@ class GracefulServer(uvicorn.Server):
 def main(argv: list[str] | None = None) -> int:
     values = options.read(Settings, argv, parser=build_parser())
     try:
-        settings = Settings(**{name: v for name, v in values.items() if values.sources[name] != "default"})
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always", FutureWarning)
+            settings = Settings(**{name: v for name, v in values.items() if values.sources[name] != "default"})
+        for w in warned:  # a deprecated setting: one line, before any work
+            print(f"warning: {w.message}", file=sys.stderr)
     except ValidationError as e:
         for error in e.errors():
             name = ".".join(str(x) for x in error["loc"])

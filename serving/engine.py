@@ -347,7 +347,7 @@ class Engine:
     def limits(self, unit: ModelUnit) -> Limits:
         return Limits(
             max_length=unit.max_length,
-            max_sequences=self.settings.qa_max_windows,
+            max_sequences=self.settings.max_request_sequences,
             qa_max_length=self.settings.qa_max_length,
             qa_max_question_length=self.settings.qa_max_question_length,
         )

@@ -6,6 +6,7 @@ as every command reads its options (flag > env var > default), so the two never 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -13,9 +14,17 @@ from pydantic import Field, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bert.tasks import registry
+from bert.tasks.base import Task
 from serving.backends import BACKENDS
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
+# Old setting -> the one that replaced it: deployed configurations still set the old names, which are read (with
+# a warning) into the new ones.
+DEPRECATED = {"qa_max_windows": "max_request_sequences"}
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
 
 
 class _Settings(BaseSettings):
@@ -57,6 +66,21 @@ class _Settings(BaseSettings):
         ge=1,
         description="batches that run at once, each on threads/workers CPU threads (default: 2 on "
         "cpu, 1 on cuda; 1 for a backend whose runs cannot overlap, such as tensorrt)",
+    )
+    torch_packed: Optional[bool] = Field(
+        None,
+        description="torch backend: run only the real tokens of a batch (varlen attention), once that has "
+        "matched the padded path on a probe batch at load time; when it does not, the log says why and batches "
+        "run padded (default: on for cuda, off for cpu)",
+    )
+    torch_cuda_graphs: Optional[bool] = Field(
+        None,
+        description="torch backend, packed path: replay one CUDA graph per shape bucket (default: on for cuda)",
+    )
+    torch_gelu_epilogue: Optional[bool] = Field(
+        None,
+        description="torch backend, packed path: the feed-forward GELU inside the matmul (cuBLASLt's tanh "
+        "approximation); default: only for models trained with tanh GELU, true applies it to exact-GELU models too",
     )
 
     # ---- network
@@ -108,26 +132,17 @@ class _Settings(BaseSettings):
         'longer inputs get 422 unless the request sends "truncate": true',
     )
     max_client_batch_size: int = Field(32, ge=1, description="most inputs in one request (413 beyond)")
-    qa_max_length: int = Field(384, ge=16, description="tokens per QA window (question + context piece)")
-    qa_max_question_length: int = Field(64, ge=1, description="question tokens kept in each QA window")
-    qa_max_windows: int = Field(
+    max_request_sequences: int = Field(
         256,
         ge=1,
-        description="most QA windows one request may need, over all its items "
-        "(413 beyond): contexts are windowed, never cut",
+        description="most model inputs one request may fan out to, over all its items (413 beyond), counted "
+        "before any is built (a QA context's windows: contexts are windowed, never cut)",
     )
-    qa_verify_model: Optional[str] = Field(
+    qa_max_windows: Optional[int] = Field(
         None,
-        description="a second, exact model for /qa (e.g. the fp32 export beside an int8 --model): a question "
-        "whose best two answers are closer than --qa-verify-margin is answered again by it, so a "
-        "fast model's answers agree with the exact one's (docs/serving.md, \"Fast QA\")",
-    )
-    qa_verify_margin: float = Field(
-        0.1,
-        ge=0,
-        le=1,
-        description="with --qa-verify-model: recompute a question whose best answer's score leads "
-        "the second's by less than this (scores are probabilities, 0-1)",
+        ge=1,
+        description="deprecated: the old name of --max-request-sequences (it capped every task's fan-out, not "
+        "only QA's); still read, with a warning",
     )
     shutdown_timeout_s: float = Field(
         30.0,
@@ -168,14 +183,26 @@ class _Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> "_Settings":
+        for old, new in DEPRECATED.items():
+            if getattr(self, old) is None:
+                continue
+            if new in self.model_fields_set:
+                raise ValueError(f"{old} is the deprecated name of {new}: give only {new}")
+            warnings.warn(
+                f"--{_dashed(old)} (BERTSERVE_{old.upper()}) is deprecated: use --{_dashed(new)} "
+                f"(BERTSERVE_{new.upper()})",
+                FutureWarning,
+                stacklevel=2,
+            )
+            setattr(self, new, getattr(self, old))
         names = ("auto", *BACKENDS)
         if self.backend not in names and ":" not in self.backend:
             raise ValueError(f"backend must be one of {', '.join(names)} or 'module:factory', got {self.backend!r}")
-        if self.qa_max_question_length + 3 >= self.qa_max_length:
-            raise ValueError(
-                f"qa_max_length ({self.qa_max_length}) must leave room for the context after a "
-                f"{self.qa_max_question_length}-token question"
-            )
+        for task in registry.TASKS.values():
+            values = {o.name: getattr(self, f"{task.name}_{o.name}") for o in task.serve_options}
+            problems = task.serve_problems(values) if values else []
+            if problems:
+                raise ValueError("; ".join(problems))
         return self
 
     # ------------------------------------------------------------------ derived
@@ -217,20 +244,52 @@ class _Settings(BaseSettings):
         return self.precision or ("fp16" if self.device == "cuda" else "fp32")
 
 
-# A --TASK-model flag (BERTSERVE_TASK_MODEL) for every registered task.
+def _task_fields(task) -> dict:
+    """The server's options for one task, from the task's declarations: --TASK-model, its serve_options
+    (--qa-max-length), and --TASK-verify-model / --TASK-verify-margin for a task with margins."""
+    routes = " and ".join(r.path for r in task.routes)
+    fields = {
+        f"{task.name}_model": (
+            Optional[str],
+            Field(None, description=f"model for {routes} (overrides --model for that task)"),
+        )
+    }
+    for o in task.serve_options:
+        bounds = {k: v for k, v in (("ge", o.minimum), ("le", o.maximum)) if v is not None}
+        kind = o.kind or type(o.default)
+        fields[f"{task.name}_{o.name}"] = (
+            kind if o.default is not None else Optional[kind],
+            Field(o.default, description=o.help, **bounds),
+        )
+    if type(task).margins is not Task.margins:
+        flag = "--" + task.name.replace("_", "-")
+        fields[f"{task.name}_verify_model"] = (
+            Optional[str],
+            Field(
+                None,
+                description=f"a second, exact model for {routes} (e.g. the fp32 export beside an int8 --model): an "
+                f"item whose best two answers are closer than {flag}-verify-margin is answered again by it, so a "
+                "fast model's answers agree with the exact one's (docs/serving.md, \"Fast QA\")",
+            ),
+        )
+        fields[f"{task.name}_verify_margin"] = (
+            float,
+            Field(
+                0.1,
+                ge=0,
+                le=1,
+                description=f"with {flag}-verify-model: recompute an item whose best answer's score leads the "
+                "second's by less than this (scores are probabilities, 0-1)",
+            ),
+        )
+    return fields
+
+
+# Each registered task's options, declared by the task (bert/tasks/<name>.py) and generated here.
 Settings = create_model(
     "Settings",
     __base__=_Settings,
     __module__=__name__,
-    **{
-        f"{task.name}_model": (
-            Optional[str],
-            Field(
-                None,
-                description=f"model for {' and '.join(r.path for r in task.routes)} (overrides --model for that task)",
-            ),
-        )
-        for task in registry.TASKS.values()
-    },
+    **{name: field for task in registry.TASKS.values() for name, field in _task_fields(task).items()},
 )
-Settings.__doc__ = "The server's settings: the fields above, plus a `<task>_model` per registered task."
+Settings.__doc__ = "The server's settings: the fields above, plus each registered task's own (_task_fields)."

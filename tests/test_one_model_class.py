@@ -57,7 +57,14 @@ def batch(vocab=99, lengths=(9, 4, 7), seed=0):
 
 def settings(**extra):
     return SimpleNamespace(
-        device="cpu", effective_precision="fp32", threads=None, effective_inference_workers=1, **extra
+        device="cpu",
+        effective_precision="fp32",
+        threads=None,
+        effective_inference_workers=1,
+        torch_packed=None,
+        torch_cuda_graphs=None,
+        torch_gelu_epilogue=None,
+        **extra,
     )
 
 

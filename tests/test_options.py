@@ -56,46 +56,51 @@ COMMANDS = {
     "training.finetune": (
         _training("training.finetune"),
         ["--init-preset", "tiny", "--tokenizer", "tok", "--train-data", "t.tsv", "--eval-data", "e.tsv"],
-        {"BERTSERVE_TASK": "summarise"},
+        {"BERTSERVE_FINETUNE_TASK": "summarise"},
         "'summarise'",
     ),
     "training.multitask": (
         _training("training.multitask"),
         ["--init-preset", "tiny", "--tokenizer", "tok", "--classify-train", "t.tsv", "--classify-eval", "e.tsv"],
-        {"BERTSERVE_TASK_WEIGHTS": "classify=1,summarise=2"},
+        {"BERTSERVE_MULTITASK_TASK_WEIGHTS": "classify=1,summarise=2"},
         "--task-weights names 'summarise'",
     ),
     "training.evaluate": (
         _training("training.evaluate"),
         ["--ckpt", "no-such-checkpoint", "--data", "e.tsv"],
-        {"BERTSERVE_TASK": "summarise"},
+        {"BERTSERVE_EVALUATE_TASK": "summarise"},
         "'summarise'",
     ),
     "training.pretrain": (
         _training("training.pretrain"),
         ["--corpus", __file__],
-        {"BERTSERVE_VOCAB_SIZE": "50"},
+        {"BERTSERVE_PRETRAIN_VOCAB_SIZE": "50"},
         "vocab_size must be in [100, 65535], got 50",
     ),
     "export.onnx": (
         _export("export.onnx"),
         ["--ckpt", "no-such-checkpoint"],
-        {"BERTSERVE_OPSET": "9"},
+        {"BERTSERVE_ONNX_OPSET": "9"},
         "--opset must be between 14 and 20, got 9",
     ),
     "export.tensorrt": (
         _export("export.tensorrt"),
         ["--artifact", "no-such-artifact"],
-        {"BERTSERVE_WORKSPACE_GB": "-2"},
+        {"BERTSERVE_TENSORRT_WORKSPACE_GB": "-2"},
         "--workspace-gb must be positive, got -2.0",
     ),
     "export.triton": (
         _export("export.triton"),
         ["--repo", "no-such-repo"],
-        {"BERTSERVE_ARTIFACT": "no-such-artifact-dir"},
+        {"BERTSERVE_TRITON_ARTIFACT": "no-such-artifact-dir"},
         "no-such-artifact-dir",
     ),
 }
+
+
+def _options(name: str) -> list[options.Option]:
+    module_name, cls = _declaration(name)
+    return options.options_of(getattr(importlib.import_module(module_name), cls))
 
 
 def _parser(name: str):
@@ -124,8 +129,7 @@ def _no_stray_env(monkeypatch):
 
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_every_option_has_help_and_shows_it_with_its_env_var(name):
-    module_name, cls = _declaration(name)
-    declared = options.options_of(getattr(importlib.import_module(module_name), cls))
+    declared = _options(name)
     assert len(declared) >= 6
     undocumented = [o.name for o in declared if len(o.help.split()) < 2]
     assert not undocumented, undocumented
@@ -151,17 +155,42 @@ def test_an_env_var_sets_an_option_and_a_flag_wins(name, capsys, monkeypatch, tm
     code, lines = _exit(entry, argv, capsys)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
     ((key, _),) = env.items()
-    flag = "--" + key.removeprefix(options.ENV_PREFIX).lower().replace("_", "-")
-    default = next(
-        o
-        for o in options.options_of(getattr(importlib.import_module(_declaration(name)[0]), _declaration(name)[1]))
-        if o.flag == flag
-    ).default
+    declared = next(o for o in _options(name) if o.env == key)
+    flag, default = declared.flag, declared.default
     if default in (None, "", []):
         return  # no value of the flag's own that passes (a required path): the env var alone is shown read
     given = ",".join(default) if isinstance(default, list) else str(default)
     code, lines = _exit(entry, [*argv, flag, given], capsys)
     assert not any(message in line for line in lines), lines  # the flag's value was used, not the env var's
+
+
+def test_no_env_var_means_two_things():
+    """Every command's options, walked: an env var read by two commands must mean the same to both (kind,
+    choices, help). Once BERTSERVE_PRECISION was fp32|bf16|fp16 to training, fp32|fp16|int8 to export and
+    fp32|fp16|bf16 to the server, so an int8 left for an export stopped the server from starting."""
+    meanings: dict[str, dict[tuple, list[str]]] = {}
+    for name in COMMANDS:
+        for o in _options(name):
+            meanings.setdefault(o.env, {}).setdefault((o.kind, o.choices, o.help), []).append(name)
+    assert len(meanings) > 200  # every command's options were walked
+    shared = {env: list(by_meaning.values()) for env, by_meaning in meanings.items() if len(by_meaning) > 1}
+    assert not shared, shared
+
+
+def test_an_export_setting_in_the_environment_leaves_the_server_alone(monkeypatch, capsys):
+    from export.onnx import OnnxOptions
+    from serving.settings import Settings
+
+    monkeypatch.setenv("BERTSERVE_ONNX_PRECISION", "int8")
+    monkeypatch.setenv("BERTSERVE_FINETUNE_PRECISION", "bf16")
+    assert options.read(OnnxOptions, ["--ckpt", "c"])["precision"] == "int8"
+    values = options.read(Settings, [])
+    settings = Settings(**{k: v for k, v in values.items() if values.sources[k] != "default"})
+    assert settings.precision is None and settings.effective_precision == "fp32"
+    # The server's own variable still means the server's precision, and int8 is not one of them.
+    monkeypatch.setenv("BERTSERVE_PRECISION", "int8")
+    code, lines = _exit(_serving, ["--model", "no-such-model"], capsys)
+    assert code == 2 and len(lines) == 1 and "BERTSERVE_PRECISION" in lines[0] and "int8" in lines[0], lines
 
 
 # ----------------------------------------------------------------------------- the mechanism itself
@@ -251,3 +280,146 @@ def test_help_is_read_from_the_declaration_not_the_source():
     assert "the size of it (default: 5) [env BERTSERVE_SIZE]" in " ".join(
         options.build_parser(made).format_help().split()
     )
+
+
+# ----------------------------------------------------------------------------- every option read is declared
+
+PRODUCT = ("bert", "training", "export", "serving", "batch", "evals", "bench", "clients", "docker", "examples")
+
+
+def _product_files():
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    return [p for top in PRODUCT if (repo / top).is_dir() for p in sorted((repo / top).rglob("*.py"))]
+
+
+def test_every_bertserve_variable_the_product_names_is_declared():
+    """Each BERTSERVE_ name in the product's source (a read, a message, a docstring) is some command's option or
+    one of options.ENVIRONMENT; and none of those is also an option."""
+    import re
+
+    declared, prefixes = set(), set()
+    for name in COMMANDS:
+        declared |= {o.env for o in _options(name)}
+        module_name, cls = _declaration(name)
+        prefixes.add(options.env_prefix(getattr(importlib.import_module(module_name), cls)).rstrip("_"))
+    assert not set(options.ENVIRONMENT) & declared
+    named = {}
+    for path in _product_files():
+        for found in re.findall(r"BERTSERVE_[A-Z0-9_]*[A-Z0-9]", path.read_text()):
+            named.setdefault(found, path.name)
+    assert len(named) >= 15  # the walk found the product's names
+    undeclared = {n: where for n, where in named.items() if n not in declared | prefixes | set(options.ENVIRONMENT)}
+    assert not undeclared, undeclared
+
+
+def _settings_reads(tree):
+    """(attribute, line) for each `settings.X`, `self.settings.X` and `getattr(settings, "X" or f"..X")` in tree;
+    an f-string name is given as '*' + its constant tail."""
+    import ast
+
+    def is_settings(node):
+        return (isinstance(node, ast.Name) and node.id == "settings") or (
+            isinstance(node, ast.Attribute) and node.attr == "settings"
+        )
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_settings(node.value):
+            yield node.attr, node.lineno
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) >= 2
+            and is_settings(node.args[0])
+        ):
+            name = node.args[1]
+            if isinstance(name, ast.Constant):
+                yield name.value, node.lineno
+            elif isinstance(name, ast.JoinedStr) and isinstance(name.values[-1], ast.Constant):
+                yield "*" + name.values[-1].value, node.lineno
+            else:
+                yield "?", node.lineno
+
+
+def test_every_server_setting_the_code_reads_is_declared():
+    """serving/ (and what builds its backends) reads only what Settings declares: once the torch backend read
+    `torch_packed`, `torch_cuda_graphs` and `torch_gelu_epilogue` by getattr with a default, and nothing
+    declared them."""
+    import ast
+
+    from serving.settings import Settings
+
+    known = set(Settings.model_fields) | set(dir(Settings))
+    reads, unknown = 0, []
+    for path in _product_files():
+        if path.parent.name == "tasks" or path.name == "tokenizer.py":
+            continue  # bert's own `settings` are a tokenizer's and a model directory's, not the server's
+        for attr, line in _settings_reads(ast.parse(path.read_text())):
+            reads += 1
+            ok = any(f.endswith(attr[1:]) for f in Settings.model_fields) if attr.startswith("*") else attr in known
+            if not ok:
+                unknown.append(f"{path.name}:{line}: settings.{attr}")
+    assert reads > 40  # the walk found the server's reads
+    assert not unknown, unknown
+
+
+def test_training_options_are_generated_from_each_tasks_declaration():
+    """A task's `train_options` (bert/tasks/<name>.py) are training.finetune's options with their help and default;
+    multitask has each once (or per task, --classify-labels) unless the task says it does not."""
+    from bert.tasks import registry
+    from training.multitask import MultiTaskConfig, shared_task_options
+
+    commands = {name: {o.name: o for o in _options(name)} for name in COMMANDS}
+    declared = 0
+    for task in registry.TASKS.values():
+        for o in task.train_options:
+            finetune = commands["training.finetune"][o.name]
+            assert (finetune.help, finetune.default) == (o.help, o.default), o.name
+            in_multitask = o.name in commands["training.multitask"]
+            own = f"{task.name}_{o.name}" in commands["training.multitask"]
+            assert (in_multitask or own) == o.multitask and not (in_multitask and own), o.name
+            declared += 1
+    assert declared >= 15 and "doc_stride" in shared_task_options()
+    assert "text_column" not in {f.name for f in dataclasses.fields(MultiTaskConfig)}
+
+
+# ----------------------------------------------------------------------------- options a task declares
+
+
+def test_the_server_generates_each_tasks_declared_options():
+    """A task's serve_options (bert/tasks/<name>.py) become the server's --<task>-<name> with their help, default
+    and bounds; the task's own check of them runs at startup; only a task with margins gets --<task>-verify-*."""
+    from pydantic import ValidationError
+
+    from bert.tasks import registry
+    from bert.tasks.base import Task
+    from serving.settings import Settings
+
+    declared = 0
+    for task in registry.TASKS.values():
+        for o in task.serve_options:
+            field = Settings.model_fields[f"{task.name}_{o.name}"]
+            assert (field.description, field.default) == (o.help, o.default)
+            declared += 1
+        with_margins = type(task).margins is not Task.margins
+        assert (f"{task.name}_verify_model" in Settings.model_fields) == with_margins, task.name
+    assert declared >= 2
+    assert Settings(qa_max_length=100, qa_max_question_length=20).qa_window_capacity == 77
+    with pytest.raises(ValidationError, match="qa_max_length .60. must leave room"):
+        Settings(qa_max_length=60, qa_max_question_length=64)
+    with pytest.raises(ValidationError, match="greater than or equal to 16"):
+        Settings(qa_max_length=8)
+
+
+def test_an_offline_command_names_a_variable_it_no_longer_reads(capsys):
+    from training.finetune import FinetuneConfig
+
+    env = {"BERTSERVE_LEARNING_RATE": "1e-3", "BERTSERVE_FINETUNE_SEED": "7"}
+    values = options.read(FinetuneConfig, [], environ=env, prog="python -m training.finetune")
+    assert values["learning_rate"] == 5e-5 and values["seed"] == 7
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: BERTSERVE_LEARNING_RATE is not read by python -m training.finetune: its variable is "
+        "BERTSERVE_FINETUNE_LEARNING_RATE"
+    ]

@@ -188,7 +188,7 @@ def test_response_shapes_and_headers(server):
             {"question": "Where?", "context": "filler text here. " * 3000},
             413,
             "payload_too_large",
-            "qa_max_windows",
+            "max_request_sequences",
         ),
         ("/classify", "not json{", 422, "validation", "JSON"),
     ],

@@ -18,7 +18,14 @@ def server(tmp_path_factory):
         str(classify),
         "--qa-model",
         str(qa),
-        env={"BERTSERVE_API_KEY": "s3cret", "BERTSERVE_MAX_CLIENT_BATCH_SIZE": "3"},
+        # An export's and a fine-tuning's settings left in the environment are not the server's (each command
+        # reads its own variables): the server starts with int8 and cuda in the environment.
+        env={
+            "BERTSERVE_API_KEY": "s3cret",
+            "BERTSERVE_MAX_CLIENT_BATCH_SIZE": "3",
+            "BERTSERVE_ONNX_PRECISION": "int8",
+            "BERTSERVE_FINETUNE_DEVICE": "cuda",
+        },
     )
     with srv:
         yield srv

@@ -17,7 +17,7 @@ from test_serving_support import QA_ITEMS, Server, build_checkpoint
 
 KEY = "s3cret-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
-LIMITS = {"max_client_batch_size": 4, "max_body_bytes": 200_000, "qa_max_windows": 8}
+LIMITS = {"max_client_batch_size": 4, "max_body_bytes": 200_000, "max_request_sequences": 8}
 LONG_TEXT = "word " * 600  # more tokens than the model's 512
 HUGE_TEXT = "many words here " * 11_000  # 176 k chars: tokenised only as far as the limit
 CONTEXT = QA_ITEMS[0]["context"]

@@ -165,3 +165,33 @@ def test_a_model_that_fails_warm_up_makes_the_server_exit_2(tmp_path):
     assert code == 2, server.log()
     assert "error: warm-up failed: RuntimeError: this model cannot run a batch" in server.log()
     assert "Traceback" not in server.log()
+
+
+def _settings(argv, environ):
+    from bert import options
+    from serving.settings import Settings
+
+    values = options.read(Settings, argv, environ=environ)
+    return Settings(**{k: v for k, v in values.items() if values.sources[k] != "default"})
+
+
+@pytest.mark.parametrize("argv, environ", [(["--qa-max-windows", "7"], {}), ([], {"BERTSERVE_QA_MAX_WINDOWS": "7"})])
+def test_the_old_qa_max_windows_still_sets_the_fan_out_limit_with_a_warning(argv, environ, monkeypatch):
+    """--qa-max-windows capped every task's fan-out, not only QA's: it is now --max-request-sequences, and
+    deployed configurations that set the old name keep their limit (test_serving_api serves with it)."""
+    assert _settings([], {}).max_request_sequences == 256
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)  # pydantic-settings reads the environment too
+    with pytest.warns(FutureWarning, match="--qa-max-windows .* deprecated: use --max-request-sequences"):
+        settings = _settings(argv, environ)
+    assert settings.max_request_sequences == 7
+
+
+def test_the_old_and_the_new_fan_out_limit_together_are_refused(capsys, monkeypatch):
+    from serving.__main__ import main
+
+    for key in ("BERTSERVE_QA_MAX_WINDOWS", "BERTSERVE_MAX_REQUEST_SEQUENCES"):
+        monkeypatch.delenv(key, raising=False)
+    assert main(["--qa-max-windows", "7", "--max-request-sequences", "9"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "deprecated name of max_request_sequences" in lines[0], lines

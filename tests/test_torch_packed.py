@@ -284,7 +284,13 @@ def make_backend(path, device="cpu", precision="fp32", **options):
     from serving.backends.model_dir import read_model_spec
 
     settings = SimpleNamespace(
-        device=device, effective_precision=precision, threads=None, effective_inference_workers=1
+        device=device,
+        effective_precision=precision,
+        threads=None,
+        effective_inference_workers=1,
+        torch_packed=None,
+        torch_cuda_graphs=None,
+        torch_gelu_epilogue=None,
     )
     return torch_backend.TorchBackend(read_model_spec(path), settings, **options)
 
@@ -305,6 +311,22 @@ def test_cpu_backend_is_padded_by_default_and_packed_on_request(multi_checkpoint
     holes = random_batch([6, 6], width=6, seed=5)
     holes["attention_mask"][1, 2] = 0  # not right-padded: the packed backend runs it padded
     assert_close(packed.run(holes), padded.run(holes), holes, atol=0)
+
+
+def test_the_server_flags_choose_the_packed_path(multi_checkpoint, monkeypatch):
+    """--torch-packed / --torch-gelu-epilogue as `python -m serving` reads them reach the backend; an argument
+    given to the backend wins over them."""
+    from bert import options
+    from serving.backends.base import read_model_spec
+    from serving.settings import Settings
+
+    monkeypatch.delenv("BERTSERVE_TORCH_PACKED", raising=False)
+    values = options.read(Settings, ["--torch-packed", "--torch-gelu-epilogue"], environ={})
+    settings = Settings(**{k: v for k, v in values.items() if values.sources[k] != "default"})
+    spec = read_model_spec(multi_checkpoint)
+    packed = torch_backend.TorchBackend(spec, settings)
+    assert packed.fast_path["packed"] is True and packed.runner.encoder.gelu_epilogue is True
+    assert torch_backend.TorchBackend(spec, settings, packed=False).runner is None
 
 
 def test_probe_turns_a_wrong_packed_path_off(multi_checkpoint, monkeypatch):

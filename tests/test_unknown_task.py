@@ -127,7 +127,8 @@ def test_every_trainable_task_implements_its_training_hooks(name):
     assert not missing, f"{name} is trainable but does not implement {missing}"
     assert task.main_metric and task.train_data_help
     options = {f for f in FinetuneConfig.__dataclass_fields__}
-    assert set(task.train_options) <= options and set(task.multitask_options) <= set(task.train_options)
+    names = {o.name for o in task.train_options}
+    assert names <= options and set(task.multitask_options) <= names
 
 
 def test_multitask_has_each_trainable_tasks_flags_from_its_declaration():

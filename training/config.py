@@ -1,7 +1,7 @@
 """Typed run configurations and the command line that fills them.
 
 Every field of a config dataclass is one option, declared with its help (bert/options.py: `--flag` with dashes,
-env var BERTSERVE_<NAME>; flag > env > default); unknown flags and, through `validate()`, contradictory ones
+env var BERTSERVE_<COMMAND>_<NAME>, e.g. BERTSERVE_FINETUNE_LEARNING_RATE; flag > env > default); unknown flags and, through `validate()`, contradictory ones
 are refused before any data is read.
 """
 
@@ -93,7 +93,7 @@ class TrainConfig:
 
 
 def parse_config(cls, argv=None, description: str = ""):
-    """argv (and BERTSERVE_<NAME> env vars) -> a validated config (bert/options.py: flag > env > default); a bad or
+    """argv (and the command's env vars, BERTSERVE_<COMMAND>_<NAME>) -> a validated config (bert/options.py: flag > env > default); a bad or
     contradictory option is one `error:` line and exit 2, before any data is read."""
     config = cls(**options.read(cls, argv, description=description))
     try:

@@ -28,6 +28,8 @@ def _from_run(name: str):
 
 @dataclass
 class EvaluateConfig:
+    env_prefix = "BERTSERVE_EVALUATE_"  # bert/options.py: an env var belongs to one command
+
     task: str = option("", "a trainable task: classify | ner | qa ... (default: the checkpoint's task)")
     ckpt: str = option("", "checkpoint path or store name")
     data: str = option("", "evaluation file(s): TSV, CoNLL, or SQuAD JSON / .gz / comma-separated parts / directory")

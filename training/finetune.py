@@ -31,7 +31,11 @@ def trainable_task(name: str):
 
 
 @dataclass
-class FinetuneConfig(TrainConfig):
+class FinetuneOptions(TrainConfig):
+    """The options of every fine-tuning run; FinetuneConfig adds the trainable tasks' own (task_option_fields)."""
+
+    env_prefix = "BERTSERVE_FINETUNE_"  # bert/options.py: an env var belongs to one command
+
     task: str = option("", "a trainable task: classify | ner | qa ...")
     ckpt: str = option(
         "",
@@ -47,26 +51,6 @@ class FinetuneConfig(TrainConfig):
     eval_batch_size: int = option(64, "examples per evaluation batch")
     max_train_examples: int = option(0, "use only the first N training examples (0 = all)")
     max_eval_examples: int = option(0, "evaluate on only the first N examples (0 = all)")
-    # classify
-    text_column: str = option("0", "TSV column (index or header name) of the text")
-    pair_column: str = option("", "TSV column of the second text of a pair (empty = single texts)")
-    label_column: str = option("-1", "TSV column of the label")
-    header: str = option("auto", "auto | yes | no: whether the TSV's first row names its columns")
-    labels: list[str] = option([], "label values as written in the data (default: sorted unique)")
-    label_names: list[str] = option([], "names the checkpoint shows for them (default: the values)")
-    regression: bool = option(False, "one output, MSE loss, Pearson/Spearman (e.g. STS-B)")
-    # ner
-    scheme: str = option("auto", "ner: auto | iob1 | iob2: tag scheme of the CoNLL files (IOB1 is converted to IOB2)")
-    label_all_subtokens: bool = option(
-        False, "ner: train every sub-token (B- becomes I- after a word's first; default: first only)"
-    )
-    # qa
-    doc_stride: int = option(128, "qa: tokens between the starts of consecutive context windows")
-    max_query_length: int = option(64, "qa: questions are cut to this many tokens")
-    max_answer_length: int = option(30, "qa: longest predicted answer, in tokens")
-    heldout_articles: int = option(
-        0, "qa: hold out the last N articles of the training data for evaluation (never trained on)"
-    )
     stop_at_step: int = option(0, "stop as if interrupted after this step (schedule unchanged; then --resume)")
 
     def task_problems(self) -> list[str]:
@@ -106,6 +90,24 @@ class FinetuneConfig(TrainConfig):
 # ----------------------------------------------------------------------------- per task
 
 
+def task_option_fields() -> list[tuple]:
+    """Each trainable task's `train_options`, declared in its module (bert/tasks), as fields: once each, so a
+    name two tasks read must be one declaration (classify's TSV columns, which rerank reads too)."""
+    declared: dict = {}
+    for task in registry.TASKS.values():
+        for o in task.train_options:
+            if declared.setdefault(o.name, o) != o:
+                raise TypeError(f"training option {o.name!r} is declared two ways (task {task.name} and another)")
+    return [
+        (o.name, list[str] if isinstance(o.default, list) else o.kind or type(o.default), option(o.default, o.help))
+        for o in declared.values()
+    ]
+
+
+FinetuneConfig = dataclasses.make_dataclass("FinetuneConfig", task_option_fields(), bases=(FinetuneOptions,))
+FinetuneConfig.__module__ = __name__
+
+
 def foreign_options(cfg, task) -> list[str]:
     """Options that belong to other tasks (their `train_options`), set away from their defaults."""
     defaults = {
@@ -114,12 +116,13 @@ def foreign_options(cfg, task) -> list[str]:
     }
     owners: dict[str, list[str]] = {}
     for other in registry.TASKS.values():
-        for name in other.train_options:
-            owners.setdefault(name, []).append(other.name)
+        for o in other.train_options:
+            owners.setdefault(o.name, []).append(other.name)
+    mine = {o.name for o in task.train_options}
     return [
         f"--{name.replace('_', '-')} applies to --task {' or '.join(names)} only"
         for name, names in owners.items()
-        if name not in task.train_options and getattr(cfg, name) != defaults[name]
+        if name not in mine and getattr(cfg, name) != defaults[name]
     ]
 
 

@@ -53,18 +53,14 @@ class MultiTaskOptions(TrainConfig):
     """The options every task shares; MultiTaskConfig adds each trainable task's own (see _task_fields). Those
     that mean what they mean to training.finetune are its declarations (bert.options.like)."""
 
+    env_prefix = "BERTSERVE_MULTITASK_"  # bert/options.py: an env var belongs to one command
+
     ckpt: str = option("", "checkpoint path or store name whose encoder all heads share (heads start fresh if absent)")
     init_preset: str = like(FinetuneConfig, "init_preset")
     tokenizer: str = like(FinetuneConfig, "tokenizer")
-    heldout_articles: int = like(FinetuneConfig, "heldout_articles")
     task_weights: list[str] = option(
         [], "e.g. classify=1,ner=1,qa=2: share of batches per task (default: by dataset size)"
     )
-    doc_stride: int = like(FinetuneConfig, "doc_stride")
-    max_query_length: int = like(FinetuneConfig, "max_query_length")
-    max_answer_length: int = like(FinetuneConfig, "max_answer_length")
-    scheme: str = like(FinetuneConfig, "scheme")
-    label_all_subtokens: bool = like(FinetuneConfig, "label_all_subtokens")
     eval_batch_size: int = like(FinetuneConfig, "eval_batch_size")
     max_train_examples: int = like(FinetuneConfig, "max_train_examples")
     max_eval_examples: int = like(FinetuneConfig, "max_eval_examples")
@@ -98,7 +94,7 @@ class MultiTaskOptions(TrainConfig):
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
         declared = registry.get(task)
         options = {}
-        for opt in declared.train_options:
+        for opt in (o.name for o in declared.train_options):
             name = f"{task}_{opt}" if opt in declared.multitask_options else opt
             if hasattr(self, name):
                 value = getattr(self, name)
@@ -135,9 +131,9 @@ class MultiTaskOptions(TrainConfig):
                 if given:
                     problems.append(f"{'/'.join(given)} given without --{task}-train")
         for opt in shared_task_options():
-            trained = [t for t in self.tasks() if opt in registry.get(t).train_options]
-            if not trained and getattr(self, opt) != _default(MultiTaskOptions, opt):
-                owners = [t for t in TASKS if opt in registry.get(t).train_options]
+            trained = [t for t in self.tasks() if opt in _train_option_names(t)]
+            if not trained and getattr(self, opt) != _default(MultiTaskConfig, opt):
+                owners = [t for t in TASKS if opt in _train_option_names(t)]
                 problems.append(
                     f"--{opt.replace('_', '-')} given without {' or '.join(f'--{t}-train' for t in owners)}"
                 )
@@ -194,17 +190,29 @@ def _default(cls, name: str):
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
+def _train_option_names(task: str) -> set[str]:
+    return {o.name for o in registry.get(task).train_options}
+
+
 def shared_task_options() -> list[str]:
-    """Task options that multitask has once, for every task that reads them (--doc-stride, --scheme ...)."""
-    shared = {f.name for f in dataclasses.fields(MultiTaskOptions)}
-    return list(dict.fromkeys(o for t in TASKS for o in registry.get(t).train_options if o in shared))
+    """Task options that multitask has once, for every task that reads them (--doc-stride, --scheme ...): those
+    a task declares with `multitask` and does not name in its `multitask_options`."""
+    return list(
+        dict.fromkeys(
+            o.name
+            for t in TASKS
+            for o in registry.get(t).train_options
+            if o.multitask and o.name not in registry.get(t).multitask_options
+        )
+    )
 
 
 def _task_fields() -> list[tuple]:
-    """Each trainable task's own flags: --<task>-train, --<task>-eval, --<task>-max-seq-length, and each of its
+    """The task options multitask has once (shared_task_options, as training.finetune declares them); each
+    trainable task's own flags: --<task>-train, --<task>-eval, --<task>-max-seq-length, and each of its
     `multitask_options` as training.finetune declares it (e.g. --classify-labels); help from those declarations."""
     hints = typing.get_type_hints(FinetuneConfig)
-    out = []
+    out = [(opt, hints[opt], like(FinetuneConfig, opt)) for opt in shared_task_options()]
     for name in TASKS:
         task = registry.get(name)
         what = task.train_data_help or "training data"

@@ -24,6 +24,8 @@ from training.config import TrainConfig, is_model_spec, model_config, parse_conf
 
 @dataclass
 class PretrainConfig(TrainConfig):
+    env_prefix = "BERTSERVE_PRETRAIN_"  # bert/options.py: an env var belongs to one command
+
     corpus: list[str] = option([], "corpus files: one sentence per line, blank line between documents")
     data_dir: str = option("", "where the instance shards go (default: <output-dir>/data); reused when settings match")
     tokenizer: str = option("", "an existing tokenizer directory (vocab.txt / tokenizer.json)")

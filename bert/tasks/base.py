@@ -112,6 +112,23 @@ def check_inputs(body, info=None) -> None:
 
 
 @dataclass(frozen=True)
+class TaskOption:
+    """An option or limit a task declares; the command that reads it names it after the task: the server's
+    `--qa-max-length` (BERTSERVE_QA_MAX_LENGTH) is QA's `max_length`. `minimum` / `maximum`: the bounds a value
+    must keep; `kind`: the value's type when the default (None) does not say. A training option (`train_options`)
+    is finetune's `--name`; `multitask`: multitask offers it too (once for every task that reads it, or per task
+    when the task names it in `multitask_options`), else multitask runs the task with the default."""
+
+    name: str
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    kind: type | None = None
+    multitask: bool = True
+
+
+@dataclass(frozen=True)
 class Labels:
     """What a trained head predicts. `values`: labels as written in the training data, in head order (None: the
     head predicts no named labels); `names`: what the checkpoint shows for them (config id2label; None: no
@@ -140,6 +157,14 @@ class Task:
     routes: ClassVar[tuple[Route, ...]] = ()
     trainable: ClassVar[bool] = False
     main_metric: ClassVar[str] = ""  # the metric (0-100 after `score`) best/ is chosen by
+
+    # The server's options for this task, generated into python -m serving's as --<task>-<name>; a task that
+    # has `margins` also gets --<task>-verify-model and --<task>-verify-margin.
+    serve_options: ClassVar[tuple[TaskOption, ...]] = ()
+
+    def serve_problems(self, values: dict) -> list[str]:
+        """Contradictions among this task's serve_options (`values` by their names here), found at startup."""
+        return []
 
     # ---- what a checkpoint offers ------------------------------------------------------------------------
     def serves(self, config: dict) -> bool:
@@ -174,9 +199,9 @@ class Task:
     # training.finetune.FinetuneConfig (multitask builds one per task; evaluate one from its own options): the
     # task reads its data options from it (train_data, eval_data, max_seq_length, max_*_examples and the fields
     # in `train_options`). Examples are whatever the task's reader returns; Labels says what its head predicts.
-    train_options: ClassVar[
-        tuple[str, ...]
-    ] = ()  # FinetuneConfig fields only this task reads (others leave them at their defaults)
+    # The options only this task reads (others leave them at their defaults), declared here: training.finetune's
+    # config is generated from them (a name two tasks read is one declaration both use).
+    train_options: ClassVar[tuple[TaskOption, ...]] = ()
     multitask_options: ClassVar[
         tuple[str, ...]
     ] = ()  # of those, the ones multitask gives each task its own copy of: --<task>-<option>

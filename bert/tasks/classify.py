@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert.options import flag
-from bert.tasks.base import Head, Labels, Route, Task, check_inputs, one_or_list, texts_of
+from bert.tasks.base import Head, Labels, Route, Task, TaskOption, check_inputs, one_or_list, texts_of
 from bert.tasks.common import (
     DataError,
     Features,
@@ -143,6 +143,15 @@ def decode_request(
     return decode(logits, facts.labels, top_k=top_k, function=function_to_apply, problem_type=facts.problem_type)
 
 
+# The TSV columns a reader takes (classify's and rerank's): their training options, declared once.
+TSV_OPTIONS = (
+    TaskOption("text_column", "0", "TSV column (index or header name) of the text", multitask=False),
+    TaskOption("pair_column", "", "TSV column of the second text of a pair (empty = single texts)", multitask=False),
+    TaskOption("label_column", "-1", "TSV column of the label", multitask=False),
+    TaskOption("header", "auto", "auto | yes | no: whether the TSV's first row names its columns", multitask=False),
+)
+
+
 class ClassifyTask(Task):
     """Sequence (or pair) classification: transformers' text-classification pipeline."""
 
@@ -178,7 +187,12 @@ class ClassifyTask(Task):
         return 100.0 * float(metrics["accuracy"])  # a fraction in the task's metrics
 
     # ---- training hooks: TSV rows (TextExample) -----------------------------------
-    train_options = ("text_column", "pair_column", "label_column", "header", "labels", "label_names", "regression")
+    train_options = (
+        *TSV_OPTIONS,
+        TaskOption("labels", [], "label values as written in the data (default: sorted unique)"),
+        TaskOption("label_names", [], "names the checkpoint shows for them (default: the values)"),
+        TaskOption("regression", False, "one output, MSE loss, Pearson/Spearman (e.g. STS-B)", multitask=False),
+    )
     multitask_options = ("labels", "label_names")
     train_data_help = "TSV (text, label)"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import decoders
 
-from bert.tasks.base import Head, Labels, Route, Task, check_inputs, one_or_list, texts_of
+from bert.tasks.base import Head, Labels, Route, Task, TaskOption, check_inputs, one_or_list, texts_of
 from bert.tasks.common import (
     DataError,
     Features,
@@ -372,7 +372,16 @@ class NerTask(Task):
         return decode_request(items, features, outputs, facts, **options)
 
     # ---- training hooks: CoNLL sentences (TaggedSentence) --------------------------
-    train_options = ("scheme", "label_all_subtokens")
+    train_options = (
+        TaskOption(
+            "scheme", "auto", "ner: auto | iob1 | iob2: tag scheme of the CoNLL files (IOB1 is converted to IOB2)"
+        ),
+        TaskOption(
+            "label_all_subtokens",
+            False,
+            "ner: train every sub-token (B- becomes I- after a word's first; default: first only)",
+        ),
+    )
     train_data_help = "CoNLL file (IOB1 or IOB2)"
 
     def train_problems(self, cfg) -> list[str]:

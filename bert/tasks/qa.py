@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bert.options import flag
-from bert.tasks.base import Head, Labels, Route, Task, check_texts
+from bert.tasks.base import Head, Labels, Route, Task, TaskOption, check_texts
 from bert.tasks.common import (
     CallerGone,
     DataError,
@@ -409,7 +409,7 @@ def encode_request(
             needed = "more than " + str(limit) if e.needed is None else str(used + e.needed)
             raise TooMuchWork(
                 f"the contexts of this request need {needed} windows of {max_length} tokens; the "
-                f"limit is {limit} (qa_max_windows): send shorter contexts or fewer items"
+                f"limit is {limit} (max_request_sequences): send shorter contexts or fewer items"
             ) from None
         used += len(item_windows)
         windows.append(item_windows)
@@ -470,6 +470,12 @@ def _shape_qa(answers: list, body, info=None):
     return shaped if isinstance(body, list) else shaped[0]
 
 
+# SQuAD data has no dev set of its own here: qa's and rerank's readers hold out its last articles.
+HELDOUT_ARTICLES = TaskOption(
+    "heldout_articles", 0, "qa: hold out the last N articles of the training data for evaluation (never trained on)"
+)
+
+
 class QATask(Task):
     """Extractive question answering: the best spans of a context, windowed with a doc stride, never cut."""
 
@@ -495,6 +501,18 @@ class QATask(Task):
     )
     trainable = True
     main_metric = "f1"
+    serve_options = (
+        TaskOption("max_length", 384, "tokens per QA window (question + context piece)", minimum=16),
+        TaskOption("max_question_length", 64, "question tokens kept in each QA window", minimum=1),
+    )
+
+    def serve_problems(self, values: dict) -> list[str]:
+        if values["max_question_length"] + 3 >= values["max_length"]:
+            return [
+                f"qa_max_length ({values['max_length']}) must leave room for the context after a "
+                f"{values['max_question_length']}-token question"
+            ]
+        return []
 
     def encode_request(self, tokenizer, items, limits, **options):
         return encode_request(tokenizer, items, limits, **options)
@@ -506,7 +524,12 @@ class QATask(Task):
         return margins(items, features, outputs, facts, **options)
 
     # ---- training hooks: SQuAD questions (QAExample), windowed --------------------
-    train_options = ("doc_stride", "max_query_length", "max_answer_length", "heldout_articles")
+    train_options = (
+        TaskOption("doc_stride", 128, "qa: tokens between the starts of consecutive context windows"),
+        TaskOption("max_query_length", 64, "qa: questions are cut to this many tokens"),
+        TaskOption("max_answer_length", 30, "qa: longest predicted answer, in tokens"),
+        HELDOUT_ARTICLES,
+    )
     train_max_seq_length = 384
     train_data_help = "SQuAD JSON / .gz / directory / comma-separated parts"
 

@@ -25,7 +25,7 @@ import numpy as np
 from bert.tasks import classify
 from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, check_texts
 from bert.tasks.common import Limits, ModelFacts, sigmoid
-from bert.tasks.qa import read_squad_articles, split_heldout
+from bert.tasks.qa import HELDOUT_ARTICLES, read_squad_articles, split_heldout
 
 
 def encode(tokenizer, pairs: list, *, max_length: int = 512, truncate: bool = False):
@@ -261,7 +261,7 @@ class RerankTask(Task):
     # ---- training hooks: queries with candidate texts (RerankQuery) --------------------------------------
     trainable = True
     main_metric = "mrr"
-    train_options = ("text_column", "pair_column", "label_column", "header", "heldout_articles")
+    train_options = (*classify.TSV_OPTIONS, HELDOUT_ARTICLES)
     train_data_help = "TSV (query, text, label) or squad:PATH[,PATH...]"
 
     def train_problems(self, cfg) -> list[str]:

@@ -44,8 +44,8 @@ class TorchBackend(Backend):
         gelu_epilogue: bool | None = None,
     ):
         """packed / cuda_graphs: None = the device's default (both on for CUDA, off for CPU); gelu_epilogue: see
-        PackedEncoder (None = only for tanh-GELU models). Settings may carry `torch_packed`,
-        `torch_cuda_graphs`, `torch_gelu_epilogue` to override."""
+        PackedEncoder (None = only for tanh-GELU models). The arguments win over the settings `torch_packed`,
+        `torch_cuda_graphs`, `torch_gelu_epilogue` (--torch-packed ...), which win over the defaults."""
         super().__init__(spec)
         from bert.checkpoint import load_for_inference
 
@@ -67,10 +67,10 @@ class TorchBackend(Backend):
         self.model.eval()
 
         cuda = self.device.type == "cuda"
-        packed = _choice(packed, getattr(settings, "torch_packed", None), cuda)
-        cuda_graphs = _choice(cuda_graphs, getattr(settings, "torch_cuda_graphs", None), cuda) and packed
+        packed = _choice(packed, settings.torch_packed, cuda)
+        cuda_graphs = _choice(cuda_graphs, settings.torch_cuda_graphs, cuda) and packed
         if gelu_epilogue is None:
-            gelu_epilogue = getattr(settings, "torch_gelu_epilogue", None)
+            gelu_epilogue = settings.torch_gelu_epilogue
         self.fast_path: dict = {"packed": False, "attention": None, "cuda_graphs": False, "notes": []}
         self.runner: PackedRunner | None = None
         if packed:
