@@ -92,7 +92,7 @@ def test_small_sequence_level_requests_run_on_the_loop_and_answer_as_in_a_thread
 )
 def test_lane_of_a_request(checkpoint, task, items, options, lane):
     engine = Engine(Settings(model=str(checkpoint)), Metrics())
-    chosen = engine._lane(TASKS[task], engine_module._chars(items), options)
+    chosen = engine._lane(TASKS[task], TASKS[task].request_chars(items, options), options)
     assert chosen is {None: None, "light": engine._light_lane, "heavy": engine._heavy_lane}[lane]
 
 

@@ -86,3 +86,12 @@ class Info(_Result):
     def client_batch_limit(self) -> int | None:
         """How many inputs one request may carry: `max_client_batch_size`, else `max_batch_requests`."""
         return self.max_client_batch_size or self.max_batch_requests
+
+
+# Every result type above is part of the package's API (bertserve_client/__init__.py exports them all), so a type
+# added here is exported with it.
+__all__ = sorted(
+    name
+    for name, value in dict(globals()).items()
+    if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == __name__ and name[0] != "_"
+)
