@@ -62,6 +62,20 @@ class MaskCandidate(_Result):
     sequence: str
 
 
+class ZeroShotResult(_Result):
+    """A /zero-shot answer for one text: the candidate labels best first and their scores, in that order
+    (transformers' zero-shot-classification pipeline's fields)."""
+
+    sequence: str
+    labels: list[str]
+    scores: list[float]
+
+    @property
+    def label(self) -> str:
+        """The best label."""
+        return self.labels[0]
+
+
 class QAInput(BaseModel):
     """One question over one context, for `qa([...])`."""
 
