@@ -297,3 +297,19 @@ def test_a_model_fine_tuned_through_the_cli_serves_zero_shot_as_the_pipeline(tmp
     worst = _largest_difference(answers, expected)
     print(f"bar 2, zero-shot of a model fine-tuned on SST-2 as NLI (torch): max |bertserve - pipeline| {worst:.2e}")
     assert worst <= 1e-5
+
+
+def test_a_checkpoint_naming_the_task_without_an_entailment_label_gets_no_made_up_answer():
+    """A config whose "task" is zero_shot serves it whatever its labels; without an entailment label decoding is
+    a fault (500), never scores read off some other output."""
+    from bert.tasks.common import ModelFacts
+    from bert.tasks.zero_shot import TASK
+
+    outputs = [[{"zero_shot": np.array([0.5, -0.5], dtype=np.float32)}]]
+    with pytest.raises(RuntimeError, match="negative, positive"):
+        TASK.decode_request(
+            ["t"], [[None]], outputs, ModelFacts({0: "negative", 1: "positive"}), candidate_labels=["a"]
+        )
+    nli = ModelFacts({0: "Contradiction", 1: "ENTAILMENT"})  # any case, as the pipeline reads it
+    answer = TASK.decode_request(["t"], [[None]], outputs, nli, candidate_labels=["a"])[0]
+    assert answer["labels"] == ["a"] and abs(answer["scores"][0] - 1 / (1 + np.exp(1.0))) < 1e-6

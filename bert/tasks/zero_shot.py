@@ -198,6 +198,8 @@ class ZeroShotTask(Task):
         self, items, features, outputs, facts: ModelFacts, *, candidate_labels: list[str], multi_label=False, **_
     ) -> list[dict]:
         entailment = entailment_index(facts.labels)
+        if entailment is None:  # a checkpoint that names this task (config "task") without an NLI head's labels
+            raise RuntimeError(self.unserved_reason({"id2label": facts.labels}))
         return [
             answer(
                 text,
