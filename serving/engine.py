@@ -155,7 +155,10 @@ class Engine:
         backend = create_backend(spec, settings)
         missing = [t for t in explicit if t not in backend.tasks]
         if missing:
-            raise ModelError(f"{path} was given for {', '.join(missing)} but serves only {', '.join(backend.tasks)}")
+            reasons = "".join(f"; {r}" for t in missing if (r := TASKS[t].unserved_reason(spec.config)))
+            raise ModelError(
+                f"{path} was given for {', '.join(missing)} but serves only {', '.join(backend.tasks)}{reasons}"
+            )
         # A sentence-transformers model's max_seq_length is the longest input it was tuned on.
         limits = [
             spec.max_position_embeddings,
@@ -356,7 +359,7 @@ class Engine:
         """items (texts, pairs or QA items) -> one answer per item: the task's codec encodes them (in the
         request's lane), the unit's batcher runs their sequences, the codec decodes the outputs."""
         unit = self._unit(task.name)
-        lane = self._lane(task, _chars(items), options)
+        lane = self._lane(task, task.request_chars(items, options), options)
         limits = self.limits(unit)
         features = await self._codec(
             lambda: task.encode_request(unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options),
@@ -402,12 +405,3 @@ class Engine:
             outputs[i] = [r.outputs for r in results[at : at + len(features[i])]]
             at += len(features[i])
         timing.verified += len(unsure)
-
-
-def _chars(items: list) -> int:
-    """Characters of text in a request's items (texts, [text, pair] lists, QA items)."""
-    total = 0
-    for x in items:
-        parts = [x] if isinstance(x, str) else x.values() if isinstance(x, dict) else x
-        total += sum(len(p) for p in parts if isinstance(p, str))
-    return total

@@ -88,11 +88,14 @@ def test_small_sequence_level_requests_run_on_the_loop_and_answer_as_in_a_thread
         ("ner", ["short"], {}, "light"),  # per-token decoding costs ~20 us per token in Python
         ("qa", [{"question": "q", "context": "c"}], {}, "light"),
         ("embed", ["x" * (LIGHT_REQUEST_CHARS + 1)], {}, "heavy"),
+        ("zero_shot", ["short text"], {"candidate_labels": ["a", "b"], "hypothesis_template": "It is {}."}, None),
+        # each text is tokenised once per label: 300 characters x 8 labels is no small request
+        ("zero_shot", ["x" * 300], {"candidate_labels": list("abcdefgh"), "hypothesis_template": "{}"}, "light"),
     ],
 )
 def test_lane_of_a_request(checkpoint, task, items, options, lane):
     engine = Engine(Settings(model=str(checkpoint)), Metrics())
-    chosen = engine._lane(TASKS[task], engine_module._chars(items), options)
+    chosen = engine._lane(TASKS[task], TASKS[task].request_chars(items, options), options)
     assert chosen is {None: None, "light": engine._light_lane, "heavy": engine._heavy_lane}[lane]
 
 

@@ -111,6 +111,15 @@ def check_inputs(body, info=None) -> None:
     check_texts([body.inputs] if single else body.inputs, "inputs" if single else "inputs[{}]")
 
 
+def text_chars(items: list) -> int:
+    """Characters of text in a request's items (texts, [text, pair] lists, QA items as dicts)."""
+    total = 0
+    for x in items:
+        parts = [x] if isinstance(x, str) else x.values() if isinstance(x, dict) else x
+        total += sum(len(p) for p in parts if isinstance(p, str))
+    return total
+
+
 @dataclass(frozen=True)
 class TaskOption:
     """An option or limit a task declares; the command that reads it names it after the task: the server's
@@ -172,6 +181,11 @@ class Task:
         sequence classifier serves rerank only with one output."""
         return True
 
+    def unserved_reason(self, config: dict) -> str:
+        """Why a checkpoint of this task's architecture does not serve it (serves() is False): the second half of
+        the one-line refusal of a model given for this task alone (--TASK-model). "" says nothing more."""
+        return ""
+
     @property
     def architecture(self) -> str | None:
         return self.architectures[0] if self.architectures else None
@@ -189,6 +203,11 @@ class Task:
         """One answer per item, where `outputs` holds, per item, one {output name: array} per sequence, sliced
         to the sequence's length for per-token outputs."""
         raise NotImplementedError
+
+    def request_chars(self, items: list, options: dict) -> int:
+        """Characters of text the codec tokenises for these items: the server decides by it where the codec runs
+        (serving/engine.py). A task whose items fan out into several model inputs counts the text of each."""
+        return text_chars(items)
 
     def margins(self, items: list, features: list, outputs: list, facts: ModelFacts, **options) -> list[float] | None:
         """Per item, how sure its answer is (None: the task has no notion of it and is never re-answered)."""

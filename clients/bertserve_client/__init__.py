@@ -21,7 +21,8 @@ from ._exceptions import (
     ValidationError,
 )
 from ._version import __version__
-from .types import Answer, Entity, Info, Label, MaskCandidate, QAInput, Ranked
+from .types import *  # noqa: F403 - every result type (types.__all__)
+from .types import __all__ as _types
 
 __all__ = [
     "AsyncClient",
@@ -34,12 +35,6 @@ __all__ = [
     "ServerError",
     "UnauthorizedError",
     "ValidationError",
-    "Answer",
-    "Entity",
-    "Info",
-    "Label",
-    "MaskCandidate",
-    "QAInput",
-    "Ranked",
+    *_types,
     "__version__",
 ]

@@ -33,7 +33,7 @@ from ._exceptions import (
     error_class_for,
 )
 from ._version import __version__
-from .types import Answer, Entity, Info, Label, MaskCandidate, QAInput, Ranked
+from .types import Answer, Entity, Info, Label, MaskCandidate, QAInput, Ranked, ZeroShotResult
 
 DEFAULT_BASE_URL = "http://localhost:8000"
 DEFAULT_TIMEOUT = 60.0
@@ -48,6 +48,7 @@ QAItem = Union[QAInput, Mapping[str, str], Sequence[str]]
 NER_AGGREGATIONS = ("first", "simple", "average", "max", "none")
 EmbedInput = Union[str, Sequence[str]]
 FillMaskInput = Union[str, Sequence[str]]
+ZeroShotInput = Union[str, Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,29 @@ def plan_fill_mask(inputs: FillMaskInput, *, top_k: int, truncate: bool, batch_l
     return _batched("/fill-mask", bodies, _candidates)
 
 
+def plan_zero_shot(
+    inputs: ZeroShotInput,
+    candidate_labels: str | Sequence[str],
+    *,
+    hypothesis_template: str,
+    multi_label: bool,
+    truncate: bool,
+    batch_limit: int | None,
+) -> Plan:
+    labels = candidate_labels if isinstance(candidate_labels, str) else list(candidate_labels)
+    options = {
+        "candidate_labels": labels,
+        "hypothesis_template": hypothesis_template,
+        "multi_label": multi_label,
+        "truncate": truncate,
+    }
+    parse = lambda data: _parse(ZeroShotResult, data)  # noqa: E731
+    if not is_many(inputs):
+        return Plan([Call("POST", "/zero-shot", {"inputs": inputs, **options})], lambda a: parse(a[0]))
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
+    return _batched("/zero-shot", bodies, parse)
+
+
 # ---------------------------------------------------------------------------------------------
 # The endpoint methods, declared once for both clients
 
@@ -345,6 +369,33 @@ class Endpoints:
         a list of texts, that per text."""
         return self._run(
             Planned(inputs, lambda limit: plan_fill_mask(inputs, top_k=top_k, truncate=truncate, batch_limit=limit))
+        )
+
+    def zero_shot(
+        self,
+        inputs: ZeroShotInput,
+        candidate_labels: str | Sequence[str],
+        *,
+        hypothesis_template: str = "This example is {}.",
+        multi_label: bool = False,
+        truncate: bool = False,
+    ) -> ZeroShotResult | list[ZeroShotResult]:
+        """The candidate labels of one text best first, with their scores (a ZeroShotResult), or one per text of
+        a list: the served NLI model weighs each label, put into `hypothesis_template`, against the text.
+        `candidate_labels` is a list, or one string of comma-separated labels; with `multi_label` each label is
+        scored on its own."""
+        return self._run(
+            Planned(
+                inputs,
+                lambda limit: plan_zero_shot(
+                    inputs,
+                    candidate_labels,
+                    hypothesis_template=hypothesis_template,
+                    multi_label=multi_label,
+                    truncate=truncate,
+                    batch_limit=limit,
+                ),
+            )
         )
 
 

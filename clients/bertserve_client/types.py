@@ -62,6 +62,20 @@ class MaskCandidate(_Result):
     sequence: str
 
 
+class ZeroShotResult(_Result):
+    """A /zero-shot answer for one text: the candidate labels best first and their scores, in that order
+    (transformers' zero-shot-classification pipeline's fields)."""
+
+    sequence: str
+    labels: list[str]
+    scores: list[float]
+
+    @property
+    def label(self) -> str:
+        """The best label."""
+        return self.labels[0]
+
+
 class QAInput(BaseModel):
     """One question over one context, for `qa([...])`."""
 
@@ -86,3 +100,12 @@ class Info(_Result):
     def client_batch_limit(self) -> int | None:
         """How many inputs one request may carry: `max_client_batch_size`, else `max_batch_requests`."""
         return self.max_client_batch_size or self.max_batch_requests
+
+
+# Every result type above is part of the package's API (bertserve_client/__init__.py exports them all), so a type
+# added here is exported with it.
+__all__ = sorted(
+    name
+    for name, value in dict(globals()).items()
+    if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == __name__ and name[0] != "_"
+)

@@ -9,6 +9,7 @@ Shapes (the client SDK relies on them):
 - /qa: one {question, context} object -> one answer object (a list of answers when top_k > 1);
   a list of objects -> one entry per object, each an answer (or a list of them when top_k > 1).
 - /embed: `inputs` a str or a list -> always a list of vectors (text-embeddings-inference's shape).
+- /zero-shot: `inputs` a str -> one {sequence, labels, scores}; a list -> one such object per input.
 - /v1/embeddings: OpenAI's request and response.
 """
 
@@ -248,6 +249,46 @@ class MaskCandidate(BaseModel):
 
 # a text: one list of candidates per [MASK]; a list of texts: that, per text
 FillMaskResponse = Union[list[list[MaskCandidate]], list[list[list[MaskCandidate]]]]
+
+
+# ---- zero-shot: transformers' zero-shot-classification pipeline ------------------------------------------
+class ZeroShotRequest(_Body):
+    endpoint_doc: ClassVar[str] = (
+        "Each candidate label becomes a hypothesis (`hypothesis_template` with the label in its {}) that the NLI "
+        "model weighs against the text, one model input per (text, label): {sequence, labels, scores} with the "
+        "labels best first, as transformers' zero-shot-classification pipeline answers; a list of them for a list "
+        "of texts. Scores sum to 1 over the labels, or with `multi_label` each is entailment against contradiction."
+    )
+    inputs: Union[str, list[str]] = Field(
+        ..., description="a text or a list of texts", examples=["One day I will see the world."]
+    )
+    candidate_labels: Union[str, list[str]] = Field(
+        ...,
+        description="the labels to choose from: a list, or one string of comma-separated labels; inputs x labels "
+        "is at most qa_max_windows (413 beyond)",
+        examples=[["travel", "cooking", "dancing"]],
+    )
+    hypothesis_template: str = Field(
+        "This example is {}.", description='the hypothesis each label is put into, at its "{}"'
+    )
+    multi_label: bool = Field(
+        False, description="score each label on its own (entailment vs contradiction) instead of across the labels"
+    )
+    truncate: bool = Field(
+        False,
+        description="cut texts too long for the model beside a hypothesis instead of refusing them (never "
+        "the hypothesis)",
+    )
+
+
+class ZeroShotResult(BaseModel):
+    sequence: str = Field(..., description="the text as sent")
+    labels: list[str] = Field(..., description="the candidate labels, best first")
+    scores: list[float] = Field(..., description="each label's score, in the order of `labels`")
+
+
+# a text: one result; a list of texts: one per text
+ZeroShotResponse = Union[ZeroShotResult, list[ZeroShotResult]]
 
 
 class Status(BaseModel):
