@@ -259,7 +259,7 @@ def _normalise_names(
             key = key[: -len("gamma")] + "weight"
         elif key.endswith(".beta"):
             key = key[: -len("beta")] + "bias"
-        key = family.name_to_bert(key)
+        key = family.name_to_bert(key, model_keys)
         if wants_prefix and key.startswith(ENCODER_PREFIXES):
             key = "bert." + key
         elif not wants_prefix and key.startswith("bert."):
@@ -398,7 +398,11 @@ def _check_sizes(config: BertConfig, shapes: dict[str, tuple], directory: Path) 
             width,
         ),
         "embeddings.token_type_embeddings.weight": ("type_vocab_size", config.type_vocab_size, width),
-        "encoder.layer.0.intermediate.dense.weight": ("intermediate_size", config.intermediate_size, hidden),
+        "encoder.layer.0.intermediate.dense.weight": (
+            "intermediate_size",
+            config.intermediate_size * (2 if config.family.gated_mlp else 1),  # a gated MLP's input is twice as wide
+            hidden,
+        ),
     }
     problems = [
         f"{field} {getattr(config, field)} and hidden_size {hidden} in config.json, but {key} is {found[key]}"

@@ -27,6 +27,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 SIZE_FIELDS = (
     "vocab_size",
@@ -80,6 +81,17 @@ class BertConfig:
     # The layout family (bert/families.py): its model_type, as config.json names it ("roberta", "distilbert", ...)
     model_type: str = "bert"
     embedding_size: int | None = None  # ELECTRA: width of the embedding tables, projected to hidden_size (None: H)
+    # Building blocks beyond BERT's, under transformers' names; None (never written) is BERT's own choice.
+    rope_theta: float | None = None  # rotary positions with this base, instead of a position table
+    local_rope_theta: float | None = None  # the rotary base of windowed layers (None: rope_theta)
+    layer_types: list[str] | None = None  # per layer: "full_attention" or "sliding_attention" (None: all full)
+    local_attention: int | None = None  # a sliding layer's window: each token sees those local_attention // 2 away
+    attention_bias: bool | None = None  # False: attention projections without biases
+    mlp_bias: bool | None = None  # False: feed-forward projections without biases
+    norm_bias: bool | None = None  # False: LayerNorms without biases
+    classifier_pooling: str | None = None  # what the pooler reads: the first token ("cls", None) or the "mean"
+    classifier_activation: str | None = None  # pooler and MLM transform activation (None: the family's, hidden_act)
+    classifier_bias: bool | None = None  # False: pooler and MLM transform without a bias
     # Keys we do not model (transformers_version, torch_dtype, ...): kept so a round trip loses nothing.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -137,6 +149,7 @@ class BertConfig:
             problems.append(f"pad_token_id must be an integer, got {_short(self.pad_token_id)}")
         elif _is_int(self.vocab_size) and not 0 <= self.pad_token_id < self.vocab_size:
             problems.append(f"pad_token_id {self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+        problems.extend(self._block_problems())
         if self.embedding_size is not None and (not _is_int(self.embedding_size) or self.embedding_size <= 0):
             problems.append(f"embedding_size must be a positive integer, got {_short(self.embedding_size)}")
         if self.architectures is not None and (
@@ -166,6 +179,47 @@ class BertConfig:
             problems.append(f"task {_short(self.task)} is not one of {', '.join(tasks)}")
         if problems:
             raise ConfigError("invalid BERT config: " + "; ".join(problems))
+
+    def _block_problems(self) -> list[str]:
+        problems = []
+        for name in ("rope_theta", "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and (not _is_number(value) or value <= 0):
+                problems.append(f"{name} must be a positive number, got {_short(value)}")
+        for name in ("attention_bias", "mlp_bias", "norm_bias", "classifier_bias"):
+            if getattr(self, name) not in (None, True, False):
+                problems.append(f"{name} must be true or false, got {_short(getattr(self, name))}")
+        if self.classifier_pooling not in (None, "cls", "mean"):
+            problems.append(f"classifier_pooling must be cls or mean, got {_short(self.classifier_pooling)}")
+        if self.classifier_activation is not None and self.classifier_activation not in (*ACTIVATIONS, "tanh"):
+            problems.append(
+                f"classifier_activation {_short(self.classifier_activation)} is not one of {', '.join(ACTIVATIONS)}, tanh"
+            )
+        types = self.layer_types
+        if types is not None:
+            if not isinstance(types, list) or not all(t in LAYER_TYPES for t in types):
+                problems.append(f"layer_types must be a list of {' or '.join(LAYER_TYPES)}, got {_short(types)}")
+            elif _is_int(self.num_hidden_layers) and len(types) != self.num_hidden_layers:
+                problems.append(f"layer_types has {len(types)} entries for {self.num_hidden_layers} layers")
+            elif "sliding_attention" in types and (not _is_int(self.local_attention) or self.local_attention < 2):
+                problems.append(
+                    f"local_attention must be an integer of at least 2 for sliding layers, got {_short(self.local_attention)}"
+                )
+        return problems
+
+    def attention_window(self, index: int) -> int | None:
+        """How far layer `index` looks each way (None: the whole sequence)."""
+        if self.layer_types and self.layer_types[index] == "sliding_attention":
+            return self.local_attention // 2
+        return None
+
+    def layer_rope_theta(self, index: int) -> float | None:
+        """The rotary base of layer `index` (None: no rotary positions)."""
+        if self.rope_theta is None:
+            return None
+        if self.attention_window(index) is not None and self.local_rope_theta is not None:
+            return float(self.local_rope_theta)
+        return float(self.rope_theta)
 
     # ------------------------------------------------------------ derived
     @property

@@ -12,6 +12,7 @@ in bert/model.py). torch-free: serving reads artifact configs without torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ ARCHITECTURE_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassifi
 
 
 class UnsupportedFamily(BadInput, ValueError):
-    """A config.json whose model_type no family covers."""
+    """A config.json whose model_type no family covers, or a setting of its family we do not run."""
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,31 @@ class Family:
     # None: BERT's layout (pooler in the encoder, the head a plain Linear).
     sequence_pooler: str | None = None
     sequence_output: str = "{head}"
+    # (their prefix, ours) of head parameters whose place depends on the model's heads: taken when the model has
+    # parameters under our prefix, the first that applies (ModernBERT's one "head." is the pooler of a classifier
+    # and the transform of a masked LM)
+    head_prefixes: tuple[tuple[str, str], ...] = ()
+    # the transformers class suffixes this family's architectures map onto ours
+    architecture_suffixes: tuple[str, ...] = ARCHITECTURE_SUFFIXES
+    # config.json <-> ours beyond key renames (nested or derived keys): (to ours, to theirs), each dict -> dict
+    config_converters: tuple[Callable[[dict], dict], Callable[[dict], dict]] | None = None
     # --- differences the encoder forward reads (bert/model.py) ---
     position_offset: bool = False  # positions start at pad_token_id + 1 (fairseq's convention)
     token_types: bool = True  # False: no token-type table at all
     pooler_activation: str = "tanh"  # the first-token layer's activation before a sequence head
     bare_pooler: bool = True  # a bare encoder of this family carries a pooler
+    pre_norm: bool = False  # LayerNorm before each sublayer (and one after the last layer), not after
+    first_attention_norm: bool = True  # with pre_norm: False leaves the first layer's attention input as it is
+    gated_mlp: bool = False  # the feed-forward input projection is 2x wide: act(first half) * second half (GLU)
+    qkv_projection: bool = False  # query, key and value as one (3H, H) projection, attention.self.qkv
+    pooler_norm: bool = False  # the pooler ends in a LayerNorm
+    token_head_transform: bool = False  # per-token heads (token, span) read the pooler's transform of each token
 
     # ---- config.json ------------------------------------------------------------------------------------
     def config_to_ours(self, data: dict) -> dict:
         """A config.json's keys and values as BertConfig reads them (positions counted as usable positions)."""
+        if self.config_converters is not None:
+            data = self.config_converters[0](data)
         out = dict(self.config_defaults)
         out.update({self.config_keys.get(k, k): v for k, v in data.items()})
         if not self.token_types:
@@ -74,22 +91,27 @@ class Family:
         if isinstance(data.get("architectures"), list):
             data["architectures"] = [self.architecture_to_theirs(a, model_type) for a in data["architectures"]]
         theirs = {ours: key for key, ours in self.config_keys.items()}
-        return {theirs.get(k, k): v for k, v in data.items()}
+        data = {theirs.get(k, k): v for k, v in data.items()}
+        return self.config_converters[1](data) if self.config_converters is not None else data
 
     def architecture_to_ours(self, name: str) -> str:
         for prefix in sorted(self.model_types.values(), key=len, reverse=True):
             suffix = name[len(prefix) :] if name.startswith(prefix) else None
-            if suffix in ARCHITECTURE_SUFFIXES:
+            if suffix in self.architecture_suffixes:
                 return "Bert" + suffix
         return name
 
     def architecture_to_theirs(self, name: str, model_type: str) -> str:
         suffix = name[len("Bert") :] if name.startswith("Bert") else None
-        return self.model_types[model_type] + suffix if suffix in ARCHITECTURE_SUFFIXES else name
+        return self.model_types[model_type] + suffix if suffix in self.architecture_suffixes else name
 
     # ---- parameter names --------------------------------------------------------------------------------
-    def name_to_bert(self, key: str) -> str:
-        """A parameter name in this family's layout -> BERT's (as transformers' BERT classes name it)."""
+    def name_to_bert(self, key: str, model_keys: Collection[str] = ()) -> str:
+        """A parameter name in this family's layout -> BERT's (as transformers' BERT classes name it);
+        `model_keys`: the model's own parameter names, which place the head_prefixes."""
+        for theirs, ours in self.head_prefixes:
+            if key.startswith(theirs) and any(k.startswith(ours) for k in model_keys):
+                return ours + key[len(theirs) :]
         if self.sequence_pooler is not None:
             pooler = self.sequence_pooler.format(head="classifier") + "."
             output = self.sequence_output.format(head="classifier") + "."
@@ -106,6 +128,9 @@ class Family:
     def name_from_bert(self, key: str, sequence_head: str | None = None) -> str:
         """BERT's parameter name -> this family's; `sequence_head`: the attribute of the model's sequence
         classifier, whose layers this family lays out its own way (None: the model has none)."""
+        for theirs, ours in self.head_prefixes:
+            if key.startswith(ours):
+                return theirs + key[len(ours) :]
         if self.sequence_pooler is not None and sequence_head is not None:
             if key.startswith("bert.pooler.dense."):
                 return self.sequence_pooler.format(head=sequence_head) + key[len("bert.pooler.dense") :]
@@ -171,6 +196,7 @@ ELECTRA = Family(
     pooler_activation="gelu",
     bare_pooler=False,
 )
+
 
 FAMILIES: tuple[Family, ...] = (BERT, ROBERTA, DISTILBERT, ELECTRA)
 BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in FAMILIES for mt in f.model_types}

@@ -53,8 +53,10 @@ class Packing:
     """A batch as its real tokens only, sequence after sequence: passed where the padded (B, T) attention mask
     goes, it makes the same modules run on (N,) ids and (N, H) states. Attention then runs as the "varlen"
     implementation: `attention(q, k, v, cu_seqlens, max_len, cu_host)` over (N, nh, hs) tensors, a kernel the
-    caller chooses (FlashAttention's varlen form on CUDA, a per-sequence reference elsewhere). Sequences may be
-    empty and tokens after the last sequence belong to none (fixed shapes for CUDA graphs)."""
+    caller chooses (FlashAttention's varlen form on CUDA, a per-sequence reference elsewhere). A windowed layer
+    (config.layer_types) also passes `window=w`: each token attends only to tokens of its own sequence at most w
+    positions away. Sequences may be empty and tokens after the last sequence belong to none (fixed shapes for
+    CUDA graphs)."""
 
     positions: torch.Tensor  # (N,) each token's position within its sequence
     cu_seqlens: torch.Tensor  # (S + 1,) int32: where each sequence starts among the N tokens
@@ -68,20 +70,56 @@ class Packing:
 # ----------------------------------------------------------------------------- encoder
 
 
+def layer_norm(config: BertConfig, width: int | None = None) -> nn.LayerNorm:
+    """A LayerNorm as the config's family has it (without a bias where config.norm_bias is False)."""
+    return nn.LayerNorm(width or config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias is not False)
+
+
+def rotary_tables(positions: torch.Tensor, head_size: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position tables (cos, sin), (..., head_size) for positions (...): the frequencies and float32
+    arithmetic of transformers' default RoPE, so that rotated queries and keys equal theirs. Computed per call,
+    not stored: a buffer would follow the model to fp16 and lose the frequencies' digits."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float, device=positions.device) / head_size))
+    freqs = positions[..., None].float() * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x (B, nh, T, hs) or (N, nh, hs) rotated by its positions' angles (tables (1, T, hs) or (N, hs))."""
+    cos, sin = (t.unsqueeze(1) for t in rope)
+    x32 = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+def windowed_mask(mask: torch.Tensor | None, length: int, window: int, dtype, device) -> torch.Tensor:
+    """The additive (B, 1, 1, T) padding mask (or none) -> (B|1, 1, T, T) that also masks keys more than `window`
+    positions from the query. masked_fill, not a sum: two most-negative values would add to -inf, and a query
+    row of -inf only (a padded query whose window is all padding) would turn into NaN."""
+    position = torch.arange(length, device=device)
+    outside = (position[None, :] - position[:, None]).abs() > window  # (T, T)
+    base = mask if mask is not None else torch.zeros(1, 1, 1, length, dtype=dtype, device=device)
+    return base.masked_fill(outside, torch.finfo(dtype).min)
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         width = config.embedding_width  # ELECTRA's tables are narrower than H (BertModel.embeddings_project)
         offset = config.position_offset  # RoBERTa's positions start after pad_token_id
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings + offset, width)
+        # rotary positions (config.rope_theta) rotate queries and keys inside attention instead of a table here
+        rotary = config.rope_theta is not None
+        self.position_embeddings = None if rotary else nn.Embedding(config.max_position_embeddings + offset, width)
         # DistilBERT has no token types; RoBERTa one, so whatever ids a pair template gives, every token is type 0
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         self.single_token_type = config.type_vocab_size == 1
         self.position_offset = offset
         # DistilBERT's option: fixed sin/cos positions instead of learned ones (set at init, never trained)
         self.sinusoidal = bool(config.extra.get("sinusoidal_pos_embds", False))
-        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.LayerNorm = layer_norm(config, width)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # Sliced per call rather than arange(T): the same numbers, but the graph pattern
         # (Shape-Slice-Gather) onnxruntime's EmbedLayerNormalization fusion matches. Not saved.
@@ -102,28 +140,35 @@ class BertEmbeddings(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        # (1, T) for a padded batch; a packed one gives each token's own position, (N,)
-        if position_ids is None:
-            positions = self.position_ids[:, : input_ids.shape[1]]
-        else:
-            positions = position_ids + self.position_offset if self.position_offset else position_ids
         x = self.word_embeddings(input_ids)
         if self.token_type_embeddings is not None:
             if self.single_token_type:
                 token_type_ids = torch.zeros_like(input_ids)
             x = x + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(positions)
+        if self.position_embeddings is not None:
+            # (1, T) for a padded batch; a packed one gives each token's own position, (N,)
+            if position_ids is None:
+                positions = self.position_ids[:, : input_ids.shape[1]]
+            else:
+                positions = position_ids + self.position_offset if self.position_offset else position_ids
+            x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
 
 
 class BertSelfAttention(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        hidden, bias = config.hidden_size, config.attention_bias is not False
+        if config.family.qkv_projection:  # one (3H, H) projection, as ModernBERT stores it (Wqkv)
+            self.qkv = nn.Linear(hidden, 3 * hidden, bias=bias)
+        else:
+            self.query = nn.Linear(hidden, hidden, bias=bias)
+            self.key = nn.Linear(hidden, hidden, bias=bias)
+            self.value = nn.Linear(hidden, hidden, bias=bias)
+        self.window = config.attention_window(index)  # None: every token attends to every token
+        self.rope_theta = config.layer_rope_theta(index)  # None: no rotary positions
         self.dropout_p = config.attention_probs_dropout_prob
         # "sdpa": PyTorch's fused kernels (training, torch serving). "eager": explicit
         # matmul-softmax-matmul, the graph pattern onnxruntime's optimizer fuses into Attention.
@@ -135,28 +180,54 @@ class BertSelfAttention(nn.Module):
         self.fused_qkv: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fuse_qkv(self) -> None:
+        if hasattr(self, "qkv"):
+            self.fused_qkv = (self.qkv.weight, self.qkv.bias)
+            return
         with torch.no_grad():
+            linears = (self.query, self.key, self.value)
             self.fused_qkv = (
-                torch.cat([self.query.weight, self.key.weight, self.value.weight]),
-                torch.cat([self.query.bias, self.key.bias, self.value.bias]),
+                torch.cat([lin.weight for lin in linears]),
+                torch.cat([lin.bias for lin in linears]) if self.query.bias is not None else None,
             )
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values, each (..., nh, hs) for x (..., H)."""
+        if self.fused_qkv is not None or hasattr(self, "qkv"):
+            weights = self.fused_qkv if self.fused_qkv is not None else (self.qkv.weight, self.qkv.bias)
+            qkv = F.linear(x, *weights)
+            return qkv.view(qkv.shape[:-1] + (3, self.num_heads, self.head_size)).unbind(-3)
+        return tuple(
+            lin(x).view(x.shape[:-1] + (self.num_heads, self.head_size)) for lin in (self.query, self.key, self.value)
+        )
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.size()[:-1] + (self.num_heads, self.head_size)).transpose(1, 2)  # (B, nh, T, hs)
 
-    def forward_varlen(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
+    def forward_varlen(self, x: torch.Tensor, packing: Packing, rope=None) -> torch.Tensor:
         n = x.shape[0]  # x: (N, H), the real tokens of every sequence
-        if self.fused_qkv is not None:
-            q, k, v = F.linear(x, *self.fused_qkv).view(n, 3, self.num_heads, self.head_size).unbind(1)
-        else:
-            q, k, v = (lin(x).view(n, self.num_heads, self.head_size) for lin in (self.query, self.key, self.value))
-        y = packing.attention(q, k, v, packing.cu_seqlens, packing.max_len, packing.cu_host)  # (N, nh, hs)
+        q, k, v = self.project(x)  # (N, nh, hs)
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)
+        window = {} if self.window is None else {"window": self.window}  # kernels without windows stay callable
+        y = packing.attention(q, k, v, packing.cu_seqlens, packing.max_len, packing.cu_host, **window)
         return y.reshape(n, self.num_heads * self.head_size)  # (N, H)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | Packing | None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """mask: the additive mask for this layer (its window already in it), or a Packing; rope: the (cos, sin)
+        tables of this layer's rotary positions, if it has them."""
         if isinstance(mask, Packing):
-            return self.forward_varlen(x, mask)
-        q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
+            return self.forward_varlen(x, mask, rope)
+        if hasattr(self, "qkv"):
+            q, k, v = (t.transpose(1, 2) for t in self.project(x))  # (B, nh, T, hs)
+        else:
+            q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)
         dropout = self.dropout_p if self.training else 0.0
         if self.implementation == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
@@ -171,39 +242,53 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, config: BertConfig, in_features: int | None = None):
+    def __init__(self, config: BertConfig, in_features: int | None = None, bias: bool = True):
         super().__init__()
-        self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size, bias=bias)
+        # a pre-norm block (config.family.pre_norm) normalises each sublayer's input instead (BertLayer)
+        self.LayerNorm = None if config.family.pre_norm else nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.LayerNorm is None:
+            return self.dropout(self.dense(y)) + residual
         return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LayerNorm block
 
 
 class BertAttention(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
-        self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config)
+        self.self = BertSelfAttention(config, index)
+        self.output = BertSelfOutput(config, bias=config.attention_bias is not False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> torch.Tensor:
-        return self.output(self.self(x, mask), x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, rope=None, normed=None) -> torch.Tensor:
+        """normed: the sublayer's input when it differs from the residual x (a pre-norm block)."""
+        return self.output(self.self(x if normed is None else normed, mask, rope), x)
 
 
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        # A gated MLP (GLU, config.family.gated_mlp) projects to twice the width: act(first half) * second half.
+        self.gated = config.family.gated_mlp
+        width = config.intermediate_size * (2 if self.gated else 1)
+        self.dense = nn.Linear(config.hidden_size, width, bias=config.mlp_bias is not False)
         self.act = activation(config.hidden_act)
         # The GELU epilogue (cuBLASLt's GELU_BIAS on CUDA) is the tanh approximation: usable by models trained
-        # with it, and on request (Packing.gelu_epilogue) by exact-GELU ones.
-        self.epilogue_capable = config.hidden_act in ("gelu", "gelu_new", "gelu_pytorch_tanh")
+        # with it, and on request (Packing.gelu_epilogue) by exact-GELU ones; not inside a gate.
+        self.epilogue_capable = (
+            config.hidden_act in ("gelu", "gelu_new", "gelu_pytorch_tanh")
+            and not self.gated
+            and self.dense.bias is not None
+        )
 
     def forward(self, x: torch.Tensor, gelu_epilogue: bool = False) -> torch.Tensor:
         if gelu_epilogue and self.epilogue_capable and x.dim() == 2:
             # the activation inside the GEMM: one pass over the 4H-wide activations fewer
             return torch._addmm_activation(self.dense.bias, x, self.dense.weight.t(), use_gelu=True)
+        if self.gated:
+            value, gate = self.dense(x).chunk(2, dim=-1)
+            return self.act(value) * gate
         return self.act(self.dense(x))
 
 
@@ -211,34 +296,69 @@ class BertOutput(BertSelfOutput):
     """Feed-forward output: project 4H back to H, then the same residual + LayerNorm."""
 
     def __init__(self, config: BertConfig):
-        super().__init__(config, config.intermediate_size)
+        super().__init__(config, config.intermediate_size, bias=config.mlp_bias is not False)
 
 
 class BertLayer(nn.Module):
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
-        self.attention = BertAttention(config)
+        self.attention = BertAttention(config, index)
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
+        # Pre-norm (config.family.pre_norm): each sublayer reads a LayerNorm of the residual stream, which itself
+        # is never normalised until the encoder's final norm. A family may leave out the first layer's attention
+        # norm (ModernBERT: the embeddings end in one already).
+        self.pre_norm = config.family.pre_norm
+        if self.pre_norm:
+            first_plain = index == 0 and not config.family.first_attention_norm
+            self.attention_norm = None if first_plain else layer_norm(config)
+            self.mlp_norm = layer_norm(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> torch.Tensor:
-        x = self.attention(x, mask)
-        return self.output(self.intermediate(x, isinstance(mask, Packing) and mask.gelu_epilogue), x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, rope=None) -> torch.Tensor:
+        gelu_epilogue = isinstance(mask, Packing) and mask.gelu_epilogue
+        if not self.pre_norm:
+            x = self.attention(x, mask, rope)
+            return self.output(self.intermediate(x, gelu_epilogue), x)
+        x = self.attention(x, mask, rope, normed=self.attention_norm(x) if self.attention_norm is not None else x)
+        return self.output(self.intermediate(self.mlp_norm(x), gelu_epilogue), x)
 
 
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(BertLayer(config, i) for i in range(config.num_hidden_layers))
+        # pre-norm blocks leave the residual stream unnormalised: one LayerNorm after the last
+        self.final_norm = layer_norm(config) if config.family.pre_norm else None
+        self.head_size = config.head_size
         self.gradient_checkpointing = False
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> torch.Tensor:
+    def layer_inputs(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, positions: torch.Tensor | None):
+        """Per layer, its mask (windowed where the layer is) and rotary tables, each made once per distinct value."""
+        masks: dict = {None: mask}
+        tables: dict = {None: None}
         for block in self.layer:
+            attention = block.attention.self
+            if attention.window not in masks:  # a Packing carries no mask: the kernel bounds the window
+                masks[attention.window] = (
+                    mask
+                    if isinstance(mask, Packing)
+                    else windowed_mask(mask, x.shape[1], attention.window, x.dtype, x.device)
+                )
+            if attention.rope_theta not in tables:
+                where = positions if positions is not None else torch.arange(x.shape[1], device=x.device)[None, :]
+                tables[attention.rope_theta] = rotary_tables(where, self.head_size, attention.rope_theta)
+        return [(masks[b.attention.self.window], tables[b.attention.self.rope_theta]) for b in self.layer]
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | Packing | None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """positions: each packed token's position in its sequence (N,); None for a padded batch (0..T-1)."""
+        for block, (layer_mask, rope) in zip(self.layer, self.layer_inputs(x, mask, positions)):
             if self.gradient_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, mask, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, layer_mask, rope, use_reentrant=False)
             else:
-                x = block(x, mask)
-        return x
+                x = block(x, layer_mask, rope)
+        return x if self.final_norm is None else self.final_norm(x)
 
 
 class BertPooler(nn.Module):
@@ -248,13 +368,15 @@ class BertPooler(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = (
-            torch.tanh if config.family.pooler_activation == "tanh" else activation(config.family.pooler_activation)
-        )
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias is not False)
+        name = config.classifier_activation or config.family.pooler_activation
+        self.act = torch.tanh if name == "tanh" else activation(name)
+        # ModernBERT's head ends in a LayerNorm (config.family.pooler_norm)
+        self.LayerNorm = layer_norm(config) if config.family.pooler_norm else None
 
     def forward(self, first_token: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(first_token))  # (B, H): the [CLS] states
+        y = self.act(self.dense(first_token))  # (B, H): the [CLS] states (or what classifier_pooling pools)
+        return y if self.LayerNorm is None else self.LayerNorm(y)
 
 
 @dataclass
@@ -262,6 +384,14 @@ class EncoderOutput:
     last_hidden_state: torch.Tensor  # (B, T, H)
     pooler_output: torch.Tensor | None = None  # (B, H)
     embedding: torch.Tensor | None = None  # (B, H): the sentence embedding, when the encoder has a pooling mode
+    # config.family.token_head_transform: the pooler's transform, which that family's per-token heads read too
+    token_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def token_states(self) -> torch.Tensor:
+        """What a per-token head (token, span) reads: the token states, through token_transform if there is one."""
+        if self.token_transform is None:
+            return self.last_hidden_state
+        return self.token_transform(self.last_hidden_state)
 
 
 class BertPreTrainedModel(nn.Module):
@@ -291,7 +421,8 @@ class BertPreTrainedModel(nn.Module):
                     module.weight[module.padding_idx].zero_()
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
         elif isinstance(module, BertLMPredictionHead):
             nn.init.zeros_(module.bias)
 
@@ -368,12 +499,17 @@ class BertModel(BertPreTrainedModel):
             # No mask means nothing is padded: SDPA then gets no mask and may use its flash kernel, which
             # any attn_mask rules out (on CUDA, fp16 BERT-large at 32 x 384).
             mask = additive_padding_mask(attention_mask, x.dtype) if attention_mask is not None else None
-        x = self.encoder(x, mask)
-        first = x.index_select(0, attention_mask.cls_rows) if packed else x[:, 0]
+        x = self.encoder(x, mask, attention_mask.positions if packed else None)
+        pooler_output = None
+        if self.pooler is not None:
+            if self.config.classifier_pooling == "mean":
+                first = pool(x, attention_mask, "mean")
+            else:
+                first = x.index_select(0, attention_mask.cls_rows) if packed else x[:, 0]
+            pooler_output = self.pooler(first)
+        transform = self.pooler if self.pooler is not None and self.config.family.token_head_transform else None
         return EncoderOutput(
-            x,
-            self.pooler(first) if self.pooler is not None else None,
-            pool(x, attention_mask, self.pooling) if self.pooling is not None else None,
+            x, pooler_output, pool(x, attention_mask, self.pooling) if self.pooling is not None else None, transform
         )
 
 
@@ -383,9 +519,9 @@ class BertModel(BertPreTrainedModel):
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias is not False)
+        self.act = activation(config.classifier_activation or config.hidden_act)
+        self.LayerNorm = layer_norm(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.act(self.dense(x)))
@@ -520,14 +656,14 @@ class BertForSequenceClassification(BertPreTrainedModel):
 class BertForTokenClassification(BertPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
+        self.bert = BertModel(config, add_pooling_layer=config.family.token_head_transform)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> ClassifierOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, L)
+        logits = self.classifier(self.dropout(out.token_states()))  # (B, T, L)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
@@ -545,7 +681,7 @@ class SpanOutput:
 class BertForQuestionAnswering(BertPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
+        self.bert = BertModel(config, add_pooling_layer=config.family.token_head_transform)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)  # start and end vectors S, E
         self.init_weights()
 
@@ -553,7 +689,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None
     ) -> SpanOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(dim=-1)
+        start_logits, end_logits = self.qa_outputs(out.token_states()).unbind(dim=-1)
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = span_loss(start_logits, end_logits, start_positions, end_positions)
@@ -598,9 +734,9 @@ def run_head(kind: str, head: nn.Module, out: EncoderOutput, dropout: nn.Module)
     if kind == "sequence":
         return (head(dropout(out.pooler_output)),)  # (B, L)
     if kind == "token":
-        return (head(dropout(out.last_hidden_state)),)  # (B, T, L)
+        return (head(dropout(out.token_states())),)  # (B, T, L)
     if kind == "span":
-        return tuple(head(out.last_hidden_state).unbind(dim=-1))  # (B, T) start, (B, T) end
+        return tuple(head(out.token_states()).unbind(dim=-1))  # (B, T) start, (B, T) end
     if kind == "mlm":
         probs = head.predictions(out.last_hidden_state).float().softmax(dim=-1)
         scores, ids = probs.topk(min(MLM_TOP_K, probs.shape[-1]), dim=-1)  # (B, T, K)
@@ -633,7 +769,9 @@ class BertForMultiTask(BertPreTrainedModel):
             name: (attributes or {}).get(name) or layout_attributes.get(name) or self.heads[name].attribute
             for name in self.heads
         }
-        self.bert = BertModel(config, add_pooling_layer=any(h.kind == "sequence" for h in self.heads.values()))
+        # a family whose per-token heads read the pooler's transform (token_head_transform) needs it for them too
+        pooled_kinds = ("sequence", "token", "span") if config.family.token_head_transform else ("sequence",)
+        self.bert = BertModel(config, add_pooling_layer=any(h.kind in pooled_kinds for h in self.heads.values()))
         self.dropout = classifier_dropout(config)
         built: dict[str, tuple[str, int]] = {}
         for name, head in self.heads.items():

@@ -114,23 +114,30 @@ def unpack_tokens(values: np.ndarray, where: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- attention over packed tokens
 
-# attention(q, k, v, cu_seqlens, max_len, cu_host) -> (N, heads, head_size); q, k, v: (N, heads, head_size)
+# attention(q, k, v, cu_seqlens, max_len, cu_host[, window=w]) -> (N, heads, head_size); q, k, v: (N, heads,
+# head_size). window (a windowed layer's): each token attends to the tokens of its sequence at most w positions away.
 Attention = Callable[..., torch.Tensor]
 
 
-def attention_varlen(q, k, v, cu, max_len, cu_host=None):
+def attention_varlen(q, k, v, cu, max_len, cu_host=None, window=None):
     """torch.nn.attention.varlen.varlen_attn: PyTorch's public FlashAttention varlen entry (CUDA)."""
     from torch.nn.attention.varlen import varlen_attn
 
+    if window is not None:
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, window_size=(window, window))
     return varlen_attn(q, k, v, cu, cu, max_len, max_len)
 
 
-def attention_aten_flash(q, k, v, cu, max_len, cu_host=None):
+def attention_aten_flash(q, k, v, cu, max_len, cu_host=None, window=None):
     """The aten op behind varlen_attn and nested-tensor SDPA (present since torch 2.1; CUDA)."""
+    if window is not None:
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_len, max_len, 0.0, False, False, window_size_left=window, window_size_right=window
+        )[0]
     return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, False, False)[0]
 
 
-def attention_reference(q, k, v, cu, max_len, cu_host=None):
+def attention_reference(q, k, v, cu, max_len, cu_host=None, window=None):
     """Each sequence through plain SDPA: the definition the fast kernels must match (and the CPU path).
     Tokens after the last sequence (bucket filler) get zeros."""
     out = torch.zeros_like(q)
@@ -139,15 +146,19 @@ def attention_reference(q, k, v, cu, max_len, cu_host=None):
         if stop > start:
             # (1, heads, len, head_size) for SDPA, back to (len, heads, head_size)
             qs, ks, vs = (t[start:stop].transpose(0, 1)[None] for t in (q, k, v))
-            out[start:stop] = F.scaled_dot_product_attention(qs, ks, vs)[0].transpose(0, 1)
+            mask = None
+            if window is not None:  # the window stays inside the sequence: positions count from its start
+                position = torch.arange(stop - start, device=q.device)
+                mask = (position[None, :] - position[:, None]).abs() <= window
+            out[start:stop] = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)[0].transpose(0, 1)
     return out
 
 
 def contiguous(attention: Attention) -> Attention:
     """The same kernel fed contiguous q, k, v (for a kernel that refuses the strided views of one QKV tensor)."""
 
-    def call(q, k, v, cu, max_len, cu_host=None):
-        return attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, cu_host)
+    def call(q, k, v, cu, max_len, cu_host=None, **window):
+        return attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, cu_host, **window)
 
     call.__name__ = f"{attention.__name__}_contiguous"
     return call
