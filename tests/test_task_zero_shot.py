@@ -78,7 +78,9 @@ def nli_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(nli_model):
-    with Server("--zero-shot-model", str(nli_model), "--max-client-batch-size", "3", "--qa-max-windows", "12") as s:
+    with Server(
+        "--zero-shot-model", str(nli_model), "--max-client-batch-size", "3", "--max-request-sequences", "12"
+    ) as s:
         yield s
 
 
@@ -178,7 +180,7 @@ def test_zero_shot_refusals_are_json_and_the_server_stays_ready(server):
         response = post(body)
         assert response.status_code == status, (body, response.text)
         assert set(response.json()) == {"error", "error_type"}, response.text
-    assert "12 (qa_max_windows)" in post({**ok, "candidate_labels": [str(i) for i in range(13)]}).json()["error"]
+    assert "12 (max_request_sequences)" in post({**ok, "candidate_labels": [str(i) for i in range(13)]}).json()["error"]
     assert httpx.post(server.url + "/zero-shot", json=[ok]).status_code == 422
     assert httpx.get(server.url + "/ready").status_code == 200
     assert post({**ok, "candidate_labels": ["a", "b", "c", "d"]}).status_code == 200

@@ -189,7 +189,7 @@ class ZeroShotTask(Task):
         if needed > limits.max_sequences:
             raise TooMuchWork(
                 f"{len(items)} inputs x {len(candidate_labels)} candidate_labels need {needed} model inputs; the "
-                f"limit is {limits.max_sequences} (qa_max_windows): send fewer labels or inputs per request"
+                f"limit is {limits.max_sequences} (max_request_sequences): send fewer labels or inputs per request"
             )
         hypotheses = [hypothesis_template.format(label) for label in candidate_labels]
         return encode(tokenizer, items, hypotheses, max_length=limits.max_length, truncate=truncate)

@@ -265,7 +265,7 @@ class ZeroShotRequest(_Body):
     candidate_labels: Union[str, list[str]] = Field(
         ...,
         description="the labels to choose from: a list, or one string of comma-separated labels; inputs x labels "
-        "is at most qa_max_windows (413 beyond)",
+        "is at most max_request_sequences (413 beyond)",
         examples=[["travel", "cooking", "dancing"]],
     )
     hypothesis_template: str = Field(
