@@ -6,15 +6,16 @@ window of a QA context) is one queue entry with its own future. Each inference w
 one two-threaded run) takes its own next batch from the queue the moment it is free: it starts from the
 oldest sequence, adds the queued sequences closest to it in length while the padded batch stays within
 `max_batch_tokens` (padded length x count), `max_batch_requests` and `max_padding` (the share of padding
-in the batch: on CPU a pad token costs as much as a real one), pads it and runs it. It waits at most
+in the batch: on CPU a pad token costs as much as a real one), and hands the backend its sequences as they
+are (padding or packing them is the backend's business: serving/backends/base.py) to get each one's outputs. It waits at most
 `max_wait_ms` (from the oldest sequence's arrival) for a batch to fill while it is idle; while every worker
 is busy the queue keeps growing, so the next batch is as full as the load allows when a worker frees up.
 The event loop only queues sequences and hands results to their callers: a worker never waits for the
 loop between two batches (it did when one owner task on the loop dispatched every batch, while the loop
 also served HTTP: docs/serving.md, "Why it is built this way").
 Callers that have gone are dropped before their sequences are batched.
-A batch that fails fails every sequence in it and nothing else; a backend that returns a number of
-rows other than the number of sequences is a failure too, never a silent mismatch.
+A batch that fails fails every sequence in it and nothing else; a backend that returns outputs for a number of
+sequences other than the batch's is a failure too, never a silent mismatch.
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert.tasks import Features, pad_batch, registry
+from bert.tasks import Features
 from serving.errors import BackendFailure
 
 log = logging.getLogger("bertserve")
-PER_TOKEN_OUTPUTS = registry.per_token_outputs()  # sliced to each sequence's own length
 
 
 class Ticket:
@@ -74,7 +74,6 @@ class Batcher:
         max_wait_ms: float,
         workers: int = 1,
         max_padding: float | None = None,
-        pad_token_id: int = 0,
         pad_to_multiple_of: int | None = None,
         metrics=None,
         name: str = "model",
@@ -83,8 +82,7 @@ class Batcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.max_wait_s = max_wait_ms / 1000.0
-        self.pad_token_id = pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_to_multiple_of = pad_to_multiple_of  # the backend's, for the padded length the budget counts
         self.metrics = metrics
         self.workers = workers
         self.max_padding = max_padding  # most padding a batch may carry, as a share of its padded tokens
@@ -153,10 +151,11 @@ class Batcher:
                 return
             started = time.monotonic()
             try:
-                arrays = pad_batch([e.features for e in batch], self.pad_token_id, self.pad_to_multiple_of)
-                outputs = self.backend.run(arrays)
+                outputs = self.backend.run_sequences([e.features for e in batch])
                 elapsed = time.monotonic() - started
-                result = (self._split(outputs, batch, len(batch)), arrays["input_ids"].shape)
+                if len(outputs) != len(batch):
+                    raise BackendFailure(f"backend returned outputs for {len(outputs)} sequences of {len(batch)}")
+                result = (outputs, (len(batch), self._padded(max(e.length for e in batch))))
             except Exception as exc:  # noqa: BLE001 - every error fails exactly this batch
                 log.error("batch of %d sequences failed: %s: %s", len(batch), type(exc).__name__, exc)
                 elapsed, result = (
@@ -237,21 +236,6 @@ class Batcher:
     def _padded(self, width: int) -> int:
         m = self.pad_to_multiple_of
         return -(-width // m) * m if m else width
-
-    @staticmethod
-    def _split(outputs: dict[str, np.ndarray], batch: list[Entry], rows: int) -> list[dict[str, np.ndarray]]:
-        """Each sequence's rows of every output; a backend that returns other shapes fails the batch."""
-        for key, value in outputs.items():
-            per_token = key in PER_TOKEN_OUTPUTS
-            if np.ndim(value) < (2 if per_token else 1) or len(value) != rows:
-                raise BackendFailure(
-                    f"backend returned {len(value) if np.ndim(value) else 0} rows of {key!r} (shape "
-                    f"{np.shape(value)}) for {rows} sequences"
-                )
-        return [
-            {k: (v[i, : entry.length] if k in PER_TOKEN_OUTPUTS else v[i]) for k, v in outputs.items()}
-            for i, entry in enumerate(batch)
-        ]
 
     def _set_depth(self) -> None:
         # inc/dec, not set: several batchers (one per model) share the gauge

@@ -153,6 +153,8 @@ class Engine:
             spec.pooling = replace(spec.pooling, mode=settings.pooling, source="flag")
         tokenizer = BertTokenizer.from_dir(path)  # first: a bad tokenizer is found before a model loads
         backend = create_backend(spec, settings)
+        backend.pad_token_id = tokenizer.pad_token_id
+        backend.pad_to_multiple_of = 8 if settings.device == "cuda" else None  # tensor-core friendly widths
         missing = [t for t in explicit if t not in backend.tasks]
         if missing:
             reasons = "".join(f"; {r}" for t in missing if (r := TASKS[t].unserved_reason(spec.config)))
@@ -222,8 +224,7 @@ class Engine:
                 max_wait_ms=self.settings.max_wait_ms,
                 workers=self.settings.effective_inference_workers if unit.backend.concurrent_runs else 1,
                 max_padding=self.settings.effective_max_padding,
-                pad_token_id=unit.tokenizer.pad_token_id,
-                pad_to_multiple_of=8 if self.settings.device == "cuda" else None,
+                pad_to_multiple_of=unit.backend.pad_to_multiple_of,
                 metrics=self.metrics,
                 name=unit.spec.path.name,
             )

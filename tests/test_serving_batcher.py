@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from bert.tasks import TASKS, Features
+from serving.backends.base import Backend
 from serving.batcher import Batcher, Ticket
 from serving.errors import BackendFailure
 
 
-class RecordingBackend:
-    """Echoes each row's length as its 'classify' output; records the batch shapes it saw."""
+class RecordingBackend(Backend):
+    """A padded backend (the base class pads the batcher's sequences for run()) that echoes each row's length as
+    its 'classify' output; records the batch shapes it saw."""
 
     def __init__(self, fail_when=None, rows_off=0):
         self.shapes: list[tuple[int, int]] = []
@@ -265,7 +267,7 @@ def test_max_padding_keeps_very_different_lengths_apart():
 
 # ---- every path fails every entry of a batch it cannot run (issue 11) -------------------------------------
 def test_a_batch_that_cannot_be_padded_fails_its_callers(monkeypatch):
-    import serving.batcher as batcher_module
+    import serving.backends.base as batcher_module  # where a padded backend's batch is padded
 
     real_pad = batcher_module.pad_batch
 
@@ -286,7 +288,7 @@ def test_a_batch_that_cannot_be_padded_fails_its_callers(monkeypatch):
     assert not isinstance(fine[0], Exception)
 
 
-class BlockingBackend:
+class BlockingBackend(Backend):
     """run() waits for `release` (a threading.Event), so batches stay running as long as a test wants."""
 
     def __init__(self):

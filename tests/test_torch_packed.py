@@ -28,6 +28,7 @@ from serving.backends.torch_packed import (  # noqa: E402
     attention_reference,
     batch_bucket,
     pack,
+    pack_sequences,
     token_bucket,
 )
 
@@ -107,6 +108,25 @@ def test_pack_keeps_real_tokens_row_after_row():
     )
     assert packed.max_len == 5 and packed.batch == 3 and packed.tokens == 9
     assert packed.ids.dtype == np.int32 and packed.cu_seqlens.dtype == np.int32
+
+
+def features_of(batch: dict) -> list:
+    from bert.tasks import Features
+
+    lengths = batch["attention_mask"].sum(axis=1)
+    return [
+        Features(batch["input_ids"][i, :n].tolist(), batch["token_type_ids"][i, :n].tolist())
+        for i, n in enumerate(lengths)
+    ]
+
+
+def test_unpadded_sequences_pack_as_their_padded_batch_does():
+    batch = random_batch([3, 5, 1, 7], width=8, seed=2)
+    direct, stripped = pack_sequences(features_of(batch)), pack(batch)
+    for field in ("ids", "types", "positions", "cu_seqlens"):
+        got, want = getattr(direct, field), getattr(stripped, field)
+        assert got.dtype == want.dtype and np.array_equal(got, want), field
+    assert direct.max_len == stripped.max_len and direct.where is None
 
 
 def test_pack_refuses_masks_it_cannot_represent():
@@ -317,7 +337,7 @@ def test_the_server_flags_choose_the_packed_path(multi_checkpoint, monkeypatch):
     """--torch-packed / --torch-gelu-epilogue as `python -m serving` reads them reach the backend; an argument
     given to the backend wins over them."""
     from bert import options
-    from serving.backends.base import read_model_spec
+    from serving.backends.model_dir import read_model_spec
     from serving.settings import Settings
 
     monkeypatch.delenv("BERTSERVE_TORCH_PACKED", raising=False)
@@ -327,6 +347,27 @@ def test_the_server_flags_choose_the_packed_path(multi_checkpoint, monkeypatch):
     packed = torch_backend.TorchBackend(spec, settings)
     assert packed.fast_path["packed"] is True and packed.runner.encoder.gelu_epilogue is True
     assert torch_backend.TorchBackend(spec, settings, packed=False).runner is None
+
+
+def test_sequences_come_back_each_with_its_own_rows_packed_or_padded(multi_checkpoint):
+    """What the batcher calls: unpadded sequences in, per sequence out. The packed backend packs them as they are;
+    its answers are those of its padded batch (sliced once), and within fp32 summation order of the padded model's."""
+    from serving.backends.base import rows_of_each
+
+    padded = make_backend(multi_checkpoint)
+    packed = make_backend(multi_checkpoint, packed=True)
+    batch = random_batch([7, 40, 1, 19], width=40, seed=4)
+    sequences, lengths = features_of(batch), [7, 40, 1, 19]
+    got = packed.run_sequences(sequences)
+    same_path = rows_of_each(packed.run(batch), lengths)
+    reference = padded.run_sequences(sequences)
+    assert len(got) == len(sequences)
+    for row, length in enumerate(lengths):
+        assert set(got[row]) == set(reference[row])
+        assert got[row]["ner"].shape[0] == length and got[row]["qa_start"].shape == (length,)
+        for name, value in got[row].items():
+            np.testing.assert_array_equal(value, same_path[row][name])
+            np.testing.assert_allclose(value, reference[row][name], rtol=0, atol=2e-5)
 
 
 def test_probe_turns_a_wrong_packed_path_off(multi_checkpoint, monkeypatch):

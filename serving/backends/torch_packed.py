@@ -18,8 +18,9 @@ Part of the torch backend (serving/backends/torch_backend.py is its only user). 
 
 The packed forward itself is the model's (bert/model.py): a `Packing` passed in place of the attention mask
 makes the same embeddings, layers and heads run over (N, H) tokens, attention as the "varlen"
-implementation with the kernel chosen here. This module holds what is serving's: packing and unpacking
-batches, shape buckets, CUDA graphs, and the attention kernels to choose from.
+implementation with the kernel chosen here. This module holds what is serving's: packing the batcher's
+sequences as they come (and, for a caller holding one, a padded batch) and splitting the outputs per sequence,
+shape buckets, CUDA graphs, and the attention kernels to choose from.
 
 Every piece except the flash kernel and the graph capture itself runs on CPU too (attention by a
 per-sequence reference, graphs replaced by eager calls on the same static buffers), which is how the
@@ -48,13 +49,13 @@ log = logging.getLogger("bertserve")
 
 @dataclass
 class Packed:
-    """A right-padded (B, T) batch as its real tokens, row after row."""
+    """A batch's sequences as their real tokens, one after the other."""
 
     ids: np.ndarray  # (N,) int32
     types: np.ndarray  # (N,) int32
     positions: np.ndarray  # (N,) int32: 0..len-1 within each sequence
     cu_seqlens: np.ndarray  # (B + 1,) int32: where each sequence starts in the N tokens
-    where: np.ndarray  # (B, T) bool: the real tokens' places in the padded batch
+    where: np.ndarray | None  # (B, T) bool: the real tokens' places, for a batch packed from a padded one
     max_len: int
 
     @property
@@ -88,6 +89,32 @@ def pack(batch: dict[str, np.ndarray]) -> Packed | None:
         where=where,
         max_len=int(lengths.max()),
     )
+
+
+def pack_sequences(sequences: list) -> Packed:
+    """Unpadded sequences (Features: input_ids, token_type_ids) as one run of tokens: nothing to strip."""
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    cu = np.zeros(len(sequences) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    tokens = int(cu[-1])
+    return Packed(
+        ids=np.fromiter((i for s in sequences for i in s.input_ids), dtype=np.int32, count=tokens),
+        types=np.fromiter((t for s in sequences for t in s.token_type_ids), dtype=np.int32, count=tokens),
+        positions=(np.arange(tokens, dtype=np.int64) - np.repeat(cu[:-1], lengths)).astype(np.int32),
+        cu_seqlens=cu,
+        where=None,
+        max_len=int(lengths.max()) if len(lengths) else 0,
+    )
+
+
+def split_sequences(outputs: dict[str, np.ndarray], cu_seqlens: np.ndarray, per_token) -> list[dict[str, np.ndarray]]:
+    """Packed outputs (per-token (N, ...), per-sequence (B, ...)) -> each sequence's: its own tokens' rows, or
+    its row."""
+    bounds = cu_seqlens.tolist()
+    return [
+        {name: value[start:stop] if name in per_token else value[i] for name, value in outputs.items()}
+        for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))
+    ]
 
 
 def batch_bucket(rows: int) -> int:
@@ -337,9 +364,14 @@ class PackedRunner:
     def key(self, packed: Packed) -> tuple[int, int]:
         return batch_bucket(packed.batch), token_bucket(packed.tokens)
 
-    @torch.inference_mode()
     def run(self, packed: Packed) -> dict[str, np.ndarray]:
-        """The model's output table (graph-output names), per-token outputs in the padded (B, T, ...) layout."""
+        """The model's output table (graph-output names), per-token outputs in the padded (B, T, ...) layout of
+        the batch `packed` was packed from."""
+        return self.encoder.unpack(self.run_packed(packed), packed.where)
+
+    @torch.inference_mode()
+    def run_packed(self, packed: Packed) -> dict[str, np.ndarray]:
+        """The model's output table (graph-output names): per-token outputs (N, ...), per-sequence ones (B, ...)."""
         key = self.key(packed)
         with self.lock:
             bucket = self.buckets.get(key)
@@ -349,5 +381,4 @@ class PackedRunner:
                 while len(self.buckets) > self.max_buckets:
                     self.buckets.popitem(last=False)
             self.buckets.move_to_end(key)
-            outputs = bucket.run(packed)
-        return self.encoder.unpack(outputs, packed.where)
+            return bucket.run(packed)
