@@ -366,8 +366,8 @@ def test_every_server_setting_the_code_reads_is_declared():
 
 
 def test_training_options_are_generated_from_each_tasks_declaration():
-    """A task's `train_options` (bert/tasks/<name>.py) are training.finetune's options with their help and default;
-    multitask has each once (or per task, --classify-labels) unless the task says it does not."""
+    """A task's `train_options` (bert/tasks/<name>.py) are training.finetune's options with their help and default,
+    and evaluate's (unset: the run's value); multitask has each once (or per task, --classify-labels) unless the task says it does not."""
     from bert.tasks import registry
     from training.multitask import MultiTaskConfig, shared_task_options
 
@@ -377,6 +377,9 @@ def test_training_options_are_generated_from_each_tasks_declaration():
         for o in task.train_options:
             finetune = commands["training.finetune"][o.name]
             assert (finetune.help, finetune.default) == (o.help, o.default), o.name
+            if o.evaluate:  # the fine-tuning run's value unless given
+                evaluate = commands["training.evaluate"][o.name]
+                assert evaluate.default is None and evaluate.help.startswith(o.help), o.name
             in_multitask = o.name in commands["training.multitask"]
             own = f"{task.name}_{o.name}" in commands["training.multitask"]
             assert (in_multitask or own) == o.multitask and not (in_multitask and own), o.name

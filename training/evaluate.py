@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import typing
 from dataclasses import dataclass
 
 from bert import options
 from bert.options import like, option
+from bert.tasks import registry
 from training.config import ConfigError, run
 from training.finetune import FinetuneConfig, trainable_task
 
@@ -27,7 +29,9 @@ def _from_run(name: str):
 
 
 @dataclass
-class EvaluateConfig:
+class EvaluateOptions:
+    """Evaluation's own options; EvaluateConfig adds the tasks' training options that evaluation re-reads."""
+
     env_prefix = "BERTSERVE_EVALUATE_"  # bert/options.py: an env var belongs to one command
 
     task: str = option("", "a trainable task: classify | ner | qa ... (default: the checkpoint's task)")
@@ -36,15 +40,7 @@ class EvaluateConfig:
     max_seq_length: int | None = _from_run("max_seq_length")
     eval_batch_size: int | None = _from_run("eval_batch_size")
     max_examples: int = option(0, "evaluate only the first N examples (0 = all)")
-    text_column: str | None = _from_run("text_column")
-    pair_column: str | None = _from_run("pair_column")
-    label_column: str | None = _from_run("label_column")
-    header: str | None = _from_run("header")
     labels: list[str] = option([], "classify: label values as in the data, in head order")
-    scheme: str | None = _from_run("scheme")
-    doc_stride: int | None = _from_run("doc_stride")
-    max_query_length: int | None = _from_run("max_query_length")
-    max_answer_length: int | None = _from_run("max_answer_length")
     heldout_articles: int | None = like(
         FinetuneConfig,
         "heldout_articles",
@@ -93,6 +89,17 @@ class EvaluateConfig:
         if problems:
             raise ConfigError("; ".join(problems))
 
+
+def _task_fields() -> list[tuple]:
+    """The trainable tasks' training options declared with `evaluate` (bert/tasks), once each, unset by default:
+    the fine-tuning run's value applies unless the flag is given."""
+    hints = typing.get_type_hints(FinetuneConfig)
+    names = dict.fromkeys(o.name for t in registry.TASKS.values() for o in t.train_options if o.evaluate)
+    return [(name, hints[name] | None, _from_run(name)) for name in names]
+
+
+EvaluateConfig = dataclasses.make_dataclass("EvaluateConfig", _task_fields(), bases=(EvaluateOptions,))
+EvaluateConfig.__module__ = __name__
 
 _RUN_OPTIONS = [f.name for f in dataclasses.fields(EvaluateConfig) if f.default is None]
 

@@ -126,7 +126,8 @@ class TaskOption:
     `--qa-max-length` (BERTSERVE_QA_MAX_LENGTH) is QA's `max_length`. `minimum` / `maximum`: the bounds a value
     must keep; `kind`: the value's type when the default (None) does not say. A training option (`train_options`)
     is finetune's `--name`; `multitask`: multitask offers it too (once for every task that reads it, or per task
-    when the task names it in `multitask_options`), else multitask runs the task with the default."""
+    when the task names it in `multitask_options`), else multitask runs the task with the default; `evaluate`:
+    training.evaluate has it too, defaulting to the fine-tuning run's value."""
 
     name: str
     default: Any
@@ -135,6 +136,7 @@ class TaskOption:
     maximum: float | None = None
     kind: type | None = None
     multitask: bool = True
+    evaluate: bool = True
 
 
 @dataclass(frozen=True)

@@ -189,9 +189,16 @@ class ClassifyTask(Task):
     # ---- training hooks: TSV rows (TextExample) -----------------------------------
     train_options = (
         *TSV_OPTIONS,
-        TaskOption("labels", [], "label values as written in the data (default: sorted unique)"),
-        TaskOption("label_names", [], "names the checkpoint shows for them (default: the values)"),
-        TaskOption("regression", False, "one output, MSE loss, Pearson/Spearman (e.g. STS-B)", multitask=False),
+        # evaluate reads these from the checkpoint (its --labels: the data's values in head order)
+        TaskOption("labels", [], "label values as written in the data (default: sorted unique)", evaluate=False),
+        TaskOption("label_names", [], "names the checkpoint shows for them (default: the values)", evaluate=False),
+        TaskOption(
+            "regression",
+            False,
+            "one output, MSE loss, Pearson/Spearman (e.g. STS-B)",
+            multitask=False,
+            evaluate=False,
+        ),
     )
     multitask_options = ("labels", "label_names")
     train_data_help = "TSV (text, label)"

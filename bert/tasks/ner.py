@@ -380,6 +380,7 @@ class NerTask(Task):
             "label_all_subtokens",
             False,
             "ner: train every sub-token (B- becomes I- after a word's first; default: first only)",
+            evaluate=False,
         ),
     )
     train_data_help = "CoNLL file (IOB1 or IOB2)"

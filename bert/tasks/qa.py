@@ -472,7 +472,10 @@ def _shape_qa(answers: list, body, info=None):
 
 # SQuAD data has no dev set of its own here: qa's and rerank's readers hold out its last articles.
 HELDOUT_ARTICLES = TaskOption(
-    "heldout_articles", 0, "qa: hold out the last N articles of the training data for evaluation (never trained on)"
+    "heldout_articles",
+    0,
+    "qa: hold out the last N articles of the training data for evaluation (never trained on)",
+    evaluate=False,  # evaluate's own --heldout-articles evaluates on that tail
 )
 
 
