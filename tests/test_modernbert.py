@@ -347,29 +347,53 @@ TRAIN = ["--max-steps", "3", "--batch-size", "8", "--learning-rate", "1e-3", "--
 TRAIN += ["--max-eval-examples", "16", "--seed", "0", "--no-progress", "--torch-threads", "1", "--device", "cpu"]
 
 
-def test_finetuned_classifier_from_backbone_loads_in_transformers_with_equal_logits(checkpoints, data_dir, tmp_path):
+def training_data(data_dir, root, task: str) -> list[str]:
+    """Slices of the real data (SST-2, CoNLL-2003, SQuAD) as a task's --train-data / --eval-data."""
+    import gzip
+
+    if task == "classify":
+        sst2 = (data_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+        (root / "train.tsv").write_text("\n".join(sst2[:65]) + "\n")
+        (root / "dev.tsv").write_text("\n".join([sst2[0], *sst2[65:97]]) + "\n")
+        return ["--train-data", str(root / "train.tsv"), "--eval-data", str(root / "dev.tsv")]
+    if task == "ner":
+        conll = (data_dir / "conll2003" / "train.txt").read_text(encoding="utf-8").split("\n\n")
+        (root / "train.txt").write_text("\n\n".join(conll[:60]) + "\n")
+        (root / "dev.txt").write_text("\n\n".join(conll[60:90]) + "\n")
+        return ["--train-data", str(root / "train.txt"), "--eval-data", str(root / "dev.txt")]
+    with gzip.open(data_dir / "squad-train" / "train-v1.1.part-01.json.gz", "rt", encoding="utf-8") as f:
+        articles = [{**a, "paragraphs": a["paragraphs"][:3]} for a in json.load(f)["data"][:3]]
+    (root / "train.json").write_text(json.dumps({"version": "1.1", "data": articles[:2]}))
+    (root / "dev.json").write_text(json.dumps({"version": "1.1", "data": articles[2:]}))
+    return ["--train-data", str(root / "train.json"), "--eval-data", str(root / "dev.json")] + [
+        "--doc-stride",
+        "32",
+        "--max-query-length",
+        "16",
+    ]
+
+
+@pytest.mark.parametrize("task", ["classify", "ner", "qa"])
+def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpoints, data_dir, tmp_path, task):
     from training import finetune
     from training.config import run
 
-    sst2 = (data_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
-    (tmp_path / "train.tsv").write_text("\n".join(sst2[:65]) + "\n")
-    (tmp_path / "dev.tsv").write_text("\n".join([sst2[0], *sst2[65:97]]) + "\n")
     out = tmp_path / "run"
-    argv = ["--task", "classify", "--ckpt", str(checkpoints["embed"][0]), "--output-dir", str(out)]
-    argv += ["--max-seq-length", "64", "--train-data", str(tmp_path / "train.tsv")]
-    argv += ["--eval-data", str(tmp_path / "dev.tsv"), *TRAIN]
+    argv = ["--task", task, "--ckpt", str(checkpoints["embed"][0]), "--output-dir", str(out)]
+    argv += ["--max-seq-length", "64", *training_data(data_dir, tmp_path, task), *TRAIN]
     assert run(finetune.main, argv) == 0
     best = out / "best"
+    cls = HEADS[task][0]
     written = json.loads((best / "config.json").read_text())
-    assert written["model_type"] == "modernbert" and written["architectures"] == ["ModernBertForSequenceClassification"]
-    theirs, info = transformers.ModernBertForSequenceClassification.from_pretrained(
-        best, output_loading_info=True, attn_implementation="eager"
-    )
+    assert written["model_type"] == "modernbert" and written["architectures"] == [cls.__name__]
+    theirs, info = cls.from_pretrained(best, output_loading_info=True, attn_implementation="eager")
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     backbone = transformers.ModernBertModel.from_pretrained(checkpoints["embed"][0])
     assert not torch.equal(backbone.layers[1].attn.Wqkv.weight, theirs.model.layers[1].attn.Wqkv.weight)  # trained
     ids, mask = batch((300, 40))
-    diff = worst(our_padded(best, "classify", ids, mask), theirs_out(theirs.eval(), "classify", ids, mask), mask, False)
+    diff = worst(
+        our_padded(best, task, ids, mask), theirs_out(theirs.eval(), task, ids, mask), mask, task != "classify"
+    )
     assert diff <= 1e-5, diff
 
 
