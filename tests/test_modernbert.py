@@ -242,6 +242,18 @@ def test_onnx_export_gives_their_logits(checkpoints, tmp_path, head):
     got = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
     diff = worst([torch.from_numpy(g) for g in got], theirs_out(theirs, head, ids, mask), mask, head != "classify")
     assert diff <= 1e-4, diff
+    if head == "classify":  # and served from the artifact by the onnxruntime backend, as transformers' pipeline
+        import httpx
+        from test_serving_support import Server
+
+        with Server("--model", str(artifact)) as server:
+            assert httpx.get(server.url + "/info").json()["backend"] == "onnxruntime"
+            answer = httpx.post(server.url + "/classify", json={"inputs": [TEXT, LONG], "top_k": 3}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        pipe = transformers.pipeline("text-classification", model=str(directory), top_k=3)
+        for ours, expected in zip(answer.json(), pipe([TEXT, LONG])):
+            assert [a["label"] for a in ours] == [b["label"] for b in expected]
+            assert np.allclose([a["score"] for a in ours], [b["score"] for b in expected], atol=1e-4)
 
 
 @pytest.mark.slow
