@@ -430,3 +430,44 @@ def test_mlm_pretraining_without_nsp_continues_a_masked_lm_that_transformers_loa
     ids, mask = batch((300, 40))
     diff = worst(our_padded(best, "mlm", ids, mask), theirs_out(theirs, "mlm", ids, mask), mask, True)
     assert diff <= 1e-5, diff
+
+
+# ---- the building blocks on their own: any family may pick them by config key ------------------------------
+
+
+def test_rotary_and_windowed_blocks_on_a_bert_layout_pack_as_they_pad():
+    """A BERT-layout model given rotary positions and a windowed layer by config alone: no position table, and the
+    packed varlen path (window bounded per sequence) gives the padded path's answers."""
+    from bert.model import BertForMultiTask
+    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
+
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=1200,
+        initializer_range=0.2,
+        task="ner",
+        id2label={0: "O", 1: "B-X", 2: "I-X"},
+        rope_theta=10000.0,
+        layer_types=["sliding_attention", "full_attention"],
+        local_attention=16,
+    )
+    torch.manual_seed(0)
+    model = BertForMultiTask(config).eval()
+    assert model.bert.embeddings.position_embeddings is None
+    ids, mask = batch()
+    with torch.no_grad():
+        padded = model(ids, mask).outputs["ner_logits"]
+    packed = pack({"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": 0 * ids.numpy()})
+    table = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False).run(packed)
+    assert worst([table["ner_logits"]], [padded], mask, per_token=True) <= 2e-5
+    # and the window is real: the same weights with both layers global answer otherwise
+    import dataclasses
+
+    wide = BertForMultiTask(dataclasses.replace(config, layer_types=["full_attention"] * 2)).eval()
+    wide.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert worst([wide(ids, mask).outputs["ner_logits"]], [padded], mask, per_token=True) > 1e-2
