@@ -130,7 +130,7 @@ def checkpoints(tmp_path_factory):
     return {head: (root / head, make_hf(head, root / head)) for head in HEADS}
 
 
-def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa") -> list[torch.Tensor]:
+def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa", outputs=None) -> list[torch.Tensor]:
     if head in ("mlm", "embed"):
         model, report = load_checkpoint(directory)
     else:
@@ -143,7 +143,7 @@ def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa") ->
         if head == "embed":
             return [model(ids, mask).last_hidden_state]
         out = model(ids, mask)
-    return [out.outputs[n] for n in HEADS[head][2]]
+    return [out.outputs[n] for n in outputs or HEADS[head][2]]
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -375,6 +375,20 @@ def training_data(data_dir, root, task: str) -> list[str]:
         return ["--train-data", str(root / "train.txt"), "--eval-data", str(root / "dev.txt")]
     with gzip.open(data_dir / "squad-train" / "train-v1.1.part-01.json.gz", "rt", encoding="utf-8") as f:
         articles = [{**a, "paragraphs": a["paragraphs"][:3]} for a in json.load(f)["data"][:3]]
+    if task == "rerank":  # (question, a sentence of its paragraph, 1 where the answer starts in it)
+        for name, part in (("train", articles[:2]), ("dev", articles[2:])):
+            rows = ["query\ttext\tlabel"]
+            for paragraph in (p for a in part for p in a["paragraphs"]):
+                context = paragraph["context"]
+                cuts = [0, *(i + 2 for i in range(len(context)) if context.startswith(". ", i)), len(context)]
+                for qa in paragraph["qas"][:3]:
+                    start = qa["answers"][0]["answer_start"]
+                    rows += [
+                        f"{qa['question']}\t{context[a:b].strip()}\t{int(a <= start < b)}"
+                        for a, b in zip(cuts, cuts[1:])
+                    ]
+            (root / f"{name}.tsv").write_text("\n".join(rows) + "\n")
+        return ["--train-data", str(root / "train.tsv"), "--eval-data", str(root / "dev.tsv")]
     (root / "train.json").write_text(json.dumps({"version": "1.1", "data": articles[:2]}))
     (root / "dev.json").write_text(json.dumps({"version": "1.1", "data": articles[2:]}))
     return ["--train-data", str(root / "train.json"), "--eval-data", str(root / "dev.json")] + [
@@ -385,7 +399,7 @@ def training_data(data_dir, root, task: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("task", ["classify", "ner", "qa"])
+@pytest.mark.parametrize("task", ["classify", "ner", "qa", "rerank"])
 def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpoints, data_dir, tmp_path, task):
     from training import finetune
     from training.config import run
@@ -395,7 +409,8 @@ def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpo
     argv += ["--max-seq-length", "64", *training_data(data_dir, tmp_path, task), *TRAIN]
     assert run(finetune.main, argv) == 0
     best = out / "best"
-    cls = HEADS[task][0]
+    head = "classify" if task == "rerank" else task  # a reranker is a one-output sequence classifier
+    cls = HEADS[head][0]
     written = json.loads((best / "config.json").read_text())
     assert written["model_type"] == "modernbert" and written["architectures"] == [cls.__name__]
     theirs, info = cls.from_pretrained(best, output_loading_info=True, attn_implementation="eager")
@@ -403,9 +418,10 @@ def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpo
     backbone = transformers.ModernBertModel.from_pretrained(checkpoints["embed"][0])
     assert not torch.equal(backbone.layers[1].attn.Wqkv.weight, theirs.model.layers[1].attn.Wqkv.weight)  # trained
     ids, mask = batch((300, 40))
-    diff = worst(
-        our_padded(best, task, ids, mask), theirs_out(theirs.eval(), task, ids, mask), mask, task != "classify"
-    )
+    ours = our_padded(best, head, ids, mask, outputs=("rerank_logits",) if task == "rerank" else None)
+    diff = worst(ours, theirs_out(theirs.eval(), head, ids, mask), mask, head != "classify")
+    if task == "rerank":
+        assert ours[0].shape == (2, 1)
     assert diff <= 1e-5, diff
 
 
