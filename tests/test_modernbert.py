@@ -487,3 +487,13 @@ def test_rotary_and_windowed_blocks_on_a_bert_layout_pack_as_they_pad():
     wide.load_state_dict(model.state_dict())
     with torch.no_grad():
         assert worst([wide(ids, mask).outputs["ner_logits"]], [padded], mask, per_token=True) > 1e-2
+
+
+def test_no_weight_decay_on_any_norm_of_a_pre_norm_model(checkpoints):
+    from training.loop import no_decay
+
+    model, _ = load_checkpoint(checkpoints["classify"][0])
+    norms = [f"{name}.weight" for name, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == 8  # embeddings, 2 attention + 3 MLP pre-norms, final, pooler
+    assert all(no_decay(n) for n in norms)
+    assert not any(no_decay(n) for n, _ in model.named_parameters() if n.endswith("qkv.weight"))
