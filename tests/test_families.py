@@ -202,7 +202,7 @@ def test_config_round_trip_in_each_family_layout():
             assert ours.max_position_embeddings == 64 and ours.position_offset == 2  # usable positions
 
 
-@pytest.mark.parametrize("model_type", ["deberta-v2", "modernbert", "albert", "mpnet", None, 7])
+@pytest.mark.parametrize("model_type", ["deberta-v2", "nomic_bert", "albert", "mpnet", None, 7])
 def test_unsupported_model_type_is_one_line_naming_it_and_the_supported(tmp_path, model_type):
     data = {**hf_config("bert").to_dict(), "model_type": model_type}
     (tmp_path / "config.json").write_text(json.dumps(data))

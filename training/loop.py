@@ -57,7 +57,8 @@ def learning_rate_at(step: int, *, peak: float, warmup_steps: int, total_steps: 
 
 
 def no_decay(name: str) -> bool:
-    return name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name
+    # pre-norm blocks name theirs attention_norm, mlp_norm, final_norm
+    return name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name or "_norm." in name
 
 
 def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.AdamW:

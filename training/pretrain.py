@@ -97,8 +97,11 @@ class PretrainConfig(TrainConfig):
 class PretrainData:
     """training.loop.TrainData over memory-mapped instance shards, masked at batch time."""
 
-    def __init__(self, shards, masking, batch_size: int, seed: int, pad_token_id: int, group_by_length: bool = True):
+    def __init__(
+        self, shards, masking, batch_size: int, seed: int, pad_token_id: int, group_by_length: bool = True, nsp=True
+    ):
         self.shards, self.masking = shards, masking
+        self.nsp = nsp  # False: an MLM-only model, whose forward takes no nsp_labels
         self.batch_size, self.seed, self.pad_token_id = batch_size, seed, pad_token_id
         self.group_by_length = group_by_length
         self.lengths = np.concatenate([np.diff(p[1]) for p in shards.parts]) if shards.parts else np.zeros(0, int)
@@ -113,7 +116,10 @@ class PretrainData:
         return length_grouped_batches(self.lengths, self.batch_size, rng, group_by_length=self.group_by_length)
 
     def collate(self, indices, rng: np.random.Generator):
-        return collate_instances(self.shards, indices, self.masking, rng, self.pad_token_id)
+        batch = collate_instances(self.shards, indices, self.masking, rng, self.pad_token_id)
+        if not self.nsp:
+            batch.pop("nsp_labels")
+        return batch
 
 
 def collate_instances(shards, indices, masking, rng, pad_token_id: int):
@@ -270,7 +276,9 @@ def main(argv=None) -> int:
         config = model_config(cfg.preset, vocab_size=tokenizer.vocab_size)
         model = model_cls(config)
     model.train()
-    data = PretrainData(train_shards, masking, cfg.batch_size, cfg.seed, tokenizer.pad_token_id, cfg.group_by_length)
+    data = PretrainData(
+        train_shards, masking, cfg.batch_size, cfg.seed, tokenizer.pad_token_id, cfg.group_by_length, cfg.nsp
+    )
     if dist.main:
         n_params = sum(p.numel() for p in model.parameters())
         print(
