@@ -557,12 +557,21 @@ TRAINING_CASES = [
 CASES_BY_ID = {c.id: c for c in CHECKPOINT_CASES + ARTIFACT_CASES}
 
 
+def exit_code(main, argv) -> int:
+    """What `python -m training.X` exits with: training.config.run's return, or the SystemExit a contradiction
+    found while parsing raises (both print one error line)."""
+    from training.config import run
+
+    try:
+        return run(main, argv)
+    except SystemExit as e:
+        return e.code
+
+
 @pytest.mark.parametrize("cli, flag", [("finetune", "--init-preset"), ("pretrain", "--preset")])
 def test_training_bad_preset_config(cli, flag, checkpoint, tmp_path, capsys):
     """A config.json given as the architecture of a randomly initialised run is checked as a checkpoint's is."""
     import importlib
-
-    from training.config import run
 
     case = CASES_BY_ID["config-absurd-vocab"]
     directory = spoiled(checkpoint, case, tmp_path)
@@ -590,7 +599,8 @@ def test_training_bad_preset_config(cli, flag, checkpoint, tmp_path, capsys):
             str(corpus),
         ],
     }[cli]
-    assert run(importlib.import_module(f"training.{cli}").main, [*argv, "--output-dir", str(tmp_path / "run")]) == 2
+    main = importlib.import_module(f"training.{cli}").main
+    assert exit_code(main, [*argv, "--output-dir", str(tmp_path / "run")]) == 2
     assert_one_line(capsys.readouterr().err, directory, case)
     assert not (tmp_path / "run").exists()
 
@@ -599,12 +609,10 @@ def test_training_bad_preset_config(cli, flag, checkpoint, tmp_path, capsys):
 def test_training_bad_checkpoint(cli, case_id, checkpoint, tmp_path, capsys):
     import importlib
 
-    from training.config import run
-
     case = CASES_BY_ID[case_id]
     directory = spoiled(checkpoint, case, tmp_path)
     main = importlib.import_module(f"training.{cli}").main
-    assert run(main, training_argv(cli, directory, tmp_path)) == 2
+    assert exit_code(main, training_argv(cli, directory, tmp_path)) == 2
     assert_one_line(capsys.readouterr().err, directory, case)
     assert not (tmp_path / "run").exists()  # refused before any work
 
