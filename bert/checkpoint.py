@@ -618,10 +618,13 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
 
 
 def _sequence_head(model) -> str | None:
-    """The attribute of a model's sequence classifier, if it has one (a family lays those out its own way)."""
+    """The attribute of a model's head on the pooler, if it has one (a family lays the pooler and that head out
+    its own way, as one sequence classifier)."""
+    from . import heads as head_kinds
+
     heads = getattr(model, "heads", None)
     if heads is not None:  # BertForMultiTask
-        return next((model.attributes[name] for name, head in heads.items() if head.kind == "sequence"), None)
+        return next((model.attributes[name] for name, head in heads.items() if head_kinds.get(head.kind).pooled), None)
     from .model import BertForSequenceClassification
 
     return "classifier" if isinstance(model, BertForSequenceClassification) else None

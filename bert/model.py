@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import heads
 from .config import BertConfig, head_layout
 from .losses import IGNORE_INDEX, span_loss
 from .pooling import POOLINGS, pool
@@ -720,28 +721,29 @@ class MultiTaskOutput:
 MLM_TOP_K = MLM_CANDIDATES  # candidates per token an mlm head hands back (bert.tasks.base says why)
 
 
-def build_head(kind: str, config: BertConfig, width: int) -> nn.Module:
-    """A task head of `kind` (bert.tasks.base.Head) on this encoder: the module transformers has for it."""
-    if kind in ("sequence", "token", "span"):
-        return nn.Linear(config.hidden_size, width)
-    if kind == "mlm":
+class MaskedLMHead(heads.HeadKind):
+    """The masked-LM transform (dense, activation, LayerNorm) and the decoder tied to the word embeddings,
+    scored as probabilities and cut to the MLM_TOP_K likeliest tokens in the graph itself."""
+
+    name = "mlm"
+    agreement = "none"
+
+    def build(self, config: BertConfig, width: int) -> nn.Module:
         return BertOnlyMLMHead(config)
-    raise ValueError(f"unknown head kind {kind!r}")
 
-
-def run_head(kind: str, head: nn.Module, out: EncoderOutput, dropout: nn.Module) -> tuple[torch.Tensor, ...]:
-    """A head's outputs, in the order of its task's graph outputs."""
-    if kind == "sequence":
-        return (head(dropout(out.pooler_output)),)  # (B, L)
-    if kind == "token":
-        return (head(dropout(out.token_states())),)  # (B, T, L)
-    if kind == "span":
-        return tuple(head(out.token_states()).unbind(dim=-1))  # (B, T) start, (B, T) end
-    if kind == "mlm":
-        probs = head.predictions(out.last_hidden_state).float().softmax(dim=-1)
+    def run(self, module, out, dropout):
+        probs = module.predictions(out.last_hidden_state).float().softmax(dim=-1)
         scores, ids = probs.topk(min(MLM_TOP_K, probs.shape[-1]), dim=-1)  # (B, T, K)
         return scores, ids
-    raise ValueError(f"unknown head kind {kind!r}")
+
+    def tie(self, module, word_embeddings):
+        module.predictions.decoder.weight = word_embeddings.weight
+
+    def row_axes(self, config: BertConfig, width: int) -> list[int]:
+        return [min(MLM_TOP_K, config.vocab_size)]
+
+
+MLM = heads.register(MaskedLMHead())
 
 
 class BertForMultiTask(BertPreTrainedModel):
@@ -770,8 +772,13 @@ class BertForMultiTask(BertPreTrainedModel):
             for name in self.heads
         }
         # a family whose per-token heads read the pooler's transform (token_head_transform) needs it for them too
-        pooled_kinds = ("sequence", "token", "span") if config.family.token_head_transform else ("sequence",)
-        self.bert = BertModel(config, add_pooling_layer=any(h.kind in pooled_kinds for h in self.heads.values()))
+        self.bert = BertModel(
+            config,
+            add_pooling_layer=any(
+                heads.get(h.kind).pooled or (config.family.token_head_transform and heads.get(h.kind).token_states)
+                for h in self.heads.values()
+            ),
+        )
         self.dropout = classifier_dropout(config)
         built: dict[str, tuple[str, int]] = {}
         for name, head in self.heads.items():
@@ -784,15 +791,12 @@ class BertForMultiTask(BertPreTrainedModel):
                     )
                 continue
             built[attribute] = (head.kind, width)
-            setattr(self, attribute, build_head(head.kind, config, width))
+            setattr(self, attribute, heads.get(head.kind).build(config, width))
         self.init_weights()
 
     def tie_weights(self) -> None:
         for name, head in getattr(self, "heads", {}).items():
-            if head.kind == "mlm":
-                getattr(
-                    self, self.attributes[name]
-                ).predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+            heads.get(head.kind).tie(getattr(self, self.attributes[name]), self.bert.embeddings.word_embeddings)
 
     @property
     def tasks(self) -> list[str]:
@@ -806,7 +810,7 @@ class BertForMultiTask(BertPreTrainedModel):
         for name, head in self.heads.items():
             attribute = self.attributes[name]
             if attribute not in computed:
-                computed[attribute] = run_head(head.kind, getattr(self, attribute), out, self.dropout)
+                computed[attribute] = heads.get(head.kind).run(getattr(self, attribute), out, self.dropout)
             outputs.update(zip(TASKS[name].graph_outputs, computed[attribute]))
         return MultiTaskOutput(outputs, out.embedding)
 

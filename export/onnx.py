@@ -194,6 +194,7 @@ def main(argv=None) -> None:
 
     import onnx
 
+    from bert import heads
     from bert.checkpoint import save_tokenizer_files
     from bert.tokenizer import BertTokenizer
 
@@ -232,9 +233,8 @@ def main(argv=None) -> None:
     batches = parity.sample_batches(tokenizer, shape_range["max_seq"])
     token_level = {n: "sequence" in dims for n, (_, dims, _) in wrapper.spec.items()}
     # what parity's agreement figure compares: the argmax over labels, over positions (a span head), or none
-    kinds = {"span": "positions", "sequence": "labels", "token": "labels"}
     scores = {
-        n: kinds.get(TASKS[t].head.kind, "none") if t is not None and TASKS[t].head is not None else "none"
+        n: heads.get(TASKS[t].head.kind).agreement if t is not None and TASKS[t].head is not None else "none"
         for n, (_, _, t) in wrapper.spec.items()
     }
     results: dict = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bert import heads
 from bert.model import BertForMultiTask, BertModel, BertPreTrainedModel
 from bert.tasks import TASKS
 
@@ -59,8 +60,6 @@ def dynamic_axes(spec: dict) -> dict[str, dict[int, str]]:
 def _fixed_axes(model, name: str, dims: tuple, task: str | None) -> list[int]:
     """An output's axes after its dynamic ones, from its rank the task declares: a label per score, hidden
     units, a masked-LM head's candidates."""
-    from bert.model import MLM_TOP_K
-
     config = model.config
     if task is None:  # an encoder graph's states
         return [config.hidden_size]
@@ -70,9 +69,7 @@ def _fixed_axes(model, name: str, dims: tuple, task: str | None) -> list[int]:
         return []
     if declared.head is None:
         return [config.hidden_size]
-    if declared.head.kind == "mlm":
-        return [min(MLM_TOP_K, config.vocab_size)]
-    return [declared.head_width(model.task_labels[task])]
+    return heads.get(declared.head.kind).row_axes(config, declared.head_width(model.task_labels[task]))
 
 
 class ExportWrapper(nn.Module):

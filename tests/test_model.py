@@ -194,6 +194,20 @@ def test_multitask_heads(config, batch):
     assert out.qa_start_logits.shape == (B, T)
 
 
+def test_every_head_kind_a_task_may_declare_is_one_object():
+    """bert.tasks.base.HEAD_KINDS (what a task may declare, checked without torch) and bert.heads (what builds
+    and runs them) name the same kinds; an unknown kind is refused by name."""
+    from bert import heads
+    from bert.tasks import TASKS
+    from bert.tasks.base import HEAD_KINDS
+
+    assert sorted(heads.KINDS) == sorted(HEAD_KINDS)
+    assert all(heads.get(kind).name == kind for kind in HEAD_KINDS)
+    assert {t.head.kind for t in TASKS.values() if t.head is not None} <= set(heads.KINDS)
+    with pytest.raises(ValueError, match="unknown head kind 'bogus'"):
+        heads.get("bogus")
+
+
 HF_CLASSES = [
     "BertModel",
     "BertForPreTraining",

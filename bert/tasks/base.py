@@ -47,7 +47,8 @@ class TooManyInputs(ValueError):
 
 @dataclass(frozen=True)
 class Head:
-    """How a task's head sits on the encoder. The model (bert/model.py) builds one module per kind:
+    """How a task's head sits on the encoder. Each kind is one object in bert/heads.py (it builds, runs and exports
+    its module; the model, checkpoint writer and exporter look it up by this name):
     - "sequence": dropout + linear on the pooled [CLS] state (the pooler: dense + tanh), one row per sequence;
     - "token": dropout + linear on every token's state;
     - "span": one linear H -> 2 on every token, split into start and end logits;
