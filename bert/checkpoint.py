@@ -250,7 +250,7 @@ class LoadReport:
 def _normalise_names(
     state: dict[str, "torch.Tensor"], model_keys: set[str], family: Family = BERT
 ) -> dict[str, "torch.Tensor"]:
-    """Map a file's names onto the model's: the family's layout onto BERT's (bert/families.py), legacy
+    """Map a file's names onto the model's: the family's layout onto BERT's (bert/families/), legacy
     gamma/beta, and the `bert.` prefix that BertModel checkpoints lack and head models have."""
     wants_prefix = any(k.startswith("bert.") for k in model_keys)
     out = {}

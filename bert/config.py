@@ -78,7 +78,7 @@ class BertConfig:
     task: str | None = None  # bertserve task this checkpoint was made for (bert.tasks.registry)
     # Multi-task checkpoints (one encoder, several heads): task -> its labels; qa needs none.
     task_labels: dict[str, list[str]] | None = None
-    # The layout family (bert/families.py): its model_type, as config.json names it ("roberta", "distilbert", ...)
+    # The layout family (bert/families/): its model_type, as config.json names it ("roberta", "distilbert", ...)
     model_type: str = "bert"
     embedding_size: int | None = None  # ELECTRA: width of the embedding tables, projected to hidden_size (None: H)
     # Building blocks beyond BERT's, under transformers' names; None (never written) is BERT's own choice.

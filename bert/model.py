@@ -365,7 +365,7 @@ class BertEncoder(nn.Module):
 class BertPooler(nn.Module):
     """The first token's state through dense + activation: BERT's pooler (tanh), and what the other families
     put before a sequence classifier (RoBERTa's classifier.dense, tanh; ELECTRA's, GELU; DistilBERT's
-    pre_classifier, ReLU: bert/families.py maps their names here)."""
+    pre_classifier, ReLU: bert/families/ maps their names here)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()

@@ -1,4 +1,4 @@
-"""Model families (bert/families.py): RoBERTa / XLM-RoBERTa / CamemBERT, DistilBERT and ELECTRA checkpoints
+"""Model families (bert/families/): RoBERTa / XLM-RoBERTa / CamemBERT, DistilBERT and ELECTRA checkpoints
 written by transformers' save_pretrained load into our one model class key for key, give transformers' logits,
 and ours load back into transformers with the same logits. Unsupported model_types are one line.
 
@@ -211,6 +211,28 @@ def test_unsupported_model_type_is_one_line_naming_it_and_the_supported(tmp_path
     message = str(caught.value)
     assert "\n" not in message and repr(model_type) in message
     assert all(t in message for t in BY_MODEL_TYPE), message
+
+
+def test_each_family_is_one_file_found_by_the_registry():
+    """Every module of bert/families/ besides the class and the registry is one family (`FAMILY`), and the
+    registry holds exactly those, BERT first, in a fixed order; two families may not claim one model_type."""
+    import importlib
+    from pathlib import Path
+
+    import bert.families as families
+    from bert.families.registry import _by_model_type
+
+    files = sorted(p.stem for p in Path(families.__file__).parent.glob("*.py"))
+    files = [f for f in files if f not in ("__init__", "base", "registry")]
+    assert sorted(f.name for f in families.FAMILIES) == files
+    for name in files:
+        assert importlib.import_module(f"bert.families.{name}").FAMILY is family_of(name)
+    assert families.FAMILIES[0] is families.BERT is family_of("bert")
+    assert [f.name for f in families.FAMILIES] == ["bert", "roberta", "distilbert", "electra", "modernbert"]
+    assert list(BY_MODEL_TYPE) == [t for f in families.FAMILIES for t in f.model_types]
+    twin = families.Family("twin", {"camembert": "Camembert"}, "twin")
+    with pytest.raises(ValueError, match="'camembert' is in families 'roberta' and 'twin'"):
+        _by_model_type((*families.FAMILIES, twin))
 
 
 def test_parameter_names_map_both_ways():

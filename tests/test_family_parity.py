@@ -105,7 +105,7 @@ def build_heads(rewritten: Path, root: Path, model_type: str) -> dict[str, Path]
     return found
 
 
-DISTILBERT_NAMES = (  # DistilBERT's parameter names -> BERT's, written out here rather than taken from bert/families.py
+DISTILBERT_NAMES = (  # DistilBERT's parameter names -> BERT's, written out here rather than taken from bert/families/distilbert.py
     ("distilbert.transformer.layer.", "bert.encoder.layer."),
     (".attention.q_lin.", ".attention.self.query."),
     (".attention.k_lin.", ".attention.self.key."),

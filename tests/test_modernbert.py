@@ -1,4 +1,4 @@
-"""ModernBERT (model_type "modernbert", bert/families.py) through bertserve: checkpoints written by transformers'
+"""ModernBERT (model_type "modernbert", bert/families/modernbert.py) through bertserve: checkpoints written by transformers'
 save_pretrained load as they are and give transformers' logits for every head, padded (sdpa and eager), packed
 (serving's varlen path, CPU reference attention) and exported to ONNX; ours load back into transformers.
 

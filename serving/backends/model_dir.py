@@ -171,7 +171,7 @@ def read_model_spec(path: Path) -> ModelSpec:
         kind=kind,
         tasks=tasks,
         labels={t: labels.get(t, {}) for t in tasks},
-        # usable positions (RoBERTa's table has pad_token_id + 1 rows more: bert/families.py)
+        # usable positions (RoBERTa's table has pad_token_id + 1 rows more: bert/families/roberta.py)
         max_position_embeddings=parsed.max_position_embeddings,
         problem_type=config.get("problem_type"),
         config=config,

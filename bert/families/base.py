@@ -1,0 +1,166 @@
+"""The family class: what a BERT-style encoder layout declares, and the mapping code every family shares.
+
+A family (one file in bert/families/, `FAMILY = Family(...)`, found by bert/families/registry.py) says which
+`model_type`s of a transformers config.json it covers, how its config keys and parameter names map onto BERT's
+(both ways: we load theirs, and write ours in their layout so that transformers loads them), and the building
+blocks where its encoder differs from BERT's, as fields the one encoder forward (bert/model.py) reads. Everything
+inside bertserve speaks BERT's names; a family's own names exist only at the edges: reading and writing
+config.json and the weights. The encoder skeleton, heads, packing, export and serving are shared.
+
+torch-free: serving reads artifact configs without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import BadInput
+
+# The classes transformers has for each of our single-task layouts, by suffix after the family's class prefix
+# ("Bert" + "ForSequenceClassification"); other architectures keep their names.
+ARCHITECTURE_SUFFIXES = ("Model", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+
+
+class UnsupportedFamily(BadInput, ValueError):
+    """A config.json whose model_type no family covers, or a setting of its family we do not run."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One encoder layout. Every field but the names has BERT's value as its default, so a family lists only
+    where it differs. The building blocks (positions, attention, MLP, norm placement, pooler) are chosen by the
+    fields below and, where a checkpoint's own config decides per model, by config keys the family's
+    config_defaults / config_converters fill in; the code of each block lives once, in bert/model.py."""
+
+    # ---- names ------------------------------------------------------------------------------------------
+    name: str
+    # model_type -> the prefix of its transformers class names ("xlm-roberta": "XLMRoberta")
+    model_types: dict[str, str]
+    # the encoder's attribute in a head model's state dict ("roberta.encoder...."); BERT's is "bert"
+    base_prefix: str
+    # where it stands in listings (FAMILIES, the supported model_types an error names), then by name
+    order: int = 100
+
+    # ---- config.json <-> BertConfig ----------------------------------------------------------------------
+    # config.json key -> ours (BertConfig field); keys not listed are BERT's own
+    config_keys: dict[str, str] = field(default_factory=dict)
+    # transformers' config class defaults that differ from BertConfig's, for keys a config.json may omit
+    config_defaults: dict[str, Any] = field(default_factory=dict)
+    # config.json <-> ours beyond key renames (nested or derived keys): (to ours, to theirs), each dict -> dict
+    config_converters: tuple[Callable[[dict], dict], Callable[[dict], dict]] | None = None
+    # the transformers class suffixes this family's architectures map onto ours
+    architecture_suffixes: tuple[str, ...] = ARCHITECTURE_SUFFIXES
+
+    # ---- parameter names <-> BERT's ----------------------------------------------------------------------
+    # (their substring, BERT's substring) inside a parameter name, each replaced once, in this order (both ways)
+    parameter_names: tuple[tuple[str, str], ...] = ()
+    # Where a sequence classifier's first-token layer (ours: the pooler, bert.pooler.dense) and output layer
+    # (ours: the head itself) sit in their layout; "{head}" is the head's attribute ("classifier").
+    # None: BERT's layout (pooler in the encoder, the head a plain Linear).
+    sequence_pooler: str | None = None
+    sequence_output: str = "{head}"
+    # (their prefix, ours) of head parameters whose place depends on the model's heads: taken when the model has
+    # parameters under our prefix, the first that applies (ModernBERT's one "head." is the pooler of a classifier
+    # and the transform of a masked LM)
+    head_prefixes: tuple[tuple[str, str], ...] = ()
+
+    # ---- building blocks: where the encoder differs from BERT's (read by bert/model.py, bert/config.py) ---
+    # -- embeddings and positions. Absolute: a learned table indexed from 0 (BERT's). Offset: the same table
+    #    indexed from pad_token_id + 1 (position_offset). Sinusoidal: the table filled with fixed sin/cos
+    #    values, a config key (DistilBERT's sinusoidal_pos_embds). Rotary: no table, queries and keys rotated
+    #    in attention, when the config has a rope_theta (per layer: local_rope_theta in windowed ones;
+    #    ModernBERT's config_defaults and converter give them).
+    position_offset: bool = False  # positions start at pad_token_id + 1 (fairseq's convention)
+    token_types: bool = True  # False: no token-type table at all
+    # -- attention. Full or windowed is per layer and the config's (layer_types, local_attention; ModernBERT's
+    #    converter derives them from its own keys); the layout of the q/k/v projections is the family's.
+    qkv_projection: bool = False  # query, key and value as one (3H, H) projection, attention.self.qkv
+    # -- MLP: plain (BERT's: act(W1 x)) or gated.
+    gated_mlp: bool = False  # the feed-forward input projection is 2x wide: act(first half) * second half (GLU)
+    # -- norm placement: post (BERT's: LayerNorm after each residual sum) or pre.
+    pre_norm: bool = False  # LayerNorm before each sublayer (and one after the last layer), not after
+    first_attention_norm: bool = True  # with pre_norm: False leaves the first layer's attention input as it is
+    # -- the pooler (the first-token layer before a sequence head) and what per-token heads read.
+    pooler_activation: str = "tanh"  # the first-token layer's activation before a sequence head
+    bare_pooler: bool = True  # a bare encoder of this family carries a pooler
+    pooler_norm: bool = False  # the pooler ends in a LayerNorm
+    token_head_transform: bool = False  # per-token heads (token, span) read the pooler's transform of each token
+
+    # ---- config.json ------------------------------------------------------------------------------------
+    def config_to_ours(self, data: dict) -> dict:
+        """A config.json's keys and values as BertConfig reads them (positions counted as usable positions)."""
+        if self.config_converters is not None:
+            data = self.config_converters[0](data)
+        out = dict(self.config_defaults)
+        out.update({self.config_keys.get(k, k): v for k, v in data.items()})
+        if not self.token_types:
+            out["type_vocab_size"] = 0
+        if self.position_offset and isinstance(out.get("max_position_embeddings"), int):
+            pad = out.get("pad_token_id", 0)
+            out["max_position_embeddings"] -= (pad if isinstance(pad, int) else 0) + 1
+        if isinstance(out.get("architectures"), list):
+            out["architectures"] = [self.architecture_to_ours(a) for a in out["architectures"]]
+        return out
+
+    def config_to_theirs(self, data: dict, model_type: str) -> dict:
+        """Our config dict in this family's keys (the inverse of config_to_ours)."""
+        data = dict(data)
+        if not self.token_types:
+            data.pop("type_vocab_size", None)
+        if self.position_offset and "max_position_embeddings" in data:
+            data["max_position_embeddings"] += data.get("pad_token_id", 0) + 1
+        if isinstance(data.get("architectures"), list):
+            data["architectures"] = [self.architecture_to_theirs(a, model_type) for a in data["architectures"]]
+        theirs = {ours: key for key, ours in self.config_keys.items()}
+        data = {theirs.get(k, k): v for k, v in data.items()}
+        return self.config_converters[1](data) if self.config_converters is not None else data
+
+    def architecture_to_ours(self, name: str) -> str:
+        for prefix in sorted(self.model_types.values(), key=len, reverse=True):
+            suffix = name[len(prefix) :] if name.startswith(prefix) else None
+            if suffix in self.architecture_suffixes:
+                return "Bert" + suffix
+        return name
+
+    def architecture_to_theirs(self, name: str, model_type: str) -> str:
+        suffix = name[len("Bert") :] if name.startswith("Bert") else None
+        return self.model_types[model_type] + suffix if suffix in self.architecture_suffixes else name
+
+    # ---- parameter names --------------------------------------------------------------------------------
+    def name_to_bert(self, key: str, model_keys: Collection[str] = ()) -> str:
+        """A parameter name in this family's layout -> BERT's (as transformers' BERT classes name it);
+        `model_keys`: the model's own parameter names, which place the head_prefixes."""
+        for theirs, ours in self.head_prefixes:
+            if key.startswith(theirs) and any(k.startswith(ours) for k in model_keys):
+                return ours + key[len(theirs) :]
+        if self.sequence_pooler is not None:
+            pooler = self.sequence_pooler.format(head="classifier") + "."
+            output = self.sequence_output.format(head="classifier") + "."
+            if key.startswith(pooler):
+                return "bert.pooler.dense." + key[len(pooler) :]
+            if output != "classifier." and key.startswith(output):
+                return "classifier." + key[len(output) :]
+        if self.base_prefix != "bert" and key.startswith(self.base_prefix + "."):
+            key = "bert." + key[len(self.base_prefix) + 1 :]
+        for theirs, bert in self.parameter_names:
+            key = key.replace(theirs, bert, 1)
+        return key
+
+    def name_from_bert(self, key: str, sequence_head: str | None = None) -> str:
+        """BERT's parameter name -> this family's; `sequence_head`: the attribute of the model's sequence
+        classifier, whose layers this family lays out its own way (None: the model has none)."""
+        for theirs, ours in self.head_prefixes:
+            if key.startswith(ours):
+                return theirs + key[len(ours) :]
+        if self.sequence_pooler is not None and sequence_head is not None:
+            if key.startswith("bert.pooler.dense."):
+                return self.sequence_pooler.format(head=sequence_head) + key[len("bert.pooler.dense") :]
+            if key.startswith(sequence_head + "."):
+                return self.sequence_output.format(head=sequence_head) + key[len(sequence_head) :]
+        if self.base_prefix != "bert" and key.startswith("bert."):
+            key = self.base_prefix + "." + key[len("bert.") :]
+        for theirs, bert in self.parameter_names:
+            key = key.replace(bert, theirs, 1)
+        return key
