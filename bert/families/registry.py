@@ -9,9 +9,9 @@ torch-free: serving reads artifact configs without torch.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from pathlib import Path
+
+from bert.discovery import declarations
 
 from .base import Family, UnsupportedFamily
 
@@ -19,14 +19,7 @@ _NOT_FAMILIES = {"base", "registry"}
 
 
 def _discover() -> tuple[Family, ...]:
-    found = []
-    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if module.name in _NOT_FAMILIES or module.name.startswith("_"):
-            continue
-        family = getattr(importlib.import_module(f"{__package__}.{module.name}"), "FAMILY", None)
-        if isinstance(family, Family):
-            found.append(family)
-    return tuple(sorted(found, key=lambda f: (f.order, f.name)))
+    return tuple(declarations(__package__, Path(__file__).parent, "FAMILY", Family, _NOT_FAMILIES))
 
 
 def _by_model_type(families: tuple[Family, ...]) -> dict[str, Family]:

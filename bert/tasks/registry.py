@@ -9,10 +9,9 @@ torch-free at import time (the task modules it imports need numpy and tokenizers
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from pathlib import Path
 
+from bert.discovery import declarations
 from bert.tasks.base import Task, UnknownTask
 
 TASKS: dict[str, Task] = {}
@@ -27,14 +26,7 @@ def register(task: Task) -> Task:
 
 
 def _discover() -> None:
-    found = []
-    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if module.name in _NOT_TASKS or module.name.startswith("_"):
-            continue
-        task = getattr(importlib.import_module(f"bert.tasks.{module.name}"), "TASK", None)
-        if isinstance(task, Task):
-            found.append(task)
-    for task in sorted(found, key=lambda t: (t.order, t.name)):
+    for task in declarations("bert.tasks", Path(__file__).parent, "TASK", Task, _NOT_TASKS):
         register(task)
 
 
