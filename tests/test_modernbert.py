@@ -17,6 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_families import CORPUS  # noqa: E402  (the texts the other families' served tests use)
+
 from bert.checkpoint import load_checkpoint, load_for_inference, save_checkpoint  # noqa: E402
 from bert.config import BertConfig  # noqa: E402
 
@@ -38,13 +40,6 @@ TINY = dict(
     sep_token_id=2,
 )
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
-CORPUS = [
-    "Hugging Face is based in New York City and Paris.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Alice moved from Paris to Berlin in 2019 to work at the museum.",
-    "A gripping, beautifully shot film.",
-    "Where does Alice work? She restores old paintings at the Louvre.",
-] * 4
 HEADS = {  # our task -> transformers' class, its outputs, our graph outputs
     "classify": (transformers.ModernBertForSequenceClassification, ("logits",), ("classify_logits",)),
     "ner": (transformers.ModernBertForTokenClassification, ("logits",), ("ner_logits",)),
