@@ -177,7 +177,7 @@ def test_response_shapes_and_headers(server):
         ("/classify", {"inputs": []}, 400, "empty", "empty"),
         ("/classify", {"inputs": ["x"] * 17}, 413, "payload_too_large", "16"),
         ("/classify", {"inputs": "word " * 600}, 422, "validation", "512"),
-        ("/ner", {"inputs": ["ok", "word " * 600]}, 422, "validation", "512"),
+        ("/ner", {"inputs": ["ok", "word " * 600], "aggregation": "none"}, 422, "validation", "512"),
         ("/classify", {"inputs": 5}, 422, "validation", "inputs"),
         ("/classify", {"inputs": "x", "top_k": 0}, 422, "validation", "top_k"),
         ("/ner", {"inputs": "x", "aggregation": "bogus"}, 422, "validation", "aggregation"),
@@ -204,6 +204,8 @@ def test_truncate_and_long_qa_context(server):
     with httpx.Client(base_url=server.url, timeout=30) as client:
         assert client.post("/classify", json={"inputs": "word " * 600, "truncate": True}).status_code == 200
         assert client.post("/ner", json={"inputs": "word " * 600, "truncate": True}).status_code == 200
+        windowed = client.post("/ner", json={"inputs": "word " * 600})  # windowed, not refused and not cut
+        assert windowed.status_code == 200 and all(e["end"] <= 3000 for e in windowed.json())
         # a context of ~1000 tokens is windowed, not refused and not cut: the answer may come from its end
         context = "filler text here. " * 300 + "The treasure is buried under the old oak tree."
         r = client.post("/qa", json={"question": "Where is the treasure?", "context": context, "top_k": 50})

@@ -80,7 +80,7 @@ def test_openai_client_reads_the_same_vectors(minilm_dir, sentences, reference):
         floats = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
         one = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0])
         with pytest.raises(openai.UnprocessableEntityError):
-            client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], dimensions=128)
+            client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], dimensions=385)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).embeddings.create(
                 model="m", input="x"

@@ -108,7 +108,7 @@ def _body_cases():
         {"inputs": [" "]},
         {"inputs": []},
         {"inputs": ["x"] * 5},
-        {"inputs": LONG_TEXT},
+        {"inputs": LONG_TEXT, "aggregation": "none"},  # windowed otherwise
         {"inputs": HUGE_TEXT},
         {"inputs": "x", "aggregation": "FIRST"},
         {"inputs": "x", "aggregation": None},
@@ -118,6 +118,11 @@ def _body_cases():
         {"inputs": "x", "extra": True},
         {"aggregation": "first"},
         {"inputs": {"text": "x"}},
+        {"inputs": LONG_TEXT, "stride": -1},
+        {"inputs": LONG_TEXT, "stride": "8"},
+        {"inputs": LONG_TEXT, "stride": 10**12},
+        {"inputs": LONG_TEXT, "stride": 8, "truncate": True},
+        {"inputs": [LONG_TEXT * 3] * 2},  # 10 windows of 512 tokens; at most 8 (max_request_sequences)
     ]
     cases += [("/ner", body, "json") for body in ner_bodies]
     ok = {"question": "Where?", "context": "In Berlin."}
@@ -165,6 +170,12 @@ def _body_cases():
         {"inputs": "x", "truncate": 1},
         {"inputs": "x", "pooling": "max"},
         {"normalize": True},
+        {"inputs": LONG_TEXT, "chunking": "max"},
+        {"inputs": LONG_TEXT, "chunking": "mean", "truncate": True},
+        {"inputs": HUGE_TEXT, "chunking": "mean"},
+        {"inputs": "x", "dimensions": 33},
+        {"inputs": "x", "dimensions": 0},
+        {"inputs": "x", "dimensions": "8"},
     ]
     cases += [("/embed", body, "json") for body in embed_bodies]
     openai_bodies = [
@@ -174,7 +185,7 @@ def _body_cases():
         {"input": []},
         {"input": ["x"] * 5},
         {"input": "x", "encoding_format": "hex"},
-        {"input": "x", "dimensions": 7},
+        {"input": "x", "dimensions": 33},  # wider than the model's 32
         {"input": "x", "dimensions": 0},
         {"input": "x", "model": 5},
         {"input": "x", "user": 1},

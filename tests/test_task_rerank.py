@@ -109,7 +109,7 @@ def test_rerank_refusals(cross_encoder):
             ("/rerank", {"query": "q", "texts": ["a", ""]}, 400),
             ("/rerank", {"query": "q", "texts": ["a"] * 5}, 413),
             ("/rerank", {"query": "q", "texts": "a"}, 422),
-            ("/rerank", {"query": "q", "texts": ["word " * 600]}, 422),
+            ("/rerank", {"query": "q " * 600, "texts": ["a"]}, 422),  # a long text is windowed; a query is not
             ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, 422),
             ("/v1/rerank", {"query": "q", "documents": ["a"] * 5}, 413),
         ]:
@@ -117,6 +117,7 @@ def test_rerank_refusals(cross_encoder):
             assert response.status_code == status, (path, body, response.text)
             assert set(response.json()) == {"error", "error_type"}
         assert post("/rerank", {"query": "q", "texts": ["word " * 600], "truncate": True}).status_code == 200
+        assert post("/rerank", {"query": "q", "texts": ["word " * 600]}).status_code == 200  # its best window
         assert httpx.get(server.url + "/ready").status_code == 200
 
 

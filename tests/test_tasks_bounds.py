@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bert.tasks import classify, ner, qa
+from bert.tasks import classify, ner, qa, windows
 from bert.tasks.common import CHUNK_CHARS, bounded_text
 from bert.tokenizer import BertTokenizer, InputTooLong
 
@@ -21,10 +21,10 @@ def tokenizer(minilm_dir) -> BertTokenizer:
 def test_window_count_is_the_number_of_windows(capacity, stride):
     for tokens in [1, capacity - 1, capacity, capacity + 1, 2 * capacity, 7 * capacity + 3, 5000]:
         assert qa.window_count(tokens, capacity, stride) == len(qa.window_ranges(tokens, capacity, stride))
-        windows = qa.window_count(tokens, capacity, stride)
-        assert qa.max_context_tokens(windows, capacity, stride) >= tokens
-        if windows > 1:
-            assert qa.max_context_tokens(windows - 1, capacity, stride) < tokens
+        count = qa.window_count(tokens, capacity, stride)
+        assert windows.max_text_tokens(count, capacity, stride) >= tokens
+        if count > 1:
+            assert windows.max_text_tokens(count - 1, capacity, stride) < tokens
 
 
 def test_bounded_text_keeps_the_first_tokens(tokenizer, sst2_dev):

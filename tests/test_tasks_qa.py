@@ -48,10 +48,10 @@ def squad(data_dir) -> list[dict]:
 
 # ---- windows ----------------------------------------------------------------------------------
 def test_window_ranges_overlap_by_stride_and_cover_everything():
-    assert qa.window_ranges(5, capacity=10, doc_stride=3) == [(0, 5)]
-    assert qa.window_ranges(10, capacity=4, doc_stride=1) == [(0, 4), (3, 7), (6, 10)]
-    assert qa.window_ranges(11, capacity=4, doc_stride=2) == [(0, 4), (2, 6), (4, 8), (6, 10), (8, 11)]
-    assert qa.window_ranges(0, capacity=4, doc_stride=2) == [(0, 0)]
+    assert qa.window_ranges(5, capacity=10, stride=3) == [(0, 5)]
+    assert qa.window_ranges(10, capacity=4, stride=1) == [(0, 4), (3, 7), (6, 10)]
+    assert qa.window_ranges(11, capacity=4, stride=2) == [(0, 4), (2, 6), (4, 8), (6, 10), (8, 11)]
+    assert qa.window_ranges(0, capacity=4, stride=2) == [(0, 0)]
 
 
 def test_max_context_owner_hand_computed():

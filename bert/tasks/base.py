@@ -26,6 +26,7 @@ from bert.options import flag
 
 if TYPE_CHECKING:
     from bert.tasks.common import Limits, ModelFacts
+    from bert.tasks.windows import LongInputs
 
 HEAD_KINDS = ("sequence", "token", "span", "mlm")
 # Candidates per token an "mlm" head hands back (probabilities and ids of its likeliest tokens), not (B, T, V)
@@ -167,6 +168,9 @@ class Task:
     graph_outputs: ClassVar[dict[str, str]]  # output names in an exported multi-task graph -> our output names
     single_graph_outputs: ClassVar[dict[str, str]]  # output names in a graph made for this task alone -> ours
     routes: ClassVar[tuple[Route, ...]] = ()
+    # How a text longer than one model input is answered (bert/tasks/windows.py): windows, and how their answers
+    # merge. None: it is refused (422), or cut when the request asks ("truncate": true).
+    long_inputs: ClassVar[LongInputs | None] = None
     trainable: ClassVar[bool] = False
     main_metric: ClassVar[str] = ""  # the metric (0-100 after `score`) best/ is chosen by
 

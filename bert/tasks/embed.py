@@ -19,6 +19,7 @@ from bert.pooling import DEFAULT_POOLING, POOLINGS
 from bert.tasks import classify
 from bert.tasks.base import Route, Task, check_inputs, check_texts, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts
+from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, single_template, too_much_work
 
 _ST_POOLING = "sentence_transformers.models.Pooling"
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
@@ -125,26 +126,105 @@ def decode(vectors, *, normalize: bool) -> list[list[float]]:
 
 
 # ---- serving ------------------------------------------------------------------------------------
-def encode_request(tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, **_) -> list[list[Features]]:
-    return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+CHUNKINGS = ("mean",)
+LONG_INPUTS = LongInputs(
+    merge='with "chunking": "mean", the mean of the windows\' vectors weighted by their text tokens',
+    default_stride=0,  # each token counted once in the mean
+    whole_words=True,
+    opt_in="chunking",
+)
+
+
+@dataclass
+class Chunk(Features):
+    """One window of a chunked text, and the text tokens it holds (its weight in the text's mean)."""
+
+    weight: int = 0
+
+
+def encode_request(
+    tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, chunking: str | None = None, **_
+) -> list[list[Features]]:
+    """Texts -> one model input each (too long: InputTooLong, or cut with `truncate`); with `chunking` the
+    whole-word windows of each, at most limits.max_sequences in all (TooMuchWork beyond, before any is built)."""
+    if chunking is None:
+        return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+    if chunking not in CHUNKINGS:
+        raise ValueError(f"chunking must be one of {', '.join(CHUNKINGS)}, got {chunking!r}")
+    if truncate:
+        raise ValueError('chunking: embeds a long text whole, "truncate": true cuts it; send one of them')
+    before, after = single_template(tokenizer)
+    capacity = limits.max_length - len(before) - len(after)
+    stride = LONG_INPUTS.stride(None, capacity, limits.max_length)
+    try:
+        pieces = cut_texts(
+            tokenizer, list(items), capacity=capacity, stride=stride, max_windows=limits.max_sequences, whole_words=True
+        )
+    except TooManyWindows as e:
+        raise too_much_work(e.needed, 0, limits.max_sequences, limits.max_length) from None
+    return [
+        [
+            Chunk(
+                input_ids=[*before, *text.ids[start:stop], *after],
+                token_type_ids=[0] * (len(before) + stop - start + len(after)),
+                weight=stop - start,
+            )
+            for start, stop in text.ranges
+        ]
+        for text in pieces
+    ]
+
+
+def shorten(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """The first `dimensions` components of each vector (Matryoshka truncation); all of them for None."""
+    return vectors if dimensions is None else vectors[..., :dimensions]
 
 
 def decode_request(
-    items: list, features: list, outputs: list, facts: ModelFacts, *, normalize: bool = True, **_
+    items: list,
+    features: list,
+    outputs: list,
+    facts: ModelFacts,
+    *,
+    normalize: bool = True,
+    dimensions: int | None = None,
+    **_,
 ) -> list[list[float]]:
-    return decode(np.stack([o[0]["embed"] for o in outputs]), normalize=normalize)
+    """One vector per text: a chunked text's windows (unit vectors when `normalize`) averaged by their text tokens;
+    then its first `dimensions` components, scaled to unit length when `normalize`."""
+    rows = []
+    for windows, sequences in zip(features, outputs):
+        vectors = np.stack([s["embed"] for s in sequences]).astype(np.float32)
+        if len(windows) > 1:
+            if normalize:
+                vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+            weights = np.asarray([w.weight for w in windows], dtype=np.float32)
+            vectors = (weights @ vectors / weights.sum())[None, :]
+        rows.append(vectors[0])
+    return decode(shorten(np.stack(rows), dimensions), normalize=normalize)
+
+
+def check_dimensions(dimensions: int | None, info) -> None:
+    """OpenAI's rule: a vector can be shortened, never lengthened."""
+    width = getattr(info, "embedding_dimensions", None)
+    if dimensions is not None and width is not None and dimensions > width:
+        raise ValueError(f"dimensions: {dimensions} is more than this model's {width}; at most {width}")
+
+
+def _check_embed(body, info=None) -> None:
+    check_inputs(body, info)
+    check_dimensions(body.dimensions, info)
 
 
 def _openai_items(body) -> tuple[list, dict]:
-    return ([body.input] if isinstance(body.input, str) else list(body.input)), {"normalize": True}
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    return texts, {"normalize": True, "dimensions": body.dimensions, "chunking": body.chunking}
 
 
 def _check_openai(body, info=None) -> None:
     single = isinstance(body.input, str)
     check_texts([body.input] if single else body.input, "input" if single else "input[{}]")
-    dimensions = getattr(info, "embedding_dimensions", None)
-    if body.dimensions is not None and body.dimensions != dimensions:
-        raise ValueError(f"dimensions: this model's embeddings have {dimensions} dimensions and cannot be shortened")
+    check_dimensions(body.dimensions, info)
 
 
 def _openai_shape(vectors: list, body, info) -> dict:
@@ -183,7 +263,7 @@ class EmbedTask(Task):
             "Embed texts (text-embeddings-inference's shape)",
             to_items=texts_of,
             shape=lambda answers, body, info=None: answers,
-            check=check_inputs,
+            check=_check_embed,
         ),
         Route(
             "/v1/embeddings",
@@ -196,6 +276,8 @@ class EmbedTask(Task):
             batch_field="input",
         ),
     )
+
+    long_inputs = LONG_INPUTS
 
     def encode_request(self, tokenizer, items, limits, **options):
         return encode_request(tokenizer, items, limits, **options)

@@ -26,6 +26,7 @@ from bert.tasks.common import (
     open_text,
     softmax,
 )
+from bert.tasks.windows import LongInputs, max_text_tokens, single_template, too_much_work, window_count
 from bert.tokenizer import UNK, InputTooLong
 
 AGGREGATIONS = ("none", "simple", "first", "average", "max")
@@ -324,20 +325,87 @@ def decode(
 
 
 # ---- serving ------------------------------------------------------------------------------------
+LONG_INPUTS = LongInputs(
+    merge="the entities of every window; of two that overlap the longer is kept, then the higher score "
+    "(transformers' token-classification pipeline with a stride)",
+    stride_field="stride",
+)
+
+
 def encode_request(
-    tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, **_
+    tokenizer,
+    items: list[str],
+    limits: Limits,
+    *,
+    truncate: bool = False,
+    stride: int | None = None,
+    aggregation: str = "first",
+    **_,
 ) -> list[list[NerFeatures]]:
-    return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+    """Texts -> their windows: one for a text that fits the model, else the windows of transformers'
+    token-classification pipeline with `stride` (tokenizers' overflow), at most limits.max_sequences in all
+    (TooMuchWork beyond, before any window is built). With `truncate`, one window each: the text's start."""
+    if truncate:
+        if stride is not None:
+            raise ValueError('stride: windows a long text whole, "truncate": true cuts it; send one of them')
+        return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=True)]
+    max_length, limit = limits.max_length, limits.max_sequences
+    specials = sum(len(part) for part in single_template(tokenizer))
+    capacity = max_length - specials
+    stride = LONG_INPUTS.stride(stride, capacity, max_length)
+    each = max_text_tokens(max(limit - len(items) + 1, 1), capacity, stride)  # the others need a window each
+    if any(cut for _, cut in (bounded_text(tokenizer, text, each) for text in items)):
+        raise too_much_work(None, 0, limit, max_length)
+    encodings = list(tokenizer.encode_batch(list(items)))
+    needed = sum(window_count(len(e.ids) - specials, capacity, stride) for e in encodings)
+    if needed > limit:
+        raise too_much_work(needed, 0, limit, max_length)
+    long = [i for i, e in enumerate(encodings) if len(e.ids) > max_length]
+    if long and aggregation == "none":
+        raise ValueError(
+            f'aggregation: "none" gives token positions inside one window, and input {long[0]} needs several of '
+            f'{max_length} tokens; choose another aggregation, or send "truncate": true'
+        )
+    marks = _marks_subwords(tokenizer)
+    windows = [[encoding] for encoding in encodings]
+    for i in long:
+        first = tokenizer.encode_batch([items[i]], max_length=max_length, truncation=True, stride=stride)[0]
+        windows[i] = [first, *first.overflowing]
+    return [[_features(w, text, marks_subwords=marks) for w in ws] for ws, text in zip(windows, items)]
+
+
+def merge_windows(entities: list[dict]) -> list[dict]:
+    """Entities of overlapping windows, in text order, each once: of two that overlap, the longer is kept, at equal
+    length the higher score (transformers' TokenClassificationPipeline.aggregate_overlapping_entities)."""
+    if not entities:
+        return entities
+    entities = sorted(entities, key=lambda e: e["start"])
+    kept, previous = [], entities[0]
+    for entity in entities:
+        if previous["start"] <= entity["start"] < previous["end"]:
+            length, previous_length = entity["end"] - entity["start"], previous["end"] - previous["start"]
+            if length > previous_length or (length == previous_length and entity["score"] > previous["score"]):
+                previous = entity
+        else:
+            kept.append(previous)
+            previous = entity
+    kept.append(previous)
+    return kept
 
 
 def decode_request(
     items: list, features: list, outputs: list, facts: ModelFacts, *, aggregation: str = "first", **_
 ) -> list[list[dict]]:
-    """Entities per text, each `word` as written in the text (casing kept)."""
-    return [
-        decode(f[0], o[0]["ner"], facts.labels, aggregation=aggregation, word_from_text=True)
-        for f, o in zip(features, outputs)
-    ]
+    """Entities per text, each `word` as written in the text (casing kept); a windowed text's merged."""
+    answers = []
+    for windows, sequences in zip(features, outputs):
+        found = [
+            entity
+            for window, sequence in zip(windows, sequences)
+            for entity in decode(window, sequence["ner"], facts.labels, aggregation=aggregation, word_from_text=True)
+        ]
+        answers.append(merge_windows(found) if len(windows) > 1 else found)
+    return answers
 
 
 class NerTask(Task):
@@ -362,6 +430,7 @@ class NerTask(Task):
             check=check_inputs,
         ),
     )
+    long_inputs = LONG_INPUTS
     trainable = True
     main_metric = "f1"
 

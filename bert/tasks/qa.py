@@ -35,9 +35,17 @@ from bert.tasks.common import (
     Limits,
     ModelFacts,
     PathLike,
-    TooMuchWork,
     bounded_text,
     open_text,
+)
+from bert.tasks.windows import (
+    LongInputs,
+    TooManyWindows,
+    max_text_tokens,
+    pair_template,
+    too_much_work,
+    window_count,
+    window_ranges,
 )
 
 MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
@@ -60,50 +68,7 @@ class QaWindow(Features):
         return range(first, first + count)
 
 
-# ---- windows ----------------------------------------------------------------------------------
-def window_ranges(num_tokens: int, capacity: int, doc_stride: int) -> list[tuple[int, int]]:
-    """[start, stop) ranges over the context tokens; neighbours overlap by `doc_stride` tokens.
-
-    Same cut as `tokenizers` overflow: step = capacity - doc_stride; stop at the first window that
-    reaches the end of the context.
-    """
-    if num_tokens <= capacity:
-        return [(0, num_tokens)]
-    step = capacity - doc_stride
-    ranges = []
-    for start in range(0, num_tokens, step):
-        stop = min(start + capacity, num_tokens)
-        ranges.append((start, stop))
-        if stop == num_tokens:
-            break
-    return ranges
-
-
-def window_count(num_tokens: int, capacity: int, doc_stride: int) -> int:
-    """len(window_ranges(num_tokens, capacity, doc_stride)), by arithmetic: what a context costs, known
-    before a single window is built."""
-    if num_tokens <= capacity:
-        return 1
-    step = capacity - doc_stride
-    return 1 + -(-(num_tokens - capacity) // step)
-
-
-def max_context_tokens(windows: int, capacity: int, doc_stride: int) -> int:
-    """The most context tokens `windows` windows can hold (the inverse of window_count)."""
-    return capacity + (windows - 1) * (capacity - doc_stride)
-
-
-class TooManyWindows(ValueError):
-    """A context needs more windows than the caller allows; raised before any window is built."""
-
-    def __init__(self, needed: int | None, limit: int):
-        self.needed = needed  # None: more than `limit`, not counted further
-        self.limit = limit
-        super().__init__(
-            f"the context needs {'more than ' + str(limit) if needed is None else needed} windows; the limit is {limit}"
-        )
-
-
+# ---- windows (their arithmetic is every long-input task's: bert/tasks/windows.py) ------------------------
 class QuestionTooLong(ValueError):
     """The question has more tokens than a window keeps for it and the caller did not ask to cut it."""
 
@@ -131,16 +96,6 @@ def max_context_owner(ranges: list[tuple[int, int]], num_tokens: int) -> list[in
             if score > best[position]:
                 best[position], owner[position] = score, index
     return owner
-
-
-def pair_template(tokenizer) -> tuple[list[int], list[int], list[int], int]:
-    """The tokenizer's pair template (bert.tokenizer.BertTokenizer.pair_template), BERT's for one without it."""
-    template = getattr(tokenizer, "pair_template", None)
-    return (
-        template
-        if template is not None
-        else ([tokenizer.cls_token_id], [tokenizer.sep_token_id], [tokenizer.sep_token_id], 1)
-    )
 
 
 def _check_window_args(question_length: int, max_length: int, doc_stride: int, specials: int = 3) -> int:
@@ -185,7 +140,7 @@ def encode(
         len(question_ids), max_length, doc_stride, sum(len(part) for part in pair_template(tokenizer)[:3])
     )
     if max_windows is not None:
-        _, context_cut = bounded_text(tokenizer, context, max_context_tokens(max_windows, capacity, doc_stride))
+        _, context_cut = bounded_text(tokenizer, context, max_text_tokens(max_windows, capacity, doc_stride))
         if context_cut:
             raise TooManyWindows(None, max_windows)
     context_encoding = tokenizer.encode_batch([context], add_special_tokens=False)[0]
@@ -363,16 +318,17 @@ def _as_float(logits) -> np.ndarray:
 
 
 # ---- serving ------------------------------------------------------------------------------------
-DEFAULT_DOC_STRIDE = 128  # transformers' default (at 384-token windows)
+LONG_INPUTS = LongInputs(
+    merge="the best spans over all windows; the same answer text from several windows adds its scores",
+    stride_field="doc_stride",
+)
 
 
 def window_limits(limits: Limits) -> tuple[int, int, int]:
-    """(tokens per window, question tokens kept, largest doc_stride) under these limits. Neighbours share at
-    most half of the narrowest window, so each window advances by at least half a window: the window count,
-    the cost of a request, stays within 2x of the unshared count and is known before any window is built."""
+    """(tokens per window, question tokens kept, context tokens the narrowest window holds) under these limits."""
     max_length = min(limits.qa_max_length, limits.max_length)
     max_query = min(limits.qa_max_question_length, max_length // 2)
-    return max_length, max_query, (max_length - max_query - 3) // 2
+    return max_length, max_query, max_length - max_query - 3
 
 
 def encode_request(
@@ -380,16 +336,13 @@ def encode_request(
 ) -> list[list[QaWindow]]:
     """Items {question, context, doc_stride?, truncate?} -> the windows of each, at most
     limits.max_sequences in all (TooMuchWork beyond, raised before the windows are built)."""
-    max_length, max_query, max_stride = window_limits(limits)
-    strides = []
-    for index, item in enumerate(items):
-        stride = item.get("doc_stride")
-        if stride is not None and stride > max_stride:
-            where = f"[{index}].doc_stride" if len(items) > 1 else "doc_stride"
-            raise ValueError(
-                f"{where}: {stride} is more than half a window; at most {max_stride} with {max_length}-token windows"
-            )
-        strides.append(min(DEFAULT_DOC_STRIDE, max_stride) if stride is None else stride)
+    max_length, max_query, capacity = window_limits(limits)
+    strides = [
+        LONG_INPUTS.stride(
+            item.get("doc_stride"), capacity, max_length, f"[{index}].doc_stride" if len(items) > 1 else "doc_stride"
+        )
+        for index, item in enumerate(items)
+    ]
     windows, used, limit = [], 0, limits.max_sequences
     for item, stride in zip(items, strides):
         if cancelled():  # the caller has gone: stop working for it
@@ -406,11 +359,7 @@ def encode_request(
                 max_windows=limit - used,
             )
         except TooManyWindows as e:
-            needed = "more than " + str(limit) if e.needed is None else str(used + e.needed)
-            raise TooMuchWork(
-                f"the contexts of this request need {needed} windows of {max_length} tokens; the "
-                f"limit is {limit} (max_request_sequences): send shorter contexts or fewer items"
-            ) from None
+            raise too_much_work(e.needed, used, limit, max_length, "contexts") from None
         used += len(item_windows)
         windows.append(item_windows)
     return windows
@@ -502,6 +451,7 @@ class QATask(Task):
             many=True,
         ),
     )
+    long_inputs = LONG_INPUTS
     trainable = True
     main_metric = "f1"
     serve_options = (

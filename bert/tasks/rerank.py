@@ -24,8 +24,10 @@ import numpy as np
 
 from bert.tasks import classify
 from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, check_texts
-from bert.tasks.common import Limits, ModelFacts, sigmoid
+from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, sigmoid
 from bert.tasks.qa import HELDOUT_ARTICLES, read_squad_articles, split_heldout
+from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, pair_template, too_much_work
+from bert.tokenizer import InputTooLong
 
 
 def encode(tokenizer, pairs: list, *, max_length: int = 512, truncate: bool = False):
@@ -42,6 +44,59 @@ def scores(logits, *, raw: bool = False) -> list[float]:
 def ranked(values: list[float]) -> list[int]:
     """Indices by descending score; ties keep the texts' order."""
     return sorted(range(len(values)), key=lambda i: -values[i])
+
+
+# ---- long documents: scored by their best window (MaxP) ------------------------------------------------
+LONG_INPUTS = LongInputs(
+    merge="the document's score is its best window's (MaxP)",
+    whole_words=True,
+)
+
+
+def encode_windows(tokenizer, pairs: list, limits: Limits) -> list[list[Features]]:
+    """(query, document) pairs -> per pair its windows [CLS] query [SEP] piece [SEP]: one for a document that fits
+    beside its query, else whole-word pieces sharing LONG_INPUTS' stride, at most limits.max_sequences in all
+    (TooMuchWork beyond, before any is built). A query that leaves no room for a document: InputTooLong."""
+    before, between, after, document_type = pair_template(tokenizer)
+    queries: dict[str, list[int]] = {}
+    for index, (query, _) in enumerate(pairs):
+        if query not in queries:
+            room = limits.max_length - len(before) - len(between) - len(after)
+            cut, was_cut = bounded_text(tokenizer, query, room)
+            ids = [] if was_cut else list(tokenizer.encode_batch([cut], add_special_tokens=False)[0].ids)
+            if was_cut or len(ids) >= room:
+                raise InputTooLong(index, None if was_cut else len(ids) + limits.max_length - room, limits.max_length)
+            queries[query] = ids
+    capacities = {
+        q: limits.max_length - len(before) - len(ids) - len(between) - len(after) for q, ids in queries.items()
+    }
+    # One query per request in both HTTP shapes; windows are cut for the narrowest room a query leaves.
+    capacity = min(capacities.values())
+    stride = LONG_INPUTS.stride(None, capacity, limits.max_length)
+    try:
+        pieces = cut_texts(
+            tokenizer,
+            [document for _, document in pairs],
+            capacity=capacity,
+            stride=stride,
+            max_windows=limits.max_sequences,
+            whole_words=True,
+        )
+    except TooManyWindows as e:
+        raise too_much_work(e.needed, 0, limits.max_sequences, limits.max_length, "documents") from None
+    windows = []
+    for (query, _), document in zip(pairs, pieces):
+        head = [*before, *queries[query], *between]
+        windows.append(
+            [
+                Features(
+                    input_ids=[*head, *document.ids[start:stop], *after],
+                    token_type_ids=[0] * len(head) + [document_type] * (stop - start + len(after)),
+                )
+                for start, stop in document.ranges
+            ]
+        )
+    return windows
 
 
 # ---- training data: TSV rows or SQuAD questions against their paragraph's sentences -------------------
@@ -252,11 +307,17 @@ class RerankTask(Task):
         labels = config.get("id2label") or {}
         return len(labels) == 1 or config.get("num_labels") == 1
 
+    long_inputs = LONG_INPUTS
+
     def encode_request(self, tokenizer, items: list, limits: Limits, *, truncate: bool = False, **_):
-        return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+        if truncate:
+            return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=True)]
+        return encode_windows(tokenizer, items, limits)
 
     def decode_request(self, items, features, outputs, facts: ModelFacts, *, raw_scores: bool = False, **_):
-        return scores(np.stack([o[0]["rerank"] for o in outputs]), raw=raw_scores)
+        # MaxP: a document is as relevant as its best window (the sigmoid keeps the logits' order)
+        best = [max(np.asarray(s["rerank"], dtype=np.float32).reshape(-1)[0] for s in o) for o in outputs]
+        return scores(np.asarray(best)[:, None], raw=raw_scores)
 
     # ---- training hooks: queries with candidate texts (RerankQuery) --------------------------------------
     trainable = True

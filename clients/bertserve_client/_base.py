@@ -134,10 +134,17 @@ def plan_classify(inputs: ClassifyInput, *, top_k: int, truncate: bool, batch_li
     return _batched("/classify", bodies, lambda labels: _parse_list(Label, labels))
 
 
-def plan_ner(inputs: NerInput, *, aggregation: str, truncate: bool, batch_limit: int | None) -> Plan:
+def _set(**options: Any) -> dict:
+    """The options a caller set: one left at None is not sent (the server's default applies)."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def plan_ner(
+    inputs: NerInput, *, aggregation: str, truncate: bool, batch_limit: int | None, stride: int | None = None
+) -> Plan:
     if aggregation not in NER_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {NER_AGGREGATIONS}, not {aggregation!r}")
-    options = {"aggregation": aggregation, "truncate": truncate}
+    options = {"aggregation": aggregation, "truncate": truncate, **_set(stride=stride)}
     if not is_many(inputs):
         return Plan([Call("POST", "/ner", {"inputs": inputs, **options})], lambda a: _parse_list(Entity, a[0]))
     bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
@@ -150,9 +157,17 @@ def _vector(data: Any) -> list[float]:
     return [float(x) for x in data]
 
 
-def plan_embed(inputs: EmbedInput, *, normalize: bool, truncate: bool, batch_limit: int | None) -> Plan:
+def plan_embed(
+    inputs: EmbedInput,
+    *,
+    normalize: bool,
+    truncate: bool,
+    batch_limit: int | None,
+    chunking: str | None = None,
+    dimensions: int | None = None,
+) -> Plan:
     """/embed answers a list of vectors even for one text; the SDK gives one vector for one text."""
-    options = {"normalize": normalize, "truncate": truncate}
+    options = {"normalize": normalize, "truncate": truncate, **_set(chunking=chunking, dimensions=dimensions)}
     if not is_many(inputs):
 
         def one(answers: list[Any]) -> list[float]:
@@ -299,22 +314,44 @@ class Endpoints:
         )
 
     def ner(
-        self, inputs: NerInput, *, aggregation: str = "first", truncate: bool = False
+        self, inputs: NerInput, *, aggregation: str = "first", truncate: bool = False, stride: int | None = None
     ) -> list[Entity] | list[list[Entity]]:
-        """Entities of one text (a list of Entity) or of many texts (a list per input)."""
+        """Entities of one text (a list of Entity) or of many texts (a list per input). A text longer than the
+        model's window is read in windows sharing `stride` tokens (the server's default when None), its entities
+        merged, unless `truncate` cuts it to its start."""
         return self._run(
             Planned(
-                inputs, lambda limit: plan_ner(inputs, aggregation=aggregation, truncate=truncate, batch_limit=limit)
+                inputs,
+                lambda limit: plan_ner(
+                    inputs, aggregation=aggregation, truncate=truncate, batch_limit=limit, stride=stride
+                ),
             )
         )
 
     def embed(
-        self, inputs: EmbedInput, *, normalize: bool = True, truncate: bool = False
+        self,
+        inputs: EmbedInput,
+        *,
+        normalize: bool = True,
+        truncate: bool = False,
+        chunking: str | None = None,
+        dimensions: int | None = None,
     ) -> list[float] | list[list[float]]:
         """The vector of one text (a list of floats), or of many texts (one vector per input), unit length
-        unless `normalize=False`."""
+        unless `normalize=False`. `chunking="mean"`: a text longer than the model's window is the token-weighted
+        mean of its windows' vectors; `dimensions`: the first N components only (renormalised)."""
         return self._run(
-            Planned(inputs, lambda limit: plan_embed(inputs, normalize=normalize, truncate=truncate, batch_limit=limit))
+            Planned(
+                inputs,
+                lambda limit: plan_embed(
+                    inputs,
+                    normalize=normalize,
+                    truncate=truncate,
+                    batch_limit=limit,
+                    chunking=chunking,
+                    dimensions=dimensions,
+                ),
+            )
         )
 
     def qa(
@@ -352,7 +389,8 @@ class Endpoints:
         return_text: bool = False,
     ) -> list[Ranked]:
         """`texts` ranked by relevance to `query`, best first: one Ranked (index into `texts`, score, and the
-        text with `return_text`) per text. Scores are the cross-encoder's sigmoid, or its logit with `raw_scores`."""
+        text with `return_text`) per text. Scores are the cross-encoder's sigmoid, or its logit with `raw_scores`;
+        a text longer than the model's window scores as its best window, unless `truncate` cuts it."""
         return self._run(
             Planned(
                 texts,

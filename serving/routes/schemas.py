@@ -61,7 +61,16 @@ class NerRequest(_Body):
         "default, first, labels whole words by their first piece, so an entity is never a "
         "fragment of a word",
     )
-    truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
+    stride: Optional[int] = Field(
+        None,
+        ge=0,
+        description="a text longer than the model's window is cut into windows that share this many tokens "
+        "(transformers' token-classification pipeline's `stride`) and their entities are merged, each once, with "
+        "offsets into the text; default 128, or less where windows are narrower; at most half a window",
+    )
+    truncate: bool = Field(
+        False, description="cut inputs longer than the model's limit to their start instead of windowing them"
+    )
 
 
 class QARequest(_Body):
@@ -96,6 +105,18 @@ class EmbedRequest(_Body):
     )
     normalize: bool = Field(True, description="scale each vector to unit length (cosine similarity = dot product)")
     truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
+    chunking: Optional[Literal["mean"]] = Field(
+        None,
+        description='"mean": a text longer than the model\'s window is cut into whole-word windows and embedded as '
+        "the mean of their vectors weighted by their tokens (each a unit vector first when `normalize`), "
+        "renormalised; default: such a text is refused (422) unless `truncate`",
+    )
+    dimensions: Optional[int] = Field(
+        None,
+        ge=1,
+        description="keep the first N components of each vector (Matryoshka truncation), renormalised when "
+        "`normalize`; at most the model's width (422 beyond)",
+    )
 
 
 class OpenAIEmbeddingRequest(BaseModel):
@@ -115,7 +136,12 @@ class OpenAIEmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: lists of numbers; base64: little-endian float32 bytes, base64-encoded"
     )
-    dimensions: Optional[int] = Field(None, ge=1, description="must equal the model's own dimensions if sent")
+    dimensions: Optional[int] = Field(
+        None, ge=1, description="the first N components of each vector, renormalised; at most the model's width"
+    )
+    chunking: Optional[Literal["mean"]] = Field(
+        None, description="not OpenAI's: \"mean\" embeds a text longer than the model's window as /embed does"
+    )
     user: Optional[str] = Field(None, description="accepted and ignored")
 
 
@@ -186,7 +212,10 @@ class RerankRequest(_Body):
     )
     raw_scores: bool = Field(False, description="the model's logit instead of its sigmoid")
     return_text: bool = Field(False, description="echo each text beside its score")
-    truncate: bool = Field(False, description="cut pairs longer than the model's limit instead of refusing them")
+    truncate: bool = Field(
+        False,
+        description="cut pairs longer than the model's limit instead of scoring a long text by its best window (MaxP)",
+    )
 
 
 class Ranked(BaseModel):
@@ -208,7 +237,11 @@ class V1RerankRequest(_Body):
     model: Optional[str] = Field(None, description="echoed back; the server ranks with the model it serves")
     top_n: Optional[int] = Field(None, ge=1, description="return only the best N (default: all)")
     return_documents: bool = Field(False, description="echo each document beside its score")
-    truncate: bool = Field(False, description="cut pairs longer than the model's limit instead of refusing them")
+    truncate: bool = Field(
+        False,
+        description="cut pairs longer than the model's limit instead of scoring a long document by its best "
+        "window (MaxP)",
+    )
 
 
 class V1Ranked(BaseModel):
