@@ -168,3 +168,83 @@ def test_the_flag_repeats_and_the_env_var_takes_a_list(monkeypatch):
     monkeypatch.setenv("BERTSERVE_CLASSIFY_MODEL", "a=x,b=y")
     assert [m.name for m in Settings().task_models()["classify"]] == ["a", "b"]
     assert Settings(classify_model="some/dir").task_models()["classify"][0].name == "some/dir"
+
+
+class _Overlap:
+    running = most = 0
+
+
+def one_run_at_a_time_backend(spec, settings):
+    """The torch backend, declared unable to run two batches at once, counting the runs that overlap."""
+    import threading
+    import time
+
+    from serving.backends.torch_backend import TorchBackend
+
+    lock = threading.Lock()
+
+    class OneRunAtATime(TorchBackend):
+        concurrent_runs = False
+
+        def run_sequences(self, sequences):
+            with lock:
+                _Overlap.running += 1
+                _Overlap.most = max(_Overlap.most, _Overlap.running)
+            try:
+                time.sleep(0.01)  # long enough for another batcher's run to start, were it let in
+                return super().run_sequences(sequences)
+            finally:
+                with lock:
+                    _Overlap.running -= 1
+
+    return OneRunAtATime(spec, settings)
+
+
+def test_batchers_sharing_a_backend_that_cannot_overlap_take_turns(checkpoints):
+    import asyncio
+
+    from bert.tasks import TASKS
+    from serving.batcher import Ticket
+    from serving.engine import Engine, Timing
+    from serving.metrics import Metrics
+    from serving.settings import Settings
+
+    path = str(checkpoints["topic"])
+    settings = Settings(
+        classify_model=[f"a={path}", f"b={path}"],
+        backend="test_serving_multimodel:one_run_at_a_time_backend",
+        threads=1,
+        max_batch_requests=1,
+    )
+    engine = Engine(settings, Metrics())
+    engine.load()
+
+    async def scenario():
+        engine.start()
+        try:
+            return await asyncio.gather(
+                *(
+                    engine.infer(TASKS["classify"], [text], {}, ticket=Ticket(), timing=Timing(), model=model)
+                    for text in TEXTS
+                    for model in ("a", "b")
+                )
+            )
+        finally:
+            await engine.stop()
+
+    answers = asyncio.run(scenario())
+    assert len(answers) == 2 * len(TEXTS) and _Overlap.most == 1
+    assert answers[0::2] == answers[1::2]  # one directory under two names: the same answers
+
+
+def test_a_list_body_names_one_model_for_all_its_items():
+    from serving.routes.api import requested_model
+    from serving.routes.schemas import QARequest
+
+    def item(model=None):
+        return QARequest(question="q", context="c", **({"model": model} if model else {}))
+
+    assert requested_model([item("a"), item("a")]) == "a" and requested_model([]) is None
+    assert requested_model(item()) is None
+    with pytest.raises(ValueError, match=r"model: the items of one request name different models \(None, a\)"):
+        requested_model([item("a"), item()])

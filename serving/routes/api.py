@@ -146,8 +146,10 @@ def requested_model(body) -> str | None:
     """The body's "model" (ours, or OpenAI's); a list body's items must agree on it."""
     names = {getattr(item, "model", None) for item in (body if isinstance(body, list) else [body])}
     if len(names) > 1:
-        raise ValueError(f"model: the items of one request name different models ({', '.join(map(str, names))})")
-    return names.pop()
+        raise ValueError(
+            f"model: the items of one request name different models ({', '.join(sorted(map(str, names)))})"
+        )
+    return names.pop() if names else None  # an empty list is refused as empty, further on
 
 
 def count_items(items: list, limit: int, field: str = "inputs") -> None:
