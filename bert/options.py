@@ -13,7 +13,7 @@ fields carry `Field(description=...)`. `parse(cls, argv)` reads them the same wa
 - precedence: a flag given on the command line, else its env var, else the declared default;
 - a yes/no option is `--name` (true), `--name false|true`, and `--no-name` (false); env `1/0, true/false,
   yes/no, on/off`;
-- a list option takes comma-separated values;
+- a list option takes comma-separated values, and its flag may be repeated (the values add up);
 - `--help` lists every option with its help, its env var and its default;
 - an unknown flag, a bad value (from a flag or an env var) or a missing required option is one line on stderr,
   `error: ...`, and exit 2, never argparse's usage block.
@@ -270,7 +270,7 @@ def build_parser(
             target = groups[o.one_of]
         text = o.help
         if o.kind is list:
-            text += " (comma-separated)"
+            text += " (comma-separated, or the flag repeated)"
         if o.kind is bool and not o.name.startswith("no_"):  # --no-verify stays one flag, never --no-no-verify
             text += f"; --no-{o.flag[2:]}: false"
         text = (text + _default_text(o) + f" [env {o.env}]").replace("%", "%%")
@@ -295,6 +295,7 @@ def build_parser(
             o.flag,
             dest=o.name,
             type=typed,
+            action="extend" if o.kind is list else "store",
             default=argparse.SUPPRESS,
             metavar=o.metavar or ("{" + ",".join(map(str, o.choices)) + "}" if o.choices else o.name.upper()),
             help=text,

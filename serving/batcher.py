@@ -77,6 +77,7 @@ class Batcher:
         pad_to_multiple_of: int | None = None,
         metrics=None,
         name: str = "model",
+        labels: dict[str, str] | None = None,
     ):
         self.backend = backend
         self.max_batch_tokens = max_batch_tokens
@@ -87,6 +88,9 @@ class Batcher:
         self.workers = workers
         self.max_padding = max_padding  # most padding a batch may carry, as a share of its padded tokens
         self.name = name
+        # This queue's own series (bertserve_model_*{task, model}) beside the server's totals: one model's backlog
+        # and waits are told apart from another's.
+        self._own = metrics.for_model(**labels) if metrics is not None and labels is not None else None
         # The queue and the batches taken from it are shared by the loop (submit, stop) and the worker threads
         # (take, finish): every access holds the condition's lock. Futures are only ever touched on the loop.
         self.queue: list[Entry] = []
@@ -241,6 +245,8 @@ class Batcher:
         # inc/dec, not set: several batchers (one per model) share the gauge
         if self.metrics is not None and len(self.queue) != self._depth_reported:
             self.metrics.queue_depth.inc(len(self.queue) - self._depth_reported)
+            if self._own is not None:
+                self._own.queue_depth.set(len(self.queue))
             self._depth_reported = len(self.queue)
 
     # ---- back on the event loop ----------------------------------------------------------------
@@ -259,12 +265,16 @@ class Batcher:
             self.metrics.inference_duration.observe(elapsed)
             self.metrics.batch_size.observe(rows)
             self.metrics.batch_tokens.observe(rows * width)
+            if self._own is not None:
+                self._own.inference_duration.observe(elapsed)
         for entry, rows_of_entry in zip(batch, results):
             if entry.future.done():  # cancelled meanwhile, or failed by stop()
                 continue
             queue_s = started - entry.enqueued
             if self.metrics is not None:
                 self.metrics.queue_duration.observe(queue_s)
+                if self._own is not None:
+                    self._own.queue_duration.observe(queue_s)
             entry.future.set_result(SequenceResult(rows_of_entry, queue_s, elapsed, rows))
 
 

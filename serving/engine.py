@@ -1,15 +1,18 @@
 """The glue between routes and models: tokenise -> queue -> batch -> decode (on the event loop for small
 requests, in a codec thread otherwise).
 
-One ModelUnit per distinct model directory: its backend, tokenizer and its own batcher. A multi-task
-model serving several tasks is one unit, so a batch may mix classify, ner and qa sequences: one
-forward pass gives every head's output and each sequence takes the head its request asked for.
+One ModelUnit per served model (a directory under a name): its backend, tokenizer and its own batcher. A
+multi-task model serving several tasks under one name is one unit, so a batch may mix classify, ner and qa
+sequences: one forward pass gives every head's output and each sequence takes the head its request asked for.
+Several names for one directory (--classify-model a=DIR --classify-model b=DIR) share its backend, loaded once,
+but each has its own batcher: a queue of its own, so load on one model never queues in front of another's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +30,7 @@ from serving.backends.base import Backend
 from serving.backends.model_dir import ModelError, ModelSpec, read_model_spec, resolve_model_path
 from serving.batcher import Batcher, SequenceResult, Ticket
 from serving.errors import BackendFailure, NotFound, ServingError, refusal
-from serving.settings import DEMO_MODEL_DIR, Settings
+from serving.settings import DEMO_MODEL_DIR, NamedModel, Settings, default_model_name
 
 log = logging.getLogger("bertserve")
 # A request whose texts add up to more than this goes to the long lane (see Engine.__init__).
@@ -51,6 +54,25 @@ def version() -> str:
 
 class TaskNotServed(NotFound):
     """A task the registry knows but this server's models do not serve."""
+
+
+class ModelNotServed(NotFound):
+    """A request's "model" that is none of its task's models; the message lists them."""
+
+
+class _OneRunAtATime:
+    """A backend whose runs cannot overlap (concurrent_runs False), seen by one of the several batchers that share
+    it: every run holds the backend's one lock."""
+
+    def __init__(self, backend: Backend, lock: threading.Lock):
+        self._backend, self._lock = backend, lock
+
+    def run_sequences(self, sequences: list) -> list:
+        with self._lock:
+            return self._backend.run_sequences(sequences)
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
 
 
 @dataclass
@@ -77,6 +99,8 @@ class ModelUnit:
     max_length: int
     batcher: Batcher | None = None
     tasks: list[str] = field(default_factory=list)
+    name: str = ""  # what a request's "model" selects it by
+    named: bool = False  # the name was given (NAME=DIR), not taken from the directory
 
     def facts(self, task: str) -> ModelFacts:
         return ModelFacts(
@@ -97,7 +121,8 @@ class Engine:
         self.settings = settings
         self.metrics = metrics
         self.units: list[ModelUnit] = []
-        self.by_task: dict[str, ModelUnit] = {}
+        self.by_task: dict[str, ModelUnit] = {}  # task -> its default model (the first given)
+        self.models: dict[str, dict[str, ModelUnit]] = {}  # task -> name -> model, the default first
         self.verify: dict[str, ModelUnit] = {}  # task -> the exact model that re-answers its unsure items
         # Two lanes for tokenising and decoding: a request with long texts (QA contexts, big batches) waits
         # behind other long ones only, never in front of a one-line /classify. Work per request is bounded
@@ -107,45 +132,74 @@ class Engine:
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
-        """Resolve the model directory of every task and build one backend per distinct directory."""
+        """Resolve every task's models and build one backend per distinct directory, one unit per (directory,
+        name): the tasks one name gives one directory share that unit's batcher."""
         settings = self.settings
-        wanted = settings.model_paths()
+        wanted = settings.task_models()
         default = settings.model
-        if default is None and not any(wanted.values()):
+        if default is None and not wanted:
             if not DEMO_MODEL_DIR.is_dir():
                 raise ModelError(
                     "the built-in demo model is not in this build (serving/demo_model/, see the "
                     'README\'s "Demo model"); pass --model PATH'
                 )
             default = str(DEMO_MODEL_DIR)
-        paths: dict[Path, list[str]] = {}
+        # (directory, name) -> the tasks it was given for ([]: --model, every task it has that no flag names)
+        asked: dict[tuple[Path, str], tuple[NamedModel, list[str]]] = {}
         if default is not None:
-            paths[resolve_model_path(default)] = []
-        for task, name in wanted.items():
-            if name is not None:
-                paths.setdefault(resolve_model_path(name), []).append(task)
-        for path, explicit in paths.items():
-            unit = self._build_unit(path, explicit)
+            model = NamedModel(default_model_name(default), default, False)
+            asked[(resolve_model_path(default), model.name)] = (model, [])
+        for task, models in wanted.items():
+            for model in models:
+                asked.setdefault((resolve_model_path(model.source), model.name), (model, []))[1].append(task)
+        built: dict[Path, ModelUnit] = {}  # one backend per directory, whatever names it goes by
+        for (path, name), (model, explicit) in asked.items():
+            unit = self._build_unit(path, explicit, shared=built.get(path))
+            built.setdefault(path, unit)
+            unit.name, unit.named = name, model.named
             self.units.append(unit)
             # An explicit per-task model wins over --model for that task.
-            for task in explicit or unit.backend.tasks:
-                if task not in self.by_task or explicit:
-                    self.by_task[task] = unit
+            for task in explicit or [t for t in unit.backend.tasks if t not in wanted]:
+                self.models.setdefault(task, {})[name] = unit
+        self.models = {t: self.models[t] for t in TASKS if t in self.models}
+        self.by_task = {t: next(iter(models.values())) for t, models in self.models.items()}
+        self._check_shared_backends()
         for task in TASKS.values():
             name = getattr(settings, f"{task.name}_verify_model", None)  # a task with margins may have the flag
             if name is not None:
                 self.verify[task.name] = self._verify_unit(task, name, f"--{task.name.replace('_', '-')}-verify-model")
+                self.verify[task.name].name = f"{task.name}-verify"
                 self.units.append(self.verify[task.name])
         for unit in self.units:
-            unit.tasks = [t for t, u in self.by_task.items() if u is unit]
+            unit.tasks = [t for t, models in self.models.items() if unit in models.values()]
             quality = unit.spec.config.get("embedding_quality")
             vectors = [t for t in unit.tasks if TASKS[t].head is None]  # the tasks the encoder itself serves
             if vectors and isinstance(quality, dict) and quality.get("warning"):
                 log.warning("%s: %s: %s", unit.spec.path.name, ", ".join(vectors), quality["warning"])
-        log.info("serving %s", {t: str(u.spec.path) for t, u in self.by_task.items()})
+        log.info("serving %s", {t: {n: str(u.spec.path) for n, u in m.items()} for t, m in self.models.items()})
 
-    def _build_unit(self, path: Path, explicit: list[str]) -> ModelUnit:
+    def _check_shared_backends(self) -> None:
+        """Batchers sharing a backend whose runs cannot overlap take turns on it, through one lock."""
+        sharing: dict[int, list[ModelUnit]] = {}
+        for unit in self.units:
+            sharing.setdefault(id(unit.backend), []).append(unit)
+        for units in sharing.values():
+            if len(units) > 1 and not units[0].backend.concurrent_runs:
+                lock = threading.Lock()
+                for unit in units:
+                    unit.backend = _OneRunAtATime(unit.backend, lock)
+
+    def _build_unit(self, path: Path, explicit: list[str], shared: ModelUnit | None = None) -> ModelUnit:
+        """The unit of `path` for the tasks `explicit`; `shared`: the unit already built for that directory under
+        another name, whose spec, tokenizer and backend it shares (one load)."""
         settings = self.settings
+        if shared is not None:
+            missing = [t for t in explicit if t not in shared.backend.tasks]
+            if missing:
+                raise ModelError(
+                    f"{path} was given for {', '.join(missing)} but serves only {', '.join(shared.backend.tasks)}"
+                )
+            return ModelUnit(shared.spec, shared.backend, shared.tokenizer, shared.max_length)
         spec = read_model_spec(path)
         if not settings.allow_unverified:
             verify_artifact(spec)  # before the tokenizer or a backend reads any of its files
@@ -185,6 +239,11 @@ class Engine:
         served = self.by_task.get(task)
         if served is None:
             raise ModelError(f"{flag} {name}: this server does not serve {task}")
+        if len(self.models[task]) > 1:
+            raise ModelError(
+                f"{flag} {name}: {task} has several models ({', '.join(self.models[task])}); the exact model re-answers "
+                "the items of one"
+            )
         path = resolve_model_path(name)
         if path == served.spec.path:
             raise ModelError(
@@ -207,10 +266,17 @@ class Engine:
         return unit
 
     def warmup(self) -> None:
-        for unit in self.units:
+        for unit in self._backend_owners():  # a shared backend once
             started = time.monotonic()
             unit.backend.warmup(max_length=min(unit.max_length, 128), max_batch=self.max_batch_requests(unit))
             log.info("warmed up %s (%s) in %.2fs", unit.spec.path.name, unit.backend.name, time.monotonic() - started)
+
+    def _backend_owners(self) -> list[ModelUnit]:
+        """One unit per distinct backend (units sharing a directory share its backend)."""
+        owners: dict[int, ModelUnit] = {}
+        for unit in self.units:
+            owners.setdefault(id(getattr(unit.backend, "_backend", unit.backend)), unit)
+        return list(owners.values())
 
     def max_batch_requests(self, unit: ModelUnit) -> int:
         return min(x for x in (self.settings.effective_max_batch_requests, unit.backend.max_batch_size) if x)
@@ -226,7 +292,8 @@ class Engine:
                 max_padding=self.settings.effective_max_padding,
                 pad_to_multiple_of=unit.backend.pad_to_multiple_of,
                 metrics=self.metrics,
-                name=unit.spec.path.name,
+                name=unit.name or unit.spec.path.name,
+                labels={"task": "+".join(unit.tasks) or "verify", "model": unit.name},
             )
             unit.batcher.start()
 
@@ -234,6 +301,7 @@ class Engine:
         for unit in self.units:
             if unit.batcher is not None:
                 await unit.batcher.stop()
+        for unit in self._backend_owners():  # a shared backend once
             unit.backend.close()
         self._light_lane.shutdown(wait=False, cancel_futures=True)
         self._heavy_lane.shutdown(wait=False, cancel_futures=True)
@@ -259,10 +327,31 @@ class Engine:
     def max_input_length(self) -> int:
         return min(u.max_length for u in self.units)
 
-    def dimensions(self, task: str) -> int | None:
-        """The width of the encoder's vectors in the model serving `task` (None: not served)."""
-        unit = self.by_task.get(task)
+    def dimensions(self, task: str, model: str | None = None) -> int | None:
+        """The width of the encoder's vectors in the model serving `task` (`model`: the one of that name; None:
+        the default, or nothing served)."""
+        unit = self.by_task.get(task) if model is None else self.models.get(task, {}).get(model)
         return unit.dimensions if unit else None
+
+    def models_info(self) -> dict[str, list[dict]]:
+        """Per task, its models in order (the first is the default): name, directory, and labels where the task
+        has them."""
+        return {
+            task: [
+                {
+                    "name": name,
+                    "path": str(unit.spec.path),
+                    **({"labels": self._labels_of(unit, task)} if TASKS[task].labelled else {}),
+                }
+                for name, unit in models.items()
+            ]
+            for task, models in self.models.items()
+        }
+
+    @staticmethod
+    def _labels_of(unit: ModelUnit, task: str) -> list[str]:
+        labels = unit.spec.labels.get(task, {})
+        return [labels[i] for i in sorted(labels)]
 
     def embedding_info(self) -> dict | None:
         """What the encoder's pooled vectors are, in the model that serves the tasks without a head of their own
@@ -301,11 +390,26 @@ class Engine:
         }
 
     # ---- helpers --------------------------------------------------------------------------
-    def _unit(self, task: str) -> ModelUnit:
+    def _unit(self, task: str, model: str | None = None) -> ModelUnit:
+        """The model serving `task` that a request's "model" names (None: the task's default). A task served by one
+        model given without a name (a plain DIR, or --model) answers whatever name a request sends, as a server
+        of one model always has (OpenAI's clients must send one); once a task has a named model or several,
+        the name must be one of them."""
         unit = self.by_task.get(task)
         if unit is None:
             raise TaskNotServed(f"this server does not serve {task}; it serves {', '.join(self.tasks)}")
-        return unit
+        if model is None:
+            return unit
+        models = self.models[task]
+        if model in models:
+            return models[model]
+        if len(models) == 1 and not unit.named:
+            return unit
+        raise ModelNotServed(f"model {model!r} is not served for {task}; its models: {', '.join(models)}")
+
+    def model_unit(self, task: str, model: str | None = None) -> ModelUnit:
+        """The model a request for `task` naming `model` runs on (ModelNotServed, a 404, when there is none)."""
+        return self._unit(task, model)
 
     def _lane(self, task: Task, chars: int, options: dict) -> ThreadPoolExecutor | None:
         """Where a request's tokenising and decoding run, by its task and text size `chars`: None (on the
@@ -356,10 +460,13 @@ class Engine:
             qa_max_question_length=self.settings.qa_max_question_length,
         )
 
-    async def infer(self, task: Task, items: list, options: dict, *, ticket: Ticket, timing: Timing) -> list:
+    async def infer(
+        self, task: Task, items: list, options: dict, *, ticket: Ticket, timing: Timing, model: str | None = None
+    ) -> list:
         """items (texts, pairs or QA items) -> one answer per item: the task's codec encodes them (in the
-        request's lane), the unit's batcher runs their sequences, the codec decodes the outputs."""
-        unit = self._unit(task.name)
+        request's lane), the batcher of the model `model` names (None: the task's default) runs their sequences,
+        the codec decodes the outputs."""
+        unit = self._unit(task.name, model)
         lane = self._lane(task, task.request_chars(items, options), options)
         limits = self.limits(unit)
         features = await self._codec(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from bert.tasks import registry
@@ -39,11 +41,38 @@ class Metrics:
             "bertserve_batch_tokens", "padded tokens per batch (length x sequences)", buckets=_TOKEN_BUCKETS, registry=r
         )
         self.queue_depth = Gauge("bertserve_queue_depth", "sequences waiting for a batch", registry=r)
+        # Per served model (a queue of its own, serving/engine.py), labelled by its tasks and name: the series above
+        # are the server's totals, as before.
+        self.model_queue_depth = Gauge(
+            "bertserve_model_queue_depth", "sequences waiting for a batch, per model", ["task", "model"], registry=r
+        )
+        self.model_queue_duration = Histogram(
+            "bertserve_model_queue_duration_seconds",
+            "time a sequence waits in its model's queue before its batch runs",
+            ["task", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.model_inference_duration = Histogram(
+            "bertserve_model_inference_duration_seconds",
+            "model time per batch, per model",
+            ["task", "model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.build_info = Gauge(
             "bertserve_build_info",
             "what this server runs (value is always 1)",
             ["model", "backend", "precision"],
             registry=r,
+        )
+
+    def for_model(self, *, task: str, model: str) -> SimpleNamespace:
+        """One model's own series (queue_depth, queue_duration, inference_duration)."""
+        return SimpleNamespace(
+            queue_depth=self.model_queue_depth.labels(task, model),
+            queue_duration=self.model_queue_duration.labels(task, model),
+            inference_duration=self.model_inference_duration.labels(task, model),
         )
 
     @staticmethod

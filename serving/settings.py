@@ -6,12 +6,14 @@ as every command reads its options (flag > env var > default), so the two never 
 
 from __future__ import annotations
 
+import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field, create_model, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bert.tasks import registry
 from bert.tasks.base import Task
@@ -206,9 +208,11 @@ class _Settings(BaseSettings):
         return self
 
     # ------------------------------------------------------------------ derived
-    def model_paths(self) -> dict[str, str | None]:
-        """Task -> the model asked for it (None: whatever --model / the demo model offers)."""
-        return {task: getattr(self, f"{task}_model", None) for task in registry.names()}  # None: no flag
+    def task_models(self) -> dict[str, list["NamedModel"]]:
+        """Task -> the models asked for it with --TASK-model, in the order given (the first is the default);
+        a task without the flag is missing (whatever --model / the demo model offers serves it)."""
+        wanted = {task: parse_models(getattr(self, f"{task}_model", None) or []) for task in registry.names()}
+        return {task: models for task, models in wanted.items() if models}
 
     @property
     def qa_window_capacity(self) -> int:
@@ -244,14 +248,81 @@ class _Settings(BaseSettings):
         return self.precision or ("fp16" if self.device == "cuda" else "fp32")
 
 
+# A model's name in `--TASK-model NAME=DIR`: what requests send as "model" (OpenAI's names have dots, colons and
+# slashes: "text-embedding-3-small", "org/name").
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}")
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """One --TASK-model value: the name requests select it by, the directory (or store name, or Hub id) to load,
+    and whether the name was given (NAME=DIR) or taken from the directory (a plain DIR)."""
+
+    name: str
+    source: str
+    named: bool
+
+
+def default_model_name(source: str) -> str:
+    """The name of a model given without one: a local directory's own name, else the store name or Hub id
+    without its @revision."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path.resolve().name
+    return source.split("@", 1)[0].rstrip("/") or source
+
+
+def parse_models(values: list[str]) -> list[NamedModel]:
+    """--TASK-model values: `NAME=DIR` or a plain `DIR` (named by default_model_name); a whole value that is an
+    existing directory is a plain DIR even with an "=" in it. ValueError, one line: a bad name, an empty DIR, a
+    name given twice."""
+    models: list[NamedModel] = []
+    for value in values:
+        name, sep, source = value.partition("=")
+        if not sep or Path(value).expanduser().is_dir():
+            models.append(NamedModel(default_model_name(value), value, False))
+            continue
+        if not MODEL_NAME.fullmatch(name):
+            raise ValueError(
+                f"{value!r}: NAME=DIR needs a name of letters, digits and . _ : / + - (starting with a letter or "
+                f"digit), got {name!r}"
+            )
+        if not source.strip():
+            raise ValueError(f"{value!r}: NAME=DIR needs a directory after the '='")
+        models.append(NamedModel(name, source, True))
+    names = [m.name for m in models]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        unnamed = any(not m.named for m in models if m.name in twice)
+        raise ValueError(
+            f"the model name {', '.join(map(repr, twice))} is given twice"
+            + ("; name each model with NAME=DIR" if unnamed else "")
+        )
+    return models
+
+
+def _models_field(value):
+    """--TASK-model from a flag (a list), an env var or a caller (a str: comma-separated), checked at startup."""
+    if value is None:
+        return []
+    values = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)
+    parse_models(values)
+    return values
+
+
 def _task_fields(task) -> dict:
     """The server's options for one task, from the task's declarations: --TASK-model, its serve_options
     (--qa-max-length), and --TASK-verify-model / --TASK-verify-margin for a task with margins."""
     routes = " and ".join(r.path for r in task.routes)
     fields = {
         f"{task.name}_model": (
-            Optional[str],
-            Field(None, description=f"model for {routes} (overrides --model for that task)"),
+            Annotated[list[str], NoDecode],
+            Field(
+                default_factory=list,
+                description=f"model for {routes} (overrides --model for that task): DIR, or NAME=DIR, repeated for "
+                f'several models in one server; a request picks one with "model": NAME, the first is the '
+                'default; a plain DIR is named after its directory (docs/serving.md, "Several models per task")',
+            ),
         )
     }
     for o in task.serve_options:
@@ -290,6 +361,11 @@ Settings = create_model(
     "Settings",
     __base__=_Settings,
     __module__=__name__,
+    __validators__={
+        "_task_models": field_validator(*(f"{name}_model" for name in registry.names()), mode="before")(
+            classmethod(lambda cls, value: _models_field(value))
+        )
+    },
     **{name: field for task in registry.TASKS.values() for name, field in _task_fields(task).items()},
 )
 Settings.__doc__ = "The server's settings: the fields above, plus each registered task's own (_task_fields)."

@@ -116,6 +116,13 @@ def _batched(path: str, bodies: list[dict], parse_one: Callable[[Any], Any]) -> 
     return Plan([Call("POST", path, body) for body in bodies], assemble)
 
 
+def _model(model: str | None) -> dict:
+    """The body's "model" (which of the task's models answers; /info lists them), sent only when chosen."""
+    if model is not None and not isinstance(model, str):
+        raise TypeError(f"model must be a str, not {type(model).__name__}")
+    return {} if model is None else {"model": model}
+
+
 def is_many(inputs: Any) -> bool:
     if isinstance(inputs, str):
         return False
@@ -124,8 +131,10 @@ def is_many(inputs: Any) -> bool:
     raise TypeError(f"inputs must be a str or a list, not {type(inputs).__name__}")
 
 
-def plan_classify(inputs: ClassifyInput, *, top_k: int, truncate: bool, batch_limit: int | None) -> Plan:
-    options = {"top_k": top_k, "truncate": truncate}
+def plan_classify(
+    inputs: ClassifyInput, *, top_k: int, truncate: bool, batch_limit: int | None, model: str | None = None
+) -> Plan:
+    options = {"top_k": top_k, "truncate": truncate, **_model(model)}
     if not is_many(inputs):
         return Plan([Call("POST", "/classify", {"inputs": inputs, **options})], lambda a: _parse_list(Label, a[0]))
     # A text pair is sent as a two-item list, whatever sequence the caller used.
@@ -140,11 +149,17 @@ def _set(**options: Any) -> dict:
 
 
 def plan_ner(
-    inputs: NerInput, *, aggregation: str, truncate: bool, batch_limit: int | None, stride: int | None = None
+    inputs: NerInput,
+    *,
+    aggregation: str,
+    truncate: bool,
+    batch_limit: int | None,
+    stride: int | None = None,
+    model: str | None = None,
 ) -> Plan:
     if aggregation not in NER_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {NER_AGGREGATIONS}, not {aggregation!r}")
-    options = {"aggregation": aggregation, "truncate": truncate, **_set(stride=stride)}
+    options = {"aggregation": aggregation, "truncate": truncate, **_set(stride=stride), **_model(model)}
     if not is_many(inputs):
         return Plan([Call("POST", "/ner", {"inputs": inputs, **options})], lambda a: _parse_list(Entity, a[0]))
     bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
@@ -165,9 +180,15 @@ def plan_embed(
     batch_limit: int | None,
     chunking: str | None = None,
     dimensions: int | None = None,
+    model: str | None = None,
 ) -> Plan:
     """/embed answers a list of vectors even for one text; the SDK gives one vector for one text."""
-    options = {"normalize": normalize, "truncate": truncate, **_set(chunking=chunking, dimensions=dimensions)}
+    options = {
+        "normalize": normalize,
+        "truncate": truncate,
+        **_set(chunking=chunking, dimensions=dimensions),
+        **_model(model),
+    }
     if not is_many(inputs):
 
         def one(answers: list[Any]) -> list[float]:
@@ -211,8 +232,9 @@ def plan_qa(
     max_answer_len: int,
     doc_stride: int | None,
     batch_limit: int | None,
+    model: str | None = None,
 ) -> Plan:
-    options = {"top_k": top_k, "max_answer_len": max_answer_len}
+    options = {"top_k": top_k, "max_answer_len": max_answer_len, **_model(model)}
     if doc_stride is not None:  # else the server's default (128, or less for narrow windows)
         options["doc_stride"] = doc_stride
     if isinstance(question, str):
@@ -229,7 +251,14 @@ def plan_qa(
 
 
 def plan_rerank(
-    query: str, texts: Sequence[str], *, raw_scores: bool, truncate: bool, return_text: bool, batch_limit: int | None
+    query: str,
+    texts: Sequence[str],
+    *,
+    raw_scores: bool,
+    truncate: bool,
+    return_text: bool,
+    batch_limit: int | None,
+    model: str | None = None,
 ) -> Plan:
     """/rerank, in as many requests as the server's per-request limit needs; a pair's score does not depend on
     the other texts, so the chunks' rankings merge into the one ranking a single request would give."""
@@ -240,7 +269,14 @@ def plan_rerank(
     texts = list(texts)
     chunks = _chunks(texts, batch_limit)
     bodies = [
-        {"query": query, "texts": chunk, "raw_scores": raw_scores, "truncate": truncate, "return_text": return_text}
+        {
+            "query": query,
+            "texts": chunk,
+            "raw_scores": raw_scores,
+            "truncate": truncate,
+            "return_text": return_text,
+            **_model(model),
+        }
         for chunk in chunks
     ]
 
@@ -263,8 +299,10 @@ def _candidates(data: Any) -> list[list[MaskCandidate]]:
     return [_parse_list(MaskCandidate, mask) for mask in data]
 
 
-def plan_fill_mask(inputs: FillMaskInput, *, top_k: int, truncate: bool, batch_limit: int | None) -> Plan:
-    options = {"top_k": top_k, "truncate": truncate}
+def plan_fill_mask(
+    inputs: FillMaskInput, *, top_k: int, truncate: bool, batch_limit: int | None, model: str | None = None
+) -> Plan:
+    options = {"top_k": top_k, "truncate": truncate, **_model(model)}
     if not is_many(inputs):
         return Plan([Call("POST", "/fill-mask", {"inputs": inputs, **options})], lambda a: _candidates(a[0]))
     bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
@@ -279,6 +317,7 @@ def plan_zero_shot(
     multi_label: bool,
     truncate: bool,
     batch_limit: int | None,
+    model: str | None = None,
 ) -> Plan:
     labels = candidate_labels if isinstance(candidate_labels, str) else list(candidate_labels)
     options = {
@@ -286,6 +325,7 @@ def plan_zero_shot(
         "hypothesis_template": hypothesis_template,
         "multi_label": multi_label,
         "truncate": truncate,
+        **_model(model),
     }
     parse = lambda data: _parse(ZeroShotResult, data)  # noqa: E731
     if not is_many(inputs):
@@ -300,21 +340,31 @@ def plan_zero_shot(
 
 class Endpoints:
     """The inference calls. Each plans its requests and returns `self._run(planned)`: the result for
-    `Client`, a coroutine for `AsyncClient` (whose methods are these, awaited)."""
+    `Client`, a coroutine for `AsyncClient` (whose methods are these, awaited). `model=NAME` picks which of the
+    task's models answers (`info().models` lists them; default: the server's first)."""
 
     def _run(self, planned: Planned) -> Any:
         raise NotImplementedError
 
     def classify(
-        self, inputs: ClassifyInput, *, top_k: int = 1, truncate: bool = False
+        self, inputs: ClassifyInput, *, top_k: int = 1, truncate: bool = False, model: str | None = None
     ) -> list[Label] | list[list[Label]]:
         """Labels for one text (a list of Label) or for many texts or [text, text_pair] pairs (a list per input)."""
         return self._run(
-            Planned(inputs, lambda limit: plan_classify(inputs, top_k=top_k, truncate=truncate, batch_limit=limit))
+            Planned(
+                inputs,
+                lambda limit: plan_classify(inputs, top_k=top_k, truncate=truncate, batch_limit=limit, model=model),
+            )
         )
 
     def ner(
-        self, inputs: NerInput, *, aggregation: str = "first", truncate: bool = False, stride: int | None = None
+        self,
+        inputs: NerInput,
+        *,
+        aggregation: str = "first",
+        truncate: bool = False,
+        stride: int | None = None,
+        model: str | None = None,
     ) -> list[Entity] | list[list[Entity]]:
         """Entities of one text (a list of Entity) or of many texts (a list per input). A text longer than the
         model's window is read in windows sharing `stride` tokens (the server's default when None), its entities
@@ -323,7 +373,7 @@ class Endpoints:
             Planned(
                 inputs,
                 lambda limit: plan_ner(
-                    inputs, aggregation=aggregation, truncate=truncate, batch_limit=limit, stride=stride
+                    inputs, aggregation=aggregation, truncate=truncate, batch_limit=limit, stride=stride, model=model
                 ),
             )
         )
@@ -336,6 +386,7 @@ class Endpoints:
         truncate: bool = False,
         chunking: str | None = None,
         dimensions: int | None = None,
+        model: str | None = None,
     ) -> list[float] | list[list[float]]:
         """The vector of one text (a list of floats), or of many texts (one vector per input), unit length
         unless `normalize=False`. `chunking="mean"`: a text longer than the model's window is the token-weighted
@@ -350,6 +401,7 @@ class Endpoints:
                     batch_limit=limit,
                     chunking=chunking,
                     dimensions=dimensions,
+                    model=model,
                 ),
             )
         )
@@ -362,6 +414,7 @@ class Endpoints:
         top_k: int = 1,
         max_answer_len: int = 30,
         doc_stride: int | None = None,
+        model: str | None = None,
     ) -> Answer | list[Answer] | list[Answer | list[Answer]]:
         """`qa(question, context)` gives an Answer (a list of top_k Answers when top_k > 1);
         `qa([(question, context), ...])` gives one of those per item."""
@@ -375,6 +428,7 @@ class Endpoints:
                     max_answer_len=max_answer_len,
                     doc_stride=doc_stride,
                     batch_limit=limit,
+                    model=model,
                 ),
             )
         )
@@ -387,6 +441,7 @@ class Endpoints:
         raw_scores: bool = False,
         truncate: bool = False,
         return_text: bool = False,
+        model: str | None = None,
     ) -> list[Ranked]:
         """`texts` ranked by relevance to `query`, best first: one Ranked (index into `texts`, score, and the
         text with `return_text`) per text. Scores are the cross-encoder's sigmoid, or its logit with `raw_scores`;
@@ -395,18 +450,27 @@ class Endpoints:
             Planned(
                 texts,
                 lambda limit: plan_rerank(
-                    query, texts, raw_scores=raw_scores, truncate=truncate, return_text=return_text, batch_limit=limit
+                    query,
+                    texts,
+                    raw_scores=raw_scores,
+                    truncate=truncate,
+                    return_text=return_text,
+                    batch_limit=limit,
+                    model=model,
                 ),
             )
         )
 
     def fill_mask(
-        self, inputs: FillMaskInput, *, top_k: int = 5, truncate: bool = False
+        self, inputs: FillMaskInput, *, top_k: int = 5, truncate: bool = False, model: str | None = None
     ) -> list[list[MaskCandidate]] | list[list[list[MaskCandidate]]]:
         """For a text, one list of candidates per [MASK] in it, best first (transformers' fill-mask fields); for
         a list of texts, that per text."""
         return self._run(
-            Planned(inputs, lambda limit: plan_fill_mask(inputs, top_k=top_k, truncate=truncate, batch_limit=limit))
+            Planned(
+                inputs,
+                lambda limit: plan_fill_mask(inputs, top_k=top_k, truncate=truncate, batch_limit=limit, model=model),
+            )
         )
 
     def zero_shot(
@@ -417,6 +481,7 @@ class Endpoints:
         hypothesis_template: str = "This example is {}.",
         multi_label: bool = False,
         truncate: bool = False,
+        model: str | None = None,
     ) -> ZeroShotResult | list[ZeroShotResult]:
         """The candidate labels of one text best first, with their scores (a ZeroShotResult), or one per text of
         a list: the served NLI model weighs each label, put into `hypothesis_template`, against the text.
@@ -432,6 +497,7 @@ class Endpoints:
                     multi_label=multi_label,
                     truncate=truncate,
                     batch_limit=limit,
+                    model=model,
                 ),
             )
         )

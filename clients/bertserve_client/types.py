@@ -83,6 +83,14 @@ class QAInput(BaseModel):
     context: str
 
 
+class ServedModel(_Result):
+    """One of a task's models in /info: the name a call's `model=` picks it by, its directory, its labels."""
+
+    name: str
+    path: str | None = None
+    labels: list[str] | None = None
+
+
 class Info(_Result):
     """GET /info. Every field is optional so that a server reporting less still parses."""
 
@@ -95,6 +103,11 @@ class Info(_Result):
     max_input_length: int | None = None
     max_client_batch_size: int | None = None
     version: str | None = None
+    models: dict[str, list[ServedModel]] = {}  # per task, its models in order: the first is the default
+
+    def model_names(self, task: str) -> list[str]:
+        """The names `model=` takes for `task` (the first is the default); [] for a task not served."""
+        return [m.name for m in self.models.get(task, [])]
 
     @property
     def client_batch_limit(self) -> int | None:

@@ -55,7 +55,7 @@ router = APIRouter()
 _ERRORS = {
     400: {"model": ErrorBody, "description": "empty inputs"},
     401: {"model": ErrorBody, "description": "missing or wrong API key"},
-    404: {"model": ErrorBody, "description": "the server does not serve this task"},
+    404: {"model": ErrorBody, "description": "the server does not serve this task, or no model of that name"},
     408: {"model": ErrorBody, "description": "the body did not arrive within body_timeout_s"},
     413: {"model": ErrorBody, "description": "too many inputs or body too large"},
     422: {"model": ErrorBody, "description": "invalid request (the field is named) or input too long"},
@@ -122,22 +122,34 @@ async def _answer(request: Request, work) -> Response:
 class RouteInfo:
     """What a task's route may know of the server when it checks a body and shapes its answers
     (bert.tasks.base.Route): the served model's name, the width of its encoder's vectors, and the request's
-    input tokens (0 until its sequences have run)."""
+    input tokens (0 until its sequences have run). `model`: the request's "model" (None: the task's default)."""
 
-    def __init__(self, engine, task: Task, timing: Timing):
-        self._engine, self._task, self._timing = engine, task, timing
+    def __init__(self, engine, task: Task, timing: Timing, model: str | None = None):
+        self._engine, self._task, self._timing, self._model = engine, task, timing, model
 
     @property
     def model_name(self) -> str:
-        return self._engine.model_name
+        unit = self._engine.model_unit(self._task.name, self._model)
+        # A task of several models, or of a named one, answers with the name of the model that ran.
+        return unit.name if len(self._engine.models[self._task.name]) > 1 or unit.named else self._engine.model_name
 
     @property
     def embedding_dimensions(self) -> int | None:
-        return self._engine.dimensions(self._task.name)
+        return self._engine.model_unit(self._task.name, self._model).dimensions
 
     @property
     def tokens(self) -> int:
         return self._timing.tokens
+
+
+def requested_model(body) -> str | None:
+    """The body's "model" (ours, or OpenAI's); a list body's items must agree on it."""
+    names = {getattr(item, "model", None) for item in (body if isinstance(body, list) else [body])}
+    if len(names) > 1:
+        raise ValueError(
+            f"model: the items of one request name different models ({', '.join(sorted(map(str, names)))})"
+        )
+    return names.pop() if names else None  # an empty list is refused as empty, further on
 
 
 def count_items(items: list, limit: int, field: str = "inputs") -> None:
@@ -167,16 +179,19 @@ def _endpoint(task: Task, route: Route):
     async def endpoint(body, request: Request):
         engine, settings = request.app.state.engine, request.app.state.settings
         try:
+            model = requested_model(body)
+            engine.model_unit(task.name, model)  # an unknown name is a 404 before any other check
             items, options = route.to_items(body)
+            options.pop("model", None)  # chosen here, not a codec option
             count_items(items, settings.max_client_batch_size, route.batch_field)
             if route.check is not None:
-                route.check(body, RouteInfo(engine, task, Timing()))
+                route.check(body, RouteInfo(engine, task, Timing(), model))
         except (ValueError, TypeError) as e:  # a refusal (EmptyInput, TooManyInputs, a field named): the table's
             raise refusal(e) from None
 
         async def work(ticket, timing):
-            answers = await engine.infer(task, items, options, ticket=ticket, timing=timing)
-            return route.shape(answers, body, RouteInfo(engine, task, timing))
+            answers = await engine.infer(task, items, options, ticket=ticket, timing=timing, model=model)
+            return route.shape(answers, body, RouteInfo(engine, task, timing, model))
 
         return await _answer(request, work)
 
@@ -230,7 +245,8 @@ async def ready(request: Request):
 
 @router.get("/info", response_model=Info, tags=["status"], responses={401: {"model": ErrorBody}})
 async def info(request: Request):
-    """The model, its tasks and labels, the backend and the batching limits."""
+    """The model, its tasks and labels, each task's models (the first is the default), the backend and the batching
+    limits."""
     engine, settings = request.app.state.engine, request.app.state.settings
     return Info(
         model=engine.model_name,
@@ -247,6 +263,7 @@ async def info(request: Request):
         labels=engine.labels(),
         embedding=engine.embedding_info(),
         verify=engine.verify_info(),
+        models=engine.models_info(),
     )
 
 

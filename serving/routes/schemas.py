@@ -22,12 +22,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from bert.tasks import registry
 
 TextPair = Annotated[list[str], Field(min_length=2, max_length=2, description="[text, text_pair]")]
+MODEL_FIELD_HELP = (
+    "which of the task's models answers (a name /info lists under models; default: the first); an unknown name "
+    "is a 404 listing them"
+)
 
 
 class _Body(BaseModel):
     # A misspelt option is an error, not silently ignored; and types are strict: "truncate": "yes",
     # "top_k": "2" or "doc_stride": false are mistakes to name, not values to coerce.
     model_config = ConfigDict(extra="forbid", strict=True)
+    model: Optional[str] = Field(None, description=MODEL_FIELD_HELP)
 
 
 class ClassifyRequest(_Body):
@@ -132,7 +137,7 @@ class OpenAIEmbeddingRequest(BaseModel):
         description="a text or a list of texts (token arrays are not taken)",
         examples=["What is the capital of France?"],
     )
-    model: Optional[str] = Field(None, description="echoed back; the server embeds with the model it serves")
+    model: Optional[str] = Field(None, description=MODEL_FIELD_HELP)
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: lists of numbers; base64: little-endian float32 bytes, base64-encoded"
     )
@@ -234,7 +239,7 @@ class V1RerankRequest(_Body):
     )
     query: str = Field(..., examples=["What is the capital of France?"])
     documents: list[str] = Field(..., examples=[["Paris is the capital of France.", "Berlin is in Germany."]])
-    model: Optional[str] = Field(None, description="echoed back; the server ranks with the model it serves")
+    model: Optional[str] = Field(None, description=MODEL_FIELD_HELP)
     top_n: Optional[int] = Field(None, ge=1, description="return only the best N (default: all)")
     return_documents: bool = Field(False, description="echo each document beside its score")
     truncate: bool = Field(
@@ -348,6 +353,11 @@ class Info(BaseModel):
     verify: dict[str, dict] = Field(
         default_factory=dict,
         description="per task, the exact model that answers its unsure items again, and the margin",
+    )
+    models: dict[str, list[dict]] = Field(
+        default_factory=dict,
+        description='per task, its models in order, the first the default: {name, path, labels?}; a request\'s "model" '
+        "picks one by name",
     )
 
 

@@ -1,0 +1,250 @@
+"""Several models per task in one server (--TASK-model NAME=DIR, repeated): three classifiers and two embedding
+models in one server answer each request as a server holding that model alone does; a request's "model" picks
+one (the first by default); an unknown name is a JSON 404 that lists the names; a directory given under two names
+is loaded once; bad or duplicate names stop the server at startup with one line."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+from test_serving_support import TEXTS, Server, build_checkpoint
+
+CLASSIFIERS = ("sentiment", "topic", "toxicity")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("multimodel")
+    return {name: build_checkpoint(root / name, "classify", seed=seed) for seed, name in enumerate(CLASSIFIERS)}
+
+
+@pytest.fixture(scope="module")
+def servers(checkpoints, minilm_dir):
+    """One server holding all five models, and one per model holding it alone (all started at once)."""
+    alone_args = {
+        ("classify", "sentiment"): ("--model", str(checkpoints["sentiment"])),  # its classify and embed ("tiny")
+        ("classify", "topic"): ("--classify-model", str(checkpoints["topic"])),
+        ("classify", "toxicity"): ("--classify-model", str(checkpoints["toxicity"])),
+        ("embed", "minilm"): ("--embed-model", str(minilm_dir)),
+    }
+    together = [
+        *[a for name, path in checkpoints.items() for a in ("--classify-model", f"{name}={path}")],
+        *("--embed-model", f"minilm={minilm_dir}", "--embed-model", f"tiny={checkpoints['sentiment']}"),
+    ]
+    started = {"together": Server(*together), **{key: Server(*args) for key, args in alone_args.items()}}
+    try:
+        for server in started.values():
+            server.wait_ready(120)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def _post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=60)
+
+
+def _labels(answer: list) -> list:
+    return [[(x["label"], x["score"]) for x in per_text] for per_text in answer]
+
+
+def test_each_model_answers_as_a_server_holding_it_alone(servers):
+    together = servers["together"].url
+    by_model = {}
+    for name in CLASSIFIERS:
+        body = {"inputs": TEXTS, "top_k": None}
+        mine = _post(together, "/classify", {**body, "model": name})
+        alone = _post(servers[("classify", name)].url, "/classify", body)
+        assert mine.status_code == alone.status_code == 200, mine.text
+        got, want = _labels(mine.json()), _labels(alone.json())
+        assert [[label for label, _ in x] for x in got] == [[label for label, _ in x] for x in want]
+        np.testing.assert_allclose([[s for _, s in x] for x in got], [[s for _, s in x] for x in want], atol=1e-6)
+        by_model[name] = got
+    assert len({json.dumps(v) for v in by_model.values()}) == 3  # three different models, three different answers
+    default = _post(together, "/classify", {"inputs": TEXTS, "top_k": None})
+    assert _labels(default.json()) == by_model["sentiment"]  # no "model": the first given
+
+    for name in ("minilm", "tiny"):
+        mine = np.asarray(_post(together, "/embed", {"inputs": TEXTS, "model": name}).json())
+        server = servers[("embed", "minilm") if name == "minilm" else ("classify", "sentiment")]
+        alone = np.asarray(_post(server.url, "/embed", {"inputs": TEXTS}).json())
+        assert mine.shape == alone.shape
+        np.testing.assert_allclose(mine, alone, atol=1e-6)
+        openai = _post(together, "/v1/embeddings", {"input": TEXTS[:2], "model": name, "encoding_format": "float"})
+        assert openai.status_code == 200 and openai.json()["model"] == name
+        np.testing.assert_allclose([d["embedding"] for d in openai.json()["data"]], alone[:2], atol=1e-6)
+    assert mine.shape[1] == 32  # tiny: the last one; minilm's were 384 wide
+
+
+def test_an_unknown_model_is_a_json_404_listing_the_names(servers):
+    together = servers["together"].url
+    for path, body in (
+        ("/classify", {"inputs": "fine", "model": "nope"}),
+        ("/embed", {"inputs": "fine", "model": "sentiment"}),  # a classifier's name, not an embedding model's
+        ("/v1/embeddings", {"input": "fine", "model": "text-embedding-3-small"}),
+    ):
+        response = _post(together, path, body)
+        assert response.status_code == 404, (path, response.text)
+        error = response.json()
+        assert error["error_type"] == "not_found" and repr(body["model"]) in error["error"], error
+        names = CLASSIFIERS if path == "/classify" else ("minilm", "tiny")
+        assert all(name in error["error"] for name in names), error
+    # One model given without a name answers whatever a request names, as before (OpenAI's clients send one).
+    alone = _post(servers[("embed", "minilm")].url, "/v1/embeddings", {"input": "fine", "model": "anything"})
+    assert alone.status_code == 200 and alone.json()["model"] == "anything"
+
+
+def test_info_the_sdk_and_metrics_name_each_model(servers, checkpoints):
+    from bertserve_client import Client, NotFoundError
+
+    together = servers["together"].url
+    info = httpx.get(together + "/info").json()
+    assert [m["name"] for m in info["models"]["classify"]] == list(CLASSIFIERS)
+    assert [m["name"] for m in info["models"]["embed"]] == ["minilm", "tiny"]
+    assert info["models"]["classify"][1]["labels"] == ["negative", "positive"]
+    with Client(together, max_retries=0) as client:
+        assert client.info().model_names("classify") == list(CLASSIFIERS)
+        direct = _post(together, "/classify", {"inputs": TEXTS[:3], "model": "topic", "top_k": None}).json()
+        through_sdk = client.classify(TEXTS[:3], model="topic", top_k=None)
+        assert [[(x.label, x.score) for x in per_text] for per_text in through_sdk] == _labels(direct)
+        assert len(client.embed("fine", model="minilm")) == 384 and len(client.embed("fine", model="tiny")) == 32
+        with pytest.raises(NotFoundError, match="sentiment, topic, toxicity"):
+            client.classify("fine", model="nope")
+    metrics = httpx.get(together + "/metrics").text
+    for name in CLASSIFIERS:
+        assert f'bertserve_model_queue_duration_seconds_count{{model="{name}",task="classify"}}' in metrics, name
+    assert 'bertserve_model_queue_depth{model="tiny",task="embed"}' in metrics
+
+
+def test_a_directory_under_two_names_is_loaded_once_with_a_queue_each(checkpoints):
+    from serving.engine import Engine
+    from serving.metrics import Metrics
+    from serving.settings import Settings
+
+    path = str(checkpoints["topic"])
+    engine = Engine(
+        Settings(classify_model=[f"a={path}", f"b={path}"], embed_model=[f"a={path}"], threads=1), Metrics()
+    )
+    engine.load()
+    a, b = engine.models["classify"]["a"], engine.models["classify"]["b"]
+    assert a is not b and a.backend is b.backend and a.tokenizer is b.tokenizer
+    assert engine.models["embed"]["a"] is a  # one name, one directory, several tasks: one model
+    assert len(engine._backend_owners()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--classify-model", "a={0}", "--classify-model", "a={1}"], {}, "the model name 'a' is given twice"),
+        (["--classify-model", "{0}", "--classify-model", "{0}"], {}, "name each model with NAME=DIR"),
+        (["--classify-model", "=x"], {}, "NAME=DIR needs a name"),
+        (["--classify-model", "bad name={0}"], {}, "got 'bad name'"),
+        ([], {"BERTSERVE_EMBED_MODEL": "m={0},m={1}"}, "BERTSERVE_EMBED_MODEL: the model name 'm' is given twice"),
+        (["--ner-model", "a="], {}, "needs a directory after the '='"),
+    ],
+)
+def test_bad_model_flags_are_one_line_and_exit_2(argv, env, message, checkpoints, capsys, monkeypatch):
+    from serving.__main__ import main
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.format(checkpoints["sentiment"], checkpoints["topic"]))
+    argv = [a.format(checkpoints["sentiment"], checkpoints["topic"]) for a in argv]
+    code = main([*argv, "--port", "0"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_the_flag_repeats_and_the_env_var_takes_a_list(monkeypatch):
+    from bert import options
+    from serving.__main__ import build_parser
+    from serving.settings import Settings
+
+    values = options.read(Settings, ["--classify-model", "a=x", "--classify-model", "b=y,z"], parser=build_parser())
+    assert values["classify_model"] == ["a=x", "b=y", "z"]
+    monkeypatch.setenv("BERTSERVE_CLASSIFY_MODEL", "a=x,b=y")
+    assert [m.name for m in Settings().task_models()["classify"]] == ["a", "b"]
+    assert Settings(classify_model="some/dir").task_models()["classify"][0].name == "some/dir"
+
+
+class _Overlap:
+    running = most = 0
+
+
+def one_run_at_a_time_backend(spec, settings):
+    """The torch backend, declared unable to run two batches at once, counting the runs that overlap."""
+    import threading
+    import time
+
+    from serving.backends.torch_backend import TorchBackend
+
+    lock = threading.Lock()
+
+    class OneRunAtATime(TorchBackend):
+        concurrent_runs = False
+
+        def run_sequences(self, sequences):
+            with lock:
+                _Overlap.running += 1
+                _Overlap.most = max(_Overlap.most, _Overlap.running)
+            try:
+                time.sleep(0.01)  # long enough for another batcher's run to start, were it let in
+                return super().run_sequences(sequences)
+            finally:
+                with lock:
+                    _Overlap.running -= 1
+
+    return OneRunAtATime(spec, settings)
+
+
+def test_batchers_sharing_a_backend_that_cannot_overlap_take_turns(checkpoints):
+    import asyncio
+
+    from bert.tasks import TASKS
+    from serving.batcher import Ticket
+    from serving.engine import Engine, Timing
+    from serving.metrics import Metrics
+    from serving.settings import Settings
+
+    path = str(checkpoints["topic"])
+    settings = Settings(
+        classify_model=[f"a={path}", f"b={path}"],
+        backend="test_serving_multimodel:one_run_at_a_time_backend",
+        threads=1,
+        max_batch_requests=1,
+    )
+    engine = Engine(settings, Metrics())
+    engine.load()
+
+    async def scenario():
+        engine.start()
+        try:
+            return await asyncio.gather(
+                *(
+                    engine.infer(TASKS["classify"], [text], {}, ticket=Ticket(), timing=Timing(), model=model)
+                    for text in TEXTS
+                    for model in ("a", "b")
+                )
+            )
+        finally:
+            await engine.stop()
+
+    answers = asyncio.run(scenario())
+    assert len(answers) == 2 * len(TEXTS) and _Overlap.most == 1
+    assert answers[0::2] == answers[1::2]  # one directory under two names: the same answers
+
+
+def test_a_list_body_names_one_model_for_all_its_items():
+    from serving.routes.api import requested_model
+    from serving.routes.schemas import QARequest
+
+    def item(model=None):
+        return QARequest(question="q", context="c", **({"model": model} if model else {}))
+
+    assert requested_model([item("a"), item("a")]) == "a" and requested_model([]) is None
+    assert requested_model(item()) is None
+    with pytest.raises(ValueError, match=r"model: the items of one request name different models \(None, a\)"):
+        requested_model([item("a"), item()])
