@@ -479,7 +479,7 @@ def load_checkpoint(
         log.info(
             "loaded %s into %s: initialised %s; dropped %s; re-initialised %s",
             plan.directory,
-            plan.model_cls.__name__,
+            type(model).__name__,
             report.initialised,
             report.dropped,
             report.reinitialised,
@@ -588,7 +588,7 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
     }
 
     config = model.config
-    config.architectures = [type(model).__name__]
+    config.architectures = [model.architecture]
     config_dict = config.to_dict()
     stored_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     config_dict["torch_dtype"] = str(stored_dtype).removeprefix("torch.")
