@@ -424,7 +424,7 @@ class BertPreTrainedModel(nn.Module):
             nn.init.ones_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, BertLMPredictionHead):
+        elif isinstance(module, BertLMPredictionHead) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
     def tie_weights(self) -> None:
@@ -538,8 +538,9 @@ class BertLMPredictionHead(nn.Module):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # weight tied to word embeddings
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self.decoder.bias = self.bias  # one output bias, saved once as cls.predictions.bias
+        # one output bias, saved once as cls.predictions.bias; none where the config says so (decoder_bias)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias is not False else None
+        self.decoder.bias = self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.transform(x))

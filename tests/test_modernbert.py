@@ -182,6 +182,29 @@ def test_mean_pooled_classifier(tmp_path):
     assert diff <= 1e-5, diff
 
 
+def test_masked_lm_without_a_decoder_bias(tmp_path):
+    """decoder_bias false (transformers' ModernBertForMaskedLM then has no decoder.bias): loads, gives their
+    logits, serves its fill-mask head, and is written back without the bias."""
+    theirs = make_hf("mlm", tmp_path / "theirs", decoder_bias=False)
+    ids, mask = batch((300, 40))
+    expected = theirs_out(theirs, "mlm", ids, mask)
+    assert worst(our_padded(tmp_path / "theirs", "mlm", ids, mask), expected, mask, per_token=True) <= 1e-5
+    served, report = load_for_inference(tmp_path / "theirs")
+    assert not report, report
+    with torch.no_grad():
+        scores = served(ids, mask).outputs["fill_mask_scores"]
+    top = expected[0].softmax(-1).topk(scores.shape[-1], dim=-1).values
+    assert worst([scores], [top], mask, per_token=True) <= 1e-5
+    model, _ = load_checkpoint(tmp_path / "theirs")
+    save_checkpoint(model, tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["decoder_bias"] is False
+    reloaded, info = HEADS["mlm"][0].from_pretrained(
+        tmp_path / "ours", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert worst(theirs_out(reloaded.eval(), "mlm", ids, mask), expected, mask, per_token=True) == 0.0
+
+
 @pytest.mark.parametrize("head", ["classify", "ner", "qa", "mlm"])
 def test_packed_varlen_path_gives_their_logits(checkpoints, head):
     """serving's packed path (torch_packed, CPU reference attention): the window is bounded inside each sequence."""
