@@ -581,7 +581,7 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
     family = model.config.family
     if family.name != "bert":  # written in the family's own layout, so that transformers loads it
         sequence_head = _sequence_head(model)
-        state = {family.name_from_bert(k, sequence_head): v for k, v in state.items()}
+        state = {family.name_from_bert(k, sequence_head, state.keys()): v for k, v in state.items()}
     state = {
         k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
         for k, v in state.items()
