@@ -479,7 +479,7 @@ def load_checkpoint(
         log.info(
             "loaded %s into %s: initialised %s; dropped %s; re-initialised %s",
             plan.directory,
-            plan.model_cls.__name__,
+            type(model).__name__,
             report.initialised,
             report.dropped,
             report.reinitialised,
@@ -581,14 +581,14 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
     family = model.config.family
     if family.name != "bert":  # written in the family's own layout, so that transformers loads it
         sequence_head = _sequence_head(model)
-        state = {family.name_from_bert(k, sequence_head): v for k, v in state.items()}
+        state = {family.name_from_bert(k, sequence_head, state.keys()): v for k, v in state.items()}
     state = {
         k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
         for k, v in state.items()
     }
 
     config = model.config
-    config.architectures = [type(model).__name__]
+    config.architectures = [model.architecture]
     config_dict = config.to_dict()
     stored_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     config_dict["torch_dtype"] = str(stored_dtype).removeprefix("torch.")

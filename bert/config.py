@@ -92,6 +92,7 @@ class BertConfig:
     classifier_pooling: str | None = None  # what the pooler reads: the first token ("cls", None) or the "mean"
     classifier_activation: str | None = None  # pooler and MLM transform activation (None: the family's, hidden_act)
     classifier_bias: bool | None = None  # False: pooler and MLM transform without a bias
+    decoder_bias: bool | None = None  # False: the MLM decoder without its output bias (ModernBERT's option)
     # Keys we do not model (transformers_version, torch_dtype, ...): kept so a round trip loses nothing.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -186,7 +187,7 @@ class BertConfig:
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or value <= 0):
                 problems.append(f"{name} must be a positive number, got {_short(value)}")
-        for name in ("attention_bias", "mlp_bias", "norm_bias", "classifier_bias"):
+        for name in ("attention_bias", "mlp_bias", "norm_bias", "classifier_bias", "decoder_bias"):
             if getattr(self, name) not in (None, True, False):
                 problems.append(f"{name} must be true or false, got {_short(getattr(self, name))}")
         if self.classifier_pooling not in (None, "cls", "mean"):

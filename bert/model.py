@@ -20,7 +20,7 @@ from torch import nn
 
 from . import heads
 from .config import BertConfig, head_layout
-from .losses import IGNORE_INDEX, span_loss
+from .losses import IGNORE_INDEX
 from .pooling import POOLINGS, pool
 from .tasks import registry
 from .tasks.base import MLM_CANDIDATES
@@ -424,7 +424,7 @@ class BertPreTrainedModel(nn.Module):
             nn.init.ones_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, BertLMPredictionHead):
+        elif isinstance(module, BertLMPredictionHead) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
     def tie_weights(self) -> None:
@@ -442,6 +442,11 @@ class BertPreTrainedModel(nn.Module):
         for module in self.modules():
             if isinstance(module, BertSelfAttention):
                 module.implementation = implementation
+
+    @property
+    def architecture(self) -> str:
+        """The class name config.json records: transformers (and bert.checkpoint) load the weights by it."""
+        return type(self).__name__
 
     def encoder_module(self) -> "BertModel":
         return self if isinstance(self, BertModel) else self.bert
@@ -533,8 +538,9 @@ class BertLMPredictionHead(nn.Module):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # weight tied to word embeddings
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self.decoder.bias = self.bias  # one output bias, saved once as cls.predictions.bias
+        # one output bias, saved once as cls.predictions.bias; none where the config says so (decoder_bias)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias is not False else None
+        self.decoder.bias = self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.transform(x))
@@ -611,7 +617,6 @@ class BertForPreTraining(BertForMaskedLM):
 @dataclass
 class ClassifierOutput:
     logits: torch.Tensor  # (B, L) per sequence, or (B, T, L) per token
-    loss: torch.Tensor | None = None
     embedding: torch.Tensor | None = None  # (B, H), with set_pooling
 
 
@@ -620,23 +625,9 @@ def classifier_dropout(config: BertConfig) -> nn.Dropout:
     return nn.Dropout(p)
 
 
-def sequence_classification_loss(config: BertConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """transformers' rule: one output is regression (MSE); integer labels are single-label (CE);
-    float labels with several outputs are multi-label (BCE)."""
-    problem = config.problem_type
-    if problem is None:
-        if logits.shape[-1] == 1:
-            problem = "regression"
-        elif labels.dtype in (torch.long, torch.int, torch.int32, torch.int64):
-            problem = "single_label_classification"
-        else:
-            problem = "multi_label_classification"
-    logits = logits.float()
-    if problem == "regression":
-        return F.mse_loss(logits.squeeze(-1), labels.float().view(-1))
-    if problem == "single_label_classification":
-        return F.cross_entropy(logits, labels.view(-1))
-    return F.binary_cross_entropy_with_logits(logits, labels.float())
+# transformers' single-task classes, for inference and for checkpoints written in their layout. They compute no
+# loss: training runs BertForMultiTask with each task's Task.loss (training.finetune builds it with one head at
+# the attribute these classes have, so that what it writes is theirs).
 
 
 class BertForSequenceClassification(BertPreTrainedModel):
@@ -647,11 +638,9 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> ClassifierOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> ClassifierOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        logits = self.classifier(self.dropout(out.pooler_output))
-        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        return ClassifierOutput(logits, loss, out.embedding)
+        return ClassifierOutput(self.classifier(self.dropout(out.pooler_output)), out.embedding)
 
 
 class BertForTokenClassification(BertPreTrainedModel):
@@ -662,20 +651,15 @@ class BertForTokenClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> ClassifierOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> ClassifierOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        logits = self.classifier(self.dropout(out.token_states()))  # (B, T, L)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-        return ClassifierOutput(logits, loss, out.embedding)
+        return ClassifierOutput(self.classifier(self.dropout(out.token_states())), out.embedding)  # (B, T, L)
 
 
 @dataclass
 class SpanOutput:
     start_logits: torch.Tensor  # (B, T)
     end_logits: torch.Tensor  # (B, T)
-    loss: torch.Tensor | None = None
     embedding: torch.Tensor | None = None  # (B, H), with set_pooling
 
 
@@ -686,15 +670,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)  # start and end vectors S, E
         self.init_weights()
 
-    def forward(
-        self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None
-    ) -> SpanOutput:
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> SpanOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids)
         start_logits, end_logits = self.qa_outputs(out.token_states()).unbind(dim=-1)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = span_loss(start_logits, end_logits, start_positions, end_positions)
-        return SpanOutput(start_logits, end_logits, loss, out.embedding)
+        return SpanOutput(start_logits, end_logits, out.embedding)
 
 
 class MultiTaskOutput:
@@ -801,6 +780,16 @@ class BertForMultiTask(BertPreTrainedModel):
     @property
     def tasks(self) -> list[str]:
         return list(self.heads)
+
+    @property
+    def architecture(self) -> str:
+        """A model for one task alone (no task_labels, its head at transformers' name: what fine-tuning trains)
+        is that task's single-task class in config.json, so that AutoModelFor... loads it; any other, ours."""
+        single = {TASKS[name].architecture for name in self.heads}
+        at_single = all(self.attributes[name] == head.single_attribute for name, head in self.heads.items())
+        if self.heads and at_single and not self.config.task_labels and len(single) == 1:
+            return single.pop()
+        return type(self).__name__
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> MultiTaskOutput:
         """Padded (B, T) inputs, or packed (N,) ones with a Packing as attention_mask: sequence heads then give

@@ -80,7 +80,7 @@ def _declare_limits_in_openapi(app: FastAPI, settings: Settings) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             app.openapi_schema = declare_limits(
-                generate(), max_inputs=settings.max_client_batch_size, max_doc_stride=settings.qa_max_doc_stride
+                generate(), max_inputs=settings.max_client_batch_size, max_doc_stride=settings.max_doc_stride
             )
         return app.openapi_schema
 

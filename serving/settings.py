@@ -201,7 +201,7 @@ class _Settings(BaseSettings):
         if self.backend not in names and ":" not in self.backend:
             raise ValueError(f"backend must be one of {', '.join(names)} or 'module:factory', got {self.backend!r}")
         for task in registry.TASKS.values():
-            values = {o.name: getattr(self, f"{task.name}_{o.name}") for o in task.serve_options}
+            values = self.task_values(task)
             problems = task.serve_problems(values) if values else []
             if problems:
                 raise ValueError("; ".join(problems))
@@ -214,16 +214,15 @@ class _Settings(BaseSettings):
         wanted = {task: parse_models(getattr(self, f"{task}_model", None) or []) for task in registry.names()}
         return {task: models for task, models in wanted.items() if models}
 
-    @property
-    def qa_window_capacity(self) -> int:
-        """Context tokens the narrowest QA window holds ([CLS] question [SEP] context [SEP])."""
-        return self.qa_max_length - self.qa_max_question_length - 3
+    def task_values(self, task: Task) -> dict:
+        """A task's serve_options as set here, by their names in the task (max_length for --qa-max-length)."""
+        return {o.name: getattr(self, f"{task.name}_{o.name}") for o in task.serve_options}
 
     @property
-    def qa_max_doc_stride(self) -> int:
-        """Neighbouring windows may share at most half a window: each window then advances by at least
-        half a window, so the window count (the cost of a request) stays within 2x of the unshared count."""
-        return self.qa_window_capacity // 2
+    def max_doc_stride(self) -> int | None:
+        """The largest doc_stride a request may send: the narrowest of the tasks' own (Task.max_doc_stride)."""
+        strides = [task.max_doc_stride(self.task_values(task)) for task in registry.TASKS.values()]
+        return min((s for s in strides if s is not None), default=None)
 
     @property
     def effective_inference_workers(self) -> int:

@@ -109,15 +109,25 @@ def test_losses(config, batch):
     assert torch.allclose(pre.loss, pre.mlm_loss + pre.nsp_loss)
     assert abs(pre.mlm_loss.item() - torch.log(torch.tensor(99.0)).item()) < 1.0  # near uniform at init
 
-    regression = BertForSequenceClassification(BertConfig(**{**config.__dict__, "id2label": {0: "score"}}))
-    assert regression(ids, mask, types, labels=torch.tensor([0.5, 1.0, -1.0])).loss > 0
+
+def test_task_losses_on_the_one_head_model(config, batch):
+    """Fine-tuning and multitask train BertForMultiTask with each task's Task.loss (the single-task classes
+    compute none)."""
+    from bert.tasks import registry
+
+    ids, mask, types = batch
+    torch.manual_seed(0)
+    model = BertForMultiTask(config, {"classify": ["score"], "ner": ["a", "b", "c"], "qa": []})
+    out = model(ids, mask, types).outputs
+    assert registry.get("classify").loss(out, {"labels": torch.tensor([0.5, 1.0, -1.0])}) > 0  # one output: MSE
     labels = torch.full((B, T), -100)
     labels[:, 1] = 2
-    assert BertForTokenClassification(config)(ids, mask, types, labels=labels).loss > 0
-    qa = BertForQuestionAnswering(config)(
-        ids, mask, types, start_positions=torch.tensor([1, 2, 99]), end_positions=torch.tensor([2, 2, 99])
+    assert registry.get("ner").loss(out, {"labels": labels}) > 0
+    qa = registry.get("qa").loss(
+        out, {"start_positions": torch.tensor([1, 2, 99]), "end_positions": torch.tensor([2, 2, 99])}
     )
-    assert torch.isfinite(qa.loss)  # a position past the sequence (answer outside the window) is ignored
+    assert torch.isfinite(qa)  # a position past the sequence (answer outside the window) is ignored
+    assert not hasattr(BertForSequenceClassification(config)(ids, mask, types), "loss")
 
 
 def test_decoder_is_tied_to_word_embeddings(config):

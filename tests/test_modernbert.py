@@ -182,6 +182,29 @@ def test_mean_pooled_classifier(tmp_path):
     assert diff <= 1e-5, diff
 
 
+def test_masked_lm_without_a_decoder_bias(tmp_path):
+    """decoder_bias false (transformers' ModernBertForMaskedLM then has no decoder.bias): loads, gives their
+    logits, serves its fill-mask head, and is written back without the bias."""
+    theirs = make_hf("mlm", tmp_path / "theirs", decoder_bias=False)
+    ids, mask = batch((300, 40))
+    expected = theirs_out(theirs, "mlm", ids, mask)
+    assert worst(our_padded(tmp_path / "theirs", "mlm", ids, mask), expected, mask, per_token=True) <= 1e-5
+    served, report = load_for_inference(tmp_path / "theirs")
+    assert not report, report
+    with torch.no_grad():
+        scores = served(ids, mask).outputs["fill_mask_scores"]
+    top = expected[0].softmax(-1).topk(scores.shape[-1], dim=-1).values
+    assert worst([scores], [top], mask, per_token=True) <= 1e-5
+    model, _ = load_checkpoint(tmp_path / "theirs")
+    save_checkpoint(model, tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["decoder_bias"] is False
+    reloaded, info = HEADS["mlm"][0].from_pretrained(
+        tmp_path / "ours", output_loading_info=True, attn_implementation="eager"
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert worst(theirs_out(reloaded.eval(), "mlm", ids, mask), expected, mask, per_token=True) == 0.0
+
+
 @pytest.mark.parametrize("head", ["classify", "ner", "qa", "mlm"])
 def test_packed_varlen_path_gives_their_logits(checkpoints, head):
     """serving's packed path (torch_packed, CPU reference attention): the window is bounded inside each sequence."""
@@ -418,6 +441,51 @@ def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpo
     if task == "rerank":
         assert ours[0].shape == (2, 1)
     assert diff <= 1e-5, diff
+
+
+def test_multitask_with_an_embedding_teacher_trains_and_serves_embed(checkpoints, data_dir, tmp_path):
+    """python -m training.multitask --embed-teacher from a ModernBERT backbone (classify and qa heads beside the
+    kept embeddings): best/ reloads with the scores it was chosen by, and /embed serves its encoder's mean-pooled
+    states as transformers computes them."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from serving.app import create_app
+    from serving.settings import Settings
+    from training import multitask
+    from training.config import run
+
+    backbone, out = checkpoints["embed"][0], tmp_path / "run"
+    argv = ["--ckpt", str(backbone), "--embed-teacher", str(backbone), "--output-dir", str(out)]
+    for task in ("classify", "qa"):
+        (tmp_path / task).mkdir()
+        data = training_data(data_dir, tmp_path / task, task)
+        argv += [f"--{task}-train", data[1], f"--{task}-eval", data[3], f"--{task}-max-seq-length", "64", *data[4:]]
+    train = [*TRAIN, "--eval-every", "2"]
+    train[train.index("--max-steps") + 1] = "2"
+    assert run(multitask.main, argv + train) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best_checkpoint_eval"] == metrics["last_eval"]  # best/ as written, loaded back
+    assert metrics["last_eval"]["embed"]["teacher_cosine"] > 0.9
+    texts = [TEXT, QUESTION]
+    with TestClient(create_app(Settings(model=str(out / "best")))) as client:
+        for _ in range(600):  # the model warms up in the background after startup
+            if client.get("/ready").status_code == 200:
+                break
+            time.sleep(0.1)
+        response = client.post("/embed", json={"inputs": texts})
+    assert response.status_code == 200, response.text
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "best")
+    encoder = transformers.ModernBertModel.from_pretrained(out / "best").eval()
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = encoder(**encoded).last_hidden_state
+    mask = encoded["attention_mask"][..., None].float()
+    expected = torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
+    assert np.abs(np.array(response.json()) - expected.numpy()).max() <= 1e-5
+    student = transformers.ModernBertModel.from_pretrained(backbone)
+    assert not torch.equal(student.layers[1].attn.Wqkv.weight, encoder.layers[1].attn.Wqkv.weight)  # trained
 
 
 def test_mlm_pretraining_without_nsp_continues_a_masked_lm_that_transformers_loads(checkpoints, tmp_path):

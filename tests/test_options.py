@@ -409,7 +409,9 @@ def test_the_server_generates_each_tasks_declared_options():
         with_margins = type(task).margins is not Task.margins
         assert (f"{task.name}_verify_model" in Settings.model_fields) == with_margins, task.name
     assert declared >= 2
-    assert Settings(qa_max_length=100, qa_max_question_length=20).qa_window_capacity == 77
+    # 77 context tokens per window ([CLS] 20 [SEP] 77 [SEP]), neighbours sharing at most half of them
+    assert Settings(qa_max_length=100, qa_max_question_length=20).max_doc_stride == 38
+    assert registry.get("qa").max_doc_stride({"max_length": 100, "max_question_length": 20}) == 38
     with pytest.raises(ValidationError, match="qa_max_length .60. must leave room"):
         Settings(qa_max_length=60, qa_max_question_length=64)
     with pytest.raises(ValidationError, match="greater than or equal to 16"):

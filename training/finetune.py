@@ -10,10 +10,12 @@ Writes <output-dir>/best (checkpoint + metrics.json + finetune_config.json), <ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from bert.options import flag, option
 from bert.tasks import registry
@@ -161,11 +163,55 @@ def run_labels(task, labels) -> dict:
     return {"labels": labels.values} if task.labelled else {}
 
 
+def single_task_model(task_name: str, labels):
+    """What fine-tuning trains: the one model class (bert.model.BertForMultiTask) with this task's head alone, at
+    the attribute transformers' class for the task has it (Head.single_attribute), so that the checkpoint it
+    writes is that class's (config.json names it; AutoModelFor... loads it). Returns config -> model."""
+    from bert.model import BertForMultiTask
+
+    head = registry.get(task_name).head
+    names = list(labels.names or []) if labels is not None else []
+
+    def make(config):
+        return BertForMultiTask(config, {task_name: names}, {task_name: head.single_attribute})
+
+    return make
+
+
+def compute_loss(task_name: str, model, batch: dict):
+    """The batch's loss: the task's own (Task.loss) on the model's outputs, as training.multitask computes it."""
+    out = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+    )
+    return registry.get(task_name).loss(out.outputs, batch)
+
+
+def task_view(model, task: str):
+    """`model` seen as a single-task model (its outputs named as in a graph of the task alone: logits,
+    start_logits / end_logits), so the task's own evaluation runs on it unchanged."""
+    import torch
+
+    declared = registry.get(task)
+    names = {declared.output_name(o, single=True): declared.output_name(o) for o in declared.outputs}
+
+    class TaskView(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            out = self.model(input_ids, attention_mask, token_type_ids)
+            return SimpleNamespace(**{single: out.outputs[multi] for single, multi in names.items()})
+
+    return TaskView()
+
+
 def build_model(cfg: FinetuneConfig, labels):
     import torch
 
-    from bert.checkpoint import init_model, load_checkpoint
+    from bert.checkpoint import load_checkpoint
 
+    make = single_task_model(cfg.task, labels)
     torch.manual_seed(cfg.seed)  # fresh heads start the same way every run
     overrides = {"problem_type": labels.problem_type} if labels.problem_type else None
     if labels.names is None:
@@ -179,13 +225,19 @@ def build_model(cfg: FinetuneConfig, labels):
         config = model_config(cfg.init_preset, vocab_size=vocab, **(overrides or {}))
         if labels.names is not None:
             config = config.with_labels(labels.names)
-        model = init_model(config, cfg.task, seed=cfg.seed)
-        model.config.task = cfg.task
+        config.task = cfg.task
+        torch.manual_seed(cfg.seed)
+        model = make(config)
     else:
         model = _from_multitask(cfg, labels, overrides)
         if model is None:
             model, report = load_checkpoint(
-                cfg.ckpt, task=cfg.task, labels=labels.names, from_backbone=True, config_overrides=overrides
+                cfg.ckpt,
+                make,
+                task=cfg.task,
+                labels=labels.names,
+                from_backbone=True,
+                config_overrides=overrides,
             )
     model.train()
     return model
@@ -197,18 +249,17 @@ def _from_multitask(cfg: FinetuneConfig, labels, overrides):
     The model saved from it is a plain single-task checkpoint (no task_labels), so it exports as one."""
     from bert.checkpoint import check_checkpoint, match_state_dict, read_state_dict, resolve_checkpoint
     from bert.config import BertConfig
-    from bert.model import TASK_ARCHITECTURES
 
     directory = resolve_checkpoint(cfg.ckpt)
     stored = BertConfig.from_json_file(directory / "config.json").task_labels
     if not stored:
         return None
-    cls = TASK_ARCHITECTURES[cfg.task]
     names = labels.names if labels is not None else None
+    make = single_task_model(cfg.task, labels)
     plan = check_checkpoint(
-        directory, cls, labels=names, config_overrides=dict(overrides or {}, task_labels=None, task=cfg.task)
+        directory, make, labels=names, config_overrides=dict(overrides or {}, task_labels=None, task=cfg.task)
     )
-    model = cls(plan.config)
+    model = make(plan.config)
     state = read_state_dict(directory)
     # Where the multi-task checkpoint keeps the task's head, and where the task's own model keeps it.
     declared = registry.get(cfg.task).head
@@ -273,11 +324,12 @@ def main(argv=None) -> int:
         model,
         data,
         save_model=save_model,
-        evaluate=evaluate,
+        evaluate=lambda m: evaluate(task_view(m, cfg.task)),
         best_metric=task.best_metric(labels),
         dist=dist,
         device=device,
         stop_at_step=cfg.stop_at_step,
+        compute_loss=functools.partial(compute_loss, cfg.task),
     )
     summary = {
         "task": cfg.task,

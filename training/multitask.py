@@ -33,14 +33,13 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 from bert.options import like, option
 from bert.tasks import registry
 from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config, run
-from training.finetune import FinetuneConfig, prepare, run_labels
+from training.finetune import FinetuneConfig, prepare, run_labels, task_view
 
 TASKS = registry.names(trainable=True)
 SAVE_DTYPES = ("fp32", "fp16", "bf16")
@@ -518,26 +517,6 @@ def compute_loss(model, batch: dict, embed_weight: float = 0.0):
 def task_loss(task: str, out, batch: dict):
     """The batch's task's loss from the multi-task forward's outputs (keyed by graph-output names)."""
     return registry.get(task).loss(out.outputs, batch)
-
-
-def task_view(model, task: str):
-    """`model` seen as a single-task model (its outputs named as in a graph of the task alone: logits,
-    start_logits / end_logits), so the task's own evaluation runs on it unchanged."""
-    import torch
-
-    declared = registry.get(task)
-    names = {declared.output_name(o, single=True): declared.output_name(o) for o in declared.outputs}
-
-    class TaskView(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-            out = self.model(input_ids, attention_mask, token_type_ids)
-            return SimpleNamespace(**{single: out.outputs[multi] for single, multi in names.items()})
-
-    return TaskView()
 
 
 def main_score(task: str, metrics: dict) -> float:

@@ -131,9 +131,10 @@ class Family:
     # ---- parameter names --------------------------------------------------------------------------------
     def name_to_bert(self, key: str, model_keys: Collection[str] = ()) -> str:
         """A parameter name in this family's layout -> BERT's (as transformers' BERT classes name it);
-        `model_keys`: the model's own parameter names, which place the head_prefixes."""
+        `model_keys`: the model's own parameter names, which place the head_prefixes (a name the model has itself
+        stays: a multi-task model's classifier beside its qa_outputs, which that layout names classifier too)."""
         for theirs, ours in self.head_prefixes:
-            if key.startswith(theirs) and any(k.startswith(ours) for k in model_keys):
+            if key.startswith(theirs) and key not in model_keys and any(k.startswith(ours) for k in model_keys):
                 return ours + key[len(theirs) :]
         if self.sequence_pooler is not None:
             pooler = self.sequence_pooler.format(head="classifier") + "."
@@ -148,11 +149,12 @@ class Family:
             key = key.replace(theirs, bert, 1)
         return key
 
-    def name_from_bert(self, key: str, sequence_head: str | None = None) -> str:
+    def name_from_bert(self, key: str, sequence_head: str | None = None, model_keys: Collection[str] = ()) -> str:
         """BERT's parameter name -> this family's; `sequence_head`: the attribute of the model's sequence
-        classifier, whose layers this family lays out its own way (None: the model has none)."""
+        classifier, whose layers this family lays out its own way (None: the model has none); `model_keys`: the
+        model's own names, none of which a head prefix may take (see name_to_bert)."""
         for theirs, ours in self.head_prefixes:
-            if key.startswith(ours):
+            if key.startswith(ours) and theirs + key[len(ours) :] not in model_keys:
                 return theirs + key[len(ours) :]
         if self.sequence_pooler is not None and sequence_head is not None:
             if key.startswith("bert.pooler.dense."):

@@ -182,6 +182,11 @@ class Task:
         """Contradictions among this task's serve_options (`values` by their names here), found at startup."""
         return []
 
+    def max_doc_stride(self, values: dict) -> int | None:
+        """The largest `doc_stride` (tokens neighbouring windows share) a request may send under these
+        serve_options values, which the server declares in its OpenAPI schema; None: its requests send none."""
+        return None
+
     # ---- what a checkpoint offers ------------------------------------------------------------------------
     def serves(self, config: dict) -> bool:
         """Whether a checkpoint made for this task alone (its architecture is ours) really is one: e.g. a

@@ -467,6 +467,10 @@ class QATask(Task):
             ]
         return []
 
+    def max_doc_stride(self, values: dict) -> int:
+        """Half the context room of a window ([CLS] question [SEP] context [SEP]): see window_limits."""
+        return (values["max_length"] - values["max_question_length"] - 3) // 2
+
     def encode_request(self, tokenizer, items, limits, **options):
         return encode_request(tokenizer, items, limits, **options)
 

@@ -362,7 +362,7 @@ class Info(BaseModel):
 
 
 # ---- limits that depend on the server's settings, declared in the OpenAPI schema -----------------------
-def declare_limits(schema: dict, *, max_inputs: int, max_doc_stride: int) -> dict:
+def declare_limits(schema: dict, *, max_inputs: int, max_doc_stride: int | None) -> dict:
     """Write the limits the server enforces into its OpenAPI schema, so clients can know them: at most
     `max_inputs` items per request and at least one, in each task route's batch field (`Route.batch_field`:
     the body itself for a route that takes a list of objects), and the largest `doc_stride`."""
@@ -380,7 +380,7 @@ def declare_limits(schema: dict, *, max_inputs: int, max_doc_stride: int) -> dic
     for component in components.values():
         stride = component.get("properties", {}).get("doc_stride", {})
         for branch in stride.get("anyOf", [stride]):
-            if branch.get("type") == "integer":
+            if branch.get("type") == "integer" and max_doc_stride is not None:
                 branch["maximum"] = max_doc_stride
     return schema
 
