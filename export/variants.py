@@ -106,16 +106,17 @@ def fuse(portable: Path, config: BertConfig):
 
 
 def embed_fusion(config: BertConfig) -> bool:
-    return config.position_offset == 0 and config.rope_theta is None
+    return config.position_offset == 0 and config.position_table
 
 
 def bert_shaped(config: BertConfig) -> bool:
     """Whether onnxruntime's BERT fusions have a pattern for this encoder: post-norm blocks with plain
-    query/key/value attention. Rotary positions, windowed masks, pre-norm blocks and gated MLPs have none;
+    query/key/value attention. Rotary positions, disentangled (relative) attention, windowed masks, pre-norm blocks and gated MLPs have none;
     such graphs keep those parts as standard ops (the counts recorded say which fusions applied)."""
     family = config.family
     return not (
         config.rope_theta is not None
+        or config.relative_attention
         or config.layer_types
         or family.pre_norm
         or family.gated_mlp
