@@ -431,7 +431,8 @@ class BertEncoder(nn.Module):
         span = config.relative_span
         self.relative = (span, config.position_buckets or -1, config.relative_max_position)
         self.rel_embeddings = nn.Embedding(2 * span, config.hidden_size) if span else None
-        self.rel_embeddings_norm = layer_norm(config) if span and config.norm_rel_ebd == "layer_norm" else None
+        # (the norm exists whenever norm_rel_ebd names it, as in transformers, though unused without the table)
+        self.rel_embeddings_norm = layer_norm(config) if config.norm_rel_ebd == "layer_norm" else None
 
     def relative_inputs(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> RelativePositions | None:
         """The relative index and embeddings every layer reads, once per forward (None without relative attention).
