@@ -121,7 +121,10 @@ def relative_index(length: int, span: int, buckets: int, max_position: int, devi
     """(T, T) long: row i, column j holds where query i's distance to key j (i - j, bucketed when buckets > 0)
     sits in a table of 2 * span relative-position embeddings. Depends on the length only."""
     position = torch.arange(length, device=device)
-    relative = position[:, None] - position[None, :]
+    return distance_index(position[:, None] - position[None, :], span, buckets, max_position)
+
+
+def distance_index(relative: torch.Tensor, span: int, buckets: int, max_position: int) -> torch.Tensor:
     if buckets > 0:
         relative = log_bucket(relative, buckets, max_position)
     return torch.clamp(relative + span, 0, 2 * span - 1)
@@ -431,6 +434,14 @@ class BertEncoder(nn.Module):
         span = config.relative_span
         self.relative = (span, config.position_buckets or -1, config.relative_max_position)
         self.rel_embeddings = nn.Embedding(2 * span, config.hidden_size) if span else None
+        # Every distance's row in that table, for distances -(P-1)..P-1 (P: max_position_embeddings), made once:
+        # a (T, T) index is then integer arithmetic and one lookup, so an exported graph holds no float bucket
+        # arithmetic (which fp16 conversion would round) and nothing to recompute per call. Not saved.
+        reach = config.max_position_embeddings - 1
+        distances = torch.arange(-reach, reach + 1) if span else torch.zeros(0, dtype=torch.long)
+        self.register_buffer(
+            "relative_rows", distance_index(distances, *self.relative) if span else distances, persistent=False
+        )
         # (the norm exists whenever norm_rel_ebd names it, as in transformers, though unused without the table)
         self.rel_embeddings_norm = layer_norm(config) if config.norm_rel_ebd == "layer_norm" else None
 
@@ -443,17 +454,21 @@ class BertEncoder(nn.Module):
         table = self.rel_embeddings.weight
         if self.rel_embeddings_norm is not None:
             table = self.rel_embeddings_norm(table)
-        span, buckets, max_position = self.relative
         if not isinstance(mask, Packing):
-            return RelativePositions(relative_index(x.shape[1], span, buckets, max_position, x.device), table)
+            return RelativePositions(self.index(x.shape[1], x.device), table)
         length, rows = mask.max_len, mask.cu_seqlens.shape[0]  # S + 1 rows
         tokens = torch.arange(x.shape[0], device=x.device)
         sequence = torch.searchsorted(mask.cu_seqlens[1:].long(), tokens, right=True)
         slots = sequence * length + mask.positions.long()
         valid = torch.zeros(rows * length, dtype=x.dtype, device=x.device).index_fill(0, slots, 1.0)
         key_mask = additive_padding_mask(valid.view(rows, length), x.dtype)
-        index = relative_index(length, span, buckets, max_position, x.device)
-        return RelativePositions(index, table, slots, key_mask)
+        return RelativePositions(self.index(length, x.device), table, slots, key_mask)
+
+    def index(self, length, device) -> torch.Tensor:
+        """relative_index for this length, looked up in relative_rows (lengths up to max_position_embeddings)."""
+        position = torch.arange(length, device=device)
+        reach = (self.relative_rows.shape[0] - 1) // 2
+        return self.relative_rows[position[:, None] - position[None, :] + reach]
 
     def layer_inputs(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, positions: torch.Tensor | None):
         """Per layer, its mask (windowed where the layer is) and rotary tables, each made once per distinct value."""
