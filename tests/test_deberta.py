@@ -489,3 +489,51 @@ def test_unigram_qa_windows_and_ner_words_equal_transformers(trained, data_dir):
     ref = theirs(words, is_split_into_words=True)
     for k, e in enumerate(mine):
         assert e.ids == ref["input_ids"][k] and e.word_ids == ref.word_ids(k)
+
+
+# ---- fine-tuned from a DeBERTa backbone, exported int8 ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["classify", "ner", "qa"])
+def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpoints, data_dir, tmp_path, task):
+    from test_modernbert import TRAIN, training_data
+
+    from training import finetune
+    from training.config import run
+
+    out = tmp_path / "run"
+    argv = ["--task", task, "--ckpt", str(checkpoints["embed"][0]), "--output-dir", str(out)]
+    argv += ["--max-seq-length", "64", *training_data(data_dir, tmp_path, task), *TRAIN]
+    assert run(finetune.main, argv) == 0
+    best = out / "best"
+    cls = HEADS[task][0]
+    written = json.loads((best / "config.json").read_text())
+    assert written["model_type"] == "deberta-v2" and written["architectures"] == [cls.__name__]
+    theirs, info = cls.from_pretrained(best, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    backbone = checkpoints["embed"][1]
+    trained = theirs.deberta.encoder.layer[1].attention.self.query_proj.weight
+    assert not torch.equal(backbone.encoder.layer[1].attention.self.query_proj.weight, trained)
+    ids, mask = batch((300, 40), vocab=vocab_of(checkpoints))
+    diff = worst(
+        our_padded(best, task, ids, mask), theirs_out(theirs.eval(), task, ids, mask), mask, task != "classify"
+    )
+    assert diff <= 1e-5, diff
+
+
+@pytest.mark.slow
+def test_int8_export_passes_the_exporters_parity_check(checkpoints, tmp_path):
+    """Dynamic int8 (the default scope) runs and stays near transformers' logits (scale about 3)."""
+    import onnxruntime as ort
+    from test_serving_support import export_artifact
+
+    directory, theirs = checkpoints["ner"]
+    artifact = export_artifact(directory, tmp_path / "artifact", "int8")
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["parity"]["verified"] is True and manifest["fused_operators"]["Attention"] == 0
+    ids, mask = batch(LENGTHS, vocab=vocab_of(checkpoints))
+    session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": np.zeros_like(ids.numpy())}
+    got = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+    diff = worst([torch.from_numpy(got[0]).float()], theirs_out(theirs, "ner", ids, mask), mask, True)
+    assert diff <= 0.3, diff
