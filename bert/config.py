@@ -28,6 +28,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 
 ACTIVATIONS = ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+RELATIVE_TERMS = ("c2p", "p2c")  # disentangled attention: content->position, position->content
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 SIZE_FIELDS = (
     "vocab_size",
@@ -93,6 +94,15 @@ class BertConfig:
     classifier_activation: str | None = None  # pooler and MLM transform activation (None: the family's, hidden_act)
     classifier_bias: bool | None = None  # False: pooler and MLM transform without a bias
     decoder_bias: bool | None = None  # False: the MLM decoder without its output bias (ModernBERT's option)
+    position_biased_input: bool | None = None  # False: no absolute position table (positions are relative only)
+    # Disentangled (relative) attention, DeBERTa's: each layer adds content->position ("c2p") and/or
+    # position->content ("p2c") scores, read from a shared table of relative-position embeddings
+    relative_attention: bool | None = None
+    pos_att_type: list[str] | None = None  # which of "c2p", "p2c" the scores have
+    position_buckets: int | None = None  # > 0: relative distances log-bucketed into this many each way
+    max_relative_positions: int | None = None  # < 1: max_position_embeddings
+    share_att_key: bool | None = None  # position projections are the content query/key ones
+    norm_rel_ebd: str | None = None  # "layer_norm": the relative embeddings through a LayerNorm first
     # Keys we do not model (transformers_version, torch_dtype, ...): kept so a round trip loses nothing.
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -112,13 +122,13 @@ class BertConfig:
         shape is one ConfigError naming the field, never a TypeError."""
         problems = []
         try:
-            family = self.family
+            family_of(self.model_type)  # a model_type some family covers
         except UnsupportedFamily as e:
             raise ConfigError(str(e)) from None
         for name in SIZE_FIELDS:
             value = getattr(self, name)
-            if name == "type_vocab_size" and not family.token_types and value == 0:
-                continue  # a family without token types (DistilBERT)
+            if name == "type_vocab_size" and value == 0:
+                continue  # no token types (DistilBERT's family; DeBERTa's config)
             if not _is_int(value) or value <= 0:
                 problems.append(f"{name} must be a positive integer, got {_short(value)}")
         sizes_ok = not problems
@@ -196,6 +206,17 @@ class BertConfig:
             problems.append(
                 f"classifier_activation {_short(self.classifier_activation)} is not one of {', '.join(ACTIVATIONS)}, tanh"
             )
+        for name in ("position_biased_input", "relative_attention", "share_att_key"):
+            if getattr(self, name) not in (None, True, False):
+                problems.append(f"{name} must be true or false, got {_short(getattr(self, name))}")
+        terms = self.pos_att_type
+        if terms is not None and (not isinstance(terms, list) or not set(terms) <= set(RELATIVE_TERMS)):
+            problems.append(f"pos_att_type must be a list of {', '.join(RELATIVE_TERMS)}, got {_short(terms)}")
+        for name in ("position_buckets", "max_relative_positions"):
+            if getattr(self, name) is not None and not _is_int(getattr(self, name)):
+                problems.append(f"{name} must be an integer, got {_short(getattr(self, name))}")
+        if self.norm_rel_ebd is not None and self.norm_rel_ebd not in ("none", "layer_norm"):
+            problems.append(f"norm_rel_ebd must be none or layer_norm, got {_short(self.norm_rel_ebd)}")
         types = self.layer_types
         if types is not None:
             if not isinstance(types, list) or not all(t in LAYER_TYPES for t in types):
@@ -221,6 +242,27 @@ class BertConfig:
         if self.attention_window(index) is not None and self.local_rope_theta is not None:
             return float(self.local_rope_theta)
         return float(self.rope_theta)
+
+    @property
+    def position_table(self) -> bool:
+        """Whether the embeddings add a learned (or sinusoidal) absolute position table."""
+        return self.rope_theta is None and self.position_biased_input is not False
+
+    @property
+    def relative_span(self) -> int:
+        """Disentangled attention: how many relative-position embeddings each side of 0 (0: none)."""
+        if not self.relative_attention:
+            return 0
+        if self.position_buckets and self.position_buckets > 0:
+            return self.position_buckets
+        limit = self.max_relative_positions
+        return limit if limit and limit > 0 else self.max_position_embeddings
+
+    @property
+    def relative_max_position(self) -> int:
+        """The distance the log buckets reach (max_relative_positions, else max_position_embeddings)."""
+        limit = self.max_relative_positions
+        return limit if limit and limit > 0 else self.max_position_embeddings
 
     # ------------------------------------------------------------ derived
     @property
@@ -281,7 +323,10 @@ class BertConfig:
             family = family_of(model_type)
         except UnsupportedFamily as e:
             raise ConfigError(str(e)) from None
-        data = {**family.config_to_ours(data), "model_type": model_type}
+        try:
+            data = {**family.config_to_ours(data), "model_type": model_type}
+        except UnsupportedFamily as e:  # a setting of the family we do not run
+            raise ConfigError(f"invalid BERT config: {e}") from None
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
             raise ConfigError(f"invalid BERT config: it lacks {', '.join(missing)}")

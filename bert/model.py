@@ -105,6 +105,43 @@ def windowed_mask(mask: torch.Tensor | None, length: int, window: int, dtype, de
     return base.masked_fill(outside, torch.finfo(dtype).min)
 
 
+def log_bucket(relative: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
+    """Relative distances (long) -> DeBERTa's buckets: exact within buckets // 2 either way, logarithmic beyond up to
+    max_position; the arithmetic of transformers' make_log_bucket_position, so every bucket equals theirs."""
+    sign = torch.sign(relative)
+    mid = buckets // 2
+    near = (relative < mid) & (relative > -mid)
+    distance = torch.where(near, torch.tensor(mid - 1).type_as(relative), torch.abs(relative))
+    scale = torch.log(torch.tensor((max_position - 1) / mid))
+    logarithmic = torch.ceil(torch.log(distance / mid) / scale * (mid - 1)) + mid
+    return torch.where(distance <= mid, relative.type_as(logarithmic), logarithmic * sign).long()
+
+
+def relative_index(length: int, span: int, buckets: int, max_position: int, device) -> torch.Tensor:
+    """(T, T) long: row i, column j holds where query i's distance to key j (i - j, bucketed when buckets > 0)
+    sits in a table of 2 * span relative-position embeddings. Depends on the length only."""
+    position = torch.arange(length, device=device)
+    return distance_index(position[:, None] - position[None, :], span, buckets, max_position)
+
+
+def distance_index(relative: torch.Tensor, span: int, buckets: int, max_position: int) -> torch.Tensor:
+    if buckets > 0:
+        relative = log_bucket(relative, buckets, max_position)
+    return torch.clamp(relative + span, 0, 2 * span - 1)
+
+
+@dataclass
+class RelativePositions:
+    """What disentangled attention reads in every layer, made once per forward (BertEncoder.relative_inputs)."""
+
+    index: torch.Tensor  # (T, T) long: relative_index for the (padded or per-sequence) length T
+    embeddings: torch.Tensor  # (2 * span, H): the relative-position embeddings, normalised if the config says so
+    # A packed batch: each token's slot in an (S + 1, T) padded layout (the last row takes tokens of no sequence)
+    # and the additive key mask of that layout, (S + 1, 1, 1, T)
+    slots: torch.Tensor | None = None
+    key_mask: torch.Tensor | None = None
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -112,8 +149,9 @@ class BertEmbeddings(nn.Module):
         offset = config.position_offset  # RoBERTa's positions start after pad_token_id
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
         # rotary positions (config.rope_theta) rotate queries and keys inside attention instead of a table here
-        rotary = config.rope_theta is not None
-        self.position_embeddings = None if rotary else nn.Embedding(config.max_position_embeddings + offset, width)
+        # and a model whose positions are only relative (position_biased_input false) has no table either
+        table = config.position_table
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings + offset, width) if table else None
         # DistilBERT has no token types; RoBERTa one, so whatever ids a pair template gives, every token is type 0
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         self.single_token_type = config.type_vocab_size == 1
@@ -169,6 +207,18 @@ class BertSelfAttention(nn.Module):
             self.key = nn.Linear(hidden, hidden, bias=bias)
             self.value = nn.Linear(hidden, hidden, bias=bias)
         self.window = config.attention_window(index)  # None: every token attends to every token
+        # Disentangled attention (config.relative_attention): content->position ("c2p") and position->content
+        # ("p2c") scores beside content->content, every term scaled by 1 / sqrt(head_size * (1 + terms)) as
+        # DeBERTa scales them (the factor follows pos_att_type even without relative attention, as there).
+        terms = tuple(t for t in ("c2p", "p2c") if t in (config.pos_att_type or ()))
+        self.relative_terms = terms if config.relative_attention else ()
+        self.scale_factor = 1 + len(terms)
+        if self.relative_terms and not config.share_att_key:  # else the content projections serve positions too
+            if "c2p" in terms:
+                self.pos_key_proj = nn.Linear(hidden, hidden)
+            if "p2c" in terms:
+                self.pos_query_proj = nn.Linear(hidden, hidden)
+        self.relative_dropout_p = config.hidden_dropout_prob
         self.rope_theta = config.layer_rope_theta(index)  # None: no rotary positions
         self.dropout_p = config.attention_probs_dropout_prob
         # "sdpa": PyTorch's fused kernels (training, torch serving). "eager": explicit
@@ -204,11 +254,51 @@ class BertSelfAttention(nn.Module):
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.size()[:-1] + (self.num_heads, self.head_size)).transpose(1, 2)  # (B, nh, T, hs)
 
-    def forward_varlen(self, x: torch.Tensor, packing: Packing, rope=None) -> torch.Tensor:
+    def relative_scores(self, q: torch.Tensor, k: torch.Tensor, relative: RelativePositions) -> torch.Tensor:
+        """The disentangled terms, scaled, (B, nh, T, T) for q and k (B, nh, T, hs): c2p[i, j] is query i against
+        the embedding of its distance to key j, p2c[i, j] key j against the same distance's embedding (DeBERTa's
+        buckets are odd in the distance, so its -delta(j, i) is delta(i, j))."""
+        table = F.dropout(relative.embeddings, self.relative_dropout_p, self.training)
+        index = relative.index
+        shape = q.shape[:2] + index.shape
+
+        def heads_of(linear: nn.Linear) -> torch.Tensor:  # (nh, 2 * span, hs)
+            return linear(table).view(-1, self.num_heads, self.head_size).transpose(0, 1)
+
+        scores = torch.zeros((), dtype=q.dtype, device=q.device)
+        if "c2p" in self.relative_terms:
+            positions = heads_of(getattr(self, "pos_key_proj", self.key))
+            scores = torch.gather(torch.matmul(q, positions.transpose(-1, -2)), -1, index.expand(shape))
+        if "p2c" in self.relative_terms:
+            positions = heads_of(getattr(self, "pos_query_proj", self.query))
+            by_key = torch.gather(torch.matmul(k, positions.transpose(-1, -2)), -1, index.t().expand(shape))
+            scores = scores + by_key.transpose(-1, -2)
+        return scores / math.sqrt(self.head_size * self.scale_factor)
+
+    def relative_varlen(self, q, k, v, relative: RelativePositions) -> torch.Tensor:
+        """Packed tokens through relative attention: laid out padded per sequence (on the device, no host sync,
+        so it runs in a CUDA graph), attended there with the relative scores, and gathered back."""
+        slots, rows = relative.slots, relative.key_mask.shape[0]
+
+        def padded(t: torch.Tensor) -> torch.Tensor:  # (N, nh, hs) -> (S + 1, nh, T, hs)
+            out = t.new_zeros((rows * relative.index.shape[0],) + t.shape[1:]).index_copy(0, slots, t)
+            return out.view(rows, -1, self.num_heads, self.head_size).transpose(1, 2)
+
+        q, k, v = padded(q), padded(k), padded(v)
+        bias = self.relative_scores(q, k, relative) + relative.key_mask
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.sdpa_scale())
+        return y.transpose(1, 2).reshape(-1, self.num_heads, self.head_size)[slots]
+
+    def sdpa_scale(self) -> float | None:
+        return None if self.scale_factor == 1 else 1.0 / math.sqrt(self.head_size * self.scale_factor)
+
+    def forward_varlen(self, x: torch.Tensor, packing: Packing, rope=None, relative=None) -> torch.Tensor:
         n = x.shape[0]  # x: (N, H), the real tokens of every sequence
         q, k, v = self.project(x)  # (N, nh, hs)
         if rope is not None:
             q, k = rotate(q, rope), rotate(k, rope)
+        if relative is not None:
+            return self.relative_varlen(q, k, v, relative).reshape(n, self.num_heads * self.head_size)
         window = {} if self.window is None else {"window": self.window}  # kernels without windows stay callable
         y = packing.attention(q, k, v, packing.cu_seqlens, packing.max_len, packing.cu_host, **window)
         return y.reshape(n, self.num_heads * self.head_size)  # (N, H)
@@ -218,22 +308,26 @@ class BertSelfAttention(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | Packing | None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        relative: RelativePositions | None = None,
     ) -> torch.Tensor:
         """mask: the additive mask for this layer (its window already in it), or a Packing; rope: the (cos, sin)
-        tables of this layer's rotary positions, if it has them."""
+        tables of this layer's rotary positions, if it has them; relative: what disentangled attention reads."""
         if isinstance(mask, Packing):
-            return self.forward_varlen(x, mask, rope)
+            return self.forward_varlen(x, mask, rope, relative if self.relative_terms else None)
         if hasattr(self, "qkv"):
             q, k, v = (t.transpose(1, 2) for t in self.project(x))  # (B, nh, T, hs)
         else:
             q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
         if rope is not None:
             q, k = rotate(q, rope), rotate(k, rope)
+        if relative is not None and self.relative_terms:
+            scores = self.relative_scores(q, k, relative)
+            mask = scores if mask is None else scores + mask
         dropout = self.dropout_p if self.training else 0.0
         if self.implementation == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.sdpa_scale())
         else:
-            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)  # (B, nh, T, T)
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size * self.scale_factor)
             if mask is not None:
                 scores = scores + mask
             probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=self.training)
@@ -262,9 +356,11 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config, index)
         self.output = BertSelfOutput(config, bias=config.attention_bias is not False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, rope=None, normed=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | Packing | None, rope=None, normed=None, relative=None
+    ) -> torch.Tensor:
         """normed: the sublayer's input when it differs from the residual x (a pre-norm block)."""
-        return self.output(self.self(x if normed is None else normed, mask, rope), x)
+        return self.output(self.self(x if normed is None else normed, mask, rope, relative), x)
 
 
 class BertIntermediate(nn.Module):
@@ -315,12 +411,13 @@ class BertLayer(nn.Module):
             self.attention_norm = None if first_plain else layer_norm(config)
             self.mlp_norm = layer_norm(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, rope=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, rope=None, relative=None) -> torch.Tensor:
         gelu_epilogue = isinstance(mask, Packing) and mask.gelu_epilogue
         if not self.pre_norm:
-            x = self.attention(x, mask, rope)
+            x = self.attention(x, mask, rope, relative=relative)
             return self.output(self.intermediate(x, gelu_epilogue), x)
-        x = self.attention(x, mask, rope, normed=self.attention_norm(x) if self.attention_norm is not None else x)
+        normed = self.attention_norm(x) if self.attention_norm is not None else x
+        x = self.attention(x, mask, rope, normed=normed, relative=relative)
         return self.output(self.intermediate(self.mlp_norm(x), gelu_epilogue), x)
 
 
@@ -332,6 +429,46 @@ class BertEncoder(nn.Module):
         self.final_norm = layer_norm(config) if config.family.pre_norm else None
         self.head_size = config.head_size
         self.gradient_checkpointing = False
+        # Disentangled attention: one table of relative-position embeddings (2 * span rows) that every layer
+        # projects with its own query and key weights, through a LayerNorm first where norm_rel_ebd says so.
+        span = config.relative_span
+        self.relative = (span, config.position_buckets or -1, config.relative_max_position)
+        self.rel_embeddings = nn.Embedding(2 * span, config.hidden_size) if span else None
+        # Every distance's row in that table, for distances -(P-1)..P-1 (P: max_position_embeddings), made once:
+        # a (T, T) index is then integer arithmetic and one lookup, so an exported graph holds no float bucket
+        # arithmetic (which fp16 conversion would round) and nothing to recompute per call. Not saved.
+        reach = config.max_position_embeddings - 1
+        distances = torch.arange(-reach, reach + 1) if span else torch.zeros(0, dtype=torch.long)
+        self.register_buffer(
+            "relative_rows", distance_index(distances, *self.relative) if span else distances, persistent=False
+        )
+        # (the norm exists whenever norm_rel_ebd names it, as in transformers, though unused without the table)
+        self.rel_embeddings_norm = layer_norm(config) if config.norm_rel_ebd == "layer_norm" else None
+
+    def relative_inputs(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> RelativePositions | None:
+        """The relative index and embeddings every layer reads, once per forward (None without relative attention).
+        A packed batch gets each token's slot in a padded (S + 1, max_len) layout (tokens of no sequence go to
+        the last row) and that layout's key mask."""
+        if self.rel_embeddings is None:
+            return None
+        table = self.rel_embeddings.weight
+        if self.rel_embeddings_norm is not None:
+            table = self.rel_embeddings_norm(table)
+        if not isinstance(mask, Packing):
+            return RelativePositions(self.index(x.shape[1], x.device), table)
+        length, rows = mask.max_len, mask.cu_seqlens.shape[0]  # S + 1 rows
+        tokens = torch.arange(x.shape[0], device=x.device)
+        sequence = torch.searchsorted(mask.cu_seqlens[1:].long(), tokens, right=True)
+        slots = sequence * length + mask.positions.long()
+        valid = torch.zeros(rows * length, dtype=x.dtype, device=x.device).index_fill(0, slots, 1.0)
+        key_mask = additive_padding_mask(valid.view(rows, length), x.dtype)
+        return RelativePositions(self.index(length, x.device), table, slots, key_mask)
+
+    def index(self, length, device) -> torch.Tensor:
+        """relative_index for this length, looked up in relative_rows (lengths up to max_position_embeddings)."""
+        position = torch.arange(length, device=device)
+        reach = (self.relative_rows.shape[0] - 1) // 2
+        return self.relative_rows[position[:, None] - position[None, :] + reach]
 
     def layer_inputs(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, positions: torch.Tensor | None):
         """Per layer, its mask (windowed where the layer is) and rotary tables, each made once per distinct value."""
@@ -354,11 +491,12 @@ class BertEncoder(nn.Module):
         self, x: torch.Tensor, mask: torch.Tensor | Packing | None, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
         """positions: each packed token's position in its sequence (N,); None for a padded batch (0..T-1)."""
+        relative = self.relative_inputs(x, mask)
         for block, (layer_mask, rope) in zip(self.layer, self.layer_inputs(x, mask, positions)):
             if self.gradient_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, layer_mask, rope, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, layer_mask, rope, relative, use_reentrant=False)
             else:
-                x = block(x, layer_mask, rope)
+                x = block(x, layer_mask, rope, relative)
         return x if self.final_norm is None else self.final_norm(x)
 
 

@@ -106,16 +106,17 @@ def fuse(portable: Path, config: BertConfig):
 
 
 def embed_fusion(config: BertConfig) -> bool:
-    return config.position_offset == 0 and config.rope_theta is None
+    return config.position_offset == 0 and config.position_table
 
 
 def bert_shaped(config: BertConfig) -> bool:
     """Whether onnxruntime's BERT fusions have a pattern for this encoder: post-norm blocks with plain
-    query/key/value attention. Rotary positions, windowed masks, pre-norm blocks and gated MLPs have none;
+    query/key/value attention. Rotary positions, disentangled (relative) attention, windowed masks, pre-norm blocks and gated MLPs have none;
     such graphs keep those parts as standard ops (the counts recorded say which fusions applied)."""
     family = config.family
     return not (
         config.rope_theta is not None
+        or config.relative_attention
         or config.layer_types
         or family.pre_norm
         or family.gated_mlp
@@ -143,11 +144,31 @@ def check_fusion(counts: dict[str, int], config: BertConfig) -> None:
 
 
 def to_fp16(fused):
-    """Fused fp32 OnnxModel -> fp16 weights and compute, inputs/outputs unchanged (int64 in, fp32 out)."""
+    """Fused fp32 OnnxModel -> fp16 weights and compute, inputs/outputs unchanged (int64 in, fp32 out). What does
+    not depend on the inputs stays fp32 (input_independent_nodes)."""
+    kept = input_independent_nodes(fused.model)
     fused.convert_float_to_float16(
-        use_symbolic_shape_infer=True, keep_io_types=True, op_block_list=list(FP16_OP_BLOCK_LIST)
+        use_symbolic_shape_infer=True,
+        keep_io_types=True,
+        op_block_list=list(FP16_OP_BLOCK_LIST),
+        **({"node_block_list": kept} if kept else {}),
     )
     return fused
+
+
+def input_independent_nodes(model: onnx.ModelProto) -> list[str]:
+    """Computing nodes none of whose inputs depend on a graph input: arithmetic on weights alone (DeBERTa's
+    relative-position embeddings, normalised and projected per layer). Kept fp32, onnxruntime folds them into
+    constants when a session starts; converted to fp16 they are Gemms its CPU provider has no kernel to fold
+    with, and session creation crashed on them (onnxruntime 1.32, ORT_ENABLE_ALL). A BERT graph has none."""
+    dependent = {i.name for i in model.graph.input}
+    kept = []
+    for node in model.graph.node:  # topologically ordered
+        if any(name in dependent for name in node.input):
+            dependent.update(node.output)
+        elif node.input:
+            kept.append(node.name)
+    return kept
 
 
 INT8_SCOPES = ("skip-ffn-output", "all")
@@ -179,9 +200,10 @@ def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-outpu
 
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
-    excluded = (
-        ffn_output_matmuls(onnx.load(str(fused_path), load_external_data=False)) if scope == "skip-ffn-output" else []
-    )
+    graph = onnx.load(str(fused_path), load_external_data=False)
+    excluded = ffn_output_matmuls(graph) if scope == "skip-ffn-output" else []
+    # weights-only arithmetic is folded into constants at session start: quantised it would only lose digits
+    excluded += input_independent_nodes(graph)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # it warns on the root logger about pre-processing that BERT does not need
