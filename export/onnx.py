@@ -68,7 +68,7 @@ class OnnxOptions:
         ),
     )
     precision: str = option(
-        "fp32",
+        "auto",
         choices=PRECISIONS,
         help=(
             "precision of model.onnx. auto: makes fp32 and the int8 graph --int8-scope gives, times both on this "

@@ -143,9 +143,9 @@ def test_search_keeps_the_fewest_sensitive_groups_that_meet_the_target(tiny_fuse
     assert len(strict.kept) < len(strict.groups) and strict.chosen.agreement >= 0.99
 
 
-def test_precision_auto_writes_the_faster_faithful_graph(tmp_path):
+def test_precision_auto_is_the_default_and_writes_the_faster_faithful_graph(tmp_path):
     fields = OnnxOptions.__dataclass_fields__
-    assert fields["int8_scope"].default == "auto"
+    assert fields["precision"].default == "auto" and fields["int8_scope"].default == "auto"
     calibration = tmp_path / "calibration.txt"
     calibration.write_text("An extra calibration sentence.\n", encoding="utf-8")
     out = tmp_path / "art"
