@@ -422,7 +422,8 @@ def search(
         else:
             low = middle + 1
     if best is None:  # only fp32 everywhere met the target (or the budget ran out before a smaller set did)
-        best = Trial("every group kept fp32", tuple(n for g in ordered for n in g.nodes), 1.0, 0.0, {})
+        same = {name: OutputAgreement(kind, 1.0, 1.0, 0.0, 0) for name, (kind, _, _) in judged.items()}
+        best = Trial("every group kept fp32", tuple(n for g in ordered for n in g.nodes), 1.0, 0.0, same)
     return Search(target, groups, ordered[:high], best, trials, sensitivity, calibration.size())
 
 

@@ -172,3 +172,41 @@ def test_bad_int8_flags_exit_2(tmp_path):
     assert cli([*base, "--int8-agreement", "1.5"]) == 2
     assert cli([*base, "--int8-trials", "0"]) == 2
     assert cli([*base, "--calibration", str(tmp_path / "missing.txt")]) == 2
+
+
+def test_every_task_is_judged_by_what_its_users_see():
+    from types import SimpleNamespace
+
+    import bert.model  # noqa: F401 - registers the mlm head kind, as loading a model does in an export
+    from export.onnx import judged_outputs
+
+    def wrapper(spec, dtypes=None):
+        return SimpleNamespace(spec=spec, dtypes=dtypes or {})
+
+    seq, tok = ("batch",), ("batch", "sequence")
+    cases = {
+        "classify": ({"logits": (None, seq, "classify")}, {"logits": ("labels", False, "sentences")}),
+        "ner": ({"logits": (None, tok, "ner")}, {"logits": ("labels", True, "sentences")}),
+        "qa": (
+            {"start_logits": (None, tok, "qa"), "end_logits": (None, tok, "qa")},
+            {"start_logits": ("positions", True, "qa"), "end_logits": ("positions", True, "qa")},
+        ),
+        "embed": ({"embedding": (None, seq, "embed")}, {"embedding": ("cosine", False, "sentences")}),
+        "rerank": ({"logits": (None, seq, "rerank")}, {"logits": ("ranked", False, "rerank")}),
+        "zero_shot": ({"logits": (None, seq, "zero_shot")}, {"logits": ("labels", False, "zero_shot")}),
+        "encoder": ({"last_hidden_state": (None, tok, None)}, {"last_hidden_state": ("cosine", True, "sentences")}),
+    }
+    for task, (spec, expected) in cases.items():
+        assert judged_outputs(wrapper(spec), task) == expected, task
+    fill_mask = {"fill_mask_scores": (None, tok, "fill_mask"), "fill_mask_ids": (None, tok, "fill_mask")}
+    judged = judged_outputs(wrapper(fill_mask, {"fill_mask_ids": "int64"}), "fill_mask")
+    assert judged == {"fill_mask_scores": ("none", True, "sentences"), "fill_mask_ids": ("ids", True, "sentences")}
+
+
+def test_qa_int8_is_searched_on_question_context_pairs(tmp_path):
+    out = tmp_path / "qa"
+    args = ["--ckpt", "tiny", "--random-init", "--task", "qa", "--out", str(out), "--max-seq", "64"]
+    assert cli([*args, "--precision", "int8", "--int8-scope", "auto", "--int8-trials", "4"]) == 0
+    quantization = json.loads((out / "manifest.json").read_text())["quantization"]
+    assert quantization["calibration"] == {"qa": 8}
+    assert quantization["outputs"]["start_logits"]["kind"] == "positions" and quantization["trials"] <= 4
