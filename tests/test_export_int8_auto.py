@@ -21,8 +21,9 @@ def test_estimated_agreement_counts_changes_that_take_away_margins():
     margins = np.array([0.1, 0.2, 1.0, 2.0])
     assert sensitivity.estimated_agreement(margins, np.zeros(4)) == 1.0
     assert sensitivity.estimated_agreement(margins, np.full(4, 5.0)) == 1.0  # a lead that grows flips nothing
-    # each change of -0.15 takes away the margin 0.1 only: 1 of 4 margins, for every row
-    assert sensitivity.estimated_agreement(margins, np.full(4, -0.15)) == pytest.approx(0.75)
+    # each change of -0.07 counts as -0.14 (CHANGE_SAFETY 2) and takes away the margin 0.1 only: 1 of 4 margins
+    assert sensitivity.CHANGE_SAFETY == 2.0
+    assert sensitivity.estimated_agreement(margins, np.full(4, -0.07)) == pytest.approx(0.75)
     assert sensitivity.estimated_agreement(margins, np.full(4, -3.0)) == 0.0
 
 
