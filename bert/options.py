@@ -41,7 +41,10 @@ ENVIRONMENT = {
     "BERTSERVE_BASE_URL": "the Python SDK's server address when the Client is given none",
     "BERTSERVE_PAUSE_AT": "crash tests only: stop at this named point of a checkpoint write (bert/atomic.py)",
     "BERTSERVE_TEST_DATA": "tests and benchmarks: the data directory (default: ../shared/data)",
-    "BERTSERVE_TEST_FULL": "tests: 1 compares the families on the full CoNLL-2003 valid set and 500 SQuAD questions",
+    "BERTSERVE_TEST_FULL": (
+        "tests: 1 compares the families on the full CoNLL-2003 valid set and 500 SQuAD questions, and holds the "
+        "default exports to their agreement with fp32 on held-out data"
+    ),
     "BERTSERVE_PEERS_DIR": "benchmarks: where peer servers are installed (default: bench/.peers)",
     "BERTSERVE_HEALTHCHECK_PIDS": "tests only: the processes whose sockets the container health check probes",
 }

@@ -29,7 +29,7 @@ from .cli import Progress, ResultError, UsageError, run
 from .manifest import MANIFEST_FILE, MODEL_FILE, PLAN_FILE, PORTABLE_FILE, artifact_files, write_manifest
 from .source import LAYOUTS, pools
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("auto", "fp32", "fp16", "int8")
 TASK_CHOICES = ("auto", *registry.names(), *LAYOUTS)
 
 
@@ -68,21 +68,50 @@ class OnnxOptions:
         ),
     )
     precision: str = option(
-        "fp32",
+        "auto",
         choices=PRECISIONS,
         help=(
-            "precision of model.onnx. fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and compute with "
-            "fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 quantisation (for "
-            "CPUs). model.portable.onnx is always fp32."
+            "precision of model.onnx. auto: makes fp32 and the int8 graph --int8-scope gives, times both on this "
+            "machine on the calibration inputs and writes the faster one that meets --int8-agreement (the manifest's "
+            "precision says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
+            "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 "
+            "quantisation (for CPUs). model.portable.onnx is always fp32."
         ),
     )
     int8_scope: str = option(
-        "skip-ffn-output",
-        choices=("skip-ffn-output", "all"),
+        "auto",
+        choices=("auto", "skip-ffn-output", "all"),
         help=(
-            "with --precision int8: which MatMuls to quantise. skip-ffn-output keeps each layer's feed-forward output "
-            "projection in fp32 (MiniLM SST-2: 99.3% label agreement with fp32, 1.4x faster than fp32 on CPU); all "
-            "quantises every one (98.6%, 1.8x)"
+            "with --precision int8 or auto: which MatMuls to quantise. auto: measured on the calibration inputs, the "
+            "fewest groups (one layer's attention, attention output, FFN input or FFN output; embeddings; heads) kept "
+            "fp32 that bring agreement with fp32 to --int8-agreement; skip-ffn-output keeps each layer's feed-forward "
+            "output projection fp32; all quantises every one"
+        ),
+    )
+    int8_agreement: float = option(
+        0.995,
+        metavar="X",
+        help=(
+            "with --int8-scope auto: the share of answers the int8 graph must give as fp32 does on the calibration "
+            "inputs (labels for classify/ner/zero-shot, the top position or text for qa/rerank, the first token for "
+            "fill-mask, cosine >= 0.99 for embeddings), observed and estimated from fp32's margins"
+        ),
+    )
+    int8_trials: int = option(
+        32,
+        metavar="N",
+        help=(
+            "with --int8-scope auto: at most this many quantised graphs are built and run while searching (coarser "
+            "groups when one per layer and kind would need more)"
+        ),
+    )
+    calibration: str | None = option(
+        None,
+        metavar="FILE",
+        help=(
+            "inputs to measure int8 on, besides the shipped samples: one a line, plain text or a JSON request body of "
+            'any task ("inputs", "question"/"context", "query"/"texts", zero-shot\'s '
+            '"candidate_labels"); at most 512 of each kind are read'
         ),
     )
     out: str | None = option(
@@ -191,6 +220,18 @@ def main(argv=None) -> None:
         raise UsageError(f"--opset must be between 14 and 20, got {args.opset}")
     if args.atol is not None and args.atol <= 0:
         raise UsageError(f"--atol must be positive, got {args.atol}")
+    if not 0 < args.int8_agreement <= 1:
+        raise UsageError(f"--int8-agreement must be in (0, 1], got {args.int8_agreement}")
+    if args.int8_trials < 1:
+        raise UsageError(f"--int8-trials must be at least 1, got {args.int8_trials}")
+    extra_calibration = None
+    if args.calibration:
+        from .samples import CalibrationError, read_calibration
+
+        try:
+            extra_calibration = read_calibration(args.calibration)
+        except CalibrationError as e:
+            raise UsageError(str(e)) from None
 
     import onnx
 
@@ -198,7 +239,7 @@ def main(argv=None) -> None:
     from bert.checkpoint import save_tokenizer_files
     from bert.tokenizer import BertTokenizer
 
-    from . import parity, variants
+    from . import parity, sensitivity, variants
     from .source import check_source, load_model
     from .wrapper import INPUT_NAMES, ExportWrapper, dummy_inputs, dynamic_axes, prepare_for_export
 
@@ -216,7 +257,9 @@ def main(argv=None) -> None:
         raise UsageError(
             f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
         )
-    progress = Progress(total=6 if args.no_verify else 8)
+    quantizing = args.precision in ("int8", "auto")
+    searching = quantizing and args.int8_scope == "auto"
+    progress = Progress(total=(6 if args.no_verify else 8) + searching + (args.precision == "auto"))
     loading = time.perf_counter()
     load_model(source)
     progress.done(
@@ -317,23 +360,62 @@ def main(argv=None) -> None:
             counts = variants.fused_operator_counts(fused.model)
             progress.note("fused operators: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
 
-        quantization = None
+        quantization, search, choice, precision = None, None, None, args.precision
+        model_path = tmp / MODEL_FILE
+        if quantizing:
+            fused_path = variants.save(fused, tmp / "fused.onnx")  # the quantiser's input, not published
+            del fused
+            judged = judged_outputs(wrapper, source.task)
+            calibration = sensitivity.build_calibration(
+                tokenizer, {on for _, _, on in judged.values()}, min(shape_range["max_seq"], 256), extra_calibration
+            )
+        if searching:
+            with progress(
+                f"choosing what stays fp32 in int8 (target agreement {args.int8_agreement:.1%}, "
+                f"at most {args.int8_trials} trial graphs, calibration "
+                + ", ".join(f"{n} {k}" for k, n in calibration.size().items())
+                + ")"
+            ):
+                search = sensitivity.search(
+                    fused_path,
+                    calibration,
+                    judged,
+                    target=args.int8_agreement,
+                    budget=args.int8_trials,
+                    note=progress.note,
+                )
+                progress.note(
+                    f"kept fp32: {', '.join(g.label for g in search.kept) or 'nothing'}"
+                    f" ({len(search.fp32_nodes)} of the quantisable nodes); agreement "
+                    + (f"{search.chosen.agreement:.4f}" if search.chosen.agreement is not None else "not measured")
+                )
         with progress(f"writing model.onnx ({args.precision})"):
-            model_path = tmp / MODEL_FILE
             if args.precision == "fp32":
                 variants.save(fused, model_path)
             elif args.precision == "fp16":
                 variants.save(variants.to_fp16(fused), model_path)
             else:
-                fused_path = variants.save(fused, tmp / "fused.onnx")  # the quantiser's input, not published
-                quantization = variants.quantize_int8(fused_path, model_path, args.int8_scope)
-                for leftover in (fused_path, fused_path.with_name(fused_path.name + ".data")):
-                    leftover.unlink(missing_ok=True)
-                progress.note(f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} MatMuls kept fp32")
+                int8_path = tmp / "int8.onnx" if args.precision == "auto" else model_path
+                quantization = variants.quantize_int8(
+                    fused_path, int8_path, args.int8_scope, search.fp32_nodes if search else None
+                )
+                progress.note(f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} nodes kept fp32")
+        if args.precision == "auto":
+            with progress("timing the candidates on this machine"):
+                choice = choose_precision(fused_path, int8_path, calibration, search, args.int8_agreement)
+                precision = choice["chosen"]
+                (int8_path if precision == "int8" else fused_path).rename(model_path)
+                progress.note(choice["line"])
+                if precision == "fp32":
+                    quantization = None
+        if quantizing:
+            for leftover in (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx"):
+                leftover.unlink(missing_ok=True)
+        if args.precision in ("fp32", "fp16"):
             del fused
         if not args.no_verify:
-            with progress(f"verifying model.onnx ({args.precision}) against torch"):
-                verify("model", model_path, args.precision)
+            with progress(f"verifying model.onnx ({precision}) against torch"):
+                verify("model", model_path, precision)
         if failures:
             raise ResultError(
                 f"parity out of tolerance, so nothing was published at {out} (what was there is "
@@ -356,13 +438,80 @@ def main(argv=None) -> None:
             config.save(tmp)
             save_tokenizer_files(source.tokenizer_dir, tmp)
             manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, tmp)
+            manifest["precision"] = precision
             if quantization:
-                manifest["quantization"] = {k: v for k, v in quantization.items() if k != "fp32_nodes"} | {
-                    "fp32_matmuls": len(quantization["fp32_nodes"])
-                }
+                manifest["quantization"] = (
+                    quantization
+                    | ({k: v for k, v in search.describe().items() if k not in quantization} if search else {})
+                    | {"fp32_matmuls": len(quantization["fp32_nodes"])}
+                )
+            if choice:
+                manifest["precision_choice"] = {k: v for k, v in choice.items() if k != "line"}
             write_manifest(tmp, manifest)
 
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
+
+
+def judged_outputs(wrapper, task: str) -> dict[str, tuple[str, bool, str]]:
+    """Output name -> (what its agreement compares, per token or not, the calibration set it is judged on):
+    labels, positions (qa), the top text of a query (rerank), the first token id (fill-mask), cosine (pooled
+    embeddings and encoder states); a head's kind says which (bert/heads.py)."""
+    from bert import heads
+
+    judged = {}
+    for name, (_, dims, owner) in wrapper.spec.items():
+        token_level = "sequence" in dims
+        owner = owner if owner is not None or task not in TASKS else task
+        if getattr(wrapper, "dtypes", {}).get(name, "float32").startswith("int"):
+            kind = "ids"
+        elif owner is None or TASKS[owner].head is None:
+            kind = "cosine"
+        elif owner == "rerank":
+            kind = "ranked"
+        else:
+            kind = heads.get(TASKS[owner].head.kind).agreement
+        judged[name] = (kind, token_level, sensitivity_set(owner))
+    return judged
+
+
+def sensitivity_set(task: str | None) -> str:
+    return {"qa": "qa", "rerank": "rerank", "zero_shot": "zero_shot"}.get(task, "sentences")
+
+
+def choose_precision(fp32_path: Path, int8_path: Path, calibration, search, target: float) -> dict:
+    """Time fp32 and int8 on the calibration inputs here; the faster one meeting the agreement target wins."""
+    from .sensitivity import time_graphs
+
+    agreement = search.chosen.agreement if search else None
+    meets = agreement is None or agreement >= target
+    if search is not None and len(search.kept) == len(search.groups) and search.groups:
+        meets = False  # nothing quantised: the int8 graph is fp32 under another name
+    timings = time_graphs({"fp32": fp32_path, "int8": int8_path}, calibration)
+    candidates = {
+        "fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True},
+        "int8": {"seconds": timings["int8"], "agreement": agreement, "meets_target": meets},
+    }
+    eligible = [name for name, c in candidates.items() if c["meets_target"]]
+    chosen = min(eligible, key=lambda name: candidates[name]["seconds"])
+    inputs = sum(calibration.size().values())
+    speed = timings["fp32"] / timings["int8"]
+    why = (
+        f"int8 {speed:.2f}x the speed of fp32"
+        + (f", agreement {agreement:.4f}" if agreement is not None else "")
+        + ("" if meets else f" (below the {target:.1%} target)")
+    )
+    line = (
+        f"precision auto: {chosen} (fp32 {timings['fp32'] * 1e3:.1f} ms, int8 {timings['int8'] * 1e3:.1f} ms "
+        f"for {inputs} calibration inputs; {why})"
+    )
+    return {
+        "requested": "auto",
+        "chosen": chosen,
+        "target_agreement": target,
+        "timed_on": f"{inputs} calibration inputs, median of the passes, onnxruntime CPU, this machine",
+        "candidates": candidates,
+        "line": line,
+    }
 
 
 def build_manifest(args, source, wrapper, shape_range, counts, results, failures, out: Path) -> dict:

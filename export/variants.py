@@ -4,6 +4,7 @@ onnxruntime variants made from it: fused fp32, fused fp16, fused + dynamically q
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -171,7 +172,7 @@ def input_independent_nodes(model: onnx.ModelProto) -> list[str]:
     return kept
 
 
-INT8_SCOPES = ("skip-ffn-output", "all")
+INT8_SCOPES = ("auto", "skip-ffn-output", "all")
 GELU_OPS = ("BiasGelu", "FastGelu", "Gelu")  # as fused by onnxruntime
 
 
@@ -186,24 +187,43 @@ def ffn_output_matmuls(model: onnx.ModelProto) -> list[str]:
     ]
 
 
-def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-output") -> dict:
+def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-output", excluded=None) -> dict:
     """Dynamic quantisation (int8 weights per output channel, activations quantised per batch at run
     time) for CPU, on the fused graph (Attention and EmbedLayerNormalization have integer kernels).
 
     Scope "all" quantises every MatMul; "skip-ffn-output" keeps each layer's FFN output projection fp32
     (its input, the GELU output, has a long tail): closer to fp32, a little slower (figures: docs/export.md,
-    "int8 scope"). Per-channel weights quantise with less error than per-tensor ones.
-    Returns what was done, for the manifest."""
-    import logging
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
+    "int8 scope"); "auto" keeps `excluded` fp32, the nodes export/sensitivity.py's search chose.
+    Per-channel weights quantise with less error than per-tensor ones. Returns what was done, for the manifest."""
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
-    graph = onnx.load(str(fused_path), load_external_data=False)
-    excluded = ffn_output_matmuls(graph) if scope == "skip-ffn-output" else []
+    if scope == "skip-ffn-output":
+        excluded = ffn_output_matmuls(onnx.load(str(fused_path), load_external_data=False))
+    elif scope == "all":
+        excluded = []
+    elif excluded is None:
+        raise ValueError("int8 scope auto needs the nodes to keep fp32 (export/sensitivity.py)")
     # weights-only arithmetic is folded into constants at session start: quantised it would only lose digits
-    excluded += input_independent_nodes(graph)
+    excluded = list(excluded) + input_independent_nodes(onnx.load(str(fused_path), load_external_data=False))
+    quantize_dynamic_graph(fused_path, out_path, exclude=excluded)
+    quantized = onnx.load(str(out_path))
+    split = split_skip_layer_norm(quantized)
+    if split:
+        save(quantized, out_path)
+    return {
+        "method": "dynamic",
+        "weights": "int8 per channel",
+        "activations": "uint8 per tensor, per batch",
+        "scope": scope,
+        "fp32_nodes": list(excluded),
+        "skip_layer_norms_split": split,
+    }
+
+
+def quantize_dynamic_graph(fused_path: Path, out_path: Path, *, exclude=(), only=None) -> None:
+    """int8 per-channel weights, activations quantised per batch at run time (onnxruntime's quantize_dynamic)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # it warns on the root logger about pre-processing that BERT does not need
@@ -214,23 +234,12 @@ def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-outpu
             str(out_path),
             weight_type=QuantType.QInt8,
             per_channel=True,
-            nodes_to_exclude=excluded,
+            nodes_to_quantize=list(only) if only is not None else None,
+            nodes_to_exclude=list(exclude),
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     finally:
         root.setLevel(level)
-    quantized = onnx.load(str(out_path))
-    split = split_skip_layer_norm(quantized)
-    if split:
-        save(quantized, out_path)
-    return {
-        "method": "dynamic",
-        "weights": "int8 per channel",
-        "activations": "uint8 per tensor, per batch",
-        "scope": scope,
-        "fp32_nodes": excluded,
-        "skip_layer_norms_split": split,
-    }
 
 
 def split_skip_layer_norm(model: onnx.ModelProto) -> int:

@@ -176,6 +176,15 @@ class Engine:
             vectors = [t for t in unit.tasks if TASKS[t].head is None]  # the tasks the encoder itself serves
             if vectors and isinstance(quality, dict) and quality.get("warning"):
                 log.warning("%s: %s: %s", unit.spec.path.name, ", ".join(vectors), quality["warning"])
+            if "rerank" in unit.tasks and unit.spec.kind == "checkpoint" and settings.device == "cpu":
+                # A rerank request is many pairs (20 texts: 20 model inputs); the server never exports itself.
+                log.warning(
+                    "/rerank is served from the checkpoint %s in torch fp32 on CPU; its ONNX export is much faster: "
+                    "python -m export.onnx --ckpt %s (the default writes int8 where it agrees with fp32), then "
+                    "--rerank-model ARTIFACT_DIR",
+                    unit.spec.path,
+                    unit.spec.path,
+                )
         log.info("serving %s", {t: {n: str(u.spec.path) for n, u in m.items()} for t, m in self.models.items()})
 
     def _check_shared_backends(self) -> None:

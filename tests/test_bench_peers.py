@@ -176,3 +176,21 @@ def test_infinity_peer_classifies_through_its_adapter(tmp_path, data_dir, minilm
             peer.adapter, asyncio.run(collect(url + peer.adapter.path, [peer.adapter.body(s) for s in sentences], 2))
         )
     assert all(a in CLS_LABELS for a in answers), answers
+
+
+def test_bertserve_onnx_peers_serve_the_default_export_and_say_what_it_chose(tmp_path):
+    from bench.peers import catalog
+
+    peers = catalog.catalog("embed", tmp_path, 1, tmp_path / "work", setup=False)
+    ours = [p.name for p in peers if p.server == "bertserve"]
+    assert "bertserve-ort-default" in ours and "bertserve-ort-int8" not in ours
+    manifest = {
+        "source": {"path": "/ckpt"},
+        "precision": "int8",
+        "precision_choice": {"candidates": {"fp32": {"seconds": 0.2}, "int8": {"seconds": 0.1}}},
+        "quantization": {"agreement": 0.9961, "fp32_groups": ["layer 0 ffn-out", "embeddings"]},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    line = catalog.describe_default_export(tmp_path)
+    assert line.startswith("bertserve's default export (python -m export.onnx with no precision flags) of /ckpt: int8")
+    assert "fp32 200 ms, int8 100 ms" in line and "0.9961" in line and "layer 0 ffn-out, embeddings" in line

@@ -102,6 +102,8 @@ def test_rerank_equals_cross_encoder(backend, tolerance, cross_encoder, artifact
 
 def test_rerank_refusals(cross_encoder):
     with Server("--model", str(cross_encoder), "--max-client-batch-size", "4") as server:
+        # a checkpoint on CPU: the server says how to get the faster export (it never exports by itself)
+        assert "/rerank is served from the checkpoint" in server.log() and "python -m export.onnx" in server.log()
         post = lambda path, body: httpx.post(server.url + path, json=body)  # noqa: E731
         for path, body, status in [
             ("/rerank", {"query": "q", "texts": []}, 400),

@@ -46,7 +46,7 @@ class Adapter:
 class Peer:
     """A server under test, for one task. `argv` may hold "{port}", replaced by the port it gets."""
 
-    name: str  # the variant, e.g. "bertserve-ort-int8"
+    name: str  # the variant, e.g. "bertserve-ort-default"
     server: str  # the product it belongs to: "bertserve", "baseline", "infinity"
     task: str  # "classify", "embed", "ner", "qa"
     engine: str  # "torch", "onnxruntime", ...

@@ -70,13 +70,14 @@ def run_step(cmd: list[str], what: str, cwd: Path = REPO, env: dict | None = Non
 
 
 def bertserve_export(
-    source: Path, work: Path, task: str, precision: str, int8_scope: str | None = None, root: Path = REPO
+    source: Path, work: Path, task: str, precision: str | None, int8_scope: str | None = None, root: Path = REPO
 ) -> Path:
     """An ONNX artifact of `source` made by `python -m export.onnx --task auto`: the exporter's choice,
     as a user would export it (the demo model: one graph with an output per head; a
-    sentence-transformers directory: whatever the exporter makes of it). `root`: the checkout whose
-    exporter runs."""
-    label = f"{task}-{precision}" + (f"-{int8_scope}" if int8_scope else "")
+    sentence-transformers directory: whatever the exporter makes of it). precision None: no precision
+    flags at all, the default export (precision auto: the faster of fp32 and int8 that meets the default
+    agreement, timed on the machine that exports). `root`: the checkout whose exporter runs."""
+    label = f"{task}-{precision or 'default'}" + (f"-{int8_scope}" if int8_scope else "")
 
     def build(tmp: Path) -> None:
         run_step(
@@ -88,18 +89,41 @@ def bertserve_export(
                 str(source),
                 "--task",
                 "auto",
-                "--precision",
-                precision,
+                *(["--precision", precision] if precision else []),
                 *(["--int8-scope", int8_scope] if int8_scope else []),
                 "--out",
                 str(tmp),
             ],
             f"bertserve's export of {source} ({label})",
+            # the default export: the command's own defaults, whatever BERTSERVE_ONNX_* the caller has set
+            env={"BERTSERVE_ONNX_PRECISION": "auto", "BERTSERVE_ONNX_INT8_SCOPE": "auto"}
+            if precision is None
+            else None,
             cwd=root,
         )
 
     key = fingerprint(source, *(root / d for d in EXPORT_CODE)) + label
-    return cached(work / "bertserve" / label, key, build)
+    out = cached(work / "bertserve" / label, key, build)
+    if precision is None:
+        print(describe_default_export(out), flush=True)
+    return out
+
+
+def describe_default_export(artifact: Path) -> str:
+    """One line: what the default export (no precision flags) wrote, and why, from its manifest."""
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    choice = manifest.get("precision_choice") or {}
+    candidates = choice.get("candidates", {})
+    timed = ", ".join(f"{name} {c['seconds'] * 1e3:.0f} ms" for name, c in candidates.items())
+    quantization = manifest.get("quantization") or {}
+    kept = quantization.get("fp32_groups")
+    return (
+        f"bertserve's default export (python -m export.onnx with no precision flags) of "
+        f"{manifest['source']['path']}: {manifest['precision']}"
+        + (f" (timed at export: {timed})" if timed else "")
+        + (f"; agreement with fp32 {quantization['agreement']:.4f}" if quantization.get("agreement") else "")
+        + (f"; kept fp32: {', '.join(kept) or 'nothing'}" if kept is not None else "")
+    )
 
 
 def transformers_classifier(source: Path, work: Path) -> Path:
@@ -175,6 +199,8 @@ def bertserve_peer(
 
     def prepare() -> None:
         path = model() if callable(model) else model
+        if precision == "default":  # what the default export chose
+            peer.precision = json.loads((Path(path) / "manifest.json").read_text())["precision"]
         peer.argv = [
             sys.executable,
             "-m",
@@ -302,7 +328,7 @@ def catalog(
     def ours(name: str, model, extra: list[str] = (), engine: str = "onnxruntime", precision: str = "fp32") -> Peer:
         return bertserve_peer(name, task, model, threads, extra, engine, precision, bertserve_root)
 
-    def export(source: Callable[[], Path], precision: str, scope: str | None = None) -> Callable[[], Path]:
+    def export(source: Callable[[], Path], precision: str | None, scope: str | None = None) -> Callable[[], Path]:
         return lambda: bertserve_export(source(), work, task, precision, scope, bertserve_root)
 
     if task == "classify":
@@ -311,7 +337,7 @@ def catalog(
         return [
             ours("bertserve-torch-fp32", classify_source, ["--backend", "torch"], "torch"),
             ours("bertserve-ort-fp32", export(source, "fp32")),
-            ours("bertserve-ort-int8", export(source, "int8", "all"), precision="int8"),
+            ours("bertserve-ort-default", export(source, None), precision="default"),
             baseline_peer("baseline-torch-fp32", task, classify_source, threads),
             infinity_peer("infinity-torch-fp32", task, "torch", "fp32", hf, work, setup),
             infinity_peer(
@@ -337,7 +363,7 @@ def catalog(
         return [
             ours("bertserve-torch-fp32", embed_model, ["--backend", "torch"], "torch"),
             ours("bertserve-ort-fp32", export(embed_model, "fp32")),
-            ours("bertserve-ort-int8", export(embed_model, "int8", "all"), precision="int8"),
+            ours("bertserve-ort-default", export(embed_model, None), precision="default"),
             infinity_peer("infinity-torch-fp32", task, "torch", "fp32", embed_model, work, setup),
             infinity_peer(
                 "infinity-optimum-fp32",

@@ -1,0 +1,207 @@
+"""Agreement of an export with the fp32 export of the same checkpoint, on held-out data (docs/export.md, "Default
+exports on held-out data").
+
+    python -m evals.int8_agreement --fp32 ARTIFACT --candidate ARTIFACT [--limit N] [--json OUT]
+
+Per graph output, on data the calibration never saw:
+- classify: SST-2 dev sentences, the share of labels equal to fp32's;
+- ner: CoNLL-2003 valid sentences, entity spans (BIO over the real tokens) found by both over those found by either;
+- qa: questions of the 10 held-out SQuAD train articles (the demo model's), the share of best answer spans
+  (start <= end, at most 30 tokens, in the context) equal to fp32's;
+- embeddings: SST-2 dev sentences, the share with cosine >= 0.99, and the lowest cosine;
+- rerank: SQuAD held-out questions against their paragraph's sentences, the share with fp32's top sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bert.tasks.qa import read_squad_articles, split_heldout
+from bert.tasks.rerank import sentence_spans
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+KEYS = ("input_ids", "attention_mask", "token_type_ids")
+MAX_ANSWER = 30
+
+
+def sst2(data: Path, limit: int | None) -> list[str]:
+    lines = (data / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return [line.split("\t")[0] for line in lines][:limit]
+
+
+def conll(data: Path, limit: int | None) -> list[str]:
+    sentences, words = [], []
+    for line in (data / "conll2003" / "valid.txt").read_text(encoding="utf-8").splitlines() + [""]:
+        if not line.strip() or line.startswith("-DOCSTART-"):
+            if words:
+                sentences.append(" ".join(words))
+            words = []
+        else:
+            words.append(line.split()[0])
+    return sentences[:limit]
+
+
+def squad_heldout(data: Path, limit: int | None) -> list[tuple[str, str]]:
+    articles = read_squad_articles(sorted((data / "squad-train").glob("train-v1.1.part-*.json.gz")))
+    _, heldout = split_heldout(articles, 10)
+    pairs = [
+        (qa["question"], paragraph["context"])
+        for article in heldout
+        for paragraph in article["paragraphs"]
+        for qa in paragraph["qas"]
+    ]
+    return pairs[:limit]
+
+
+def run(session, names, batches):
+    outputs = {n: [] for n in names}
+    for batch in batches:
+        for name, value in zip(names, session.run(names, batch)):
+            outputs[name].append(value)
+    return outputs
+
+
+def batched(tokenizer, first, second=None, size=32, max_length=384):
+    batches = []
+    for start in range(0, len(first), size):
+        if second is None:
+            enc = tokenizer(first[start : start + size], max_length=max_length, truncation=True)
+        else:
+            enc = tokenizer(
+                first[start : start + size],
+                second[start : start + size],
+                max_length=max_length,
+                truncation="only_second",
+            )
+        batches.append({k: np.asarray(enc[k], dtype=np.int64) for k in KEYS})
+    return batches
+
+
+def spans(labels: list[int], names: list[str]) -> set[tuple[int, int, str]]:
+    found, start, kind = set(), None, None
+    for i, label in enumerate([*labels, 0]):
+        tag = names[label] if i < len(labels) else "O"
+        prefix, _, entity = tag.partition("-")
+        if start is not None and (prefix != "I" or entity != kind):
+            found.add((start, i, kind))
+            start = None
+        if prefix == "B" or (prefix == "I" and start is None):
+            start, kind = i, entity
+    return found
+
+
+def best_span(start: np.ndarray, end: np.ndarray, allowed: np.ndarray) -> tuple[int, int]:
+    s = np.where(allowed, start, -np.inf)
+    e = np.where(allowed, end, -np.inf)
+    scores = s[:, None] + e[None, :]
+    n = len(s)
+    valid = np.triu(np.ones((n, n), dtype=bool)) & ~np.triu(np.ones((n, n), dtype=bool), MAX_ANSWER)
+    scores = np.where(valid, scores, -np.inf)
+    i = int(scores.argmax())
+    return divmod(i, n)
+
+
+def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, ner_limit=None, qa_limit=None) -> dict:
+    import onnxruntime as ort
+
+    from bert.tokenizer import BertTokenizer
+
+    manifest = json.loads((fp32_dir / "manifest.json").read_text())
+    tokenizer = BertTokenizer.from_dir(fp32_dir)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    ref = ort.InferenceSession(str(fp32_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    cand = ort.InferenceSession(str(candidate_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in ref.get_outputs()]
+    labels = manifest.get("labels")
+    figures: dict = {}
+
+    def both(batches, wanted):
+        return run(ref, wanted, batches), run(cand, wanted, batches)
+
+    classify = (
+        [n for n in names if n in ("logits", "classify_logits")] if manifest["task"] in ("classify", "multi") else []
+    )
+    if classify:
+        sentences = sst2(data, limit)
+        r, c = both(batched(tokenizer, sentences), classify)
+        same = np.concatenate([a.argmax(-1) == b.argmax(-1) for a, b in zip(r[classify[0]], c[classify[0]])])
+        figures["classify (SST-2 dev labels)"] = {"n": int(same.size), "agreement": float(same.mean())}
+    ner = [n for n in names if n == "ner_logits" or (n == "logits" and manifest["task"] == "ner")]
+    if ner:
+        ner_labels = labels["ner"] if isinstance(labels, dict) else labels
+        batches = batched(tokenizer, conll(data, ner_limit or limit))
+        r, c = both(batches, ner)
+        both_found = either = 0
+        for a, b, batch in zip(r[ner[0]], c[ner[0]], batches):
+            for row_a, row_b, mask in zip(a, b, batch["attention_mask"]):
+                real = mask.astype(bool)
+                sa = spans(list(row_a[real].argmax(-1)), ner_labels)
+                sb = spans(list(row_b[real].argmax(-1)), ner_labels)
+                both_found += len(sa & sb)
+                either += len(sa | sb)
+        figures["ner (CoNLL-2003 valid entity spans)"] = {"spans": either, "agreement": both_found / max(either, 1)}
+    qa = [n for n in names if n.endswith("start_logits")], [n for n in names if n.endswith("end_logits")]
+    if qa[0]:
+        pairs = squad_heldout(data, qa_limit or limit)
+        batches = batched(tokenizer, [q for q, _ in pairs], [c for _, c in pairs], size=16)
+        r, c = both(batches, [qa[0][0], qa[1][0]])
+        same = total = 0
+        for i, batch in enumerate(batches):
+            for row in range(len(batch["input_ids"])):
+                allowed = (batch["token_type_ids"][row] == 1) & batch["attention_mask"][row].astype(bool)
+                allowed[batch["attention_mask"][row].sum() - 1] = False  # the final [SEP]
+                a = best_span(r[qa[0][0]][i][row], r[qa[1][0]][i][row], allowed)
+                b = best_span(c[qa[0][0]][i][row], c[qa[1][0]][i][row], allowed)
+                same += a == b
+                total += 1
+        figures["qa (SQuAD held-out answers)"] = {"n": total, "agreement": same / total}
+    if "embedding" in names:
+        sentences = sst2(data, limit)
+        r, c = both(batched(tokenizer, sentences), ["embedding"])
+        a, b = np.concatenate(r["embedding"]), np.concatenate(c["embedding"])
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        figures["embeddings (SST-2 dev cosine >= 0.99)"] = {
+            "n": int(cos.size),
+            "agreement": float((cos >= 0.99).mean()),
+            "min_cosine": float(cos.min()),
+        }
+    if manifest["task"] == "rerank":
+        same = total = 0
+        for question, context in squad_heldout(data, qa_limit or limit):
+            sentences = [context[a:b] for a, b in sentence_spans(context)]
+            if len(sentences) < 2:
+                continue
+            batch = batched(tokenizer, [question] * len(sentences), sentences, size=64)
+            r, c = both(batch, [names[0]])
+            same += int(np.concatenate(r[names[0]])[:, 0].argmax() == np.concatenate(c[names[0]])[:, 0].argmax())
+            total += 1
+        figures["rerank (SQuAD held-out top-1 sentence)"] = {"n": total, "agreement": same / max(total, 1)}
+    return figures
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m evals.int8_agreement", description=__doc__.split("\n\n")[0])
+    p.add_argument("--fp32", type=Path, required=True, help="the fp32 export (python -m export.onnx --precision fp32)")
+    p.add_argument("--candidate", type=Path, required=True, help="the export to compare (e.g. the default export)")
+    p.add_argument("--data", type=Path, default=DATA, help="the shared data directory")
+    p.add_argument("--limit", type=int, default=None, help="at most this many inputs per data set")
+    p.add_argument("--ner-limit", type=int, help="at most this many CoNLL sentences (default --limit)")
+    p.add_argument("--qa-limit", type=int, help="at most this many SQuAD questions (default --limit)")
+    p.add_argument("--json", type=Path, help="write the figures here too")
+    args = p.parse_args(argv)
+    figures = compare(args.fp32, args.candidate, args.data, args.limit, args.ner_limit, args.qa_limit)
+    for what, f in figures.items():
+        print(f"{what}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in f.items()))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+"""Sensitivity-guided int8: keep in fp32 only the fewest MatMuls that bring the quantised graph's answers to the
+agreement target with fp32, measured on calibration text (docs/export.md, "int8: what stays fp32").
+
+Steps, each a quantised graph run on the calibration batches (bounded by `trials`):
+1. everything quantised: if it meets the target, nothing stays fp32;
+2. each group of MatMuls (one layer's attention, attention output, FFN input, FFN output, the embeddings, the
+   heads) quantised alone: how far it moves the outputs from fp32 (relative RMS error), its sensitivity;
+3. a binary search for the fewest most-sensitive groups that, kept fp32, meet the target.
+
+Agreement is what a user of the task sees: labels (classify, ner, zero-shot), the top position (qa's start and
+end) or the top text of a query (rerank), the first predicted token (fill-mask), cosine >= 0.99 (embeddings).
+A small calibration set cannot show a 0.5 % flip rate, so each score vector's fp32 margin (best minus runner-up)
+is also set against every row's change of that margin under int8: the share of (change, margin) pairs where
+the change reaches the margin estimates the flip rate on text like the calibration text. The lower of the
+observed and the estimated agreement is what the target is held to.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .samples import QUESTION_CONTEXTS, SENTENCES, ZERO_SHOT_LABELS, ZERO_SHOT_TEMPLATE
+
+DEFAULT_AGREEMENT = 0.995
+DEFAULT_TRIALS = 32  # quantised graphs one search may build and run
+COSINE = 0.99  # an embedding agrees when its cosine with fp32 reaches this
+# A few dozen calibration inputs under-sample both the tail of int8's changes and the small margins of held-out
+# text: each change counts twice its size when set against the margins (docs/export.md, "int8: what stays fp32").
+CHANGE_SAFETY = 2.0
+# An embedding counts in the estimate when its distance from fp32 (1 - cosine) is at most half of what COSINE
+# allows: the calibration rows stand for many more held-out rows, so a row near the bound is a warning.
+COSINE_ESTIMATE_SHARE = 0.5
+QUANTISABLE = ("MatMul", "Attention", "Gemm", "EmbedLayerNormalization", "Gather")
+WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Attention": 1, "Gather": 0, "EmbedLayerNormalization": 2}
+KINDS = ("embeddings", "attention", "attention-output", "ffn-in", "ffn-out", "other")
+CALIBRATION_SETS = ("sentences", "qa", "rerank", "zero_shot")
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+@dataclass
+class Calibration:
+    """Padded input batches by set; `ranked` sets hold one query (its candidate pairs) per batch."""
+
+    batches: dict[str, list[dict[str, np.ndarray]]] = field(default_factory=dict)
+
+    def size(self) -> dict[str, int]:
+        return {name: sum(len(b["input_ids"]) for b in batches) for name, batches in self.batches.items()}
+
+    def flat(self) -> list[tuple[str, int, dict[str, np.ndarray]]]:
+        return [(name, i, b) for name, batches in self.batches.items() for i, b in enumerate(batches)]
+
+
+def calibration_set(task_of_output: dict[str, str | None]) -> dict[str, str]:
+    """Output name -> the calibration set it is judged on."""
+    sets = {"qa": "qa", "rerank": "rerank", "zero_shot": "zero_shot"}
+    return {name: sets.get(task, "sentences") for name, task in task_of_output.items()}
+
+
+def build_calibration(
+    tokenizer, needed: set[str], max_seq: int, extra: dict[str, list] | None = None, batch_size: int = 8
+) -> Calibration:
+    """The shipped samples (export/samples.py) plus a --calibration file's inputs, for the sets `needed`."""
+    extra = extra or {"sentences": [], "pairs": [], "groups": []}
+    keys = ("input_ids", "attention_mask", "token_type_ids")
+
+    def encode(first, second=None):
+        if second is None:
+            encoded = tokenizer(list(first), max_length=max_seq, truncation=True)
+        else:
+            encoded = tokenizer(list(first), list(second), max_length=max_seq, truncation="longest_first")
+        return {k: np.asarray(encoded[k], dtype=np.int64) for k in keys}
+
+    def chunks(items, size):
+        return [items[i : i + size] for i in range(0, len(items), size)]
+
+    calibration = Calibration()
+    if "sentences" in needed:
+        texts = list(SENTENCES) + list(extra["sentences"])
+        batches = [encode(chunk) for chunk in chunks(texts, batch_size)]
+        batches += [encode(*zip(*chunk)) for chunk in chunks(list(extra["pairs"]), batch_size)]
+        calibration.batches["sentences"] = batches
+    if "qa" in needed:
+        pairs = list(QUESTION_CONTEXTS) + list(extra["pairs"])
+        calibration.batches["qa"] = [encode(*zip(*chunk)) for chunk in chunks(pairs, batch_size)]
+    if "rerank" in needed:
+        contexts = [c for _, c in QUESTION_CONTEXTS]
+        groups = [[(q, c) for c in contexts] for q, _ in QUESTION_CONTEXTS] + list(extra["groups"])
+        calibration.batches["rerank"] = [encode(*zip(*group[:64])) for group in groups if len(group) > 1]
+    if "zero_shot" in needed:
+        groups = [[(s, ZERO_SHOT_TEMPLATE.format(label)) for label in ZERO_SHOT_LABELS] for s in SENTENCES]
+        groups += list(extra["groups"])
+        calibration.batches["zero_shot"] = [encode(*zip(*group[:64])) for group in groups if group]
+    return calibration
+
+
+# ------------------------------------------------------------------------------------------------ agreement
+@dataclass
+class OutputAgreement:
+    kind: str  # labels | positions | ranked | ids | cosine | none
+    observed: float | None
+    estimated: float | None
+    relative_rms: float
+    rows: int
+
+    @property
+    def value(self) -> float | None:
+        values = [v for v in (self.observed, self.estimated) if v is not None]
+        return min(values) if values else None
+
+
+def _vectors(kind: str, value: np.ndarray, mask: np.ndarray, token_level: bool) -> list[np.ndarray]:
+    """The score vectors whose argmax is the answer: per row (labels of a sequence), per real token (labels of a
+    token), over a row's real tokens (positions), over a batch's rows (ranked: one query's texts)."""
+    if kind == "ranked":
+        return [value.reshape(len(value), -1)[:, 0]]
+    if kind == "positions":
+        return [row[m.astype(bool)] for row, m in zip(value, mask)]
+    rows = value[mask.astype(bool)] if token_level else value
+    return list(rows.reshape(len(rows), -1)) if rows.ndim > 1 else [rows]
+
+
+def _margins_and_changes(refs: list[np.ndarray], cands: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per score vector: fp32's margin (best minus runner-up), and the signed change under int8 of the best's lead
+    over its closest challenger (the most negative change of best minus any other); and how many kept their best."""
+    margins, changes, agree = [], [], 0
+    for r, c in zip(refs, cands):
+        if r.size < 2:
+            continue
+        top = int(r.argmax())
+        agree += int(c.argmax() == top)
+        lead_r, lead_c = r[top] - r, c[top] - c
+        others = np.arange(r.size) != top
+        margins.append(float(lead_r[others].min()))
+        changes.append(float((lead_c - lead_r)[others].min()))
+    return np.asarray(margins), np.asarray(changes), agree
+
+
+def estimated_agreement(margins: np.ndarray, changes: np.ndarray) -> float:
+    """1 - P(a row's change of lead, times CHANGE_SAFETY, takes away another row's margin), over every (change,
+    margin) pair."""
+    if not margins.size:
+        return 1.0
+    ordered = np.sort(margins)
+    # a change d flips a row of margin m when d <= -m, i.e. m <= -d: count the margins at most -d
+    flips = np.searchsorted(ordered, -CHANGE_SAFETY * changes, side="right").sum()
+    return 1.0 - float(flips) / (margins.size * changes.size)
+
+
+def agreement(
+    reference: list[dict[str, np.ndarray]],
+    candidate: list[dict[str, np.ndarray]],
+    batches: list[dict[str, np.ndarray]],
+    kind: str,
+    name: str,
+    token_level: bool,
+) -> OutputAgreement:
+    diffs, refs_all = [], []
+    ref_vectors, cand_vectors, cosines = [], [], []
+    for ref, cand, batch in zip(reference, candidate, batches):
+        r, c, mask = ref[name], cand[name], batch["attention_mask"]
+        valid = mask.astype(bool)
+        if kind != "ids":
+            rv = r[valid] if token_level else r
+            cv = c[valid] if token_level else c
+            diffs.append((rv - cv).ravel())
+            refs_all.append(rv.ravel())
+        if kind in ("labels", "positions", "ranked"):
+            ref_vectors += _vectors(kind, r, mask, token_level)
+            cand_vectors += _vectors(kind, c, mask, token_level)
+        elif kind == "ids":
+            rv, cv = r[valid], c[valid]
+            ref_vectors.append((rv[..., 0] == cv[..., 0]).ravel())
+        elif kind == "cosine":
+            rv = (r[valid] if token_level else r).reshape(-1, r.shape[-1]).astype(np.float64)
+            cv = (c[valid] if token_level else c).reshape(-1, c.shape[-1]).astype(np.float64)
+            norms = np.linalg.norm(rv, axis=1) * np.linalg.norm(cv, axis=1)
+            cosines.append((rv * cv).sum(1) / np.maximum(norms, 1e-12))
+    error = 0.0
+    if diffs:
+        diff, ref_all = np.concatenate(diffs).astype(np.float64), np.concatenate(refs_all).astype(np.float64)
+        scale = float(np.sqrt(np.mean(ref_all**2))) or 1.0
+        error = float(np.sqrt(np.mean(diff**2))) / scale
+    if kind in ("labels", "positions", "ranked"):
+        margins, changes, agree = _margins_and_changes(ref_vectors, cand_vectors)
+        if not margins.size:  # one score per row: nothing to rank (a single-logit head judged as labels)
+            return OutputAgreement(kind, None, None, error, 0)
+        return OutputAgreement(kind, agree / margins.size, estimated_agreement(margins, changes), error, margins.size)
+    if kind == "ids":
+        same = np.concatenate(ref_vectors) if ref_vectors else np.zeros(0, dtype=bool)
+        observed = float(same.mean()) if same.size else None
+        return OutputAgreement(kind, observed, observed, error, int(same.size))
+    if kind == "cosine":
+        cos = np.concatenate(cosines)
+        strict = 1 - (1 - COSINE) * COSINE_ESTIMATE_SHARE
+        return OutputAgreement(kind, float((cos >= COSINE).mean()), float((cos >= strict).mean()), error, cos.size)
+    return OutputAgreement(kind, None, None, error, 0)
+
+
+# ------------------------------------------------------------------------------------------------ the groups
+@dataclass(frozen=True)
+class Group:
+    label: str  # "layer 3 ffn-out", "embeddings", "head"
+    nodes: tuple[str, ...]
+
+
+def quantisable_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Nodes dynamic quantisation would turn into integer kernels: those whose weight is an initializer."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [
+        n
+        for n in model.graph.node
+        if n.op_type in QUANTISABLE
+        and len(n.input) > WEIGHT_INPUT[n.op_type]
+        and n.input[WEIGHT_INPUT[n.op_type]] in initializers
+    ]
+
+
+LAYER = re.compile(r"layers?[./_](\d+)[./_]")
+
+
+def node_kind(node: onnx.NodeProto, ffn_outputs: set[str]) -> str:
+    name = node.name.lower()
+    if node.op_type in ("Gather", "EmbedLayerNormalization") or "embeddings" in name:
+        return "embeddings"
+    if node.name in ffn_outputs:
+        return "ffn-out"
+    if node.op_type == "Attention" or re.search(r"attention/self|/(query|key|value)/|wqkv", name):
+        return "attention"
+    if re.search(r"attention/output|attn/wo|attn\.wo", name):
+        return "attention-output"
+    if re.search(r"intermediate|mlp/wi|mlp\.wi", name):
+        return "ffn-in"
+    if re.search(r"/output/dense|mlp/wo|mlp\.wo", name):
+        return "ffn-out"
+    return "other"
+
+
+def groups_of(model: onnx.ModelProto, budget: int) -> list[Group]:
+    """One group per layer and kind, or coarser (per layer, then runs of layers) until a search fits `budget`."""
+    from .variants import ffn_output_matmuls
+
+    ffn_outputs = set(ffn_output_matmuls(model))
+    attention_index = 0
+    units: dict[tuple, list[str]] = {}
+    for node in quantisable_nodes(model):
+        kind = node_kind(node, ffn_outputs)
+        match = LAYER.search(node.name + "/")
+        layer = int(match.group(1)) if match else None
+        if node.op_type == "Attention":  # fused nodes are named Attention_0, _1, ... in graph order
+            layer, attention_index = attention_index, attention_index + 1
+        if kind == "embeddings" or layer is None:
+            key = (None, "embeddings" if kind == "embeddings" else "head")
+        else:
+            key = (layer, kind)
+        # dynamic quantisation rewrites a Gemm as MatMul + Add first; the MatMul is the node it then sees
+        units.setdefault(key, []).append(node.name + "_MatMul" if node.op_type == "Gemm" else node.name)
+
+    def cost(n: int) -> int:
+        return 1 + n + math.ceil(math.log2(n + 1))
+
+    layered = sorted(k for k in units if k[0] is not None)
+    loose = [k for k in units if k[0] is None]
+    fine = [
+        Group(f"layer {k[0]} {k[1]}", tuple(units[k])) for k in sorted(layered, key=lambda k: (k[0], KINDS.index(k[1])))
+    ]
+    fine += [Group(k[1], tuple(units[k])) for k in loose]
+    if cost(len(fine)) <= budget:
+        return fine
+    layers = sorted({k[0] for k in layered})
+    per_chunk = 1
+    while cost(math.ceil(len(layers) / per_chunk) + len(loose)) > budget and per_chunk < len(layers):
+        per_chunk += 1
+    coarse = []
+    for start in range(0, len(layers), per_chunk):
+        chunk = layers[start : start + per_chunk]
+        nodes = tuple(n for k in layered if k[0] in chunk for n in units[k])
+        label = f"layer {chunk[0]}" if len(chunk) == 1 else f"layers {chunk[0]}-{chunk[-1]}"
+        coarse.append(Group(label, nodes))
+    return coarse + [Group(k[1], tuple(units[k])) for k in loose]
+
+
+# ----------------------------------------------------------------------------------------------- the search
+@dataclass
+class Trial:
+    what: str
+    excluded: tuple[str, ...]
+    agreement: float | None
+    error: float
+    outputs: dict[str, OutputAgreement]
+
+
+def run_graph(path: Path, calibration: Calibration, output_names: list[str]) -> list[dict[str, np.ndarray]]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    inputs = {i.name for i in sess.get_inputs()}
+    results = []
+    for _, _, batch in calibration.flat():
+        values = sess.run(output_names, {k: v for k, v in batch.items() if k in inputs})
+        results.append({n: np.asarray(v) for n, v in zip(output_names, values)})
+    return results
+
+
+@dataclass
+class Search:
+    """What the search found: the nodes kept fp32 and the agreement of the graph with them kept so."""
+
+    target: float
+    groups: list[Group]
+    kept: list[Group]
+    chosen: Trial
+    trials: list[Trial]
+    sensitivity: dict[str, float]
+    calibration: dict[str, int]
+
+    @property
+    def fp32_nodes(self) -> list[str]:
+        return [n for g in self.kept for n in g.nodes]
+
+    def describe(self) -> dict:
+        return {
+            "method": "dynamic",
+            "weights": "int8 per channel",
+            "activations": "uint8 per tensor, per batch",
+            "scope": "auto",
+            "target_agreement": self.target,
+            "agreement": self.chosen.agreement,
+            "outputs": {
+                name: {
+                    "kind": a.kind,
+                    "observed": a.observed,
+                    "estimated": a.estimated,
+                    "relative_rms": a.relative_rms,
+                    "rows": a.rows,
+                }
+                for name, a in self.chosen.outputs.items()
+            },
+            "fp32_groups": [g.label for g in self.kept],
+            "fp32_nodes": self.fp32_nodes,
+            "groups": len(self.groups),
+            "trials": len(self.trials),
+            "sensitivity": self.sensitivity,
+            "calibration": self.calibration,
+        }
+
+
+def search(
+    fused_path: Path,
+    calibration: Calibration,
+    judged: dict[str, tuple[str, bool, str]],
+    *,
+    target: float = DEFAULT_AGREEMENT,
+    budget: int = DEFAULT_TRIALS,
+    note: Callable[[str], None] = print,
+) -> Search:
+    """judged: output name -> (agreement kind, token level, calibration set). Returns the fewest groups that, kept
+    fp32, meet `target`; `note` shows each trial as it ends."""
+    from .variants import quantize_dynamic_graph
+
+    model = onnx.load(str(fused_path), load_external_data=False)
+    groups = groups_of(model, budget)
+    del model
+    names = list(judged)
+    reference = run_graph(fused_path, calibration, names)
+    sets = [name for name, _, _ in calibration.flat()]
+    trials: list[Trial] = []
+
+    def measure(what: str, exclude=(), only=None) -> Trial:
+        with tempfile.TemporaryDirectory(dir=fused_path.parent) as scratch:
+            path = Path(scratch) / "trial.onnx"
+            quantize_dynamic_graph(fused_path, path, exclude=exclude, only=only)
+            candidate = run_graph(path, calibration, names)
+        outputs = {}
+        for name, (kind, token_level, judged_on) in judged.items():
+            chosen = [i for i, s in enumerate(sets) if s == judged_on]
+            outputs[name] = agreement(
+                [reference[i] for i in chosen],
+                [candidate[i] for i in chosen],
+                [batches[i] for i in chosen],
+                kind,
+                name,
+                token_level,
+            )
+        values = [a.value for a in outputs.values() if a.value is not None]
+        error = sum(a.relative_rms for a in outputs.values())
+        trial = Trial(what, tuple(exclude), min(values) if values else None, error, outputs)
+        trials.append(trial)
+        shown = f"agreement {trial.agreement:.4f}" if trial.agreement is not None else "no agreement measure"
+        note(f"int8 trial {len(trials)}: {what}: {shown}, relative error {trial.error:.4f}")
+        return trial
+
+    batches = [b for _, _, b in calibration.flat()]
+
+    def meets(trial: Trial) -> bool:
+        return trial.agreement is None or trial.agreement >= target
+
+    everything = measure("every group quantised")
+    if meets(everything) or not groups:
+        return Search(target, groups, [], everything, trials, {}, calibration.size())
+    sensitivity = {}
+    for group in groups:
+        alone = measure(f"{group.label} alone", only=group.nodes)
+        sensitivity[group.label] = alone.error
+    ordered = sorted(groups, key=lambda g: -sensitivity[g.label])
+    # the fewest most-sensitive groups kept fp32 that meet the target: all of them kept is fp32 itself
+    low, high, best = 1, len(ordered), None
+    while low < high and len(trials) < budget:
+        middle = (low + high) // 2
+        kept = ordered[:middle]
+        trial = measure(
+            f"{middle} most sensitive kept fp32 ({', '.join(g.label for g in kept)})",
+            exclude=[n for g in kept for n in g.nodes],
+        )
+        if meets(trial):
+            high, best = middle, trial
+        else:
+            low = middle + 1
+    if best is None:  # only fp32 everywhere met the target (or the budget ran out before a smaller set did)
+        same = {name: OutputAgreement(kind, 1.0, 1.0, 0.0, 0) for name, (kind, _, _) in judged.items()}
+        best = Trial("every group kept fp32", tuple(n for g in ordered for n in g.nodes), 1.0, 0.0, same)
+    return Search(target, groups, ordered[:high], best, trials, sensitivity, calibration.size())
+
+
+def time_graphs(paths: dict[str, Path], calibration: Calibration, passes: int = 5) -> dict[str, float]:
+    """Seconds per pass over the calibration batches, the median of `passes` passes taken in turn (so a busy
+    moment of the machine falls on every candidate alike), after one warm-up pass each."""
+    import time
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sessions = {
+        name: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for name, p in paths.items()
+    }
+    batches = [b for _, _, b in calibration.flat()]
+    feeds = {
+        name: [{k: v for k, v in b.items() if k in {i.name for i in sess.get_inputs()}} for b in batches]
+        for name, sess in sessions.items()
+    }
+    for name, sess in sessions.items():
+        for feed in feeds[name]:
+            sess.run(None, feed)
+    seconds: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(passes):
+        for name, sess in sessions.items():
+            start = time.perf_counter()
+            for feed in feeds[name]:
+                sess.run(None, feed)
+            seconds[name].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) for name, values in seconds.items()}

@@ -1,0 +1,213 @@
+"""Sensitivity-guided int8 and `--precision auto` (export/sensitivity.py), on a tiny random model and a few
+calibration inputs; the agreement figures on real models and held-out data are in docs/export.md."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("torch")
+
+from export import sensitivity  # noqa: E402
+from export.onnx import OnnxOptions, cli  # noqa: E402
+from export.samples import CalibrationError, read_calibration  # noqa: E402
+
+
+def test_estimated_agreement_counts_changes_that_take_away_margins():
+    margins = np.array([0.1, 0.2, 1.0, 2.0])
+    assert sensitivity.estimated_agreement(margins, np.zeros(4)) == 1.0
+    assert sensitivity.estimated_agreement(margins, np.full(4, 5.0)) == 1.0  # a lead that grows flips nothing
+    # each change of -0.07 counts as -0.14 (CHANGE_SAFETY 2) and takes away the margin 0.1 only: 1 of 4 margins
+    assert sensitivity.CHANGE_SAFETY == 2.0
+    assert sensitivity.estimated_agreement(margins, np.full(4, -0.07)) == pytest.approx(0.75)
+    assert sensitivity.estimated_agreement(margins, np.full(4, -3.0)) == 0.0
+
+
+def test_agreement_of_labels_positions_ranked_and_cosine():
+    mask = np.ones((2, 3), dtype=np.int64)
+    batch = {"attention_mask": mask}
+    ref = {"logits": np.array([[2.0, 0.0], [0.0, 0.3]])}
+    flipped = {"logits": np.array([[2.0, 0.0], [0.4, 0.3]])}
+    same = sensitivity.agreement([ref], [ref], [batch], "labels", "logits", False)
+    assert (same.observed, same.estimated, same.relative_rms) == (1.0, 1.0, 0.0)
+    moved = sensitivity.agreement([ref], [flipped], [batch], "labels", "logits", False)
+    assert moved.observed == 0.5 and moved.estimated < 1.0 and moved.relative_rms > 0
+
+    ranked_ref = {"logits": np.array([[1.0], [3.0]])}  # one query, two texts: the second is best
+    ranked_bad = {"logits": np.array([[3.5], [3.0]])}
+    assert sensitivity.agreement([ranked_ref], [ranked_bad], [batch], "ranked", "logits", False).observed == 0.0
+    # a single-logit head judged as labels has nothing to rank: no figure rather than a trivial 100 %
+    assert sensitivity.agreement([ranked_ref], [ranked_bad], [batch], "labels", "logits", False).observed is None
+
+    start_ref = {"start": np.array([[0.0, 5.0, 1.0], [4.0, 0.0, 0.0]])}
+    start_bad = {"start": np.array([[0.0, 5.0, 1.0], [0.0, 4.5, 0.0]])}
+    assert sensitivity.agreement([start_ref], [start_bad], [batch], "positions", "start", False).observed == 0.5
+
+    emb = {"embedding": np.array([[1.0, 0.0], [0.0, 1.0]])}
+    bent = {"embedding": np.array([[1.0, 0.05], [1.0, 1.0]])}  # cosine 0.9988 and 0.707
+    cos = sensitivity.agreement([emb], [bent], [batch], "cosine", "embedding", False)
+    assert cos.observed == 0.5 and cos.estimated == 0.5
+
+
+def test_calibration_file_takes_every_task_input_format(tmp_path):
+    path = tmp_path / "calibration.jsonl"
+    lines = [
+        "plain text line",
+        json.dumps("a JSON string"),
+        json.dumps(["a text", "its pair"]),
+        json.dumps({"inputs": ["one", ["two", "pair"]]}),
+        json.dumps({"question": "Who?", "context": "Ann did."}),
+        json.dumps({"query": "q", "texts": ["a", "b", "c"]}),
+        json.dumps({"query": "q2", "documents": ["d", "e"]}),
+        json.dumps({"inputs": "a film review", "candidate_labels": ["film", "sport"]}),
+        "",
+    ]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    found = read_calibration(path)
+    assert found["sentences"] == ["plain text line", "a JSON string", "one"]
+    assert found["pairs"] == [("a text", "its pair"), ("two", "pair"), ("Who?", "Ann did.")]
+    assert [len(g) for g in found["groups"]] == [3, 2, 2]
+    assert found["groups"][2][1] == ("a film review", "This example is sport.")
+    path.write_text(json.dumps({"label": 1}) + "\n", encoding="utf-8")
+    with pytest.raises(CalibrationError, match="calibration.jsonl:1"):
+        read_calibration(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_fused(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny-fp32")
+    args = ["--ckpt", "tiny", "--random-init", "--precision", "fp32", "--out", str(out), "--max-seq", "64"]
+    assert cli(args) == 0
+    return out / "model.onnx"
+
+
+def test_groups_are_one_per_layer_and_kind_or_coarser_within_the_budget(tiny_fused):
+    model = onnx.load(str(tiny_fused))
+    fine = sensitivity.groups_of(model, budget=32)
+    labels = [g.label for g in fine]
+    assert labels[:4] == ["layer 0 attention", "layer 0 attention-output", "layer 0 ffn-in", "layer 0 ffn-out"]
+    assert "embeddings" in labels and "head" in labels
+    # every quantisable node is in exactly one group; a Gemm under the name quantize_dynamic gives its MatMul
+    nodes = [n for g in fine for n in g.nodes]
+    assert len(nodes) == len(set(nodes)) == len(sensitivity.quantisable_nodes(model))
+    assert all(n.endswith("Gemm_MatMul") for g in fine if g.label == "head" for n in g.nodes)
+    coarse = sensitivity.groups_of(model, budget=8)
+    assert [g.label for g in coarse] == ["layer 0", "layer 1", "embeddings", "head"]
+    assert sorted(n for g in coarse for n in g.nodes) == sorted(nodes)
+
+
+def planted_outlier(fused, out, layer: int = 1):
+    """The graph with one FFN unit of `layer` always on (bias +300 before its GELU) and its outgoing weights zero
+    (fp32's answers do not see it), but that layer's FFN output projection now sees one activation ~300 beside
+    values ~1, which one per-tensor int8 scale cannot hold."""
+    from onnx import numpy_helper
+
+    from export.variants import ffn_output_matmuls
+
+    model = onnx.load(str(fused))
+    gelu = [n for n in model.graph.node if n.op_type == "BiasGelu"][layer]
+    projection = next(n for n in model.graph.node if n.name == ffn_output_matmuls(model)[layer])
+    for i, tensor in enumerate(model.graph.initializer):
+        value = numpy_helper.to_array(tensor).copy()
+        if tensor.name == gelu.input[1]:
+            value[0] += 300.0
+        elif tensor.name == projection.input[1]:
+            value[0, :] = 0.0
+            value *= 50.0  # a random tiny model's FFN adds next to nothing to its residual stream; now it counts
+        else:
+            continue
+        model.graph.initializer[i].CopyFrom(numpy_helper.from_array(value, tensor.name))
+    onnx.save(model, str(out))
+    return out
+
+
+def test_search_keeps_the_fewest_sensitive_groups_that_meet_the_target(tiny_fused, tmp_path):
+    from bert.tokenizer import BertTokenizer
+
+    tokenizer = BertTokenizer.from_dir(tiny_fused.parent)
+    calibration = sensitivity.build_calibration(tokenizer, {"sentences"}, 32)
+    judged = {"logits": ("cosine", False, "sentences")}  # a random model's labels hardly move: its logits do
+    notes = []
+    easy = sensitivity.search(tiny_fused, calibration, judged, target=0.01, budget=32, note=notes.append)
+    assert easy.kept == [] and len(easy.trials) == 1 and notes[0].startswith("int8 trial 1: every group quantised")
+
+    planted = planted_outlier(tiny_fused, tmp_path / "planted.onnx")
+    strict = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
+    assert len(strict.trials) <= 32 and strict.trials[0].agreement < 0.99
+    ordered = sorted(strict.sensitivity, key=lambda label: -strict.sensitivity[label])
+    assert ordered[0] == "layer 1 ffn-out"  # the planted outlier is found
+    assert strict.kept and [g.label for g in strict.kept] == ordered[: len(strict.kept)]
+    assert len(strict.kept) < len(strict.groups) and strict.chosen.agreement >= 0.99
+
+
+def test_precision_auto_is_the_default_and_writes_the_faster_faithful_graph(tmp_path):
+    fields = OnnxOptions.__dataclass_fields__
+    assert fields["precision"].default == "auto" and fields["int8_scope"].default == "auto"
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("An extra calibration sentence.\n", encoding="utf-8")
+    out = tmp_path / "art"
+    args = ["--ckpt", "tiny", "--random-init", "--out", str(out), "--max-seq", "64", "--precision", "auto"]
+    args += ["--int8-scope", "auto"]
+    assert cli([*args, "--int8-trials", "6", "--calibration", str(calibration), "--int8-agreement", "0.5"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    choice = manifest["precision_choice"]
+    assert choice["requested"] == "auto" and manifest["precision"] == choice["chosen"]
+    candidates = choice["candidates"]
+    assert set(candidates) == {"fp32", "int8"} and all(c["seconds"] > 0 for c in candidates.values())
+    eligible = [n for n, c in candidates.items() if c["meets_target"]]
+    assert choice["chosen"] == min(eligible, key=lambda n: candidates[n]["seconds"])
+    if choice["chosen"] == "int8":
+        quantization = manifest["quantization"]
+        assert quantization["scope"] == "auto" and quantization["trials"] <= 6
+        assert quantization["agreement"] >= 0.5 and quantization["calibration"]["sentences"] == 25
+        assert manifest["parity"]["model"]["precision"] == "int8"
+    assert not any(p.name.startswith(("fused", "int8")) for p in out.iterdir())
+
+
+def test_bad_int8_flags_exit_2(tmp_path):
+    base = ["--ckpt", "tiny", "--random-init", "--out", str(tmp_path / "a")]
+    assert cli([*base, "--int8-agreement", "1.5"]) == 2
+    assert cli([*base, "--int8-trials", "0"]) == 2
+    assert cli([*base, "--calibration", str(tmp_path / "missing.txt")]) == 2
+
+
+def test_every_task_is_judged_by_what_its_users_see():
+    from types import SimpleNamespace
+
+    import bert.model  # noqa: F401 - registers the mlm head kind, as loading a model does in an export
+    from export.onnx import judged_outputs
+
+    def wrapper(spec, dtypes=None):
+        return SimpleNamespace(spec=spec, dtypes=dtypes or {})
+
+    seq, tok = ("batch",), ("batch", "sequence")
+    cases = {
+        "classify": ({"logits": (None, seq, "classify")}, {"logits": ("labels", False, "sentences")}),
+        "ner": ({"logits": (None, tok, "ner")}, {"logits": ("labels", True, "sentences")}),
+        "qa": (
+            {"start_logits": (None, tok, "qa"), "end_logits": (None, tok, "qa")},
+            {"start_logits": ("positions", True, "qa"), "end_logits": ("positions", True, "qa")},
+        ),
+        "embed": ({"embedding": (None, seq, "embed")}, {"embedding": ("cosine", False, "sentences")}),
+        "rerank": ({"logits": (None, seq, "rerank")}, {"logits": ("ranked", False, "rerank")}),
+        "zero_shot": ({"logits": (None, seq, "zero_shot")}, {"logits": ("labels", False, "zero_shot")}),
+        "encoder": ({"last_hidden_state": (None, tok, None)}, {"last_hidden_state": ("cosine", True, "sentences")}),
+    }
+    for task, (spec, expected) in cases.items():
+        assert judged_outputs(wrapper(spec), task) == expected, task
+    fill_mask = {"fill_mask_scores": (None, tok, "fill_mask"), "fill_mask_ids": (None, tok, "fill_mask")}
+    judged = judged_outputs(wrapper(fill_mask, {"fill_mask_ids": "int64"}), "fill_mask")
+    assert judged == {"fill_mask_scores": ("none", True, "sentences"), "fill_mask_ids": ("ids", True, "sentences")}
+
+
+def test_qa_int8_is_searched_on_question_context_pairs(tmp_path):
+    out = tmp_path / "qa"
+    args = ["--ckpt", "tiny", "--random-init", "--task", "qa", "--out", str(out), "--max-seq", "64"]
+    assert cli([*args, "--precision", "int8", "--int8-scope", "auto", "--int8-trials", "4"]) == 0
+    quantization = json.loads((out / "manifest.json").read_text())["quantization"]
+    assert quantization["calibration"] == {"qa": 8}
+    assert quantization["outputs"]["start_logits"]["kind"] == "positions" and quantization["trials"] <= 4

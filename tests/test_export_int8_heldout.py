@@ -1,0 +1,48 @@
+"""The default exports (precision auto) agree with fp32 on held-out data: the demo model's SST-2 labels, CoNLL-2003
+entity spans and SQuAD answers, and all-MiniLM-L6-v2's embeddings (evals/int8_agreement.py).
+
+Each default export runs the int8 search (minutes on 2 cores), so this runs only with BERTSERVE_TEST_FULL=1, on
+samples of each set (the first 200 SST-2 dev sentences, 300 CoNLL valid sentences, 100 held-out SQuAD
+questions); the full figures are in docs/export.md ("Default exports on held-out data")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("BERTSERVE_TEST_FULL") != "1", reason="BERTSERVE_TEST_FULL=1: each default export takes minutes"
+)
+REPO = Path(__file__).resolve().parents[1]
+BARS = {
+    "classify (SST-2 dev labels)": 0.995,
+    "ner (CoNLL-2003 valid entity spans)": 0.99,
+    "qa (SQuAD held-out answers)": 0.99,
+    "embeddings (SST-2 dev cosine >= 0.99)": 1.0,
+}
+
+
+def exports(source, tmp_path):
+    from export.onnx import cli
+
+    default, fp32 = tmp_path / "default", tmp_path / "fp32"
+    common = ["--ckpt", str(source), "--max-seq", "256"]
+    assert cli([*common, "--precision", "auto", "--int8-scope", "auto", "--out", str(default)]) == 0
+    assert cli([*common, "--precision", "fp32", "--out", str(fp32)]) == 0
+    return fp32, default
+
+
+@pytest.mark.parametrize("model", ["demo", "minilm"])
+def test_default_export_agrees_with_fp32_on_heldout_data(model, tmp_path, data_dir, minilm_dir, record_property):
+    from evals.int8_agreement import compare
+
+    source = REPO / "serving" / "demo_model" if model == "demo" else minilm_dir
+    fp32, default = exports(source, tmp_path)
+    figures = compare(fp32, default, data_dir, 200, ner_limit=300, qa_limit=100)
+    assert figures
+    for what, figure in figures.items():
+        record_property(what, figure["agreement"])
+        print(f"{model} {what}: {figure}")
+        assert figure["agreement"] >= BARS[what], (what, figure)
