@@ -194,7 +194,7 @@ _WORKER: Predictor | None = None
 
 def _start_worker(options: dict, threads: int | None) -> None:
     global _WORKER
-    _WORKER = Predictor(options["task"], options["model"], threads=threads, **_predictor_options(options))
+    _WORKER = Predictor(options["task"], options["model"], **_predictor_options({**options, "threads": threads}))
 
 
 def _predictor_options(options: dict) -> dict:

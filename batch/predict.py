@@ -133,7 +133,7 @@ class Predictor:
         ds.map_batches(Predictor, fn_constructor_kwargs={"task": "embed", "model": DIR}, concurrency=2)
     """
 
-    def __init__(self, task: str, model: str | os.PathLike | LoadedModel, threads: int | None = None, **options):
+    def __init__(self, task: str, model: str | os.PathLike | LoadedModel, **options):
         self.task = task
         self.options = default_options(task=task, model=str(model), **options)
         self.columns = check_task_options(self.options)
@@ -142,7 +142,7 @@ class Predictor:
         if isinstance(model, LoadedModel):
             self.model = model
         else:
-            self.model = load(str(model), self.options, threads)
+            self.model = load(str(model), self.options, self.options["threads"])
         self.codec_options = self.shape.options(self.options)
         self.facts = self.model.facts(task)
         self.batches = Batches(

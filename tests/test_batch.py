@@ -246,3 +246,22 @@ def test_the_predictor_takes_dicts_arrow_and_pandas(tiny):
     pd = pytest.importorskip("pandas")
     frame = predictor(pd.DataFrame({"id": [1, 2], "text": TEXTS[:2]}))
     assert isinstance(frame, pd.DataFrame) and list(frame["label"]) == as_dict["label"].to_pylist()
+
+
+def test_worker_processes_write_the_same_parts(tiny, tmp_path):
+    source = _jsonl(tmp_path / "in.jsonl", _rows(40))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    common = ["-m", "batch", "--task", "classify", "--model", str(tiny), "--input", str(source), "--keep", "id"]
+    common += ["--part-rows", "16", "--window-rows", "4", "--threads", "1"]
+    digests = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}"
+        run = subprocess.run(
+            [sys.executable, *common, "--workers", workers, "--output", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0, run.stderr
+        digests.append(_digests(out))
+    assert len(digests[0]) == 3 and digests[0] == digests[1]
