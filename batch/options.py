@@ -104,7 +104,11 @@ class BatchOptions:
         2048, help="rows whose sequences are sorted by length together, so that batches carry little padding"
     )
     part_rows: int = option(20000, help="rows per output part file (the unit a rerun resumes at)")
-    workers: int = option(1, help="worker processes, each holding the model (0: as many as CPU cores)")
+    workers: int = option(
+        1,
+        help="worker processes, each holding the model (0: as many as CPU cores); with --ray, model-holding actors "
+        "(0: one per CPU of the cluster but one per node, left to reading and writing)",
+    )
     threads: int | None = option(None, help="CPU threads per worker (default: the cores shared by the workers)")
     overwrite: bool = option(False, help="start over: remove the output directory's parts and manifest first")
     progress_interval: float = option(

@@ -133,8 +133,9 @@ class Predictor:
         ds.map_batches(Predictor, fn_constructor_kwargs={"task": "embed", "model": DIR}, concurrency=2)
     """
 
-    def __init__(self, task: str, model: str | os.PathLike | LoadedModel, **options):
+    def __init__(self, task: str, model: str | os.PathLike | LoadedModel, carry: bool = True, **options):
         self.task = task
+        self.carry = carry  # without --keep, the batch's own columns come back beside the results
         self.options = default_options(task=task, model=str(model), **options)
         self.columns = check_task_options(self.options)
         self.codec = TASKS[task]
@@ -171,7 +172,7 @@ class Predictor:
         if missing:
             raise KeyError(f"the batch has no column {', '.join(map(repr, missing))}; it has {', '.join(columns)}")
         result = self.predict({c: columns[c] for c in self.columns}).table
-        keep = self.options["keep"] or [c for c in columns if c not in result.column_names]
+        keep = self.options["keep"] or [c for c in columns if c not in result.column_names and self.carry]
         out = pa.table({**{c: _arrow(columns[c]) for c in keep}, **{n: result[n] for n in result.column_names}})
         return out.to_pandas() if kind == "pandas" else out
 
