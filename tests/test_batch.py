@@ -114,7 +114,7 @@ def test_parts_keep_input_order_typed_columns_and_the_manifest(tiny, tmp_path, c
     assert pq.read_table(embed_out).schema.field("embedding").type == pa.list_(pa.float32(), 32)
 
 
-def test_sigkill_at_three_moments_then_rerun_gives_identical_parts(tiny, tmp_path):
+def test_sigkill_at_three_moments_then_rerun_gives_identical_parts(tiny, tmp_path, capsys):
     source = _jsonl(tmp_path / "in.jsonl", _rows(60))
     common = [
         "-m",
@@ -133,11 +133,14 @@ def test_sigkill_at_three_moments_then_rerun_gives_identical_parts(tiny, tmp_pat
         "8",
         "--workers",
         "1",
+        "--threads",
+        "1",
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.pop("BERTSERVE_PAUSE_AT", None)
     whole = tmp_path / "whole"
-    subprocess.run([sys.executable, *common, "--output", str(whole)], env=env, check=True, capture_output=True)
+    code, lines = _run(capsys, *common[2:], "--output", whole)  # uninterrupted, in this process
+    assert code == 0, lines
     expected = _digests(whole)
     assert len(expected) == 3
 
@@ -248,20 +251,106 @@ def test_the_predictor_takes_dicts_arrow_and_pandas(tiny):
     assert isinstance(frame, pd.DataFrame) and list(frame["label"]) == as_dict["label"].to_pylist()
 
 
-def test_worker_processes_write_the_same_parts(tiny, tmp_path):
+def test_worker_processes_write_the_same_parts(tiny, tmp_path, capsys):
     source = _jsonl(tmp_path / "in.jsonl", _rows(40))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    common = ["-m", "batch", "--task", "classify", "--model", str(tiny), "--input", str(source), "--keep", "id"]
+    common = ["--task", "classify", "--model", str(tiny), "--input", str(source), "--keep", "id"]
     common += ["--part-rows", "16", "--window-rows", "4", "--threads", "1"]
-    digests = []
-    for workers in ("1", "2"):
-        out = tmp_path / f"w{workers}"
-        run = subprocess.run(
-            [sys.executable, *common, "--workers", workers, "--output", str(out)],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        assert run.returncode == 0, run.stderr
-        digests.append(_digests(out))
-    assert len(digests[0]) == 3 and digests[0] == digests[1]
+    code, lines = _run(capsys, *common, "--workers", "1", "--output", tmp_path / "one")
+    assert code == 0, lines
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "batch", *common, "--workers", "2", "--output", str(tmp_path / "two")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert len(_digests(tmp_path / "one")) == 3 and _digests(tmp_path / "one") == _digests(tmp_path / "two")
+
+
+def _tiny_transformers_model(directory: Path, kind: str) -> Path:
+    import torch
+    import transformers
+    from test_serving_support import minilm_dir
+
+    common = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    if kind == "fill_mask":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(**common))
+    elif kind == "rerank":
+        model = transformers.BertForSequenceClassification(transformers.BertConfig(**common, num_labels=1))
+    else:
+        labels = {0: "entailment", 1: "neutral", 2: "contradiction"}
+        config = transformers.BertConfig(**common, id2label=labels, label2id={v: k for k, v in labels.items()})
+        model = transformers.BertForSequenceClassification(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)  # random weights that tell inputs apart
+    model.eval().save_pretrained(directory)
+    transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "task, options, columns, types",
+    [
+        ("rerank", {}, {"query": ["who lives in berlin?"] * 4, "document": TEXTS[:4]}, {"score": pa.float32()}),
+        (
+            "zero_shot",
+            {"column": "premise", "candidate_labels": "cinema,travel,food"},
+            {"premise": TEXTS[:4]},
+            {"labels": pa.list_(pa.string()), "scores": pa.list_(pa.float32())},
+        ),
+        (
+            "fill_mask",
+            {"top_k": 3},
+            {"text": ["I [MASK] this film.", "Paris is the [MASK] of [MASK].", "no mask here", "[MASK]"]},
+            {
+                "masks": pa.list_(
+                    pa.list_(
+                        pa.struct(
+                            [
+                                ("token", pa.int64()),
+                                ("token_str", pa.string()),
+                                ("score", pa.float32()),
+                                ("sequence", pa.string()),
+                            ]
+                        )
+                    )
+                )
+            },
+        ),
+    ],
+)
+def test_every_other_task_answers_a_batch_as_each_row_alone(task, options, columns, types, tmp_path):
+    model = _tiny_transformers_model(tmp_path / task, task)
+    predictor = Predictor(task, model, **options)
+    batched = predictor(columns)
+    for name, kind in types.items():
+        assert batched.schema.field(name).type == kind, name
+    rows = len(next(iter(columns.values())))
+    for row in range(rows):
+        alone = predictor({k: v[row : row + 1] for k, v in columns.items()}).to_pylist()[0]
+        together = batched.to_pylist()[row]
+        assert together["error"] == alone["error"]
+        _assert_close(together, alone)
+    if task == "fill_mask":  # the text without a mask is the codec's refusal, that row's only
+        assert [e is None for e in batched["error"].to_pylist()] == [True, True, False, True]
+        assert len(batched["masks"].to_pylist()[1]) == 2 and len(batched["masks"].to_pylist()[1][0]) == 3
+    else:
+        assert batched["error"].null_count == rows
+
+
+def _assert_close(a, b, where="row"):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert abs(a - b) < 1e-5, where
+    else:
+        assert a == b, where
