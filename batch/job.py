@@ -279,11 +279,12 @@ def run(options: dict, log=print) -> int:
     manifest["complete"] = True
     write_manifest(output, manifest)
     elapsed = time.monotonic() - started
+    computing = max(time.monotonic() - progress.started, 1e-9)  # after the model loaded
     rows = manifest["rows_done"] - done
     log(
         f"done: {manifest['rows_done']} rows in {len(manifest['parts'])} parts, {manifest['errors']} errors; "
-        f"{rows} rows this run in {elapsed:.1f}s ({rows / max(elapsed, 1e-9):.1f} rows/s, "
-        f"{progress.tokens / max(elapsed, 1e-9):.0f} tokens/s); {output / MANIFEST}"
+        f"{rows} rows this run in {elapsed:.1f}s, {computing:.1f}s of it after loading the model "
+        f"({rows / computing:.1f} rows/s, {progress.tokens / computing:.0f} tokens/s); {output / MANIFEST}"
     )
     return 0
 
