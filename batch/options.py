@@ -95,7 +95,11 @@ class BatchOptions:
     allow_unverified: bool = option(False, help="run an artifact directory whose manifest.json does not match it")
     max_input_length: int | None = option(None, help="longest input in tokens (default: the model's)")
     max_batch_tokens: int = option(16384, help="token budget of one batch: padded length x sequences")
-    max_batch_size: int = option(64, help="most sequences in one batch")
+    max_batch_size: int | None = option(
+        None,
+        help="most sequences in one batch (default 8 on cpu, where a bigger batch mostly adds work per sequence; "
+        "64 on cuda)",
+    )
     max_padding: float = option(0.25, help="most padding a batch may carry, as a share of its padded tokens")
     max_row_sequences: int = option(
         64, help="qa, zero_shot: most model inputs one row may fan out to (windows, labels); more is the row's error"

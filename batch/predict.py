@@ -147,7 +147,9 @@ class Predictor:
         self.codec_options = self.shape.options(self.options)
         self.facts = self.model.facts(task)
         self.batches = Batches(
-            self.options["max_batch_tokens"], self.options["max_batch_size"], self.options["max_padding"]
+            self.options["max_batch_tokens"],
+            self.options["max_batch_size"] or (64 if self.options["device"] == "cuda" else 8),
+            self.options["max_padding"],
         )
         serve_defaults = {o.name: o.default for o in self.codec.serve_options}
         self.limit_options = {

@@ -2,7 +2,7 @@
   batch   python -m batch --task embed on bertserve's int8 ONNX export (the job's own wall time, load included)
   st      sentence-transformers' best CPU backend that installs: onnx + optimum int8 when optimum is there, else torch
   server  python -m serving on the same int8 export, driven by the SDK (AsyncClient) at each --concurrency; best kept
-A table on stdout and JSON (--json). Sentences: SQuAD contexts cut into sentences (the shared data directory).
+A table on stdout and JSON (--json); the batch rows also give the job's own rows/s once the model has loaded. Sentences: SQuAD contexts cut into sentences (the shared data directory).
 
     python -m bench.batch_bench --rows 50000 --json bench/results/batch.json
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -46,9 +47,16 @@ def run_batch(artifact: Path, texts: list[str], work: Path, workers: int) -> dic
     command = [sys.executable, "-m", "batch", "--task", "embed", "--model", str(artifact), "--input", str(source)]
     command += ["--output", str(out), "--overwrite", "--workers", str(workers)]
     started = time.perf_counter()
-    subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)
+    run = subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
-    return {"name": f"batch int8 (workers {workers})", "seconds": elapsed, "rows_per_s": len(texts) / elapsed}
+    # the job's own figure, once the model has loaded (its closing line: "... (X rows/s, ...")
+    loaded = re.search(r"\(([\d.]+) rows/s", run.stderr.splitlines()[-1])
+    return {
+        "name": f"batch int8 (workers {workers})",
+        "seconds": elapsed,
+        "rows_per_s": len(texts) / elapsed,
+        "rows_per_s_loaded": float(loaded.group(1)) if loaded else None,
+    }
 
 
 def run_sentence_transformers(model: Path, texts: list[str]) -> dict:
@@ -142,12 +150,20 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_batch(artifact, texts, Path(tmp), workers))
     rows.append(run_sentence_transformers(model, texts))
     rows.append(run_server(artifact, texts, args.concurrency, args.per_request))
-    best_batch = max(r["rows_per_s"] for r in rows if r["name"].startswith("batch"))
+    # sentence-transformers and the server are timed once loaded: so is the batch job in the speed-ups
+    best_batch = max(r["rows_per_s_loaded"] or r["rows_per_s"] for r in rows if r["name"].startswith("batch"))
     for r in rows:
         r["batch_speedup"] = best_batch / r["rows_per_s"]
     print(f"embed of {len(texts)} sentences, all-MiniLM-L6-v2, {os.cpu_count()} CPUs")
     print_table(
-        rows, [("name", "run"), ("seconds", "seconds"), ("rows_per_s", "rows/s"), ("batch_speedup", "best batch x")]
+        rows,
+        [
+            ("name", "run"),
+            ("seconds", "seconds"),
+            ("rows_per_s", "rows/s"),
+            ("rows_per_s_loaded", "rows/s once loaded"),
+            ("batch_speedup", "best batch x"),
+        ],
     )
     if args.json:
         write_json(args.json, {"rows": len(texts), "machine": machine(), "results": rows})
