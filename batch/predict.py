@@ -130,7 +130,8 @@ class Predictor:
     RecordBatch, or a pandas DataFrame (answered as a DataFrame). Options are python -m batch's by their names
     (column, keep, truncate, backend, ...). Built once per Ray actor, it loads the model once:
 
-        ds.map_batches(Predictor, fn_constructor_kwargs={"task": "embed", "model": DIR}, concurrency=2)
+        ds.map_batches(Predictor, fn_constructor_kwargs={"task": "embed", "model": DIR},
+                       compute=ray.data.ActorPoolStrategy(size=2))
     """
 
     def __init__(self, task: str, model: str | os.PathLike | LoadedModel, carry: bool = True, **options):
