@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench.common import DATA_DIR, REPO, machine, print_table, write_json
+from bench.peers import WORK
 from bench.peers.catalog import bertserve_export, embed_model
 
 
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--per-request", type=int, default=32, help="texts per SDK request")
-    parser.add_argument("--work", default=str(REPO / "bench" / ".work"))
+    parser.add_argument("--work", default=str(WORK), help="where the int8 export is cached (the peers' directory)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     model = embed_model()
