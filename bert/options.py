@@ -39,11 +39,12 @@ ENV_PREFIX = "BERTSERVE_"  # the server's; an offline command's class declares i
 ENVIRONMENT = {
     "BERTSERVE_HOME": "the checkpoint store is $BERTSERVE_HOME/checkpoints (default: ./checkpoints), for every command",
     "BERTSERVE_BASE_URL": "the Python SDK's server address when the Client is given none",
-    "BERTSERVE_PAUSE_AT": "crash tests only: stop at this named point of a checkpoint write (bert/atomic.py)",
+    "BERTSERVE_PAUSE_AT": "crash tests only: stop at this named point of a checkpoint write or a batch job (bert/atomic.py)",
     "BERTSERVE_TEST_DATA": "tests and benchmarks: the data directory (default: ../shared/data)",
     "BERTSERVE_TEST_FULL": (
-        "tests: 1 compares the families on the full CoNLL-2003 valid set and 500 SQuAD questions, and holds the "
-        "default exports to their agreement with fp32 on held-out data"
+        "tests: 1 compares the families on the full CoNLL-2003 valid set and 500 SQuAD questions, holds the "
+        "default exports to their agreement with fp32 on held-out data, and checks python -m batch against the "
+        "references on 20,000 SQuAD sentences (embed) and 1,000 rows (classify, ner, qa)"
     ),
     "BERTSERVE_PEERS_DIR": "benchmarks: where peer servers are installed (default: bench/.peers)",
     "BERTSERVE_HEALTHCHECK_PIDS": "tests only: the processes whose sockets the container health check probes",

@@ -219,19 +219,14 @@ class Batcher:
         anchor = self.queue[0]
         window = self.queue[: max(4 * self.max_batch_requests, 64)]  # bounded search keeps order roughly FIFO
         candidates = sorted(window, key=lambda e: (abs(e.length - anchor.length), e.enqueued))
-        chosen: list[Entry] = []
-        width = real = 0
-        for entry in candidates:
-            if len(chosen) >= self.max_batch_requests:
-                break
-            new_width = self._padded(max(width, entry.length))
-            padded = new_width * (len(chosen) + 1)
-            if chosen and padded > self.max_batch_tokens:
-                continue
-            if chosen and self.max_padding is not None and real + entry.length < (1 - self.max_padding) * padded:
-                continue  # too different in length: it waits for a batch of its own size
-            chosen.append(entry)
-            width, real = new_width, real + entry.length
+        picked = fill_batch(
+            [e.length for e in candidates],
+            max_batch_tokens=self.max_batch_tokens,
+            max_batch_requests=self.max_batch_requests,
+            max_padding=self.max_padding,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+        )
+        chosen = [candidates[i] for i in picked]
         taken = set(map(id, chosen))
         self.queue = [e for e in self.queue if id(e) not in taken]
         self._set_depth()
@@ -276,6 +271,36 @@ class Batcher:
                 if self._own is not None:
                     self._own.queue_duration.observe(queue_s)
             entry.future.set_result(SequenceResult(rows_of_entry, queue_s, elapsed, rows))
+
+
+def fill_batch(
+    lengths: list[int],
+    *,
+    max_batch_tokens: int,
+    max_batch_requests: int,
+    max_padding: float | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> list[int]:
+    """One batch from sequences of these `lengths`, in order of preference (the first always joins): the
+    positions of those that join while the padded batch (padded length x count) stays within
+    `max_batch_tokens`, `max_batch_requests` and `max_padding`. The server's batcher and offline batch jobs
+    (python -m batch, over length-sorted windows of rows) batch by this one rule."""
+    chosen: list[int] = []
+    width = real = 0
+    for position, length in enumerate(lengths):
+        if len(chosen) >= max_batch_requests:
+            break
+        new_width = max(width, length)
+        if pad_to_multiple_of:
+            new_width = -(-new_width // pad_to_multiple_of) * pad_to_multiple_of
+        padded = new_width * (len(chosen) + 1)
+        if chosen and padded > max_batch_tokens:
+            continue
+        if chosen and max_padding is not None and real + length < (1 - max_padding) * padded:
+            continue  # too different in length: it waits for a batch of its own size
+        chosen.append(position)
+        width, real = new_width, real + length
+    return chosen
 
 
 def _cancel(entries: list[Entry]) -> None:

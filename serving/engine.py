@@ -16,18 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bert.tasks import TASKS
 from bert.tasks.base import Task
 from bert.tasks.common import Limits, ModelFacts
-from bert.tokenizer import BertTokenizer
-from serving.backends import create_backend
-from serving.backends.artifact import verify_artifact
 from serving.backends.base import Backend
-from serving.backends.model_dir import ModelError, ModelSpec, read_model_spec, resolve_model_path
+from serving.backends.loading import LoadedModel, load_model
+from serving.backends.model_dir import ModelError, resolve_model_path
 from serving.batcher import Batcher, SequenceResult, Ticket
 from serving.errors import BackendFailure, NotFound, ServingError, refusal
 from serving.settings import DEMO_MODEL_DIR, NamedModel, Settings, default_model_name
@@ -92,28 +90,13 @@ class Timing:
 
 
 @dataclass
-class ModelUnit:
-    spec: ModelSpec
-    backend: Backend
-    tokenizer: BertTokenizer
-    max_length: int
+class ModelUnit(LoadedModel):
+    """A loaded model as the server runs it: with its own batcher and the tasks it serves."""
+
     batcher: Batcher | None = None
     tasks: list[str] = field(default_factory=list)
     name: str = ""  # what a request's "model" selects it by
     named: bool = False  # the name was given (NAME=DIR), not taken from the directory
-
-    def facts(self, task: str) -> ModelFacts:
-        return ModelFacts(
-            labels=self.spec.labels.get(task, {}),
-            problem_type=self.spec.problem_type,
-            pooling=getattr(self.spec, "pooling", None),
-            tokenizer=self.tokenizer,
-        )
-
-    @property
-    def dimensions(self) -> int | None:
-        """The width of the encoder's vectors (what a task without a head, served by the encoder, answers)."""
-        return int(self.spec.config.get("hidden_size", 0)) or None
 
 
 class Engine:
@@ -201,7 +184,6 @@ class Engine:
     def _build_unit(self, path: Path, explicit: list[str], shared: ModelUnit | None = None) -> ModelUnit:
         """The unit of `path` for the tasks `explicit`; `shared`: the unit already built for that directory under
         another name, whose spec, tokenizer and backend it shares (one load)."""
-        settings = self.settings
         if shared is not None:
             missing = [t for t in explicit if t not in shared.backend.tasks]
             if missing:
@@ -209,35 +191,8 @@ class Engine:
                     f"{path} was given for {', '.join(missing)} but serves only {', '.join(shared.backend.tasks)}"
                 )
             return ModelUnit(shared.spec, shared.backend, shared.tokenizer, shared.max_length)
-        spec = read_model_spec(path)
-        if not settings.allow_unverified:
-            verify_artifact(spec)  # before the tokenizer or a backend reads any of its files
-        if settings.pooling and spec.pooling.source == "default":  # the flag fills in what the directory omits
-            spec.pooling = replace(spec.pooling, mode=settings.pooling, source="flag")
-        tokenizer = BertTokenizer.from_dir(path)  # first: a bad tokenizer is found before a model loads
-        backend = create_backend(spec, settings)
-        backend.pad_token_id = tokenizer.pad_token_id
-        backend.pad_to_multiple_of = 8 if settings.device == "cuda" else None  # tensor-core friendly widths
-        missing = [t for t in explicit if t not in backend.tasks]
-        if missing:
-            reasons = "".join(f"; {r}" for t in missing if (r := TASKS[t].unserved_reason(spec.config)))
-            raise ModelError(
-                f"{path} was given for {', '.join(missing)} but serves only {', '.join(backend.tasks)}{reasons}"
-            )
-        # A sentence-transformers model's max_seq_length is the longest input it was tuned on.
-        limits = [
-            spec.max_position_embeddings,
-            settings.max_input_length,
-            backend.max_sequence_length,
-            spec.pooling.max_length,
-        ]
-        max_length = min(x for x in limits if x)
-        if max_length > settings.max_batch_tokens:
-            raise ModelError(
-                f"max_batch_tokens ({settings.max_batch_tokens}) must be at least the longest "
-                f"input ({max_length} tokens); raise it or lower --max-input-length"
-            )
-        return ModelUnit(spec, backend, tokenizer, max_length)
+        model = load_model(path, self.settings, explicit)
+        return ModelUnit(model.spec, model.backend, model.tokenizer, model.max_length)
 
     def _verify_unit(self, task: Task, name: str, flag: str) -> ModelUnit:
         """The exact model that re-answers `task`'s unsure items (those its `margins` finds unsure): it must read

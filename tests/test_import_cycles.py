@@ -41,10 +41,15 @@ PRODUCT = {
 # package -> the packages it must never import
 FORBIDDEN = {
     "bert": ("training", "serving", "export", "batch"),
-    "serving": ("export", "training"),
-    "export": ("training",),
+    "serving": ("export", "training", "batch"),
+    "export": ("training", "batch"),
+    "training": ("batch",),
+    "batch": ("training", "export"),
     "bertserve_client": tuple(p for p in PRODUCT if p != "bertserve_client"),
 }
+# What of serving/ a batch job may use: the backends (loading a model, running sequences) and the batching rule,
+# one copy of each; not the HTTP app, its routes or its settings' parsing.
+BATCH_USES_OF_SERVING = ("serving.backends", "serving.batcher", "serving.settings", "serving.errors")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -251,6 +256,21 @@ def test_each_layer_imports_only_those_below_it():
     assert graph["bert.tasks.qa"], "the graph must see bert's own imports"
     violations = layer_violations(graph)
     assert not violations, "imports across the layers' rules:\n" + "\n".join(violations)
+
+
+def test_batch_uses_only_the_serving_engines_shared_parts():
+    """python -m batch shares the server's backends and batching rule; it never imports the app, the routes or
+    the engine that wires them (and nothing imports batch but bench and evals)."""
+    graph = import_graph(module_level=False)
+    assert any(name.startswith("batch.") for name in graph), "the graph must see the batch package"
+    reached = {
+        f"{module} -> {target}"
+        for module, edges in graph.items()
+        if module.split(".")[0] == "batch"
+        for target in edges
+        if target.split(".")[0] == "serving" and not target.startswith(BATCH_USES_OF_SERVING)
+    }
+    assert not reached, reached
 
 
 def test_the_config_imports_no_codec():

@@ -22,6 +22,12 @@ def _training(module: str):
     return entry
 
 
+def _batch(argv):
+    from batch.__main__ import main
+
+    return main(argv)
+
+
 def _export(module: str):
     return lambda argv: importlib.import_module(module).cli(argv)
 
@@ -42,6 +48,7 @@ def _declaration(name: str):
         "export.onnx": ("export.onnx", "OnnxOptions"),
         "export.tensorrt": ("export.tensorrt", "TensorRTOptions"),
         "export.triton": ("export.triton", "TritonOptions"),
+        "batch": ("batch.options", "BatchOptions"),
     }[name]
 
 
@@ -88,6 +95,12 @@ COMMANDS = {
         ["--artifact", "no-such-artifact"],
         {"BERTSERVE_TENSORRT_WORKSPACE_GB": "-2"},
         "--workspace-gb must be positive, got -2.0",
+    ),
+    "batch": (
+        _batch,
+        ["--model", "no-such-model", "--input", __file__, "--output", "out"],
+        {"BERTSERVE_BATCH_TASK": "summarise"},
+        "'summarise' is not one of",
     ),
     "export.triton": (
         _export("export.triton"),

@@ -38,7 +38,7 @@ def test_quickstart_runs_against_a_server(tmp_path):
     assert "True" in lines[-2]  # the answer's offsets point at its text
 
 
-MODULES = sorted(set(re.findall(r"python -m ((?:training|export|serving|bench|evals)[\w.]*)", README)))
+MODULES = sorted(set(re.findall(r"python -m ((?:training|export|serving|batch|bench|evals)[\w.]*)", README)))
 
 
 @pytest.mark.parametrize("module", MODULES)

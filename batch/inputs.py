@@ -1,0 +1,230 @@
+"""Reading a job's input: Parquet, JSONL or CSV/TSV files (a file, a directory of them, or a glob), their rows
+numbered across the files in sorted order, read a window at a time and never whole. A value that is not valid
+UTF-8, a line that is not JSON: that row's error, never the file's."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+SUFFIXES.update({".csv": "csv", ".tsv": "tsv", ".tab": "tsv"})
+ROW_ERROR = "\0row-error"  # a row the reader could not read: its error, in place of its values
+JSONL_HEAD_LINES = 100  # a column must show in one of a JSONL file's first lines
+
+
+class InputError(Exception):
+    """An input that cannot be read at all (no such file, not the format, a missing column): one line."""
+
+
+@dataclass
+class InputFile:
+    path: Path
+    format: str
+    bytes: int
+    rows: int | None = None  # known up front for Parquet; counted for the others while they are read
+
+
+def expand(spec: str, format: str = "auto") -> list[InputFile]:
+    """The files `spec` names: a file, a directory (its data files, recursively), or a glob; sorted."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        candidates = [path]
+    elif path.is_dir():
+        candidates = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+        candidates = [p for p in candidates if p.suffix.lower() in SUFFIXES or format != "auto"]
+    elif any(c in spec for c in "*?["):
+        candidates = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    else:
+        raise InputError(f"--input {spec}: no such file or directory")
+    if not candidates:
+        raise InputError(f"--input {spec}: no Parquet, JSONL, CSV or TSV file there")
+    files = []
+    for p in candidates:
+        kind = format if format != "auto" else SUFFIXES.get(p.suffix.lower())
+        if kind is None:
+            raise InputError(f"{p}: not a .parquet, .jsonl, .csv or .tsv file (pass --format)")
+        files.append(InputFile(p.resolve(), kind, p.stat().st_size))
+    return files
+
+
+def columns_of(file: InputFile) -> list[str]:
+    """The columns a file offers (read from its head), or InputError naming why it cannot be read."""
+    try:
+        if file.format == "parquet":
+            reader = pq.ParquetFile(file.path)
+            file.rows = reader.metadata.num_rows
+            return list(reader.schema_arrow.names)
+        if file.format == "jsonl":
+            names: dict[str, None] = {}
+            parsed, problem = 0, "no line"
+            with open(file.path, "rb") as f:
+                for n, line in enumerate(f):
+                    if n >= JSONL_HEAD_LINES:
+                        break
+                    if not line.strip():
+                        continue
+                    try:
+                        record = _json_record(line)
+                    except ValueError as e:  # a bad line is its row's error; a file of them is no JSONL
+                        problem = f"line {n + 1}: {e}"
+                        continue
+                    if isinstance(record, dict):
+                        parsed += 1
+                        names.update(dict.fromkeys(record))
+            if not parsed:
+                raise ValueError(f"no JSON object in its first {JSONL_HEAD_LINES} lines ({problem})")
+            return list(names)
+        with _text(file.path) as f:
+            header = next(csv.reader(f, delimiter="\t" if file.format == "tsv" else ","), None)
+        if header is None:
+            raise InputError(f"{file.path}: empty, no header row")
+        return header
+    except InputError:
+        raise
+    except (OSError, pa.ArrowException, ValueError) as e:
+        raise InputError(f"{file.path}: cannot be read as {file.format}: {' '.join(str(e).split())[:300]}") from None
+
+
+def check_columns(files: list[InputFile], needed: list[str]) -> None:
+    for file in files:
+        have = columns_of(file)
+        missing = [c for c in needed if c not in have]
+        if missing:
+            raise InputError(
+                f"{file.path}: no column {', '.join(map(repr, missing))}; it has {', '.join(have[:20]) or 'none'}"
+            )
+
+
+@dataclass
+class Chunk:
+    """Consecutive rows of one file: the needed columns as lists, the kept ones as Arrow arrays."""
+
+    start: int  # the first row's number across all files
+    values: dict[str, list]
+    keep: dict[str, pa.Array] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.values.values()))) if self.values else 0
+
+
+def read_rows(
+    files: list[InputFile], columns: list[str], keep: list[str], chunk_rows: int, skip: int = 0
+) -> Iterator[Chunk]:
+    """The rows from number `skip` on, in chunks of at most `chunk_rows` (a chunk never spans two files)."""
+    at = 0
+    for file in files:
+        if file.rows is not None and at + file.rows <= skip:
+            at += file.rows  # a Parquet file done before: not even opened
+            continue
+        for chunk in _read_file(file, columns, keep, chunk_rows):
+            n = len(chunk)
+            if at + n <= skip:
+                at += n
+                continue
+            if at < skip:
+                cut = skip - at
+                chunk = Chunk(
+                    at + cut,
+                    {k: v[cut:] for k, v in chunk.values.items()},
+                    {k: v.slice(cut) for k, v in chunk.keep.items()},
+                )
+                at += cut
+                n -= cut
+            chunk.start = at
+            at += n
+            yield chunk
+
+
+def _read_file(file: InputFile, columns: list[str], keep: list[str], chunk_rows: int) -> Iterator[Chunk]:
+    if file.format == "parquet":
+        reader = pq.ParquetFile(file.path)
+        wanted = list(dict.fromkeys([*columns, *keep]))
+        for batch in reader.iter_batches(batch_size=chunk_rows, columns=wanted):
+            yield Chunk(0, {c: batch.column(c).to_pylist() for c in columns}, {c: batch.column(c) for c in keep})
+        return
+    rows = _jsonl_rows(file.path) if file.format == "jsonl" else _csv_rows(file.path, file.format)
+    buffer: list[dict] = []
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) == chunk_rows:
+            yield _chunk(buffer, columns, keep)
+            buffer = []
+    if buffer:
+        yield _chunk(buffer, columns, keep)
+
+
+def _chunk(rows: list[dict], columns: list[str], keep: list[str]) -> Chunk:
+    values = {c: [r.get(c) for r in rows] for c in columns}
+    errors = [r.get(ROW_ERROR) for r in rows]
+    if any(errors):
+        values[ROW_ERROR] = errors
+    return Chunk(0, values, {c: arrow_column([r.get(c) for r in rows]) for c in keep})
+
+
+def arrow_column(values: list) -> pa.Array:
+    """Values read from text files as one Arrow array (their own type when they share one, else text)."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array(
+            [None if v is None else v if isinstance(v, str) else json.dumps(v) for v in values], pa.string()
+        )
+
+
+def _json_record(line: bytes):
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        text = line.decode("utf-8", "surrogateescape")  # the bad bytes stay in the row's values, as its error
+    return json.loads(text)
+
+
+def _jsonl_rows(path: Path) -> Iterator[dict]:
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = _json_record(line)
+            except ValueError as e:
+                yield {ROW_ERROR: f"line {number} is not JSON: {str(e)[:100]}"}
+                continue
+            yield record if isinstance(record, dict) else {ROW_ERROR: f"line {number} is not a JSON object"}
+
+
+def _text(path: Path):
+    return io.TextIOWrapper(open(path, "rb"), encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+
+def _csv_rows(path: Path, format: str) -> Iterator[dict]:
+    csv.field_size_limit(sys.maxsize)
+    with _text(path) as f:
+        reader = csv.reader(f, delimiter="\t" if format == "tsv" else ",")
+        header = next(reader, None) or []
+        for row in reader:
+            if not row:
+                continue
+            yield dict(zip(header, row))
+
+
+def count_rows(files: list[InputFile]) -> int | None:
+    """Rows in all files (text files by their lines, a close guess): for the progress line's ETA."""
+    total = 0
+    for file in files:
+        if file.rows is None:
+            with open(file.path, "rb") as f:
+                lines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+            total += lines - (1 if file.format in ("csv", "tsv") else 0)
+        else:
+            total += file.rows
+    return total

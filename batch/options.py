@@ -1,0 +1,126 @@
+"""python -m batch's options (bert/options.py: each is also an env var BERTSERVE_BATCH_<NAME>)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bert.options import option
+from bert.tasks import TASKS
+from bert.tasks.zero_shot import DEFAULT_TEMPLATE
+
+AGGREGATIONS = ("first", "simple", "average", "max", "none")
+# What a part's rows are computed from: a rerun must have these as the run that wrote the manifest (the other
+# options — workers, threads, progress — change how fast, not what).
+RESULT_OPTIONS = (
+    "task",
+    "column",
+    "keep",
+    "candidate_labels",
+    "hypothesis_template",
+    "multi_label",
+    "aggregation",
+    "top_k",
+    "normalize",
+    "raw_scores",
+    "max_answer_len",
+    "doc_stride",
+    "truncate",
+    "backend",
+    "device",
+    "precision",
+    "pooling",
+    "max_input_length",
+    "max_batch_tokens",
+    "max_batch_size",
+    "max_padding",
+    "max_row_sequences",
+    "window_rows",
+    "part_rows",
+)
+
+
+@dataclass
+class BatchOptions:
+    """python -m batch's options."""
+
+    env_prefix = "BERTSERVE_BATCH_"  # bert/options.py: an env var belongs to one command
+
+    task: str = option(metavar="{" + ",".join(TASKS) + "}", help="the task to run on every row (the registry's names)")
+    model: str = option(
+        metavar="DIR|ORG/NAME",
+        help="checkpoint or export artifact directory, a name in the checkpoint store, or a Hub id "
+        "org/name[@revision], as the server's --model",
+    )
+    input: str = option(
+        metavar="PATH",
+        help="a Parquet, JSONL or CSV/TSV file, a directory of them, or a glob ('data/*.parquet'); files are read "
+        "in sorted order and their rows numbered across them",
+    )
+    output: str = option(metavar="DIR", help="directory of Parquet part files and _manifest.json")
+    column: list[str] = option(
+        [],
+        help="input column(s) the task reads: the text (default text); classify a pair as a,b; qa question,context "
+        "(default); rerank query,document (default); zero_shot its premise, with --candidate-labels",
+    )
+    keep: list[str] = option([], help="input columns carried unchanged into the output beside the results (an id)")
+    format: str = option(
+        "auto",
+        choices=("auto", "parquet", "jsonl", "csv", "tsv"),
+        help="how to read the input files (auto: by each file's suffix .parquet .jsonl .json .csv .tsv)",
+    )
+    candidate_labels: list[str] = option([], help="zero_shot: the labels each row is weighed against")
+    hypothesis_template: str = option(DEFAULT_TEMPLATE, help="zero_shot: the hypothesis a label is put in")
+    multi_label: bool = option(False, help="zero_shot: score each label on its own (sigmoid) rather than softmax")
+    aggregation: str = option("first", choices=AGGREGATIONS, help="ner: how word pieces are merged into entities")
+    top_k: int = option(5, help="fill_mask: candidates kept per mask token")
+    normalize: bool = option(True, help="embed: scale each embedding to unit length")
+    raw_scores: bool = option(False, help="rerank: the logits rather than their sigmoid")
+    max_answer_len: int = option(30, help="qa: longest answer in tokens")
+    doc_stride: int | None = option(None, help="qa: tokens shared by neighbouring windows of a long context")
+    truncate: bool = option(
+        False,
+        help="cut inputs longer than the model takes; without it such a row gets an error and the job goes on",
+    )
+    backend: str = option("auto", help="auto | torch | onnxruntime | tensorrt, as the server's --backend")
+    device: str = option("cpu", choices=("cpu", "cuda"), help="cpu | cuda")
+    precision: str | None = option(
+        None,
+        choices=("fp32", "fp16", "bf16"),
+        help="torch backend: fp32 | fp16 | bf16 (default fp32 on cpu, fp16 on cuda); an artifact's precision "
+        "is fixed at export time (an int8 export is an int8 job)",
+    )
+    pooling: str | None = option(
+        None, choices=("cls", "mean", "max"), help="embed: pooling for a model directory that does not say"
+    )
+    allow_unverified: bool = option(False, help="run an artifact directory whose manifest.json does not match it")
+    max_input_length: int | None = option(None, help="longest input in tokens (default: the model's)")
+    max_batch_tokens: int = option(16384, help="token budget of one batch: padded length x sequences")
+    max_batch_size: int | None = option(
+        None,
+        help="most sequences in one batch (default 8 on cpu, where a bigger batch mostly adds work per sequence; "
+        "64 on cuda)",
+    )
+    max_padding: float = option(0.25, help="most padding a batch may carry, as a share of its padded tokens")
+    max_row_sequences: int = option(
+        64, help="qa, zero_shot: most model inputs one row may fan out to (windows, labels); more is the row's error"
+    )
+    window_rows: int = option(
+        2048, help="rows whose sequences are sorted by length together, so that batches carry little padding"
+    )
+    part_rows: int = option(20000, help="rows per output part file (the unit a rerun resumes at)")
+    workers: int = option(
+        1,
+        help="worker processes, each holding the model (0: as many as CPU cores); with --ray, model-holding actors "
+        "(0: one per CPU of the cluster but one per node, left to reading and writing)",
+    )
+    threads: int | None = option(None, help="CPU threads per worker (default: the cores shared by the workers)")
+    overwrite: bool = option(False, help="start over: remove the output directory's parts and manifest first")
+    progress_interval: float = option(
+        10.0, help="seconds between progress lines when stderr is not a terminal (a terminal gets a live bar)"
+    )
+    ray: str | None = option(
+        None,
+        metavar="auto|ADDRESS",
+        help="run the job on a Ray cluster with Ray Data (auto: the local or RAY_ADDRESS cluster); ray is imported "
+        "only with this option",
+    )

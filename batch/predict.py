@@ -1,0 +1,345 @@
+"""One task on a model over rows: the Python API (`Predictor`), what every worker of a batch job runs, and the
+callable a Ray Data `map_batches` takes (a class-based UDF: built once per actor, called on each batch).
+
+A row becomes the task's item (batch/columns.py), the task's codec encodes the items as the server's does
+(bert/tasks), the sequences of a window of rows are sorted by length and cut into token-budget batches by the
+server's rule (serving.batcher.fill_batch), the backend runs them unpadded (serving/backends), and the codec
+decodes each row's outputs. A bad row (null, not a string, empty, invalid UTF-8, too long without --truncate)
+gets its `error` and the others their answers: one row never fails the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from batch.columns import COLUMNS, result_schema, result_table
+from batch.options import BatchOptions
+from bert.tasks import TASKS
+from bert.tasks.common import Limits
+from serving.backends.loading import LoadedModel, load_model
+from serving.backends.model_dir import ModelError, resolve_model_path
+from serving.batcher import fill_batch
+
+# Items encoded by one call of the codec: a row that fails sends only its own chunk through one by one.
+ENCODE_CHUNK = 64
+
+
+class JobError(Exception):
+    """What makes a job impossible before any work (a missing column, a model without the task): one line."""
+
+
+@dataclass
+class Batches:
+    """How sequences are grouped into batches (the server's rule: serving.batcher.fill_batch)."""
+
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 64
+    max_padding: float | None = 0.25
+
+
+def backend_settings(options: dict, threads: int | None):
+    """The server's Settings for the backend, from the job's options only: a BERTSERVE_ variable set for a
+    server does not change a job (model_construct reads no environment)."""
+    from serving.settings import Settings
+
+    return Settings.model_construct(
+        backend=options["backend"],
+        device=options["device"],
+        precision=options["precision"],
+        pooling=options["pooling"],
+        allow_unverified=options["allow_unverified"],
+        max_input_length=options["max_input_length"],
+        max_batch_tokens=options["max_batch_tokens"],
+        threads=threads,
+        inference_workers=1,  # one run at a time per worker process: more processes fill the cores
+    )
+
+
+def default_options(**given) -> dict:
+    """Every option a Predictor reads: BatchOptions' defaults, with `given` in their place."""
+    values = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(BatchOptions)}
+    unknown = set(given) - set(values)
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    values.update(given)
+    for name in ("column", "keep", "candidate_labels"):
+        if isinstance(values[name], str):
+            values[name] = [x for x in values[name].split(",") if x]
+    return values
+
+
+def check_task_options(options: dict) -> list[str]:
+    """The job's columns, as the task reads them (defaults filled in); JobError for a contradiction."""
+    task = options["task"]
+    if task not in TASKS:
+        raise JobError(f"--task {task!r} is not one of {', '.join(TASKS)}")
+    spec = COLUMNS[task]
+    columns = list(options["column"]) or list(spec.inputs)
+    if len(columns) not in spec.arity:
+        want = " or ".join(str(n) for n in spec.arity)
+        raise JobError(f"--column: {task} reads {want} column(s), got {len(columns)} ({','.join(columns)})")
+    if task == "zero_shot":
+        from bert.tasks.zero_shot import check_template
+
+        if not options["candidate_labels"]:
+            raise JobError("--candidate-labels is required for zero_shot")
+        try:
+            check_template(options["hypothesis_template"])
+        except ValueError as e:
+            raise JobError(f"--hypothesis-template: {e}") from None
+    return columns
+
+
+def check_text(value) -> tuple[str | None, str | None]:
+    """(text, None) for a usable value, else (None, why not)."""
+    if value is None:
+        return None, "null"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "invalid UTF-8"
+    if not isinstance(value, str):
+        return None, f"not a string ({type(value).__name__})"
+    try:
+        value.encode("utf-8")  # a text read with surrogateescape keeps its undecodable bytes as lone surrogates
+    except UnicodeEncodeError:
+        return None, "invalid UTF-8"
+    if not value.strip():
+        return None, "empty"
+    return value, None
+
+
+@dataclass
+class Result:
+    table: pa.Table  # result columns + error, one row per input row, in input order
+    tokens: int = 0
+    errors: int = 0
+    sequences: int = 0
+    padded: int = 0
+
+
+class Predictor:
+    """`task` on `model` over rows: `Predictor("embed", "DIR")(batch)` -> the batch's rows with the result columns
+    and `error`. A batch is a dict of columns (lists or numpy arrays: Ray Data's default), a pyarrow Table or
+    RecordBatch, or a pandas DataFrame (answered as a DataFrame). Options are python -m batch's by their names
+    (column, keep, truncate, backend, ...). Built once per Ray actor, it loads the model once:
+
+        ds.map_batches(Predictor, fn_constructor_kwargs={"task": "embed", "model": DIR},
+                       compute=ray.data.ActorPoolStrategy(size=2))
+    """
+
+    def __init__(self, task: str, model: str | os.PathLike | LoadedModel, carry: bool = True, **options):
+        self.task = task
+        self.carry = carry  # without --keep, the batch's own columns come back beside the results
+        self.options = default_options(task=task, model=str(model), **options)
+        self.columns = check_task_options(self.options)
+        self.codec = TASKS[task]
+        self.shape = COLUMNS[task]
+        if isinstance(model, LoadedModel):
+            self.model = model
+        else:
+            self.model = load(str(model), self.options, self.options["threads"])
+        self.codec_options = self.shape.options(self.options)
+        self.facts = self.model.facts(task)
+        self.batches = Batches(
+            self.options["max_batch_tokens"],
+            self.options["max_batch_size"] or (64 if self.options["device"] == "cuda" else 8),
+            self.options["max_padding"],
+        )
+        serve_defaults = {o.name: o.default for o in self.codec.serve_options}
+        self.limit_options = {
+            f"{task}_{name}": value
+            for name, value in serve_defaults.items()
+            if f"{task}_{name}" in Limits.__dataclass_fields__
+        }
+
+    # ---- what the output looks like ---------------------------------------------------------------
+    @property
+    def width(self) -> int | None:
+        return self.model.dimensions
+
+    @property
+    def schema(self) -> pa.Schema:
+        return result_schema(self.task, self.width)
+
+    # ---- the API ---------------------------------------------------------------------------------
+    def __call__(self, batch):
+        columns, kind = _columns_of(batch)
+        missing = [c for c in [*self.columns, *self.options["keep"]] if c not in columns]
+        if missing:
+            raise KeyError(f"the batch has no column {', '.join(map(repr, missing))}; it has {', '.join(columns)}")
+        result = self.predict({c: columns[c] for c in self.columns}).table
+        keep = self.options["keep"] or [c for c in columns if c not in result.column_names and self.carry]
+        out = pa.table({**{c: _arrow(columns[c]) for c in keep}, **{n: result[n] for n in result.column_names}})
+        return out.to_pandas() if kind == "pandas" else out
+
+    def predict(self, columns: dict[str, list], row_errors: list | None = None) -> Result:
+        """Rows given as {column: values} (the task's columns) -> their results in order. `row_errors`: rows
+        already known bad (their error; None for the others)."""
+        values = [list(_values(columns[c])) for c in self.columns]
+        rows = len(values[0]) if values else 0
+        errors: list[str | None] = list(row_errors) if row_errors is not None else [None] * rows
+        items, where = [], []
+        for row in range(rows):
+            if errors[row] is not None:
+                continue
+            texts = []
+            for name, column in zip(self.columns, values):
+                text, why = check_text(column[row])
+                if why is not None:
+                    errors[row] = f"{name}: {why}" if len(self.columns) > 1 else why
+                    break
+                texts.append(text)
+            else:
+                items.append(self.shape.to_item(texts, self.options))
+                where.append(row)
+        features = self._encode(items, where, errors)
+        kept = [i for i, f in enumerate(features) if f is not None]
+        outputs, stats = self._run([features[i] for i in kept], [where[i] for i in kept], errors)
+        answers: list = [None] * rows
+        decoded = self._decode(
+            [items[i] for i in kept], [features[i] for i in kept], outputs, [where[i] for i in kept], errors
+        )
+        for i, answer in zip(kept, decoded):
+            if errors[where[i]] is None:
+                answers[where[i]] = answer
+        table = result_table(self.task, self.width, answers, errors)
+        return Result(table, errors=sum(e is not None for e in errors), **stats)
+
+    # ---- the steps -------------------------------------------------------------------------------
+    def _limits(self, items: int) -> Limits:
+        return Limits(
+            max_length=self.model.max_length,
+            max_sequences=self.options["max_row_sequences"] * max(items, 1),
+            **self.limit_options,
+        )
+
+    def _encode(self, items: list, where: list[int], errors: list) -> list:
+        """Each item's sequences (None where it was refused, with its row's error)."""
+        encoded: list = []
+        tokenizer = self.model.tokenizer
+        for start in range(0, len(items), ENCODE_CHUNK):
+            chunk = items[start : start + ENCODE_CHUNK]
+            try:
+                encoded.extend(
+                    self.codec.encode_request(tokenizer, chunk, self._limits(len(chunk)), **self.codec_options)
+                )
+                continue
+            except Exception:  # noqa: BLE001 - some row of the chunk is refused: find which, one by one
+                pass
+            for offset, item in enumerate(chunk):
+                try:
+                    encoded.extend(self.codec.encode_request(tokenizer, [item], self._limits(1), **self.codec_options))
+                except Exception as e:  # noqa: BLE001 - the codec's refusal is this row's error
+                    encoded.append(None)
+                    errors[where[start + offset]] = _refusal(e)
+        return encoded
+
+    def _run(self, features: list[list], rows: list[int], errors: list) -> tuple[list, dict]:
+        """Every item's sequences run in length-sorted, token-budget batches; outputs per item, in order."""
+        flat = [(i, j, f) for i, item in enumerate(features) for j, f in enumerate(item)]
+        order = sorted(range(len(flat)), key=lambda k: len(flat[k][2]))
+        outputs: list[list] = [[None] * len(item) for item in features]
+        stats = {"tokens": sum(len(f) for _, _, f in flat), "sequences": len(flat), "padded": 0}
+        at = 0
+        while at < len(order):
+            ahead = order[at : at + self.batches.max_batch_size]
+            picked = fill_batch(
+                [len(flat[k][2]) for k in ahead],
+                max_batch_tokens=self.batches.max_batch_tokens,
+                max_batch_requests=self.batches.max_batch_size,
+                max_padding=self.batches.max_padding,
+            )
+            # Sorted by length, the batch is a run from `at`: what does not join is longer than what did.
+            batch = ahead[: len(picked)]
+            at += len(batch)
+            sequences = [flat[k][2] for k in batch]
+            stats["padded"] += max(len(s) for s in sequences) * len(sequences)
+            try:
+                results = self.model.backend.run_sequences(sequences)
+                if len(results) != len(sequences):
+                    raise RuntimeError(f"the backend returned {len(results)} outputs for {len(sequences)} sequences")
+            except Exception as e:  # noqa: BLE001 - a failed batch fails its rows, not the job
+                for k in batch:
+                    i = flat[k][0]
+                    errors[rows[i]] = errors[rows[i]] or f"inference failed: {type(e).__name__}: {str(e)[:200]}"
+                continue
+            for k, result in zip(batch, results):
+                i, j, _ = flat[k]
+                outputs[i][j] = result
+        return outputs, stats
+
+    def _decode(self, items: list, features: list, outputs: list, rows: list[int], errors: list) -> list:
+        ok = [i for i in range(len(items)) if errors[rows[i]] is None]
+        answers: list = [None] * len(items)
+        try:
+            decoded = self.codec.decode_request(
+                [items[i] for i in ok],
+                [features[i] for i in ok],
+                [outputs[i] for i in ok],
+                self.facts,
+                **self.codec_options,
+            )
+            for i, answer in zip(ok, decoded):
+                answers[i] = answer
+            return answers
+        except Exception:  # noqa: BLE001 - one row's decoding failed: find which
+            pass
+        for i in ok:
+            try:
+                answers[i] = self.codec.decode_request(
+                    [items[i]], [features[i]], [outputs[i]], self.facts, **self.codec_options
+                )[0]
+            except Exception as e:  # noqa: BLE001 - this row's error
+                errors[rows[i]] = f"decoding failed: {type(e).__name__}: {str(e)[:200]}"
+        return answers
+
+
+def load(model: str, options: dict, threads: int | None = None) -> LoadedModel:
+    """The model as the server loads it (serving.backends.loading), refusing one that does not serve the task."""
+    try:
+        path = resolve_model_path(model)
+        return load_model(Path(path), backend_settings(options, threads), [options["task"]])
+    except ModelError as e:
+        raise JobError(str(e)) from None
+
+
+def _refusal(error: Exception) -> str:
+    text = " ".join(str(error).split())
+    if type(error).__name__ == "InputTooLong":
+        text = text.replace('(send "truncate": true to cut it)', "(--truncate cuts it)").replace("input 0 has", "has")
+    return text[:500] or type(error).__name__
+
+
+def _columns_of(batch) -> tuple[dict[str, Any], str]:
+    """A batch's columns by name, and what kind of batch it was."""
+    if isinstance(batch, (pa.Table, pa.RecordBatch)):
+        return {name: batch.column(name) for name in batch.column_names}, "arrow"
+    if hasattr(batch, "to_dict") and hasattr(batch, "columns") and hasattr(batch, "iloc"):  # pandas, duck-typed
+        return {name: batch[name] for name in batch.columns}, "pandas"
+    if isinstance(batch, dict):
+        return dict(batch), "dict"
+    raise TypeError(f"a batch is a dict of columns, a pyarrow Table or a pandas DataFrame, not {type(batch).__name__}")
+
+
+def _values(column) -> list:
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return column.to_pylist()
+    if hasattr(column, "tolist"):  # numpy arrays, pandas Series
+        return column.tolist()
+    return list(column)
+
+
+def _arrow(column) -> pa.Array | pa.ChunkedArray:
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return column
+    try:
+        return pa.array(_values(column))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed kinds of values: carried as their text
+        return pa.array([None if v is None else str(v) for v in _values(column)], pa.string())

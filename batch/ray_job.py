@@ -1,0 +1,163 @@
+"""The same job on a Ray cluster (--ray auto|ADDRESS): Ray Data reads the files (read_parquet / read_json /
+read_csv), one model-holding actor per worker runs `batch.Predictor` over `--window-rows` rows at a time (the
+same codecs, batching and result columns as the local job), and write_parquet writes the parts, which are then
+named part-NNNNN.parquet in input order and recorded in the same _manifest.json. A Ray job is not resumed part
+by part: a rerun of an unfinished one starts over (one of a finished one says so and stops). ray is imported
+here only, and only under --ray.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from batch.inputs import InputError, check_columns, expand
+from batch.job import (
+    MANIFEST,
+    PART,
+    clear_output,
+    difference,
+    file_sha256,
+    job_identity,
+    model_digest,
+    read_manifest,
+    write_manifest,
+)
+from batch.predict import JobError, check_task_options, load
+from serving.backends.model_dir import ModelError, resolve_model_path
+
+RAY_TMP = ".ray-parts"
+
+
+def _dataset(ray, files, needed: list[str]):
+    paths = [str(f.path) for f in files]
+    kinds = {f.format for f in files}
+    if len(kinds) > 1:
+        raise JobError(f"--ray reads one format per job; --input holds {', '.join(sorted(kinds))} files")
+    kind = kinds.pop()
+    if kind == "parquet":
+        return ray.data.read_parquet(paths, columns=needed)
+    if kind == "jsonl":
+        return ray.data.read_json(paths, lines=True).select_columns(needed)
+    import pyarrow.csv as csv
+
+    parse = csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
+    return ray.data.read_csv(paths, parse_options=parse).select_columns(needed)
+
+
+def run(options: dict, log=print) -> int:
+    try:
+        import ray
+    except ImportError:
+        raise JobError("--ray needs ray: pip install 'bertserve[ray]'") from None
+    columns = check_task_options(options)
+    keep = list(options["keep"])
+    try:
+        files = expand(options["input"], options["format"])
+        check_columns(files, [*columns, *keep])
+        model_path = resolve_model_path(options["model"])
+    except (InputError, ModelError) as e:
+        raise JobError(str(e)) from None
+    output = Path(options["output"])
+    identity = job_identity(options, files, model_path, model_digest(model_path))
+    previous = None if options["overwrite"] else (read_manifest(output) if output.is_dir() else None)
+    if previous is not None:
+        changed = difference(previous, identity)
+        if changed:
+            raise JobError(f"{output} was written by a job with {changed}; pass --overwrite to start over")
+        if previous.get("complete"):
+            log(f"{output}: already complete ({previous['rows_done']} rows); --overwrite starts over")
+            return 0
+    model = load(str(model_path), options, 1)  # refused here, before the cluster is asked for anything
+    schema = {"keep": keep, "results": [f"{f.name}: {f.type}" for f in _schema(options, model)]}
+    model.backend.close()
+    output.mkdir(parents=True, exist_ok=True)
+    clear_output(output)
+    staging = output / RAY_TMP
+    shutil.rmtree(staging, ignore_errors=True)
+
+    env = {k: os.environ[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS") if k in os.environ}
+    ray.init(
+        address=options["ray"],
+        runtime_env={"env_vars": env} if env else None,
+        ignore_reinit_error=True,
+        log_to_driver=False,
+    )
+    try:
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True  # parts in input order, as the local job writes them
+        context.enable_progress_bars = False
+        from batch.predict import Predictor
+
+        workers = _actors(ray, options)
+        kwargs = {k: v for k, v in options.items() if k not in ("task", "model", "threads")}
+        dataset = _dataset(ray, files, list(dict.fromkeys([*columns, *keep])))
+        dataset = dataset.map_batches(
+            Predictor,
+            fn_constructor_args=(options["task"], str(model_path)),
+            fn_constructor_kwargs={**kwargs, "threads": options["threads"] or 1, "carry": False},
+            batch_size=options["window_rows"],
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=workers),
+            num_cpus=options["threads"] or 1,
+        )
+        dataset.write_parquet(str(staging), min_rows_per_file=options["part_rows"])
+    finally:
+        ray.shutdown()
+    parts, at, errors = [], 0, 0
+    for index, path in enumerate(sorted(staging.glob("*.parquet"))):  # write tasks' files, named in task order
+        metadata = pq.ParquetFile(path).metadata
+        name = PART.format(index)
+        os.replace(path, output / name)
+        rows = metadata.num_rows
+        part_errors = int(pq.read_table(output / name, columns=["error"])["error"].drop_null().__len__())
+        parts.append(
+            {
+                "file": name,
+                "rows": [at, at + rows],
+                "errors": part_errors,
+                "bytes": (output / name).stat().st_size,
+                "sha256": file_sha256(output / name),
+            }
+        )
+        at += rows
+        errors += part_errors
+    shutil.rmtree(staging, ignore_errors=True)
+    manifest = {
+        "format": 1,
+        **identity,
+        "model": {**identity["model"], "backend": model.backend.name, "precision": model.backend.precision},
+        "schema": schema,
+        "parts": parts,
+        "rows_done": at,
+        "errors": errors,
+        "complete": True,
+        "runner": f"ray {ray.__version__} ({options['ray']})",
+    }
+    write_manifest(output, manifest)
+    log(f"done on Ray: {at} rows in {len(parts)} parts, {errors} errors; {output / MANIFEST}")
+    return 0
+
+
+def _actors(ray, options: dict) -> int:
+    """Model-holding actors: --workers, or one per CPU but one on each node, which reading and writing need
+    (actors holding every CPU leave the read tasks none, and the job waits forever)."""
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    nodes = max(1, sum(1 for n in ray.nodes() if n.get("Alive")))
+    per_actor = options["threads"] or 1
+    actors = options["workers"] or max(1, (cpus - nodes) // per_actor)
+    if actors * per_actor >= cpus:
+        raise JobError(
+            f"--workers {actors} x {per_actor} CPU leaves none of the cluster's {cpus} CPUs to read and write; "
+            f"give at most {max(1, (cpus - 1) // per_actor)}"
+        )
+    return actors
+
+
+def _schema(options: dict, model):
+    from batch.columns import result_schema
+
+    return result_schema(options["task"], model.dimensions)

@@ -1,0 +1,356 @@
+"""python -m batch as a job: Parquet parts in input order with typed columns and a manifest; a job killed with
+SIGKILL at three moments and rerun writes the same bytes as an uninterrupted one; bad rows get their error and
+never stop the job; what makes a job impossible is one line and exit 2, before any work; the Predictor takes a
+dict, an Arrow table or a pandas frame."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+import pyarrow.parquet as pq  # noqa: E402
+
+from batch import Predictor  # noqa: E402
+from batch.__main__ import main  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TEXTS = [
+    "I loved this film.",
+    "A long, slow and ultimately pointless exercise in style over substance.",
+    "Terrible.",
+    "My name is Wolfgang and I live in Berlin with my friend Sarah from London.",
+    "ok",
+    "The plot is gripping and the photography in the second half is simply beautiful.",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from test_serving_support import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("batch") / "multi")
+
+
+def _rows(n: int) -> list[dict]:
+    return [{"id": i, "text": f"{TEXTS[i % len(TEXTS)]} {'word ' * (i % 13)}row {i}"} for i in range(n)]
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _run(capsys, *argv) -> tuple[int, list[str]]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def _digests(output: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(output.glob("part-*.parquet"))}
+
+
+def test_parts_keep_input_order_typed_columns_and_the_manifest(tiny, tmp_path, capsys):
+    source = tmp_path / "in.parquet"
+    rows = _rows(45)
+    pq.write_table(pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows]}), source)
+    out = tmp_path / "out"
+    code, lines = _run(
+        capsys,
+        "--task",
+        "ner",
+        "--model",
+        tiny,
+        "--input",
+        source,
+        "--output",
+        out,
+        "--keep",
+        "id",
+        "--part-rows",
+        20,
+        "--window-rows",
+        8,
+    )
+    assert code == 0, lines
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert [p["rows"] for p in manifest["parts"]] == [[0, 20], [20, 40], [40, 45]] and manifest["complete"]
+    for part in manifest["parts"]:
+        assert hashlib.sha256((out / part["file"]).read_bytes()).hexdigest() == part["sha256"]
+    table = pq.read_table(out)
+    assert table["id"].to_pylist() == list(range(45))
+    assert table.schema.field("entities").type == pa.list_(
+        pa.struct(
+            [
+                ("start", pa.int32()),
+                ("end", pa.int32()),
+                ("word", pa.string()),
+                ("entity_group", pa.string()),
+                ("score", pa.float32()),
+            ]
+        )
+    )
+    assert table["error"].null_count == 45
+    # The same rows through the API, in one call (other batches: scores differ in the last float bits), answer
+    # the same.
+    direct = Predictor("ner", tiny)({"text": [r["text"] for r in rows]})["entities"].to_pylist()
+    for ours, job in zip(direct, table["entities"].to_pylist(), strict=True):
+        assert [dict(e, score=0) for e in ours] == [dict(e, score=0) for e in job]
+        assert all(abs(a["score"] - b["score"]) < 1e-5 for a, b in zip(ours, job))
+
+    embed_out = tmp_path / "embed"
+    code, lines = _run(capsys, "--task", "embed", "--model", tiny, "--input", source, "--output", embed_out)
+    assert code == 0, lines
+    assert pq.read_table(embed_out).schema.field("embedding").type == pa.list_(pa.float32(), 32)
+
+
+def test_sigkill_at_three_moments_then_rerun_gives_identical_parts(tiny, tmp_path, capsys):
+    source = _jsonl(tmp_path / "in.jsonl", _rows(60))
+    common = [
+        "-m",
+        "batch",
+        "--task",
+        "classify",
+        "--model",
+        str(tiny),
+        "--input",
+        str(source),
+        "--keep",
+        "id",
+        "--part-rows",
+        "20",
+        "--window-rows",
+        "8",
+        "--workers",
+        "1",
+        "--threads",
+        "1",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("BERTSERVE_PAUSE_AT", None)
+    whole = tmp_path / "whole"
+    code, lines = _run(capsys, *common[2:], "--output", whole)  # uninterrupted, in this process
+    assert code == 0, lines
+    expected = _digests(whole)
+    assert len(expected) == 3
+
+    killed = tmp_path / "killed"
+    # mid-part (a window of the second part computed), a part written aside but not renamed (half of it on
+    # disk), a part renamed but not yet in the manifest
+    for moment in ("batch:window-28", "batch:part-00001.parquet:aside", "batch:part-00002.parquet:renamed"):
+        process = subprocess.Popen(
+            [sys.executable, *common, "--output", str(killed)],
+            env={**env, "BERTSERVE_PAUSE_AT": moment},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        paused = False
+        for line in process.stderr:
+            if f"paused at {moment}" in line:
+                paused = True
+                break
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert paused and process.returncode == -signal.SIGKILL, moment
+    rerun = subprocess.run([sys.executable, *common, "--output", str(killed)], env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "continuing after row" in rerun.stderr
+    assert _digests(killed) == expected
+    assert not list(killed.glob(".part-*"))
+    manifest = json.loads((killed / "_manifest.json").read_text())
+    assert manifest["complete"] and [p["sha256"] for p in manifest["parts"]] == list(expected.values())
+
+
+def test_bad_rows_get_their_error_and_the_job_completes(tiny, tmp_path, capsys):
+    good = _rows(4)
+    lines = [json.dumps(r).encode() for r in good[:2]]
+    bad = {
+        "null": {"id": 100, "text": None},
+        "empty": {"id": 101, "text": ""},
+        "not a string (int)": {"id": 102, "text": 5},
+        "has more than 512 tokens": {"id": 103, "text": "word " * 20_000},
+    }
+    lines += [json.dumps(r).encode() for r in bad.values()]
+    lines.append(b'{"id": 104, "text": "caf\xe9 au lait"}')  # Latin-1, not UTF-8
+    lines.append(b'{"id": 105, "text": ')  # not JSON
+    lines += [json.dumps(r).encode() for r in good[2:]]
+    source = tmp_path / "bad.jsonl"
+    source.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "out"
+    code, err = _run(capsys, "--task", "classify", "--model", tiny, "--input", source, "--output", out, "--keep", "id")
+    assert code == 0, err
+    assert "6 errors" in err[-1]
+    table = pq.read_table(out).to_pylist()
+    errors = {r["id"]: r["error"] for r in table}
+    assert [r["id"] for r in table] == [0, 1, 100, 101, 102, 103, 104, None, 2, 3]  # a line that is no JSON has no id
+    for reason, row in bad.items():
+        assert errors[row["id"]].startswith(reason), errors
+    assert errors[104] == "invalid UTF-8" and errors[None].startswith("line 8 is not JSON")
+    assert all(
+        errors[i] is None and r["label"] is not None
+        for i, r in zip((0, 1, 2, 3), [table[0], table[1], table[8], table[9]])
+    )
+    assert all(r["label"] is None for r in table if r["error"])
+
+    cut = tmp_path / "cut"
+    code, err = _run(
+        capsys, "--task", "classify", "--model", tiny, "--input", source, "--output", cut, "--keep", "id", "--truncate"
+    )
+    assert code == 0 and "5 errors" in err[-1], err
+    long_row = next(r for r in pq.read_table(cut).to_pylist() if r["id"] == 103)
+    assert long_row["error"] is None and long_row["label"] is not None
+
+
+def test_what_makes_a_job_impossible_is_one_line_and_exit_2(tiny, tmp_path, capsys):
+    source = _jsonl(tmp_path / "in.jsonl", _rows(5))
+    out = tmp_path / "out"
+    base = ["--model", tiny, "--output", out]
+    garbage = tmp_path / "broken.parquet"
+    garbage.write_bytes(b"not a parquet file at all")
+    cases = [
+        (["--task", "classify", "--input", source, "--column", "body"], "no column 'body'"),
+        (["--task", "classify", "--input", garbage], "cannot be read as parquet"),
+        (["--task", "classify", "--input", tmp_path / "nowhere.csv"], "no such file"),
+        (["--task", "rerank", "--input", source, "--column", "text,text"], "serves only classify, ner, qa, embed"),
+        (["--task", "zero_shot", "--input", source], "--candidate-labels is required"),
+        (["--task", "qa", "--input", source, "--column", "text"], "qa reads 2 column(s)"),
+    ]
+    for argv, message in cases:
+        code, lines = _run(capsys, *argv, *base)
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (argv, lines)
+        assert not out.exists()  # refused before any work
+    code, lines = _run(capsys, "--task", "classify", "--input", source, *base)
+    assert code == 0, lines
+    code, lines = _run(capsys, "--task", "classify", "--input", source, "--truncate", *base)
+    assert code == 2 and len(lines) == 1 and "--truncate False (now True)" in lines[0], lines
+    code, lines = _run(capsys, "--task", "ner", "--input", source, *base)
+    assert code == 2 and "task classify (now ner)" in lines[0], lines
+    code, lines = _run(capsys, "--task", "ner", "--input", source, "--overwrite", *base)
+    assert code == 0 and "entities" in pq.read_table(out).column_names, lines
+
+
+def test_the_predictor_takes_dicts_arrow_and_pandas(tiny):
+    predictor = Predictor("classify", tiny, keep=["id"])
+    as_dict = predictor({"id": [1, 2], "text": TEXTS[:2]})
+    as_arrow = predictor(pa.table({"id": [1, 2], "text": TEXTS[:2], "other": ["x", "y"]}))
+    assert as_dict.column_names == ["id", "label", "score", "error"] and as_dict.equals(as_arrow)
+    pairs = Predictor("classify", tiny, column="a,b")({"a": TEXTS[:2], "b": TEXTS[2:4]})
+    assert pairs.column_names == ["a", "b", "label", "score", "error"] and pairs["error"].null_count == 2
+    pd = pytest.importorskip("pandas")
+    frame = predictor(pd.DataFrame({"id": [1, 2], "text": TEXTS[:2]}))
+    assert isinstance(frame, pd.DataFrame) and list(frame["label"]) == as_dict["label"].to_pylist()
+
+
+def test_worker_processes_write_the_same_parts(tiny, tmp_path, capsys):
+    source = _jsonl(tmp_path / "in.jsonl", _rows(40))
+    common = ["--task", "classify", "--model", str(tiny), "--input", str(source), "--keep", "id"]
+    common += ["--part-rows", "16", "--window-rows", "4", "--threads", "1"]
+    code, lines = _run(capsys, *common, "--workers", "1", "--output", tmp_path / "one")
+    assert code == 0, lines
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "batch", *common, "--workers", "2", "--output", str(tmp_path / "two")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert len(_digests(tmp_path / "one")) == 3 and _digests(tmp_path / "one") == _digests(tmp_path / "two")
+
+
+def _tiny_transformers_model(directory: Path, kind: str) -> Path:
+    import torch
+    import transformers
+    from test_serving_support import minilm_dir
+
+    common = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    if kind == "fill_mask":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(**common))
+    elif kind == "rerank":
+        model = transformers.BertForSequenceClassification(transformers.BertConfig(**common, num_labels=1))
+    else:
+        labels = {0: "entailment", 1: "neutral", 2: "contradiction"}
+        config = transformers.BertConfig(**common, id2label=labels, label2id={v: k for k, v in labels.items()})
+        model = transformers.BertForSequenceClassification(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)  # random weights that tell inputs apart
+    model.eval().save_pretrained(directory)
+    transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "task, options, columns, types",
+    [
+        ("rerank", {}, {"query": ["who lives in berlin?"] * 4, "document": TEXTS[:4]}, {"score": pa.float32()}),
+        (
+            "zero_shot",
+            {"column": "premise", "candidate_labels": "cinema,travel,food"},
+            {"premise": TEXTS[:4]},
+            {"labels": pa.list_(pa.string()), "scores": pa.list_(pa.float32())},
+        ),
+        (
+            "fill_mask",
+            {"top_k": 3},
+            {"text": ["I [MASK] this film.", "Paris is the [MASK] of [MASK].", "no mask here", "[MASK]"]},
+            {
+                "masks": pa.list_(
+                    pa.list_(
+                        pa.struct(
+                            [
+                                ("token", pa.int64()),
+                                ("token_str", pa.string()),
+                                ("score", pa.float32()),
+                                ("sequence", pa.string()),
+                            ]
+                        )
+                    )
+                )
+            },
+        ),
+    ],
+)
+def test_every_other_task_answers_a_batch_as_each_row_alone(task, options, columns, types, tmp_path):
+    model = _tiny_transformers_model(tmp_path / task, task)
+    predictor = Predictor(task, model, **options)
+    batched = predictor(columns)
+    for name, kind in types.items():
+        assert batched.schema.field(name).type == kind, name
+    rows = len(next(iter(columns.values())))
+    for row in range(rows):
+        alone = predictor({k: v[row : row + 1] for k, v in columns.items()}).to_pylist()[0]
+        together = batched.to_pylist()[row]
+        assert together["error"] == alone["error"]
+        _assert_close(together, alone)
+    if task == "fill_mask":  # the text without a mask is the codec's refusal, that row's only
+        assert [e is None for e in batched["error"].to_pylist()] == [True, True, False, True]
+        assert len(batched["masks"].to_pylist()[1]) == 2 and len(batched["masks"].to_pylist()[1][0]) == 3
+    else:
+        assert batched["error"].null_count == rows
+
+
+def _assert_close(a, b, where="row"):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert abs(a - b) < 1e-5, where
+    else:
+        assert a == b, where
