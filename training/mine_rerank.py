@@ -5,7 +5,7 @@ bi-encoder's cosine to the question, and the first --depth that are not the sent
 These are the distractors a reranker meets behind that bi-encoder (evals.rerank_quality reranks its top 20), so
 training on them teaches what the eval asks. Sentences are cut as evals.embed_quality cuts them.
 
-    python -m training.mine_rerank --squad ../shared/data/squad-train --heldout-articles 10 --articles 64 \
+    python -m training.mine_rerank --squad ../shared/data/squad-train --heldout-articles 10 --articles 40 \
         --out runs/rerank-mined/mined.json
 
 The held-out articles (the last --heldout-articles, qa.split_heldout) are never read into the file. The output
