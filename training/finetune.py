@@ -148,7 +148,14 @@ def prepare(cfg: FinetuneConfig, tokenizer):
     labels = task.train_labels(cfg, train, evaluation)
     features, targets = task.encode_train(tokenizer, train, labels, cfg)
     data = FeatureData(
-        features, targets, task.name, cfg.batch_size, cfg.seed, cfg.group_by_length, tokenizer.pad_token_id
+        features,
+        targets,
+        task.name,
+        cfg.batch_size,
+        cfg.seed,
+        cfg.group_by_length,
+        tokenizer.pad_token_id,
+        task.train_group_size(cfg),
     )
 
     def evaluate(model):

@@ -59,6 +59,7 @@ class FeatureData:
     seed: int
     group_by_length: bool = True
     pad_token_id: int = 0
+    group_size: int = 1  # consecutive features that share a batch (Task.train_group_size)
     lengths: np.ndarray = field(init=False)
 
     def __post_init__(self):
@@ -69,7 +70,13 @@ class FeatureData:
 
     def batches(self, epoch: int) -> list[list[int]]:
         rng = np.random.default_rng([self.seed, epoch, 1])
-        return length_grouped_batches(self.lengths, self.batch_size, rng, group_by_length=self.group_by_length)
+        if self.group_size == 1:
+            return length_grouped_batches(self.lengths, self.batch_size, rng, group_by_length=self.group_by_length)
+        # Whole groups: batched as units by their longest member, then each unit expanded to its features.
+        g = self.group_size
+        longest = self.lengths[: len(self.lengths) - len(self.lengths) % g].reshape(-1, g).max(axis=1)
+        units = length_grouped_batches(longest, max(1, self.batch_size // g), rng, group_by_length=self.group_by_length)
+        return [[u * g + j for u in batch for j in range(g)] for batch in units]
 
     def collate(self, indices: list[int], rng=None) -> dict[str, torch.Tensor]:
         batch = batch_tensors([self.features[i] for i in indices], self.pad_token_id)

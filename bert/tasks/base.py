@@ -262,6 +262,11 @@ class Task:
         """Training examples -> (Features per training input, its target per input)."""
         raise NotImplementedError
 
+    def train_group_size(self, cfg) -> int:
+        """Training inputs that must share a batch, as consecutive runs of this many (a loss over a query's
+        candidates); 1: each input stands alone. Batches then hold whole groups, --batch-size inputs each."""
+        return 1
+
     def collate_targets(self, targets: list, width: int) -> dict:
         """A batch's targets as tensors, under the names the single-task model's forward takes (its `labels`,
         `start_positions`, ...); `width` is the batch's padded length."""

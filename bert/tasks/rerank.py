@@ -9,8 +9,12 @@ that infinity, Cohere and Jina use.
 Trainable (python -m training.finetune --task rerank): a TSV of (query, text, label) rows with 0/1 or graded
 labels, or `squad:PATH[,PATH...]`, which makes each SQuAD question a query against the sentences of its paragraph
 (the one holding the answer is relevant) and the few sentences of its article's other paragraphs that share most
-words with it (--heldout-articles N keeps the last N articles for evaluation). Loss: BCE
-with logits on the one output; metrics: MRR (the main one) and recall@1 over each query's candidates.
+words with it (--heldout-articles N keeps the last N articles for evaluation). With --rerank-mined FILE (written
+by python -m training.mine_rerank) the training queries are instead each question against its answer's sentence
+and the --rerank-negatives sentences of its article a bi-encoder ranks highest (hard negatives: the distractors
+the reranker meets behind that bi-encoder); the held-out evaluation is unchanged. Loss (--rerank-loss): pointwise,
+BCE with logits on the one output per pair; or listwise, softmax cross-entropy over each query's candidates
+(batches then hold whole queries). Metrics: MRR (the main one) and recall@1 over each query's candidates.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert.tasks import classify
-from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, check_texts
+from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, TaskOption, check_texts
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, sigmoid
 from bert.tasks.qa import HELDOUT_ARTICLES, read_squad_articles, split_heldout
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, pair_template, too_much_work
@@ -176,6 +180,58 @@ def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGA
     return interleaved
 
 
+def mined_queries(mined: dict, negatives: int) -> list[RerankQuery]:
+    """Per mined question (training.mine_rerank's file): its answer's sentence (1) first, then its `negatives`
+    best-scored other sentences (0); a question with fewer mined is left out, so every query has 1 + negatives
+    candidates. Interleaved across articles as squad_queries, so the first N span them all."""
+    per_article: list[list[RerankQuery]] = [[] for _ in mined["articles"]]
+    for q in mined["questions"]:
+        sentences = mined["articles"][q["article"]]["sentences"]
+        if len(q["negatives"]) < negatives:
+            continue
+        texts = [sentences[q["gold"]]] + [sentences[i] for i in q["negatives"][:negatives]]
+        per_article[q["article"]].append(RerankQuery(q["question"], texts, [1.0] + [0.0] * negatives))
+    interleaved = []
+    for i in range(max(map(len, per_article), default=0)):
+        interleaved += [qs[i] for qs in per_article if i < len(qs)]
+    return interleaved
+
+
+def read_mined(path: str, heldout_articles: int, heldout_titles: set[str]) -> dict:
+    """training.mine_rerank's file, checked to hold none of the held-out articles."""
+    import json
+
+    from bert.tasks.qa import DataError
+
+    with open(path) as f:
+        mined = json.load(f)
+    settings = mined.get("settings") or {}
+    if settings.get("heldout_articles") != heldout_articles:
+        raise DataError(
+            f"{path} was mined holding out {settings.get('heldout_articles')} articles, not --heldout-articles "
+            f"{heldout_articles}: mine again with the same number"
+        )
+    overlap = sorted({a["title"] for a in mined["articles"]} & heldout_titles)
+    if overlap:
+        raise DataError(f"{path} holds held-out articles ({', '.join(overlap[:3])}): mine again")
+    return mined
+
+
+def listwise_loss(logits, labels, query_ids):
+    """Softmax cross-entropy over each query's candidates, averaged over queries: -sum_i p_i log softmax(s)_i,
+    p the query's labels normalised to sum 1 (one relevant candidate: InfoNCE over its negatives). Candidates of
+    a query are consecutive (query_ids runs); a query with no relevant candidate adds nothing."""
+    import torch
+
+    _, counts = torch.unique_consecutive(query_ids, return_counts=True)
+    losses = []
+    for s, y in zip(torch.split(logits.view(-1), counts.tolist()), torch.split(labels.view(-1), counts.tolist())):
+        total = y.sum()
+        if total > 0:
+            losses.append(-(y / total * torch.log_softmax(s, dim=0)).sum())
+    return torch.stack(losses).mean() if losses else logits.sum() * 0.0
+
+
 def read_rerank_tsv(path: str, cfg) -> list[RerankQuery]:
     """(query, text, label) rows; rows sharing a query text are one query's candidates, in first-seen order."""
     from bert.config import ConfigError
@@ -270,6 +326,33 @@ def _v1_shape(values: list[float], body, info) -> dict:
     }
 
 
+RERANK_MINED = TaskOption(
+    "rerank_mined",
+    "",
+    "rerank: train on this file of bi-encoder-mined negatives (python -m training.mine_rerank) instead of the "
+    "squad: candidates; needs --train-data squad:PATH with the --heldout-articles it was mined with",
+    multitask=False,
+    evaluate=False,
+)
+RERANK_NEGATIVES = TaskOption(
+    "rerank_negatives",
+    7,
+    "rerank with --rerank-mined: the k hardest mined negatives per question (1 + k candidates each)",
+    minimum=1,
+    multitask=False,
+    evaluate=False,
+)
+RERANK_LOSS = TaskOption(
+    "rerank_loss",
+    "pointwise",
+    "rerank: pointwise (BCE per pair) | listwise (softmax cross-entropy over each question's candidates; "
+    "needs --rerank-mined, --batch-size a multiple of 1 + --rerank-negatives)",
+    multitask=False,
+    evaluate=False,
+)
+LOSSES = ("pointwise", "listwise")
+
+
 class RerankTask(Task):
     """A cross-encoder: a one-output sequence-pair classifier; any such checkpoint serves it."""
 
@@ -322,7 +405,7 @@ class RerankTask(Task):
     # ---- training hooks: queries with candidate texts (RerankQuery) --------------------------------------
     trainable = True
     main_metric = "mrr"
-    train_options = (*classify.TSV_OPTIONS, HELDOUT_ARTICLES)
+    train_options = (*classify.TSV_OPTIONS, HELDOUT_ARTICLES, RERANK_MINED, RERANK_NEGATIVES, RERANK_LOSS)
     train_data_help = "TSV (query, text, label) or squad:PATH[,PATH...]"
 
     def train_problems(self, cfg) -> list[str]:
@@ -333,6 +416,22 @@ class RerankTask(Task):
             problems.append("--eval-data is required (or --train-data squad:PATH with --heldout-articles N)")
         if cfg.header not in ("auto", "yes", "no"):
             problems.append(f"--header must be auto, yes or no, got {cfg.header!r}")
+        loss, negatives = getattr(cfg, "rerank_loss", "pointwise"), getattr(cfg, "rerank_negatives", 1)
+        mined = getattr(cfg, "rerank_mined", "")
+        if loss not in LOSSES:
+            problems.append(f"--rerank-loss must be {' or '.join(LOSSES)}, got {loss!r}")
+        if negatives < 1:
+            problems.append(f"--rerank-negatives must be >= 1, got {negatives}")
+        if mined and not (squad and cfg.heldout_articles > 0):
+            problems.append("--rerank-mined needs --train-data squad:PATH and --heldout-articles N (as mined)")
+        if loss == "listwise":
+            group = 1 + negatives
+            if not mined:
+                problems.append("--rerank-loss listwise needs --rerank-mined (queries of 1 + k candidates)")
+            if cfg.batch_size % group:
+                problems.append(f"--rerank-loss listwise: --batch-size must be a multiple of {group} (1 + k)")
+            if cfg.grad_accum_steps != 1:
+                problems.append("--rerank-loss listwise: --grad-accum-steps must be 1 (a query's candidates together)")
         return problems
 
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
@@ -345,7 +444,14 @@ class RerankTask(Task):
         if cfg.train_data.startswith(SQUAD_PREFIX) and (train or not cfg.eval_data):
             articles = read_squad_articles(cfg.train_data[len(SQUAD_PREFIX) :])
             kept, held = split_heldout(articles, cfg.heldout_articles)
-            training, heldout = squad_queries(kept), squad_queries(held)
+            heldout = squad_queries(held)
+            if getattr(cfg, "rerank_mined", "") and train:
+                titles = {a.get("title", "") for a in held}
+                training = mined_queries(
+                    read_mined(cfg.rerank_mined, cfg.heldout_articles, titles), cfg.rerank_negatives
+                )
+            elif train:
+                training = squad_queries(kept)
         elif train:
             training = read(cfg.train_data)
         evaluation = read(cfg.eval_data) if cfg.eval_data else heldout
@@ -363,17 +469,31 @@ class RerankTask(Task):
         scale = top if top > 1.0 else 1.0  # graded 0..G -> [0, 1]; 0/1 labels unchanged
         pairs = [(q.query, text) for q in examples for text in q.texts]
         targets = [label / scale for q in examples for label in q.labels]
+        if getattr(cfg, "rerank_loss", "pointwise") == "listwise":
+            # (label, query number): the loss groups a batch's pairs by query
+            targets = [(t, n) for t, n in zip(targets, (n for n, q in enumerate(examples) for _ in q.texts))]
         return classify.encode(tokenizer, pairs, max_length=cfg.max_seq_length, truncate=True), targets
+
+    def train_group_size(self, cfg) -> int:
+        return 1 + cfg.rerank_negatives if getattr(cfg, "rerank_loss", "pointwise") == "listwise" else 1
 
     def collate_targets(self, targets: list, width: int) -> dict:
         import torch
 
+        if targets and isinstance(targets[0], tuple):
+            labels, queries = zip(*targets)
+            return {
+                "labels": torch.tensor(labels, dtype=torch.float32).view(-1, 1),
+                "query_ids": torch.tensor(queries, dtype=torch.long),
+            }
         return {"labels": torch.tensor(targets, dtype=torch.float32).view(-1, 1)}  # (B, 1), as the logits
 
     def loss(self, outputs: dict, batch: dict):
         import torch.nn.functional as F
 
         logits = outputs[self.output_name("rerank")].float()
+        if "query_ids" in batch:
+            return listwise_loss(logits, batch["labels"], batch["query_ids"])
         return F.binary_cross_entropy_with_logits(logits.view(-1), batch["labels"].view(-1))
 
     def evaluate(self, model, tokenizer, examples: list, labels: Labels, cfg) -> dict:
