@@ -208,21 +208,17 @@ def _run_window(values: dict[str, list], predictor: Predictor | None = None) -> 
 
 
 # ---- the job --------------------------------------------------------------------------------------------
-def run(options: dict, log=print) -> int:
-    """Run (or continue) the job; 0 when every row has its result or error. JobError: nothing was done."""
-    started = time.monotonic()
-    columns = check_task_options(options)
-    keep = list(options["keep"])
-    if options["part_rows"] < 1 or options["window_rows"] < 1:
-        raise JobError("--part-rows and --window-rows must be at least 1")
+
+
+def plan_job(options: dict, columns: list[str]) -> tuple:
+    """What a job reads and writes, checked before any work (JobError: one line): its input files (holding
+    `columns`), the model's directory, the output directory, the job's identity, and the manifest of an earlier
+    run of the same job to continue (None: start afresh; a different job's manifest is refused)."""
     try:
         files = expand(options["input"], options["format"])
-        check_columns(files, [*columns, *keep])
-    except InputError as e:
-        raise JobError(str(e)) from None
-    try:
+        check_columns(files, columns)
         model_path = resolve_model_path(options["model"])
-    except ModelError as e:
+    except (InputError, ModelError) as e:
         raise JobError(str(e)) from None
     output = Path(options["output"])
     if output.exists() and not output.is_dir():
@@ -233,6 +229,17 @@ def run(options: dict, log=print) -> int:
         changed = difference(previous, identity)
         if changed:
             raise JobError(f"{output} was written by a job with {changed}; pass --overwrite to start over")
+    return files, model_path, output, identity, previous
+
+
+def run(options: dict, log=print) -> int:
+    """Run (or continue) the job; 0 when every row has its result or error. JobError: nothing was done."""
+    started = time.monotonic()
+    columns = check_task_options(options)
+    keep = list(options["keep"])
+    if options["part_rows"] < 1 or options["window_rows"] < 1:
+        raise JobError("--part-rows and --window-rows must be at least 1")
+    files, model_path, output, identity, previous = plan_job(options, [*columns, *keep])
     workers = options["workers"] or os.cpu_count() or 1
     threads = options["threads"] or max(1, (os.cpu_count() or 1) // workers)
     model = load(str(model_path), options, threads)  # before any work: a model without the task is refused here

@@ -10,24 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from batch.inputs import InputError, check_columns, expand
-from batch.job import (
-    MANIFEST,
-    PART,
-    clear_output,
-    difference,
-    file_sha256,
-    job_identity,
-    model_digest,
-    read_manifest,
-    write_manifest,
-)
+from batch.job import MANIFEST, PART, clear_output, file_sha256, plan_job, write_manifest
 from batch.predict import JobError, check_task_options, load
-from serving.backends.model_dir import ModelError, resolve_model_path
 
 RAY_TMP = ".ray-parts"
 
@@ -55,19 +42,8 @@ def run(options: dict, log=print) -> int:
         raise JobError("--ray needs ray: pip install 'bertserve[ray]'") from None
     columns = check_task_options(options)
     keep = list(options["keep"])
-    try:
-        files = expand(options["input"], options["format"])
-        check_columns(files, [*columns, *keep])
-        model_path = resolve_model_path(options["model"])
-    except (InputError, ModelError) as e:
-        raise JobError(str(e)) from None
-    output = Path(options["output"])
-    identity = job_identity(options, files, model_path, model_digest(model_path))
-    previous = None if options["overwrite"] else (read_manifest(output) if output.is_dir() else None)
+    files, model_path, output, identity, previous = plan_job(options, [*columns, *keep])
     if previous is not None:
-        changed = difference(previous, identity)
-        if changed:
-            raise JobError(f"{output} was written by a job with {changed}; pass --overwrite to start over")
         if previous.get("complete"):
             log(f"{output}: already complete ({previous['rows_done']} rows); --overwrite starts over")
             return 0

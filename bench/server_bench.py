@@ -52,15 +52,9 @@ def work_items(task: str, n: int = 2000) -> list:
     if task in ("classify", "embed"):
         return [s for s, _ in sst2_sample(n)]
     if task == "ner":
-        sentences, words = [], []
-        for line in (DATA_DIR / "conll2003" / "valid.txt").read_text().splitlines():
-            if not line.strip() or line.startswith("-DOCSTART-"):
-                if words:
-                    sentences.append(" ".join(words))
-                words = []
-            else:
-                words.append(line.split()[0])
-        return sentences[:n]
+        from bert.tasks.ner import read_conll
+
+        return [" ".join(sentence.words) for sentence in read_conll(DATA_DIR / "conll2003" / "valid.txt")][:n]
     out = []
     with gzip.open(DATA_DIR / "squad-train" / "train-v1.1.part-04.json.gz", "rt") as f:
         for article in reversed(json.load(f)["data"]):

@@ -24,18 +24,9 @@ import numpy as np
 from bench.common import REPO, machine, print_table, write_json
 from bench.server_bench import free_port, start, stop
 from evals.common import heldout_squad_articles
+from training.mine_rerank import sentence_spans as sentences_with_offsets
 
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 WORD = re.compile(r"\w+")
-
-
-def sentences_with_offsets(context: str) -> list[tuple[int, int]]:
-    spans, start = [], 0
-    for match in SENTENCE_END.finditer(context):
-        spans.append((start, match.start()))
-        start = match.end()
-    spans.append((start, len(context)))
-    return [(s, e) for s, e in spans if context[s:e].strip()]
 
 
 def retrieval_set(heldout_articles: int) -> list[dict]:

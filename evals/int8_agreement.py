@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert.tasks.ner import read_conll
 from bert.tasks.qa import read_squad_articles, split_heldout
 from bert.tasks.rerank import sentence_spans
 
@@ -35,15 +36,7 @@ def sst2(data: Path, limit: int | None) -> list[str]:
 
 
 def conll(data: Path, limit: int | None) -> list[str]:
-    sentences, words = [], []
-    for line in (data / "conll2003" / "valid.txt").read_text(encoding="utf-8").splitlines() + [""]:
-        if not line.strip() or line.startswith("-DOCSTART-"):
-            if words:
-                sentences.append(" ".join(words))
-            words = []
-        else:
-            words.append(line.split()[0])
-    return sentences[:limit]
+    return [" ".join(sentence.words) for sentence in read_conll(data / "conll2003" / "valid.txt")][:limit]
 
 
 def squad_heldout(data: Path, limit: int | None) -> list[tuple[str, str]]:

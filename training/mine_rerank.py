@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 FORMAT = 1
-# evals.embed_quality.SENTENCE_END: the eval's sentences, so the mined candidates are the ones it reranks.
+# The held-out retrieval eval (evals.embed_quality) cuts sentences with this too, so the mined candidates are
+# the kind it reranks.
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
 
