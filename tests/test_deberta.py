@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_families import CORPUS, _squad_contexts, _sst2_sentences  # noqa: E402
+from test_families import CORPUS, _squad_contexts, _sst2_sentences, qa_windows_equal  # noqa: E402
 from test_modernbert import batch, worst  # noqa: E402
 
 from bert.checkpoint import load_checkpoint, load_for_inference, save_checkpoint  # noqa: E402
@@ -462,27 +462,8 @@ def test_unigram_ids_and_offsets_equal_transformers(trained, data_dir):
 
 def test_unigram_qa_windows_and_ner_words_equal_transformers(trained, data_dir):
     """QA windows (only_second truncation with a stride) and pre-split CoNLL words: ids, offsets and word ids."""
-    from bert.tasks import qa
-
     ours, theirs = trained
-    compared = 0
-    for question, context in _squad_contexts(data_dir, 1000 if FULL else 50):
-        windows = qa.encode(ours, question, context, max_length=96, doc_stride=32, max_query_length=64)
-        ref = theirs(
-            question,
-            context,
-            truncation="only_second",
-            max_length=96,
-            stride=32,
-            return_overflowing_tokens=True,
-            return_offsets_mapping=True,
-        )
-        assert len(windows) == len(ref["input_ids"])
-        for k, window in enumerate(windows):
-            assert window.input_ids == ref["input_ids"][k]
-            expected = [tuple(o) if s == 1 else None for o, s in zip(ref["offset_mapping"][k], ref.sequence_ids(k))]
-            assert window.offsets == expected
-            compared += 1
+    compared = qa_windows_equal(ours, theirs, _squad_contexts(data_dir, 1000 if FULL else 50))
     assert compared > (50 if not FULL else 1000)
     words = _conll_sentences(data_dir, 200 if FULL else 40)
     mine = ours.encode_batch(words, is_split_into_words=True)

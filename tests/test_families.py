@@ -402,11 +402,19 @@ def test_qa_windows_equal_transformers_overflow(trained_tokenizers, data_dir):
     """Our QA windows (bert/tasks/qa.py) against transformers' only_second truncation with a stride, on 1,000
     SQuAD contexts with their first questions: the same ids, and every context token's character offsets into
     the context."""
+    ours, theirs, _ = trained_tokenizers
+    pairs = _squad_contexts(data_dir, SQUAD_CONTEXTS)
+    assert len(pairs) == SQUAD_CONTEXTS
+    assert qa_windows_equal(ours, theirs, pairs) > SQUAD_CONTEXTS  # long contexts give several windows
+
+
+def qa_windows_equal(ours, theirs, pairs) -> int:
+    """Asserts that our QA windows of each (question, context) equal transformers' overflowing windows (ids and
+    the context's character offsets); returns how many windows were compared."""
     from bert.tasks import qa
 
-    ours, theirs, _ = trained_tokenizers
-    compared = contexts = 0
-    for question, context in _squad_contexts(data_dir, SQUAD_CONTEXTS):
+    compared = 0
+    for question, context in pairs:
         windows = qa.encode(ours, question, context, max_length=96, doc_stride=32, max_query_length=64)
         ref = theirs(
             question,
@@ -424,8 +432,7 @@ def test_qa_windows_equal_transformers_overflow(trained_tokenizers, data_dir):
             expected = [tuple(o) if s == 1 else None for o, s in zip(ref["offset_mapping"][k], sequence)]
             assert window.offsets == expected
             compared += 1
-        contexts += 1
-    assert contexts == SQUAD_CONTEXTS and compared > contexts  # long contexts give several windows
+    return compared
 
 
 # ---- served (torch backend, real server) and exported (ONNX fp32) -----------------------------------------
