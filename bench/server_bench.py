@@ -48,9 +48,12 @@ def free_port() -> int:
 
 def work_items(task: str, n: int = 2000) -> list:
     """What the load generator sends, before an adapter shapes it: SST-2 dev sentences (classify, embed),
-    CoNLL-2003 valid sentences (ner), {"question", "context"} dicts from SQuAD (qa)."""
+    CoNLL-2003 valid sentences (ner), {"question", "context"} dicts from SQuAD (qa), {"query", "texts"} dicts
+    of a SQuAD question and RERANK_TEXTS sentences of its article, its own paragraph's first (rerank)."""
     if task in ("classify", "embed"):
         return [s for s, _ in sst2_sample(n)]
+    if task == "rerank":
+        return rerank_items(n)
     if task == "ner":
         from bert.tasks.ner import read_conll
 
@@ -63,6 +66,31 @@ def work_items(task: str, n: int = 2000) -> list:
                     out.append({"question": qa["question"], "context": para["context"]})
                     if len(out) >= n:
                         return out
+    return out
+
+
+RERANK_TEXTS = 20
+
+
+def rerank_items(n: int, texts: int = RERANK_TEXTS) -> list[dict]:
+    """Per SQuAD question of the last articles of part-04 (never trained on: bert.tasks.qa.split_heldout), the
+    question and `texts` sentences of its article: its paragraph's, then the other paragraphs' in order."""
+    from bert.tasks.rerank import sentence_spans
+
+    out = []
+    with gzip.open(DATA_DIR / "squad-train" / "train-v1.1.part-04.json.gz", "rt") as f:
+        articles = json.load(f)["data"]
+    for article in reversed(articles):
+        paragraphs = [[p["context"][a:b] for a, b in sentence_spans(p["context"])] for p in article["paragraphs"]]
+        for i, para in enumerate(article["paragraphs"]):
+            others = [s for j, sentences in enumerate(paragraphs) if j != i for s in sentences]
+            candidates = (paragraphs[i] + others)[:texts]
+            if len(candidates) < texts:
+                continue
+            for qa in para["qas"]:
+                out.append({"query": qa["question"], "texts": candidates})
+                if len(out) >= n:
+                    return out
     return out
 
 

@@ -194,3 +194,22 @@ def test_bertserve_onnx_peers_serve_the_default_export_and_say_what_it_chose(tmp
     line = catalog.describe_default_export(tmp_path)
     assert line.startswith("bertserve's default export (python -m export.onnx with no precision flags) of /ckpt: int8")
     assert "fp32 200 ms, int8 100 ms" in line and "0.9961" in line and "layer 0 ffn-out, embeddings" in line
+
+
+def test_rerank_items_and_adapters_pick_the_best_text(data_dir):
+    from bench.peers import catalog
+    from bench.peers.quality import score
+    from bench.server_bench import RERANK_TEXTS, work_items
+
+    items = work_items("rerank", 5)
+    assert len(items) == 5
+    assert all(len(item["texts"]) == RERANK_TEXTS and item["query"].strip() for item in items)
+    ours, theirs = bertserve_adapter("rerank"), infinity_adapter("rerank")
+    assert ours.body(items[0]) == {"query": items[0]["query"], "texts": items[0]["texts"]}
+    assert theirs.body(items[0])["documents"] == items[0]["texts"]
+    # bertserve answers best first; infinity's results are compared by score, whatever their order
+    assert ours.answer([{"index": 3, "score": 0.9}, {"index": 0, "score": 0.1}]) == 3
+    assert theirs.answer({"results": [{"index": 0, "relevance_score": 0.1}, {"index": 2, "relevance_score": 0.7}]}) == 2
+    assert score("rerank", [3, 1, None], [3, 2, 0])["agree_pct"] == pytest.approx(100 / 3)
+    with pytest.raises(catalog.PeerUnavailable, match="--rerank-model"):
+        catalog.rerank_model(None)

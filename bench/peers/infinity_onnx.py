@@ -19,8 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ORT_CLASSES = {"classify": "ORTModelForSequenceClassification", "embed": "ORTModelForFeatureExtraction"}
-EXPORT_TASKS = {"classify": "text-classification", "embed": "feature-extraction"}
+ORT_CLASSES = {
+    "classify": "ORTModelForSequenceClassification",
+    "rerank": "ORTModelForSequenceClassification",
+    "embed": "ORTModelForFeatureExtraction",
+}
+EXPORT_TASKS = {"classify": "text-classification", "rerank": "text-classification", "embed": "feature-extraction"}
 KEEP = (
     "config.json",
     "tokenizer.json",

@@ -4,7 +4,9 @@ the benchmark's sentences, against an fp32 reference computed here with transfor
 - classify: the encoder + classify head cut from the checkpoint (bench/baseline_server.task_model),
   fp32; labels agree in % of sentences, and accuracy against SST-2's gold labels;
 - embed: the sentence-transformers recipe (mean of the last hidden states over real tokens, L2
-  normalised) on transformers' fp32 BertModel; cosine similarity per sentence, mean and minimum.
+  normalised) on transformers' fp32 BertModel; cosine similarity per sentence, mean and minimum;
+- rerank: transformers' AutoModelForSequenceClassification (one logit) on every (query, text) pair, fp32; the
+  best text agrees in % of queries.
 """
 
 from __future__ import annotations
@@ -18,12 +20,28 @@ import numpy as np
 from bench.peers import Adapter
 
 
-def reference_answers(task: str, model: Path, sentences: list[str], batch: int = 32) -> tuple[list, list[str]]:
-    """(answers, label names): fp32 labels or unit vectors for `sentences`; label names in id order (classify)."""
+def reference_answers(task: str, model: Path, sentences: list, batch: int = 32) -> tuple[list, list[str]]:
+    """(answers, label names): fp32 labels, unit vectors or best text indices for the work items `sentences`;
+    label names in id order (classify)."""
     import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
+    if task == "rerank":
+        net = AutoModelForSequenceClassification.from_pretrained(model, dtype=torch.float32).eval()
+        best = []
+        with torch.inference_mode():
+            for item in sentences:
+                enc = tokenizer(
+                    [item["query"]] * len(item["texts"]),
+                    item["texts"],
+                    padding=True,
+                    truncation=True,
+                    max_length=512,
+                    return_tensors="pt",
+                )
+                best.append(int(net(**enc).logits[:, 0].argmax()))
+        return best, []
     if task == "classify":
         from bench.baseline_server import task_model
 
@@ -63,6 +81,8 @@ def score(task: str, answers: list, reference: list, gold: list[str] | None = No
     the sentences with no answer, which count as disagreements."""
     n = len(reference)
     failed = sum(a is None for a in answers)
+    if task == "rerank":
+        return {"n": n, "failed": failed, "agree_pct": 100 * sum(a == r for a, r in zip(answers, reference)) / n}
     if task == "classify":
         out = {"n": n, "failed": failed, "agree_pct": 100 * sum(a == r for a, r in zip(answers, reference)) / n}
         if gold is not None:
