@@ -315,11 +315,10 @@ class Batcher:
 
     def contended_budget(self) -> tuple[int, int]:
         """(tokens, requests) of a batch taken while another model wants the device: a quarter of the full
-        budget, so that the other model's next batch waits for a small one (the first sequence always joins); two
-        requests at least, where the full budget allows: batches of one cost a loaded model much of its
-        throughput for little less wait (docs/benchmarks.md, "Several models in one server")."""
-        requests = min(self.max_batch_requests, max(2, self.max_batch_requests // 4))
-        return max(1, self.max_batch_tokens // 4), requests
+        budget, so that the other model's next batch waits for a small one (the first sequence always joins).
+        The loaded model pays in throughput meanwhile; half the budget cost it less but the other model's wait
+        more (docs/benchmarks.md, "Several models in one server")."""
+        return max(1, self.max_batch_tokens // 4), max(1, self.max_batch_requests // 4)
 
     def _can_fill(self) -> bool:
         if len(self.queue) >= self.max_batch_requests:
