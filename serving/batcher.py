@@ -13,6 +13,10 @@ is busy the queue keeps growing, so the next batch is as full as the load allows
 The event loop only queues sequences and hands results to their callers: a worker never waits for the
 loop between two batches (it did when one owner task on the loop dispatched every batch, while the loop
 also served HTTP: docs/serving.md, "Why it is built this way").
+Every batch runs under a slot of the device's ComputeGate, which the batchers of all the server's models share
+(one queue per model, one device): the models never run more batches at once than the device has slots, a free
+slot goes to the model served least recently, and while another model wants the device a batcher takes a small
+batch (`contended_budget`), so that a model with one request waits for about one small batch of a loaded one.
 Callers that have gone are dropped before their sequences are batched.
 A batch that fails fails every sequence in it and nothing else; a backend that returns outputs for a number of
 sequences other than the batch's is a failure too, never a silent mismatch.
@@ -25,6 +29,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,6 +69,89 @@ class SequenceResult:
     batch_size: int
 
 
+class ComputeGate:
+    """The compute of one device, shared by the batchers of every model on it: at most `slots` batches run at once
+    (each on its share of the cores: serving/backends/base.py threads_per_run), so that several models never
+    oversubscribe the cores between them; a backend registered with `one_at_a_time` never runs two batches at
+    once, whichever batchers share it. A free slot goes to the waiting model served least recently, not to the
+    first that asked: a model with one request waits for one batch of a loaded model, not for its backlog.
+    `contended` tells a batcher that another model wants the device too (it then takes a small batch)."""
+
+    def __init__(self, slots: int, linger_s: float = 0.25):
+        self.slots = max(1, slots)
+        # A model counts as wanting the device for this long after its last batch ended: a client that waits for
+        # its answer before it sends the next request leaves its queue empty in between, and is still there.
+        self.linger_s = linger_s
+        self._changed = threading.Condition()
+        self._running: dict[object, int] = {}  # owner -> its batches running now
+        self._waiting: dict[object, int] = {}  # owner -> its workers waiting for a slot, in the order they came
+        self._backend_of: dict[object, int] = {}  # owner -> id of its backend
+        self._served: dict[object, int] = {}  # owner -> the number of its last grant (who was served least recently)
+        self._ended: dict[object, float] = {}  # owner -> when its last batch ended
+        self._one_at_a_time: set[int] = set()  # ids of backends whose runs cannot overlap
+        self._busy: set[int] = set()  # those of them running now
+        self._grants = itertools.count(1)
+
+    def one_at_a_time(self, backend) -> None:
+        """`backend` runs one batch at a time, whichever batchers share it."""
+        self._one_at_a_time.add(id(backend))
+
+    def acquire(self, owner, backend, stopping: Callable[[], bool]) -> bool:
+        """Wait until `owner` may run a batch on `backend`; False when `stopping()` comes true first."""
+        with self._changed:
+            self._backend_of[owner] = id(backend)
+            self._waiting[owner] = self._waiting.get(owner, 0) + 1
+            try:
+                while not stopping():
+                    if sum(self._running.values()) < self.slots and self._next() is owner:
+                        break
+                    self._changed.wait()
+                else:
+                    return False
+            finally:
+                self._waiting[owner] -= 1
+                if not self._waiting[owner]:
+                    del self._waiting[owner]
+            self._running[owner] = self._running.get(owner, 0) + 1
+            self._served[owner] = next(self._grants)
+            if id(backend) in self._one_at_a_time:
+                self._busy.add(id(backend))
+            self._changed.notify_all()  # another free slot goes to the next in line
+            return True
+
+    def release(self, owner, backend) -> None:
+        with self._changed:
+            self._running[owner] -= 1
+            if not self._running[owner]:
+                del self._running[owner]
+            self._busy.discard(id(backend))
+            self._ended[owner] = time.monotonic()
+            self._changed.notify_all()
+
+    def contended(self, owner) -> bool:
+        """Whether a model other than `owner` waits for a slot, runs a batch, or ran one within `linger_s`."""
+        now = time.monotonic()
+        with self._changed:
+            if any(other is not owner for other in (*self._waiting, *self._running)):
+                return True
+            return any(other is not owner and now - ended < self.linger_s for other, ended in self._ended.items())
+
+    def waiting(self) -> int:
+        """How many workers (of all models) wait for a slot now."""
+        with self._changed:
+            return sum(self._waiting.values())
+
+    def wake(self) -> None:
+        """Let the waiting workers look again (their batcher is stopping)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def _next(self):
+        """The waiting owner served least recently (never: first come first), among those whose backend is free."""
+        ready = [o for o in self._waiting if self._backend_of[o] not in self._busy]
+        return min(ready, key=lambda o: self._served.get(o, 0), default=None)
+
+
 class Batcher:
     def __init__(
         self,
@@ -78,8 +166,11 @@ class Batcher:
         metrics=None,
         name: str = "model",
         labels: dict[str, str] | None = None,
+        gate: ComputeGate | None = None,
     ):
         self.backend = backend
+        # Shared with the other models' batchers on this device (the engine's); one of its own when alone.
+        self.gate = gate if gate is not None else ComputeGate(workers)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_requests = max_batch_requests
         self.max_wait_s = max_wait_ms / 1000.0
@@ -103,6 +194,7 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
         self._depth_reported = 0
+        self._at_gate = False  # one worker at a time waits for the gate, so one waiting means one batch to run
 
     # ---- public (on the event loop) ----------------------------------------------------------
     def start(self) -> None:
@@ -119,6 +211,7 @@ class Batcher:
         with self._changed:
             self._stopping = True
             self._changed.notify_all()
+        self.gate.wake()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
             finished = True
@@ -148,57 +241,84 @@ class Batcher:
     def _work(self) -> None:
         while True:
             try:
-                batch_id, batch = self._next_batch()
+                if not self._wait_for_work():
+                    return
             except RuntimeError:  # the loop has closed: nobody is waiting any more
                 return
-            if batch is None:
+            if not self.gate.acquire(self, self.backend, lambda: self._stopping):
                 return
-            started = time.monotonic()
             try:
-                outputs = self.backend.run_sequences([e.features for e in batch])
+                batch_id, batch = self._take_batch()
+                if batch is None:
+                    continue
+                started = time.monotonic()
+                result = self._run(batch)
                 elapsed = time.monotonic() - started
-                if len(outputs) != len(batch):
-                    raise BackendFailure(f"backend returned outputs for {len(outputs)} sequences of {len(batch)}")
-                result = (outputs, (len(batch), self._padded(max(e.length for e in batch))))
-            except Exception as exc:  # noqa: BLE001 - every error fails exactly this batch
-                log.error("batch of %d sequences failed: %s: %s", len(batch), type(exc).__name__, exc)
-                elapsed, result = (
-                    time.monotonic() - started,
-                    (
-                        exc
-                        if isinstance(exc, BackendFailure)
-                        else BackendFailure(f"inference failed: {type(exc).__name__}: {str(exc)[:200]}")
-                    ),
-                )
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                return
+            finally:
+                self.gate.release(self, self.backend)
             try:
                 self._loop.call_soon_threadsafe(self._answer, batch_id, batch, result, started, elapsed)
             except RuntimeError:  # the loop has closed: nobody is waiting any more
                 return
 
-    def _next_batch(self) -> tuple[int, list[Entry] | None]:
-        """Wait until a batch can be taken (or the batcher stops: None) and take it."""
+    def _run(self, batch: list[Entry]):
+        """The backend's outputs for `batch` and its (rows, padded width), or the failure every entry of it gets."""
+        try:
+            outputs = self.backend.run_sequences([e.features for e in batch])
+            if len(outputs) != len(batch):
+                raise BackendFailure(f"backend returned outputs for {len(outputs)} sequences of {len(batch)}")
+            return outputs, (len(batch), self._padded(max(e.length for e in batch)))
+        except Exception as exc:  # noqa: BLE001 - every error fails exactly this batch
+            log.error("batch of %d sequences failed: %s: %s", len(batch), type(exc).__name__, exc)
+            if isinstance(exc, BackendFailure):
+                return exc
+            return BackendFailure(f"inference failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def _wait_for_work(self) -> bool:
+        """Wait until a batch is ready to be taken and no other worker of this batcher waits for the gate (then
+        this one goes): True; False when the batcher stops."""
         with self._changed:
             while True:
                 if self._stopping:
-                    return -1, None
+                    return False
                 gone = self._drop_gone()
                 if gone:
                     self._loop.call_soon_threadsafe(_cancel, gone)
-                if not self.queue:
+                if not self.queue or self._at_gate:
                     self._changed.wait()
                     continue
                 wait = self.queue[0].enqueued + self.max_wait_s - time.monotonic()
                 if wait > 0 and not self._can_fill():
                     self._changed.wait(wait)
                     continue
-                batch = self._take()
-                if self.queue:
-                    self._changed.notify()  # another idle worker may take the rest
-                batch_id = next(self._batch_ids)
-                self._running[batch_id] = batch
-                if len(self._running) == 1:
-                    self._loop.call_soon_threadsafe(self._idle.clear)
-                return batch_id, batch
+                self._at_gate = True
+                return True
+
+    def _take_batch(self) -> tuple[int, list[Entry] | None]:
+        """With a slot of the gate: take the next batch (None: nothing left to take, or stopping)."""
+        with self._changed:
+            self._at_gate = False
+            self._changed.notify()  # another worker may wait for the gate now
+            gone = self._drop_gone()
+            if gone:
+                self._loop.call_soon_threadsafe(_cancel, gone)
+            if self._stopping or not self.queue:
+                return -1, None
+            batch = self._take(self.gate.contended(self))
+            batch_id = next(self._batch_ids)
+            self._running[batch_id] = batch
+            if len(self._running) == 1:
+                self._loop.call_soon_threadsafe(self._idle.clear)
+            return batch_id, batch
+
+    def contended_budget(self) -> tuple[int, int]:
+        """(tokens, requests) of a batch taken while another model wants the device: a quarter of the full
+        budget, so that the other model's next batch waits for a small one (the first sequence always joins).
+        The loaded model pays in throughput meanwhile; half the budget cost it less but the other model's wait
+        more (docs/benchmarks.md, "Several models in one server")."""
+        return max(1, self.max_batch_tokens // 4), max(1, self.max_batch_requests // 4)
 
     def _can_fill(self) -> bool:
         if len(self.queue) >= self.max_batch_requests:
@@ -214,15 +334,19 @@ class Batcher:
         self._set_depth()
         return gone
 
-    def _take(self) -> list[Entry]:
-        """The oldest sequence plus those nearest to it in length that fit the budget."""
+    def _take(self, contended: bool = False) -> list[Entry]:
+        """The oldest sequence plus those nearest to it in length that fit the budget (the contended budget when
+        `contended`)."""
+        max_tokens, max_requests = (
+            self.contended_budget() if contended else (self.max_batch_tokens, self.max_batch_requests)
+        )
         anchor = self.queue[0]
         window = self.queue[: max(4 * self.max_batch_requests, 64)]  # bounded search keeps order roughly FIFO
         candidates = sorted(window, key=lambda e: (abs(e.length - anchor.length), e.enqueued))
         picked = fill_batch(
             [e.length for e in candidates],
-            max_batch_tokens=self.max_batch_tokens,
-            max_batch_requests=self.max_batch_requests,
+            max_batch_tokens=max_tokens,
+            max_batch_requests=max_requests,
             max_padding=self.max_padding,
             pad_to_multiple_of=self.pad_to_multiple_of,
         )

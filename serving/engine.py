@@ -6,13 +6,14 @@ multi-task model serving several tasks under one name is one unit, so a batch ma
 sequences: one forward pass gives every head's output and each sequence takes the head its request asked for.
 Several names for one directory (--classify-model a=DIR --classify-model b=DIR) share its backend, loaded once,
 but each has its own batcher: a queue of its own, so load on one model never queues in front of another's.
+Every batcher runs its batches through the device's one ComputeGate (serving/batcher.py): the models share the
+device's cores without oversubscribing them, and take turns on them fairly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +24,9 @@ from typing import Any
 from bert.tasks import TASKS
 from bert.tasks.base import Task
 from bert.tasks.common import Limits, ModelFacts
-from serving.backends.base import Backend
 from serving.backends.loading import LoadedModel, load_model
 from serving.backends.model_dir import ModelError, resolve_model_path
-from serving.batcher import Batcher, SequenceResult, Ticket
+from serving.batcher import Batcher, ComputeGate, SequenceResult, Ticket
 from serving.errors import BackendFailure, NotFound, ServingError, refusal
 from serving.settings import DEMO_MODEL_DIR, NamedModel, Settings, default_model_name
 
@@ -56,21 +56,6 @@ class TaskNotServed(NotFound):
 
 class ModelNotServed(NotFound):
     """A request's "model" that is none of its task's models; the message lists them."""
-
-
-class _OneRunAtATime:
-    """A backend whose runs cannot overlap (concurrent_runs False), seen by one of the several batchers that share
-    it: every run holds the backend's one lock."""
-
-    def __init__(self, backend: Backend, lock: threading.Lock):
-        self._backend, self._lock = backend, lock
-
-    def run_sequences(self, sequences: list) -> list:
-        with self._lock:
-            return self._backend.run_sequences(sequences)
-
-    def __getattr__(self, name: str):
-        return getattr(self._backend, name)
 
 
 @dataclass
@@ -107,6 +92,9 @@ class Engine:
         self.by_task: dict[str, ModelUnit] = {}  # task -> its default model (the first given)
         self.models: dict[str, dict[str, ModelUnit]] = {}  # task -> name -> model, the default first
         self.verify: dict[str, ModelUnit] = {}  # task -> the exact model that re-answers its unsure items
+        # The one device every model runs on, shared by their batchers: as many batches at once as the inference
+        # workers of one model would run, so that several models together never run more than one would alone.
+        self.gate = ComputeGate(settings.effective_inference_workers)
         # Two lanes for tokenising and decoding: a request with long texts (QA contexts, big batches) waits
         # behind other long ones only, never in front of a one-line /classify. Work per request is bounded
         # anyway (tokens, windows, inputs), so one thread is enough for the long lane.
@@ -146,7 +134,6 @@ class Engine:
                 self.models.setdefault(task, {})[name] = unit
         self.models = {t: self.models[t] for t in TASKS if t in self.models}
         self.by_task = {t: next(iter(models.values())) for t, models in self.models.items()}
-        self._check_shared_backends()
         for task in TASKS.values():
             name = getattr(settings, f"{task.name}_verify_model", None)  # a task with margins may have the flag
             if name is not None:
@@ -169,17 +156,6 @@ class Engine:
                     unit.spec.path,
                 )
         log.info("serving %s", {t: {n: str(u.spec.path) for n, u in m.items()} for t, m in self.models.items()})
-
-    def _check_shared_backends(self) -> None:
-        """Batchers sharing a backend whose runs cannot overlap take turns on it, through one lock."""
-        sharing: dict[int, list[ModelUnit]] = {}
-        for unit in self.units:
-            sharing.setdefault(id(unit.backend), []).append(unit)
-        for units in sharing.values():
-            if len(units) > 1 and not units[0].backend.concurrent_runs:
-                lock = threading.Lock()
-                for unit in units:
-                    unit.backend = _OneRunAtATime(unit.backend, lock)
 
     def _build_unit(self, path: Path, explicit: list[str], shared: ModelUnit | None = None) -> ModelUnit:
         """The unit of `path` for the tasks `explicit`; `shared`: the unit already built for that directory under
@@ -239,13 +215,16 @@ class Engine:
         """One unit per distinct backend (units sharing a directory share its backend)."""
         owners: dict[int, ModelUnit] = {}
         for unit in self.units:
-            owners.setdefault(id(getattr(unit.backend, "_backend", unit.backend)), unit)
+            owners.setdefault(id(unit.backend), unit)
         return list(owners.values())
 
     def max_batch_requests(self, unit: ModelUnit) -> int:
         return min(x for x in (self.settings.effective_max_batch_requests, unit.backend.max_batch_size) if x)
 
     def start(self) -> None:
+        for unit in self._backend_owners():
+            if not unit.backend.concurrent_runs:  # e.g. a TensorRT engine shared by two names: one run at a time
+                self.gate.one_at_a_time(unit.backend)
         for unit in self.units:
             unit.batcher = Batcher(
                 unit.backend,
@@ -258,6 +237,7 @@ class Engine:
                 metrics=self.metrics,
                 name=unit.name or unit.spec.path.name,
                 labels={"task": "+".join(unit.tasks) or "verify", "model": unit.name},
+                gate=self.gate,
             )
             unit.batcher.start()
 
