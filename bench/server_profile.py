@@ -28,6 +28,7 @@ import asyncio
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -240,14 +241,14 @@ def print_profile(run: dict, concurrency: int) -> None:
 
 
 def compare(before: list[dict], after: list[dict]) -> list[dict]:
-    """Before and after side by side, each the mean of its runs: ms per request by thread kind and by stage
+    """Before and after side by side, each the median of its runs: ms per request by thread kind and by stage
     (GIL time), the overhead and its share."""
 
-    def mean(runs: list[dict], pick) -> float:
-        return sum(pick(r) for r in runs) / len(runs)
+    def middle(runs: list[dict], pick) -> float:
+        return statistics.median(pick(r) for r in runs)  # a run that others' load disturbed moves a mean
 
     def row(name: str, pick) -> dict:
-        b, a = mean(before, pick), mean(after, pick)
+        b, a = middle(before, pick), middle(after, pick)
         return {"what": name, "before": b, "after": a, "change": f"{100 * (a - b) / b:+.0f} %" if b else ""}
 
     def cpu_of(kind: str):
@@ -310,7 +311,7 @@ def main(argv=None) -> int:
             runs[side].append(profile(args, cwd, args.out / f"{side}-{i}"))
             print_profile(runs[side][-1], args.concurrency)
     rows = compare(runs["before"], runs["after"])
-    print(f"\nbefore ({args.before}) -> after ({args.cwd}), mean of {args.rounds} alternated runs each:")
+    print(f"\nbefore ({args.before}) -> after ({args.cwd}), median of {args.rounds} alternated runs each:")
     print_table(rows, [("what", ""), ("before", "before"), ("after", "after"), ("change", "change")])
     path = write_json(args.out / f"c{args.concurrency}-compare.json", {**settings, "compare": rows, **runs})
     print(f"\nwrote {path}")

@@ -51,6 +51,8 @@ REFUSED = [
     ("/qa", b'{"question": "", "context": "c"}'),
     ("/embed", b'{"inputs": "a", "dimensions": 100000}'),
     ("/ner", b'{"inputs": "a", "aggregation": "best"}'),
+    ("/rerank", b'{"query": "q", "texts": ["a"]}'),  # a task this model does not serve: 404
+    ("/v1/rerank", b'{"query": "q", "documents": ["a"], "model": "m"}'),
 ]
 
 
