@@ -16,6 +16,7 @@ from serving.errors import install_error_handlers
 from serving.metrics import Metrics
 from serving.middleware import RequestMiddleware, ServerState
 from serving.routes.api import build_router
+from serving.routes.lean import LeanRoutes
 from serving.routes.schemas import declare_limits
 from serving.settings import Settings
 
@@ -66,9 +67,12 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.server = state
     app.state.engine = engine
     install_error_handlers(app)
-    app.include_router(build_router())  # the tasks' routes as the registry holds them now
+    routes = build_router()  # the tasks' routes as the registry holds them now
+    app.include_router(routes)
     _declare_limits_in_openapi(app, settings)
     install_docs(app)
+    # The lean path runs inside RequestMiddleware (the last added is the outermost).
+    app.add_middleware(LeanRoutes, routes=routes.routes)
     app.add_middleware(RequestMiddleware, settings=settings, state=state, metrics=metrics)
     return app
 

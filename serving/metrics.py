@@ -60,6 +60,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # (endpoint, status) -> its two series; both labels are bounded (ENDPOINTS and "other"; HTTP statuses)
+        self._request_children: dict[tuple[str, int], tuple] = {}
         self.build_info = Gauge(
             "bertserve_build_info",
             "what this server runs (value is always 1)",
@@ -74,6 +76,15 @@ class Metrics:
             queue_duration=self.model_queue_duration.labels(task, model),
             inference_duration=self.model_inference_duration.labels(task, model),
         )
+
+    def count_request(self, endpoint: str, status: int, seconds: float) -> None:
+        """One answered request: bertserve_requests_total and bertserve_request_duration_seconds."""
+        children = self._request_children.get((endpoint, status))
+        if children is None:  # labels() takes a lock and builds its key on every call: once per label pair here
+            children = self.requests.labels(endpoint, str(status)), self.request_duration.labels(endpoint)
+            self._request_children[(endpoint, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     @staticmethod
     def endpoint_label(path: str) -> str:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import random
 import re
 import time
-import uuid
 from collections.abc import Callable
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -25,6 +25,14 @@ INFERENCE_PATHS = frozenset(registry.routes())
 TASK_OF_PATH = registry.routes()
 OPEN_PATHS = frozenset({HEALTH_PATH, "/ready", "/metrics"}) | DOCS_PATHS
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+_IDS = random.Random()  # seeded from os.urandom once: a request id must be unique, not secret
+
+
+def new_request_id() -> str:
+    """A random uuid4 written as uuid.uuid4().hex writes it (32 hex digits, its version and variant bits set),
+    without uuid4's os.urandom call on every request."""
+    bits = _IDS.getrandbits(128) & ~(0xF000 << 64) & ~(0xC000 << 48) | (0x4000 << 64) | (0x8000 << 48)
+    return f"{bits:032x}"
 
 
 class ServerState:
@@ -106,7 +114,7 @@ class RequestMiddleware:
         started = time.perf_counter()
         headers = Headers(scope=scope)
         given_id = headers.get("x-request-id", "")
-        request_id = given_id if _REQUEST_ID.match(given_id) else uuid.uuid4().hex
+        request_id = given_id if _REQUEST_ID.match(given_id) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         id_token = current_request_id.set(request_id)
         path = scope["path"]
@@ -150,9 +158,8 @@ class RequestMiddleware:
         finally:
             if admitted:
                 self.state.in_flight -= 1
-            self.metrics.requests.labels(endpoint, str(status[0])).inc()
             total_s = time.perf_counter() - started
-            self.metrics.request_duration.labels(endpoint).observe(total_s)
+            self.metrics.count_request(endpoint, status[0], total_s)
             if self._access_log:
                 self._log_access(scope, request_id, status[0], total_s)
             current_request_id.reset(id_token)
@@ -196,15 +203,17 @@ class RequestMiddleware:
         """receive() bounded while the body arrives: in size (413) and in time (408). Once the body is in,
         receive() waits unbounded again (the route listens for the client's disconnect with it)."""
         limit, timeout_s = self.settings.max_body_bytes, self.settings.body_timeout_s
-        seen, deadline, body_done = 0, time.monotonic() + timeout_s, False
+        seen, deadline, body_done = 0, asyncio.get_running_loop().time() + timeout_s, False
 
         async def limited_receive():
             nonlocal seen, body_done
             if body_done:
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+                # A timeout on the calling task, not wait_for's extra task per message: this runs on every request.
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
                 raise _BodyTooSlow(timeout_s) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))

@@ -79,7 +79,8 @@ async def _answer(request: Request, work) -> Response:
     The work runs in the route's own task, which a disconnect or the abort cancels: one task per request
     beside it (the disconnect watcher) instead of three (work, watcher, abort waiter) and an asyncio.wait."""
     ticket, timing = Ticket(), Timing()
-    request.state.timing = timing  # for the access log (serving/middleware.py)
+    # For the access log (serving/middleware.py): request.state's own dict, without building a State per request.
+    request.scope.setdefault("state", {})["timing"] = timing
     route = asyncio.current_task()
     stopped: list = []  # why the route was stopped (a response to give instead); [None] once the work is done
 
@@ -172,11 +173,19 @@ def schema_class(name_or_class):
         raise LookupError(f"serving/routes/schemas.py defines no {name_or_class!r}") from None
 
 
-def _endpoint(task: Task, route: Route):
-    """The endpoint of one task's route: validate (pydantic, then the route's check), count the items, run them
-    through the engine's one inference path, shape the answers as the route says."""
+class TaskEndpoint:
+    """One task's route as the server answers it: `prepare` checks a validated body and names the work (raising
+    the client's error), `respond` runs the work and shapes the answers. FastAPI's endpoint (`fastapi_endpoint`)
+    and the lean path (serving/routes/lean.py) both answer through these two, so they answer alike."""
 
-    async def endpoint(body, request: Request):
+    def __init__(self, task: Task, route: Route):
+        self.task, self.route = task, route
+        self.request_schema = schema_class(route.request)
+        self.body_type = Union[self.request_schema, list[self.request_schema]] if route.many else self.request_schema
+
+    def prepare(self, body, request: Request) -> tuple[list, dict, str | None]:
+        """(items, options, model) of a validated body, or the client's error (a ServingError) raised."""
+        task, route = self.task, self.route
         engine, settings = request.app.state.engine, request.app.state.settings
         try:
             model = requested_model(body)
@@ -188,6 +197,10 @@ def _endpoint(task: Task, route: Route):
                 route.check(body, RouteInfo(engine, task, Timing(), model))
         except (ValueError, TypeError) as e:  # a refusal (EmptyInput, TooManyInputs, a field named): the table's
             raise refusal(e) from None
+        return items, options, model
+
+    async def respond(self, body, request: Request, items: list, options: dict, model: str | None) -> Response:
+        engine, task, route = request.app.state.engine, self.task, self.route
 
         async def work(ticket, timing):
             answers = await engine.infer(task, items, options, ticket=ticket, timing=timing, model=model)
@@ -195,17 +208,22 @@ def _endpoint(task: Task, route: Route):
 
         return await _answer(request, work)
 
-    request_schema = schema_class(route.request)
-    body = Union[request_schema, list[request_schema]] if route.many else request_schema
-    endpoint.__signature__ = inspect.Signature(
-        [
-            inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body),
-            inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
-        ]
-    )
-    endpoint.__name__ = route.path.strip("/").rsplit("/", 1)[-1].replace("-", "_")
-    endpoint.__doc__ = getattr(request_schema, "endpoint_doc", None) or route.summary
-    return endpoint
+    def fastapi_endpoint(self):
+        """The endpoint FastAPI validates the body for (pydantic) and documents in OpenAPI."""
+
+        async def endpoint(body, request: Request):
+            return await self.respond(body, request, *self.prepare(body, request))
+
+        endpoint.__signature__ = inspect.Signature(
+            [
+                inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=self.body_type),
+                inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+            ]
+        )
+        endpoint.__name__ = self.route.path.strip("/").rsplit("/", 1)[-1].replace("-", "_")
+        endpoint.__doc__ = getattr(self.request_schema, "endpoint_doc", None) or self.route.summary
+        endpoint.task_endpoint = self  # what serving/routes/lean.py answers the route with
+        return endpoint
 
 
 def task_routes() -> APIRouter:
@@ -213,7 +231,7 @@ def task_routes() -> APIRouter:
     routes = APIRouter()
     for task in registry.TASKS.values():
         for route in task.routes:
-            endpoint = _endpoint(task, route)
+            endpoint = TaskEndpoint(task, route).fastapi_endpoint()
             routes.add_api_route(
                 route.path,
                 endpoint,
