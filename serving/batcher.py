@@ -232,9 +232,14 @@ class Batcher:
         with self._changed:
             if self._stopping:
                 raise BackendFailure("the server is stopping")
+            # A worker waits on a queue that was empty, or (with max_wait_ms) for the batch to fill; on a queue
+            # that already held work with no wait to fill, a waiting worker only waits for its turn at the gate
+            # (_take_batch wakes it), so waking it again costs a thread switch and changes nothing.
+            wake = not self.queue or self.max_wait_s > 0
             self.queue.extend(entries)
             self._set_depth()
-            self._changed.notify()
+            if wake:
+                self._changed.notify()
         return [e.future for e in entries]
 
     # ---- each worker thread ------------------------------------------------------------------
