@@ -100,6 +100,9 @@ class Engine:
         # anyway (tokens, windows, inputs), so one thread is enough for the long lane.
         self._light_lane = ThreadPoolExecutor(max_workers=2, thread_name_prefix="codec")
         self._heavy_lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codec-long")
+        # (id of a unit, task) -> its Limits and ModelFacts: fixed once the models are loaded, so built once rather
+        # than per request (the units live as long as the engine, so their ids are never reused meanwhile)
+        self._request_facts: dict[tuple[int, str], tuple[Limits, ModelFacts]] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -379,7 +382,11 @@ class Engine:
     async def _infer(self, unit: ModelUnit, features: list, ticket: Ticket, timing: Timing) -> list[SequenceResult]:
         futures = unit.batcher.submit(features, ticket)
         try:
-            results = await asyncio.gather(*futures, return_exceptions=True)
+            if len(futures) == 1:
+                # Most requests are one sequence: awaiting its future spares gather's own future and callbacks.
+                results = [await _outcome(futures[0])]
+            else:
+                results = await asyncio.gather(*futures, return_exceptions=True)
         except asyncio.CancelledError:
             ticket.cancelled = True
             for f in futures:
@@ -404,6 +411,14 @@ class Engine:
             qa_max_question_length=self.settings.qa_max_question_length,
         )
 
+    def _facts_of(self, unit: ModelUnit, task: str) -> tuple[Limits, ModelFacts]:
+        """The Limits of a request to `unit` and the ModelFacts its `task` decodes with."""
+        key = (id(unit), task)
+        known = self._request_facts.get(key)
+        if known is None:
+            known = self._request_facts[key] = (self.limits(unit), unit.facts(task))
+        return known
+
     async def infer(
         self, task: Task, items: list, options: dict, *, ticket: Ticket, timing: Timing, model: str | None = None
     ) -> list:
@@ -412,7 +427,7 @@ class Engine:
         the codec decodes the outputs."""
         unit = self._unit(task.name, model)
         lane = self._lane(task, task.request_chars(items, options), options)
-        limits = self.limits(unit)
+        limits, facts = self._facts_of(unit, task.name)
         features = await self._codec(
             lambda: task.encode_request(unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options),
             lane,
@@ -425,7 +440,6 @@ class Engine:
         for item_features in features:
             outputs.append([r.outputs for r in results[at : at + len(item_features)]])
             at += len(item_features)
-        facts = unit.facts(task.name)
         if task.name in self.verify:
             await self._verify(task, items, features, outputs, facts, options, lane, ticket, timing)
         return await self._codec(lambda: task.decode_request(items, features, outputs, facts, **options), lane)
@@ -457,3 +471,16 @@ class Engine:
             outputs[i] = [r.outputs for r in results[at : at + len(features[i])]]
             at += len(features[i])
         timing.verified += len(unsure)
+
+
+async def _outcome(future: asyncio.Future):
+    """What gather(..., return_exceptions=True) gives for one future: its result, or its exception (its
+    CancelledError when the future alone was cancelled); CancelledError raised when the awaiting task is."""
+    try:
+        return await future
+    except asyncio.CancelledError as e:
+        if asyncio.current_task().cancelling() or not future.cancelled():
+            raise
+        return e
+    except Exception as e:  # noqa: BLE001 - handed back as gather hands it back
+        return e

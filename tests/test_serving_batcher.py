@@ -333,3 +333,40 @@ def test_wrongly_shaped_outputs_fail_the_batch():
 
     results = run(lambda b: submit_all(b, [4, 4]), FlatNer())
     assert all(isinstance(r, BackendFailure) and "'ner'" in str(r) for r in results), results
+
+
+def test_one_future_is_awaited_as_gather_would():
+    """The engine awaits a one-sequence request's future without gather: the same outcomes (a result, an
+    exception handed back, a future cancelled alone handed back as CancelledError), and the awaiting task's own
+    cancellation still raised."""
+    from serving.engine import _outcome
+
+    async def both(settle):
+        results = []
+        for wait in (lambda f: _outcome(f), lambda f: asyncio.gather(f, return_exceptions=True)):
+            future = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(settle, future)
+            got = await wait(future)
+            results.append(got[0] if isinstance(got, list) else got)
+        return results
+
+    def fail(future):
+        future.set_exception(BackendFailure("boom"))
+
+    ours, gathered = asyncio.run(both(lambda f: f.set_result(7)))
+    assert ours == gathered == 7
+    ours, gathered = asyncio.run(both(fail))
+    assert type(ours) is type(gathered) is BackendFailure
+    ours, gathered = asyncio.run(both(lambda f: f.cancel()))
+    assert type(ours) is type(gathered) is asyncio.CancelledError
+
+    async def cancelled_waiter():
+        future = asyncio.get_running_loop().create_future()
+        waiter = asyncio.ensure_future(_outcome(future))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        return future.cancelled()
+
+    assert asyncio.run(cancelled_waiter())
