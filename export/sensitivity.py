@@ -451,9 +451,12 @@ def search(
     return Search(target, groups, ordered[:high], best, trials, sensitivity, calibration.size())
 
 
-def time_graphs(paths: dict[str, Path], calibration: Calibration, passes: int = 5) -> dict[str, float]:
+def time_graphs(
+    paths: dict[str, Path], calibration: Calibration, passes: int = 5, every_pass: bool = False
+) -> dict[str, float] | dict[str, list[float]]:
     """Seconds per pass over the calibration batches, the median of `passes` passes taken in turn (so a busy
-    moment of the machine falls on every candidate alike), after one warm-up pass each."""
+    moment of the machine falls on every candidate alike), after one warm-up pass each; `every_pass`: each pass's
+    seconds, in the order taken."""
     import time
 
     import onnxruntime as ort
@@ -478,4 +481,6 @@ def time_graphs(paths: dict[str, Path], calibration: Calibration, passes: int = 
             for feed in feeds[name]:
                 sess.run(None, feed)
             seconds[name].append(time.perf_counter() - start)
+    if every_pass:
+        return seconds
     return {name: float(np.median(values)) for name, values in seconds.items()}
