@@ -41,6 +41,7 @@ ENVIRONMENT = {
     "BERTSERVE_BASE_URL": "the Python SDK's server address when the Client is given none",
     "BERTSERVE_PAUSE_AT": "crash tests only: stop at this named point of a checkpoint write or a batch job (bert/atomic.py)",
     "BERTSERVE_TEST_DATA": "tests and benchmarks: the data directory (default: ../shared/data)",
+    "BERTSERVE_TEST_RERANKER": "tests: a trained reranker checkpoint its default export is held to the bars with (unset: skipped)",
     "BERTSERVE_TEST_FULL": (
         "tests: 1 compares the families on the full CoNLL-2003 valid set and 500 SQuAD questions, holds the "
         "default exports to their agreement with fp32 on held-out data, and checks python -m batch against the "

@@ -1,7 +1,8 @@
 """Agreement of an export with the fp32 export of the same checkpoint, on held-out data (docs/export.md, "Default
 exports on held-out data").
 
-    python -m evals.int8_agreement --fp32 ARTIFACT --candidate ARTIFACT [--limit N] [--json OUT]
+    python -m evals.int8_agreement --fp32 ARTIFACT --candidate ARTIFACT [ARTIFACT ...] [--limit N] [--time]
+                                   [--json OUT]
 
 Per graph output, on data the calibration never saw:
 - classify: SST-2 dev sentences, the share of labels equal to fp32's;
@@ -10,6 +11,9 @@ Per graph output, on data the calibration never saw:
   (start <= end, at most 30 tokens, in the context) equal to fp32's;
 - embeddings: SST-2 dev sentences, the share with cosine >= 0.99, and the lowest cosine;
 - rerank: SQuAD held-out questions against their paragraph's sentences, the share with fp32's top sentence.
+
+--time adds each graph's model-level time (fp32's too): seconds per batch of SST-2 dev sentences at batch 1, 8 and
+32, the median of passes taken in turn over the graphs, so a busy moment of a shared machine falls on each alike.
 """
 
 from __future__ import annotations
@@ -178,21 +182,65 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
     return figures
 
 
+def timings(graphs: dict[str, Path], data: Path, sizes=(1, 8, 32), passes: int = 5) -> dict[str, dict[str, float]]:
+    """Name -> {"batch N": median seconds per batch}: the first N SST-2 dev sentences, one warm-up run each, then
+    `passes` passes in turn over the graphs."""
+    import time
+
+    import onnxruntime as ort
+
+    from bert.tokenizer import BertTokenizer
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sessions = {n: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for n, p in graphs.items()}
+    tokenizer = BertTokenizer.from_dir(next(iter(graphs.values())).parent)
+    sentences = sst2(data, max(sizes))
+    feeds = {size: batched(tokenizer, sentences[:size], size=size)[0] for size in sizes}
+    for sess in sessions.values():
+        for feed in feeds.values():
+            sess.run(None, feed)
+    seconds = {n: {size: [] for size in sizes} for n in sessions}
+    for _ in range(passes):
+        for name, sess in sessions.items():
+            for size, feed in feeds.items():
+                start = time.perf_counter()
+                sess.run(None, feed)
+                seconds[name][size].append(time.perf_counter() - start)
+    return {n: {f"batch {size}": float(np.median(v)) for size, v in by.items()} for n, by in seconds.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m evals.int8_agreement", description=__doc__.split("\n\n")[0])
     p.add_argument("--fp32", type=Path, required=True, help="the fp32 export (python -m export.onnx --precision fp32)")
-    p.add_argument("--candidate", type=Path, required=True, help="the export to compare (e.g. the default export)")
+    p.add_argument(
+        "--candidate", type=Path, nargs="+", required=True, help="the exports to compare (e.g. the default export)"
+    )
+    p.add_argument("--time", action="store_true", help="also time every graph, fp32's too (model level)")
     p.add_argument("--data", type=Path, default=DATA, help="the shared data directory")
     p.add_argument("--limit", type=int, default=None, help="at most this many inputs per data set")
     p.add_argument("--ner-limit", type=int, help="at most this many CoNLL sentences (default --limit)")
     p.add_argument("--qa-limit", type=int, help="at most this many SQuAD questions (default --limit)")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args(argv)
-    figures = compare(args.fp32, args.candidate, args.data, args.limit, args.ner_limit, args.qa_limit)
-    for what, f in figures.items():
-        print(f"{what}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in f.items()))
+    results = {}
+    for candidate in args.candidate:
+        figures = compare(args.fp32, candidate, args.data, args.limit, args.ner_limit, args.qa_limit)
+        results[str(candidate)] = figures
+        for what, f in figures.items():
+            shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in f.items())
+            print(f"{candidate}: {what}: {shown}", flush=True)
+    if args.time:
+        graphs = {str(d): d / "model.onnx" for d in (args.fp32, *args.candidate)}
+        seconds = timings(graphs, args.data)
+        fp32 = seconds[str(args.fp32)]
+        print("model-level time, ms per batch (speed against fp32):")
+        for name, by in seconds.items():
+            print(f"  {name}: " + ", ".join(f"{k} {v * 1e3:.1f} ({fp32[k] / v:.2f}x)" for k, v in by.items()))
+        results["seconds"] = seconds
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        single = len(args.candidate) == 1 and not args.time
+        args.json.write_text(json.dumps(results[str(args.candidate[0])] if single else results, indent=2) + "\n")
     return 0
 
 

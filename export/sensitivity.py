@@ -3,9 +3,10 @@ agreement target with fp32, measured on calibration text (docs/export.md, "int8:
 
 Steps, each a quantised graph run on the calibration batches (bounded by `trials`):
 1. everything quantised: if it meets the target, nothing stays fp32;
-2. each group of MatMuls (one layer's attention, attention output, FFN input, FFN output, the embeddings, the
-   heads) quantised alone: how far it moves the outputs from fp32 (relative RMS error), its sensitivity;
-3. a binary search for the fewest most-sensitive groups that, kept fp32, meet the target.
+2. each group of MatMuls of the layers (one layer's attention, attention output, FFN input, FFN output) quantised
+   alone: how far it moves the outputs from fp32 (relative RMS error), its sensitivity;
+3. a binary search for the fewest most-sensitive groups that, kept fp32, meet the target; the embeddings and the
+   heads (CHEAP: int8 saves next to no time there) are kept fp32 first, before any layer's group.
 
 Agreement is what a user of the task sees: labels (classify, ner, zero-shot), the top position (qa's start and
 end) or the top text of a query (rerank), the first predicted token (fill-mask), cosine >= 0.99 (embeddings).
@@ -27,7 +28,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .samples import QUESTION_CONTEXTS, SENTENCES, ZERO_SHOT_LABELS, ZERO_SHOT_TEMPLATE
+from .samples import (
+    CALIBRATION_QA,
+    CALIBRATION_SENTENCES,
+    QUESTION_CONTEXTS,
+    SENTENCES,
+    ZERO_SHOT_LABELS,
+    ZERO_SHOT_TEMPLATE,
+)
 
 DEFAULT_AGREEMENT = 0.995
 DEFAULT_TRIALS = 32  # quantised graphs one search may build and run
@@ -42,6 +50,9 @@ QUANTISABLE = ("MatMul", "Attention", "Gemm", "EmbedLayerNormalization", "Gather
 WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Attention": 1, "Gather": 0, "EmbedLayerNormalization": 2}
 KINDS = ("embeddings", "attention", "attention-output", "ffn-in", "ffn-out", "other")
 CALIBRATION_SETS = ("sentences", "qa", "rerank", "zero_shot")
+# Groups whose integer kernels save next to no time (a gather of embedding rows; the pooler and the heads, one small
+# MatMul each) but whose int8 weights move every answer: kept fp32 before any layer's group (docs/export.md).
+CHEAP = ("embeddings", "head")
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -67,7 +78,11 @@ def calibration_set(task_of_output: dict[str, str | None]) -> dict[str, str]:
 def build_calibration(
     tokenizer, needed: set[str], max_seq: int, extra: dict[str, list] | None = None, batch_size: int = 8
 ) -> Calibration:
-    """The shipped samples (export/samples.py) plus a --calibration file's inputs, for the sets `needed`."""
+    """The shipped samples (export/samples.py: the parity samples and the calibration-only ones) plus a
+    --calibration file's inputs, for the sets `needed`. Rerank's queries are each ranked against every short
+    context and, for the long contexts, against the sentences of their own paragraph (as a reranker is asked)."""
+    from bert.tasks.rerank import sentence_spans
+
     extra = extra or {"sentences": [], "pairs": [], "groups": []}
     keys = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -83,16 +98,18 @@ def build_calibration(
 
     calibration = Calibration()
     if "sentences" in needed:
-        texts = list(SENTENCES) + list(extra["sentences"])
+        texts = list(SENTENCES) + list(CALIBRATION_SENTENCES) + list(extra["sentences"])
         batches = [encode(chunk) for chunk in chunks(texts, batch_size)]
         batches += [encode(*zip(*chunk)) for chunk in chunks(list(extra["pairs"]), batch_size)]
         calibration.batches["sentences"] = batches
     if "qa" in needed:
-        pairs = list(QUESTION_CONTEXTS) + list(extra["pairs"])
+        pairs = list(QUESTION_CONTEXTS) + list(CALIBRATION_QA) + list(extra["pairs"])
         calibration.batches["qa"] = [encode(*zip(*chunk)) for chunk in chunks(pairs, batch_size)]
     if "rerank" in needed:
         contexts = [c for _, c in QUESTION_CONTEXTS]
-        groups = [[(q, c) for c in contexts] for q, _ in QUESTION_CONTEXTS] + list(extra["groups"])
+        groups = [[(q, c) for c in contexts] for q, _ in QUESTION_CONTEXTS]
+        groups += [[(q, context[a:b]) for a, b in sentence_spans(context)] for q, context in CALIBRATION_QA]
+        groups += list(extra["groups"])
         calibration.batches["rerank"] = [encode(*zip(*group[:64])) for group in groups if len(group) > 1]
     if "zero_shot" in needed:
         groups = [[(s, ZERO_SHOT_TEMPLATE.format(label)) for label in ZERO_SHOT_LABELS] for s in SENTENCES]
@@ -408,12 +425,15 @@ def search(
     if meets(everything) or not groups:
         return Search(target, groups, [], everything, trials, {}, calibration.size())
     sensitivity = {}
+    cheap = [g for g in groups if g.label in CHEAP]
     for group in groups:
-        alone = measure(f"{group.label} alone", only=group.nodes)
-        sensitivity[group.label] = alone.error
-    ordered = sorted(groups, key=lambda g: -sensitivity[g.label])
-    # the fewest most-sensitive groups kept fp32 that meet the target: all of them kept is fp32 itself
-    low, high, best = 1, len(ordered), None
+        if group.label not in CHEAP:  # kept fp32 first whatever they measure
+            alone = measure(f"{group.label} alone", only=group.nodes)
+            sensitivity[group.label] = alone.error
+    ordered = cheap + sorted((g for g in groups if g.label not in CHEAP), key=lambda g: -sensitivity[g.label])
+    # the fewest most-sensitive groups kept fp32 that meet the target (the cheap ones first): all of them kept is
+    # fp32 itself
+    low, high, best = max(len(cheap), 1), len(ordered), None
     while low < high and len(trials) < budget:
         middle = (low + high) // 2
         kept = ordered[:middle]
@@ -431,9 +451,12 @@ def search(
     return Search(target, groups, ordered[:high], best, trials, sensitivity, calibration.size())
 
 
-def time_graphs(paths: dict[str, Path], calibration: Calibration, passes: int = 5) -> dict[str, float]:
+def time_graphs(
+    paths: dict[str, Path], calibration: Calibration, passes: int = 5, every_pass: bool = False
+) -> dict[str, float] | dict[str, list[float]]:
     """Seconds per pass over the calibration batches, the median of `passes` passes taken in turn (so a busy
-    moment of the machine falls on every candidate alike), after one warm-up pass each."""
+    moment of the machine falls on every candidate alike), after one warm-up pass each; `every_pass`: each pass's
+    seconds, in the order taken."""
     import time
 
     import onnxruntime as ort
@@ -458,4 +481,6 @@ def time_graphs(paths: dict[str, Path], calibration: Calibration, passes: int = 
             for feed in feeds[name]:
                 sess.run(None, feed)
             seconds[name].append(time.perf_counter() - start)
+    if every_pass:
+        return seconds
     return {name: float(np.median(values)) for name, values in seconds.items()}

@@ -1,5 +1,6 @@
 """The default exports (precision auto) agree with fp32 on held-out data: the demo model's SST-2 labels, CoNLL-2003
-entity spans and SQuAD answers, and all-MiniLM-L6-v2's embeddings (evals/int8_agreement.py).
+entity spans and SQuAD answers, all-MiniLM-L6-v2's embeddings, and a trained reranker's top-1 sentence per held-out
+SQuAD question where BERTSERVE_TEST_RERANKER names one (evals/int8_agreement.py).
 
 Each default export runs the int8 search (minutes on 2 cores), so this runs only with BERTSERVE_TEST_FULL=1, on
 samples of each set (the first 200 SST-2 dev sentences, 300 CoNLL valid sentences, 100 held-out SQuAD
@@ -21,7 +22,10 @@ BARS = {
     "ner (CoNLL-2003 valid entity spans)": 0.99,
     "qa (SQuAD held-out answers)": 0.99,
     "embeddings (SST-2 dev cosine >= 0.99)": 1.0,
+    "rerank (SQuAD held-out top-1 sentence)": 0.99,
 }
+# a trained reranker checkpoint (e.g. one trained on mined negatives, training/mine_rerank.py): read only
+RERANKER = os.environ.get("BERTSERVE_TEST_RERANKER")
 
 
 def exports(source, tmp_path):
@@ -34,11 +38,13 @@ def exports(source, tmp_path):
     return fp32, default
 
 
-@pytest.mark.parametrize("model", ["demo", "minilm"])
+@pytest.mark.parametrize("model", ["demo", "minilm", "rerank"])
 def test_default_export_agrees_with_fp32_on_heldout_data(model, tmp_path, data_dir, minilm_dir, record_property):
     from evals.int8_agreement import compare
 
-    source = REPO / "serving" / "demo_model" if model == "demo" else minilm_dir
+    if model == "rerank" and not RERANKER:
+        pytest.skip("BERTSERVE_TEST_RERANKER: a trained reranker checkpoint directory")
+    source = {"demo": REPO / "serving" / "demo_model", "minilm": minilm_dir, "rerank": RERANKER}[model]
     fp32, default = exports(source, tmp_path)
     figures = compare(fp32, default, data_dir, 200, ner_limit=300, qa_limit=100)
     assert figures
