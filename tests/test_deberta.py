@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 from test_families import CORPUS, _squad_contexts, _sst2_sentences, qa_windows_equal  # noqa: E402
 from test_modernbert import batch, worst  # noqa: E402
 
-from bert.checkpoint import load_checkpoint, load_for_inference, save_checkpoint  # noqa: E402
+from bert.checkpoint import CheckpointError, load_checkpoint, load_for_inference, save_checkpoint  # noqa: E402
 from bert.config import BertConfig, ConfigError  # noqa: E402
 
 FULL = os.environ.get("BERTSERVE_TEST_FULL") == "1"
@@ -209,8 +209,9 @@ def test_relative_attention_matters(checkpoints):
         dict(share_att_key=False, pos_att_type=["c2p"], position_buckets=64),
         dict(share_att_key=False, position_biased_input=True, type_vocab_size=2, norm_rel_ebd="none"),
         dict(relative_attention=False, position_biased_input=True, pos_att_type="c2p|p2c"),
+        dict(attention_head_size=16, conv_kernel_size=0),
     ],
-    ids=["own-position-keys-c2p-only", "absolute-and-types", "v2-no-relative"],
+    ids=["own-position-keys-c2p-only", "absolute-and-types", "v2-no-relative", "head-size-given-no-conv"],
 )
 def test_other_deberta_settings_give_their_logits(tokenizer_dir, tmp_path, overrides):
     """DeBERTa-v2's other settings: separate position projections, one term, absolute positions and token types."""
@@ -518,3 +519,43 @@ def test_int8_export_passes_the_exporters_parity_check(checkpoints, tmp_path):
     got = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
     diff = worst([torch.from_numpy(got[0]).float()], theirs_out(theirs, "ner", ids, mask), mask, True)
     assert diff <= 0.3, diff
+
+
+# ---- the checkpoints transformers' users have ------------------------------------------------------------------
+
+
+def test_an_unused_absolute_position_table_is_skipped_with_a_log_line(checkpoints, tmp_path, caplog):
+    """DeBERTa-v3's released checkpoints carry deberta.embeddings.position_embeddings.weight although
+    position_biased_input false never reads it (transformers skips it on load): it loads, for inference and as a
+    backbone, with one log line naming the key and transformers' logits; a model that does read a table still
+    refuses a checkpoint without one."""
+    import logging
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    directory, theirs = checkpoints["classify"]
+    shutil.copytree(directory, tmp_path / "hub")
+    weights = load_file(tmp_path / "hub" / "model.safetensors")
+    key = "deberta.embeddings.position_embeddings.weight"
+    assert key not in weights
+    weights[key] = torch.randn(512, TINY["hidden_size"])
+    save_file(weights, tmp_path / "hub" / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.INFO, logger="bert.checkpoint"):
+        ids, mask = batch((300, 7), vocab=vocab_of(checkpoints))
+        diff = worst(
+            our_padded(tmp_path / "hub", "classify", ids, mask), theirs_out(theirs, "classify", ids, mask), mask, False
+        )
+        assert diff <= 1e-5, diff
+        model, report = load_checkpoint(tmp_path / "hub", from_backbone=True)
+    lines = [r.getMessage() for r in caplog.records if "position_embeddings" in r.getMessage()]
+    assert lines and "skipped" in lines[0] and "\n" not in lines[0], lines
+    assert model.bert.embeddings.position_embeddings is None and not report.dropped
+
+    data = json.loads((tmp_path / "hub" / "config.json").read_text())
+    (tmp_path / "absolute").mkdir()
+    (tmp_path / "absolute" / "config.json").write_text(json.dumps({**data, "position_biased_input": True}))
+    del weights[key]
+    save_file(weights, tmp_path / "absolute" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="position_embeddings"):
+        load_for_inference(tmp_path / "absolute")
