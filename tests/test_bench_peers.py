@@ -194,3 +194,13 @@ def test_bertserve_onnx_peers_serve_the_default_export_and_say_what_it_chose(tmp
     line = catalog.describe_default_export(tmp_path)
     assert line.startswith("bertserve's default export (python -m export.onnx with no precision flags) of /ckpt: int8")
     assert "fp32 200 ms, int8 100 ms" in line and "0.9961" in line and "layer 0 ffn-out, embeddings" in line
+
+
+def test_a_preparation_step_that_does_not_end_makes_the_peer_unavailable():
+    """A step that makes a peer's files (an export in infinity's venv) and runs past its time is stopped and the peer
+    skipped with the reason, so that one peer's hang never holds up the others."""
+    from bench.peers import PeerUnavailable
+    from bench.peers.catalog import run_step
+
+    with pytest.raises(PeerUnavailable, match="a slow export did not finish in 1 s"):
+        run_step([sys.executable, "-c", "import time; time.sleep(600)"], "a slow export", timeout=1)
