@@ -322,7 +322,15 @@ def _comparable(model: "BertPreTrainedModel", state: dict) -> tuple[dict[str, tu
     """The model's parameter shapes, and the file's entries under the model's names, with the keys that
     carry nothing to load (tied, harmless) left out of both."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in TIED_KEYS}
-    state = _normalise_names(state, set(expected), model.config.family)
+    family = model.config.family
+    state = _normalise_names(state, set(expected), family)
+    for key in [k for k in state if k not in expected and k.removeprefix("bert.") in family.unused_parameters]:
+        log.info(
+            "%s %s in the checkpoint is not used by the model its config describes: skipped",
+            key,
+            tuple(state[key].shape),
+        )
+        del state[key]
     return expected, {k: v for k, v in state.items() if not k.endswith(HARMLESS_SUFFIXES) and k not in TIED_KEYS}
 
 
@@ -407,7 +415,9 @@ def _check_sizes(config: BertConfig, shapes: dict[str, tuple], directory: Path) 
     problems = [
         f"{field} {getattr(config, field)} and hidden_size {hidden} in config.json, but {key} is {found[key]}"
         for key, (field, rows, columns) in sized_by.items()
-        if key in found and tuple(found[key]) != (rows, columns)
+        if key in found
+        and tuple(found[key]) != (rows, columns)
+        and (field != "max_position_embeddings" or config.position_table)  # no table built: its rows say nothing
     ]
     # A layer counts by its feed-forward weight; any other stray name is left to the per-tensor check.
     layers = sum(1 for k in found if re.fullmatch(r"encoder\.layer\.\d+\.intermediate\.dense\.weight", k))

@@ -213,3 +213,13 @@ def test_rerank_items_and_adapters_pick_the_best_text(data_dir):
     assert score("rerank", [3, 1, None], [3, 2, 0])["agree_pct"] == pytest.approx(100 / 3)
     with pytest.raises(catalog.PeerUnavailable, match="--rerank-model"):
         catalog.rerank_model(None)
+
+
+def test_a_preparation_step_that_does_not_end_makes_the_peer_unavailable():
+    """A step that makes a peer's files (an export in infinity's venv) and runs past its time is stopped and the peer
+    skipped with the reason, so that one peer's hang never holds up the others."""
+    from bench.peers import PeerUnavailable
+    from bench.peers.catalog import run_step
+
+    with pytest.raises(PeerUnavailable, match="a slow export did not finish in 1 s"):
+        run_step([sys.executable, "-c", "import time; time.sleep(600)"], "a slow export", timeout=1)

@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 from test_families import CORPUS, _squad_contexts, _sst2_sentences, qa_windows_equal  # noqa: E402
 from test_modernbert import batch, worst  # noqa: E402
 
-from bert.checkpoint import load_checkpoint, load_for_inference, save_checkpoint  # noqa: E402
+from bert.checkpoint import CheckpointError, load_checkpoint, load_for_inference, save_checkpoint  # noqa: E402
 from bert.config import BertConfig, ConfigError  # noqa: E402
 
 FULL = os.environ.get("BERTSERVE_TEST_FULL") == "1"
@@ -134,7 +134,7 @@ def theirs_out(model, head: str, ids, mask) -> list[torch.Tensor]:
     return [getattr(out, n) for n in HEADS[head][1]]
 
 
-def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa") -> list[torch.Tensor]:
+def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa", outputs=None) -> list[torch.Tensor]:
     model, report = (load_checkpoint if head in ("mlm", "embed") else load_for_inference)(directory)
     assert not report, report
     model.set_attention_implementation(implementation)
@@ -144,7 +144,7 @@ def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa") ->
         return [out.mlm_logits]
     if head == "embed":
         return [out.last_hidden_state]
-    return [out.outputs[n] for n in HEADS[head][2]]
+    return [out.outputs[n] for n in outputs or HEADS[head][2]]
 
 
 # ---- the model: padded, packed, written back, exported --------------------------------------------------------
@@ -209,8 +209,9 @@ def test_relative_attention_matters(checkpoints):
         dict(share_att_key=False, pos_att_type=["c2p"], position_buckets=64),
         dict(share_att_key=False, position_biased_input=True, type_vocab_size=2, norm_rel_ebd="none"),
         dict(relative_attention=False, position_biased_input=True, pos_att_type="c2p|p2c"),
+        dict(attention_head_size=16, conv_kernel_size=0),
     ],
-    ids=["own-position-keys-c2p-only", "absolute-and-types", "v2-no-relative"],
+    ids=["own-position-keys-c2p-only", "absolute-and-types", "v2-no-relative", "head-size-given-no-conv"],
 )
 def test_other_deberta_settings_give_their_logits(tokenizer_dir, tmp_path, overrides):
     """DeBERTa-v2's other settings: separate position projections, one term, absolute positions and token types."""
@@ -475,7 +476,7 @@ def test_unigram_qa_windows_and_ner_words_equal_transformers(trained, data_dir):
 # ---- fine-tuned from a DeBERTa backbone, exported int8 ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("task", ["classify", "ner", "qa"])
+@pytest.mark.parametrize("task", ["classify", "ner", "qa", "rerank"])
 def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpoints, data_dir, tmp_path, task):
     from test_modernbert import TRAIN, training_data
 
@@ -487,7 +488,8 @@ def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpo
     argv += ["--max-seq-length", "64", *training_data(data_dir, tmp_path, task), *TRAIN]
     assert run(finetune.main, argv) == 0
     best = out / "best"
-    cls = HEADS[task][0]
+    head = "classify" if task == "rerank" else task  # a reranker is a one-output sequence classifier
+    cls = HEADS[head][0]
     written = json.loads((best / "config.json").read_text())
     assert written["model_type"] == "deberta-v2" and written["architectures"] == [cls.__name__]
     theirs, info = cls.from_pretrained(best, output_loading_info=True)
@@ -496,9 +498,10 @@ def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpo
     trained = theirs.deberta.encoder.layer[1].attention.self.query_proj.weight
     assert not torch.equal(backbone.encoder.layer[1].attention.self.query_proj.weight, trained)
     ids, mask = batch((300, 40), vocab=vocab_of(checkpoints))
-    diff = worst(
-        our_padded(best, task, ids, mask), theirs_out(theirs.eval(), task, ids, mask), mask, task != "classify"
-    )
+    ours = our_padded(best, head, ids, mask, outputs=("rerank_logits",) if task == "rerank" else None)
+    if task == "rerank":
+        assert ours[0].shape == (2, 1)
+    diff = worst(ours, theirs_out(theirs.eval(), head, ids, mask), mask, head != "classify")
     assert diff <= 1e-5, diff
 
 
@@ -518,3 +521,177 @@ def test_int8_export_passes_the_exporters_parity_check(checkpoints, tmp_path):
     got = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
     diff = worst([torch.from_numpy(got[0]).float()], theirs_out(theirs, "ner", ids, mask), mask, True)
     assert diff <= 0.3, diff
+
+
+# ---- the checkpoints transformers' users have ------------------------------------------------------------------
+
+
+def test_an_unused_absolute_position_table_is_skipped_with_a_log_line(checkpoints, tmp_path, caplog):
+    """DeBERTa-v3's released checkpoints carry deberta.embeddings.position_embeddings.weight although
+    position_biased_input false never reads it (transformers skips it on load): it loads, for inference and as a
+    backbone, with one log line naming the key and transformers' logits; a model that does read a table still
+    refuses a checkpoint without one."""
+    import logging
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    directory, theirs = checkpoints["classify"]
+    shutil.copytree(directory, tmp_path / "hub")
+    weights = load_file(tmp_path / "hub" / "model.safetensors")
+    key = "deberta.embeddings.position_embeddings.weight"
+    assert key not in weights
+    weights[key] = torch.randn(512, TINY["hidden_size"])
+    save_file(weights, tmp_path / "hub" / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.INFO, logger="bert.checkpoint"):
+        ids, mask = batch((300, 7), vocab=vocab_of(checkpoints))
+        diff = worst(
+            our_padded(tmp_path / "hub", "classify", ids, mask), theirs_out(theirs, "classify", ids, mask), mask, False
+        )
+        assert diff <= 1e-5, diff
+        model, report = load_checkpoint(tmp_path / "hub", from_backbone=True)
+    lines = [r.getMessage() for r in caplog.records if "position_embeddings" in r.getMessage()]
+    assert lines and "skipped" in lines[0] and "\n" not in lines[0], lines
+    assert model.bert.embeddings.position_embeddings is None and not report.dropped
+
+    data = json.loads((tmp_path / "hub" / "config.json").read_text())
+    (tmp_path / "absolute").mkdir()
+    (tmp_path / "absolute" / "config.json").write_text(json.dumps({**data, "position_biased_input": True}))
+    del weights[key]
+    save_file(weights, tmp_path / "absolute" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="position_embeddings"):
+        load_for_inference(tmp_path / "absolute")
+
+
+def _served(settings, path: str, body: dict):
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from serving.app import create_app
+
+    with TestClient(create_app(settings)) as client:
+        for _ in range(600):  # the model warms up in the background after startup
+            if client.get("/ready").status_code == 200:
+                break
+            time.sleep(0.1)
+        response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_nli_finetuned_from_backbone_serves_zero_shot_as_the_pipeline(checkpoints, data_dir, tmp_path):
+    """python -m training.finetune --task classify on (premise, hypothesis) pairs from a DeBERTa-v3 backbone: the
+    NLI classifier loads in transformers with its logits, and /zero-shot answers as transformers'
+    zero-shot-classification pipeline on the written weights, on a text past the log buckets too."""
+    from test_modernbert import TRAIN
+    from test_task_zero_shot import _nli_from_sst2, _sst2
+
+    from serving.settings import Settings
+    from training import finetune
+    from training.config import run
+
+    _nli_from_sst2(tmp_path / "train.tsv", _sst2(data_dir / "SST-2" / "train.tsv")[:24])
+    _nli_from_sst2(tmp_path / "dev.tsv", _sst2(data_dir / "SST-2" / "dev.tsv")[:8])
+    out = tmp_path / "run"
+    argv = ["--task", "classify", "--ckpt", str(checkpoints["embed"][0]), "--output-dir", str(out)]
+    argv += ["--train-data", str(tmp_path / "train.tsv"), "--eval-data", str(tmp_path / "dev.tsv")]
+    argv += ["--text-column", "0", "--pair-column", "1", "--label-column", "2", "--header", "yes"]
+    assert run(finetune.main, [*argv, "--max-seq-length", "64", *TRAIN]) == 0
+    best = out / "best"
+    theirs, info = transformers.DebertaV2ForSequenceClassification.from_pretrained(best, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert sorted(theirs.config.id2label.values()) == ["contradiction", "entailment"]
+    ids, mask = batch((300, 40), vocab=vocab_of(checkpoints))
+    diff = worst(our_padded(best, "classify", ids, mask), theirs_out(theirs.eval(), "classify", ids, mask), mask, False)
+    assert diff <= 1e-5, diff
+
+    texts, candidates = [TEXT, LONG], ["travel", "art", "science"]
+    answers = _served(
+        Settings(zero_shot_model=[str(best)]), "/zero-shot", {"inputs": texts, "candidate_labels": candidates}
+    )
+    pipe = transformers.pipeline("zero-shot-classification", model=str(best))
+    for ours, text in zip(answers, texts, strict=True):
+        expected = pipe(text, candidate_labels=candidates)
+        assert ours["labels"] == expected["labels"] and np.allclose(ours["scores"], expected["scores"], atol=1e-5)
+
+
+def test_multitask_with_an_embedding_teacher_trains_and_serves_embed(checkpoints, data_dir, tmp_path):
+    """python -m training.multitask --embed-teacher from a DeBERTa-v3 backbone (a classify head beside the kept
+    embeddings): best/ reloads with the scores it was chosen by, and /embed serves its encoder's mean-pooled states
+    as transformers' DebertaV2Model computes them."""
+    from test_modernbert import TRAIN, training_data
+
+    from serving.settings import Settings
+    from training import multitask
+    from training.config import run
+
+    backbone, out = checkpoints["embed"][0], tmp_path / "run"
+    argv = ["--ckpt", str(backbone), "--embed-teacher", str(backbone), "--output-dir", str(out)]
+    data = training_data(data_dir, tmp_path, "classify")
+    argv += ["--classify-train", data[1], "--classify-eval", data[3], "--classify-max-seq-length", "64"]
+    train = [*TRAIN, "--eval-every", "2"]
+    train[train.index("--max-steps") + 1] = "2"
+    assert run(multitask.main, argv + train) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best_checkpoint_eval"] == metrics["last_eval"]  # best/ as written, loaded back
+    assert metrics["last_eval"]["embed"]["teacher_cosine"] > 0.9
+    texts = [TEXT, LONG, HARD_TEXTS[3]]
+    served = np.array(_served(Settings(model=str(out / "best")), "/embed", {"inputs": texts}))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "best")
+    encoder = transformers.DebertaV2Model.from_pretrained(out / "best").eval()
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = encoder(**encoded).last_hidden_state
+    mask = encoded["attention_mask"][..., None].float()
+    expected = torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
+    assert np.abs(served - expected.numpy()).max() <= 1e-5
+    student = checkpoints["embed"][1]
+    assert not torch.equal(
+        student.encoder.layer[1].attention.self.query_proj.weight,
+        encoder.encoder.layer[1].attention.self.query_proj.weight,
+    )
+
+
+# ---- pretraining a DeBERTa-v3 -----------------------------------------------------------------------------------
+
+PRETRAIN = ["--max-seq-length", "48", "--max-predictions-per-seq", "8", "--dupe-factor", "2", "--heldout-percent", "20"]
+PRETRAIN += ["--batch-size", "8", "--max-steps", "3", "--seed", "0", "--no-progress", "--torch-threads", "1"]
+PRETRAIN += ["--device", "cpu"]
+
+
+def test_pretraining_a_deberta_v3_config_with_masked_lm_and_a_unigram_vocabulary(tmp_path, capsys):
+    """python -m training.pretrain --preset a DeBERTa-v3 config.json --vocab-model unigram --no-nsp: a masked LM
+    transformers loads with equal logits, and a vocabulary whose ids and offsets are transformers' for the
+    tokenizer it wrote (texts with runs of spaces, tabs and non-Latin scripts included). With next-sentence
+    prediction left on, the run is refused in one line before any work."""
+    from training import pretrain
+
+    corpus = tmp_path / "corpus.txt"
+    documents = ["\n".join(f"{sentence} Part {i}." for sentence in CORPUS + HARD_TEXTS) for i in range(12)]
+    corpus.write_text("\n\n".join(documents) + "\n")
+    config = tmp_path / "deberta-v3.json"
+    config.write_text(json.dumps({"model_type": "deberta-v2", **TINY, "vocab_size": 1}))
+    out = tmp_path / "pretrained"
+    argv = ["--corpus", str(corpus), "--preset", str(config), "--vocab-size", "300", "--output-dir", str(out)]
+    with pytest.raises(SystemExit) as refused:
+        pretrain.main([*argv, "--vocab-model", "unigram", *PRETRAIN])
+    error = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and "--no-nsp" in error and "\n" not in error and not out.exists(), error
+    assert pretrain.main([*argv, "--vocab-model", "unigram", "--no-nsp", *PRETRAIN]) == 0
+    best = out / "best"
+    theirs = transformers.DebertaV2ForMaskedLM.from_pretrained(best).eval()
+    assert json.loads((best / "config.json").read_text())["architectures"] == ["DebertaV2ForMaskedLM"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(best)
+    assert theirs.config.vocab_size == len(tokenizer) and not theirs.config.position_biased_input
+    ids, mask = batch((300, 40), vocab=len(tokenizer))
+    diff = worst(our_padded(best, "mlm", ids, mask), theirs_out(theirs, "mlm", ids, mask), mask, True)
+    assert diff <= 1e-5, diff
+
+    from bert.tokenizer import BertTokenizer
+
+    texts = [*HARD_TEXTS, *CORPUS]
+    assert _same(BertTokenizer.from_dir(best), tokenizer, texts) == len(texts)
+    assert _same(BertTokenizer.from_dir(best), tokenizer, texts[:5], texts[5:10]) == 5
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer("Paris is based in Berlin")["input_ids"])
+    assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]" and pieces[1].startswith("\u2581")  # ▁ word starts

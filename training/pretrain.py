@@ -21,6 +21,8 @@ import numpy as np
 from bert.options import option
 from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
 
+VOCAB_MODELS = ("wordpiece", "unigram")
+
 
 @dataclass
 class PretrainConfig(TrainConfig):
@@ -29,7 +31,10 @@ class PretrainConfig(TrainConfig):
     corpus: list[str] = option([], "corpus files: one sentence per line, blank line between documents")
     data_dir: str = option("", "where the instance shards go (default: <output-dir>/data); reused when settings match")
     tokenizer: str = option("", "an existing tokenizer directory (vocab.txt / tokenizer.json)")
-    vocab_size: int = option(0, "instead of --tokenizer: train a WordPiece vocabulary of this size on the corpus")
+    vocab_size: int = option(0, "instead of --tokenizer: train a vocabulary of this size on the corpus")
+    vocab_model: str = option(
+        "wordpiece", "what --vocab-size trains: wordpiece (BERT's) | unigram (SentencePiece-style, DeBERTa-v3's)"
+    )
     do_lower_case: bool = option(True, "lower-case when training a new vocabulary")
     preset: str = option(
         "mini", "architecture, randomly initialised: tiny | mini | small | medium | base | large, or a config.json"
@@ -53,7 +58,7 @@ class PretrainConfig(TrainConfig):
     stop_at_step: int = option(0, "stop as if interrupted after this step (schedule unchanged; then --resume)")
 
     def task_problems(self) -> list[str]:
-        from bert.config import PRESETS
+        from bert.config import PRESETS, BertConfig
 
         problems = []
         has_data = bool(self.data_dir) and (Path(self.data_dir) / "index.json").is_file()
@@ -70,10 +75,22 @@ class PretrainConfig(TrainConfig):
             problems.append("give --tokenizer DIR or --vocab-size N (or --ckpt)")
         if self.vocab_size and not 100 <= self.vocab_size <= 65535:
             problems.append(f"vocab_size must be in [100, 65535], got {self.vocab_size}")
+        if self.vocab_model not in VOCAB_MODELS:
+            problems.append(f"--vocab-model must be one of {', '.join(VOCAB_MODELS)}, got {self.vocab_model!r}")
+        elif self.vocab_model == "unigram" and self.whole_word_mask:
+            problems.append(
+                "--whole-word-mask finds words by WordPiece's ## continuations: not with --vocab-model unigram"
+            )
         if not self.ckpt and not is_model_spec(self.preset):
             problems.append(f"--preset must be one of {', '.join(PRESETS)} or a config.json, got {self.preset!r}")
-        elif not self.ckpt:
-            model_config(self.preset)  # a config.json that is not a BERT config: its one-line error, now
+        else:
+            local = Path(self.ckpt) / "config.json"
+            # a config.json that is not a BERT config: its one-line error, now
+            config = (
+                model_config(self.preset) if not self.ckpt else local.is_file() and BertConfig.from_json_file(local)
+            )
+            if self.nsp and config and config.family.name != "bert":  # the one layout with a next-sentence head
+                problems.append(f"{config.family.name} pretrains masked LM only (no next-sentence head): add --no-nsp")
         if not 8 <= self.max_seq_length <= 512:
             problems.append(f"max_seq_length must be in [8, 512], got {self.max_seq_length}")
         if not 0 < self.masked_lm_prob < 1:
@@ -92,6 +109,32 @@ class PretrainConfig(TrainConfig):
         if not 0 < self.heldout_percent < 100:
             problems.append("heldout_percent must be in (0, 100): evaluation needs held-out documents")
         return problems
+
+
+def train_unigram(files, *, vocab_size: int, model_max_length: int):
+    """A Unigram vocabulary learnt on text files, in the pipeline transformers' DeBERTa-v2 tokenizer builds around
+    one (whitespace runs folded, NFC, ▁ before every word, [CLS] A [SEP] B [SEP]), cased, so that its ids and
+    offsets are the ones transformers gives for the saved tokenizer.json."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    from bert.tokenizer import CLS, SEP, SPECIAL_TOKENS, UNK, BertTokenizer
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(), normalizers.Strip(left=False)]
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace("▁", prepend_scheme="always")])
+    tokenizer.decoder = decoders.Metaspace("▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), unk_token=UNK, show_progress=False
+    )
+    tokenizer.train([str(f) for f in files], trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, tokenizer.token_to_id(CLS)), (SEP, tokenizer.token_to_id(SEP))],
+    )
+    return BertTokenizer(tokenizer, do_lower_case=False, model_max_length=model_max_length)
 
 
 class PretrainData:
@@ -217,15 +260,18 @@ def main(argv=None) -> int:
     tokenizer_dir = out / "tokenizer"
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
-        if cfg.vocab_size and not (tokenizer_dir / "vocab.txt").is_file():
-            print(f"training a {cfg.vocab_size}-piece WordPiece vocabulary on {cfg.corpus}", file=sys.stderr)
-            trained = BertTokenizer.train(
-                cfg.corpus,
-                vocab_size=cfg.vocab_size,
-                do_lower_case=cfg.do_lower_case,
-                show_progress=False,
-                model_max_length=cfg.max_seq_length,
-            )
+        if cfg.vocab_size and not (tokenizer_dir / "tokenizer.json").is_file():
+            print(f"training a {cfg.vocab_size}-piece {cfg.vocab_model} vocabulary on {cfg.corpus}", file=sys.stderr)
+            if cfg.vocab_model == "unigram":
+                trained = train_unigram(cfg.corpus, vocab_size=cfg.vocab_size, model_max_length=cfg.max_seq_length)
+            else:
+                trained = BertTokenizer.train(
+                    cfg.corpus,
+                    vocab_size=cfg.vocab_size,
+                    do_lower_case=cfg.do_lower_case,
+                    show_progress=False,
+                    model_max_length=cfg.max_seq_length,
+                )
             with publish_dir(tokenizer_dir) as directory:  # a killed run never leaves half a vocabulary
                 trained.save(directory)
     _barrier(dist)

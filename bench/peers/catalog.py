@@ -62,9 +62,16 @@ def cached(out: Path, key: str, build: Callable[[Path], None]) -> Path:
     return out
 
 
-def run_step(cmd: list[str], what: str, cwd: Path = REPO, env: dict | None = None) -> None:
+def run_step(
+    cmd: list[str], what: str, cwd: Path = REPO, env: dict | None = None, timeout: float | None = None
+) -> None:
     print("$", " ".join(cmd), flush=True)
-    run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    try:
+        run = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        raise PeerUnavailable(f"{what} did not finish in {timeout:.0f} s") from None
     if run.returncode != 0:
         raise PeerUnavailable(f"{what} failed (exit {run.returncode}): {(run.stdout + run.stderr)[-1500:]}")
 
@@ -148,6 +155,11 @@ def transformers_classifier(source: Path, work: Path) -> Path:
     return cached(work / "transformers-classify", key, build)
 
 
+# optimum's -O2 optimisation of a DeBERTa-v2 export takes many minutes (docs/benchmarks.md, "DeBERTa-v3-xsmall-shaped"):
+# a peer whose files are not made in this long is skipped with that reason, and the bench goes on to the others
+INFINITY_ONNX_TIMEOUT_S = 3600
+
+
 def infinity_onnx(source: Path, work: Path, task: str, precision: str, setup: bool) -> Path:
     """ONNX for infinity's optimum engine, exported, -O2 optimised (and int8-quantised) with optimum
     in infinity's venv by bench/peers/infinity_onnx.py."""
@@ -170,6 +182,7 @@ def infinity_onnx(source: Path, work: Path, task: str, precision: str, setup: bo
             ],
             f"infinity's ONNX of {source} ({precision})",
             env=INFINITY_ENV,
+            timeout=INFINITY_ONNX_TIMEOUT_S,
         )
 
     key = fingerprint(source, script, infinity_env.REQUIREMENTS) + precision

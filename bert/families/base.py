@@ -66,6 +66,11 @@ class Family:
     # and the transform of a masked LM)
     head_prefixes: tuple[tuple[str, str], ...] = ()
 
+    # Encoder parameters (BERT's names, no "bert." prefix) that this family's checkpoints may carry although the
+    # model built from their config never reads them: where the model has no such parameter, loading skips them
+    # with a log line instead of refusing the file
+    unused_parameters: tuple[str, ...] = ()
+
     # ---- building blocks: where the encoder differs from BERT's (read by bert/model.py, bert/config.py) ---
     # -- embeddings and positions. Absolute: a learned table indexed from 0 (BERT's). Offset: the same table
     #    indexed from pad_token_id + 1 (position_offset). Sinusoidal: the table filled with fixed sin/cos

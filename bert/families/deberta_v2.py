@@ -62,6 +62,8 @@ FAMILY = Family(
         (".attention.self.value_proj.", ".attention.self.value."),
         ("encoder.LayerNorm.", "encoder.rel_embeddings_norm."),
     ),
+    # DeBERTa-v3's released checkpoints keep an absolute table that position_biased_input false never reads
+    unused_parameters=("embeddings.position_embeddings.weight",),
     sequence_pooler="pooler.dense",
     architecture_suffixes=(*ARCHITECTURE_SUFFIXES, "ForMaskedLM"),
     pooler_activation="gelu",
