@@ -205,8 +205,8 @@ def tiny_model(work: Path) -> Path:
     return target
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and its descendants (/proc)."""
+def _tree_rss(pid: int) -> tuple[int, int]:
+    """Resident bytes of `pid`, and of its descendants together (/proc)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -214,17 +214,21 @@ def _tree_rss(pid: int) -> int:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0, [pid]
+    own = rest = 0
+    todo = [pid]
     while todo:
         member = todo.pop()
         todo.extend(children.get(member, []))
         try:
             for line in Path(f"/proc/{member}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+                    if member == pid:
+                        own = int(line.split()[1]) * 1024
+                    else:
+                        rest += int(line.split()[1]) * 1024
         except OSError:
             pass
-    return total
+    return own, rest
 
 
 def run_rss(model: Path, texts: list[str], work: Path, workers: int, part_rows: int) -> dict:
@@ -237,12 +241,20 @@ def run_rss(model: Path, texts: list[str], work: Path, workers: int, part_rows: 
     job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     samples, started = [], time.perf_counter()
     while job.poll() is None:
-        rss = _tree_rss(job.pid)
+        own, workers_rss = _tree_rss(job.pid)
         try:
             done = json.loads((out / "_manifest.json").read_text())["rows_done"]
         except (OSError, ValueError, KeyError):
             done = 0
-        samples.append({"seconds": time.perf_counter() - started, "rows_done": done, "rss_mb": rss / 2**20})
+        samples.append(
+            {
+                "seconds": time.perf_counter() - started,
+                "rows_done": done,
+                "rss_mb": (own + workers_rss) / 2**20,
+                "job_rss_mb": own / 2**20,
+                "workers_rss_mb": workers_rss / 2**20,
+            }
+        )
         time.sleep(0.5)
     stderr = job.stderr.read()
     if job.returncode != 0:
@@ -253,8 +265,9 @@ def run_rss(model: Path, texts: list[str], work: Path, workers: int, part_rows: 
     tenths = []
     for k in range(10):
         lo, hi = rows * k // 10, rows * (k + 1) // 10
-        inside = [x["rss_mb"] for x in samples if lo <= x["rows_done"] < hi or (k == 9 and x["rows_done"] >= hi)]
-        tenths.append({"rows": f"{lo}-{hi}", "peak_rss_mb": max(inside) if inside else None})
+        inside = [x for x in samples if lo <= x["rows_done"] < hi or (k == 9 and x["rows_done"] >= hi)]
+        peak = {key: max((x[key] for x in inside), default=None) for key in ("rss_mb", "job_rss_mb", "workers_rss_mb")}
+        tenths.append({"rows": f"{lo}-{hi}", **{f"peak_{key}": value for key, value in peak.items()}})
     return {"rows": rows, "seconds": elapsed, "workers": workers, "tenths": tenths, "samples": samples}
 
 
@@ -310,7 +323,15 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"embed of {result['rows']} rows on {rss_model.name}, {result['workers']} workers, {result['seconds']:.0f}s"
         )
-        print_table(result["tenths"], [("rows", "rows done"), ("peak_rss_mb", "peak RSS MB (job + workers)")])
+        print_table(
+            result["tenths"],
+            [
+                ("rows", "rows done"),
+                ("peak_rss_mb", "peak RSS MB (job + workers)"),
+                ("peak_job_rss_mb", "job process"),
+                ("peak_workers_rss_mb", "workers"),
+            ],
+        )
         if args.json:
             write_json(args.json, {"machine": machine(), "model": str(rss_model), **result})
         return 0
