@@ -71,6 +71,9 @@ def run(options: dict, log=print) -> int:
         workers = _actors(ray, options)
         kwargs = {k: v for k, v in options.items() if k not in ("task", "model", "threads")}
         dataset = _dataset(ray, files, list(dict.fromkeys([*columns, *keep])))
+        # A file is read as one block, and a block is one actor's task: blocks of a window's rows (a streaming
+        # split, no barrier) spread a file evenly over the actors; the writes gather them into parts.
+        dataset = dataset.repartition(target_num_rows_per_block=options["window_rows"])
         dataset = dataset.map_batches(
             Predictor,
             fn_constructor_args=(options["task"], str(model_path)),

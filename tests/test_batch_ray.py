@@ -1,6 +1,7 @@
 """python -m batch --ray on a real local Ray cluster of two nodes (a head and a second `ray start --address` on
-127.0.0.1, each stopped by its PID): the same rows, order, schema and manifest as the local job. Skipped without
-ray (pip install 'bertserve[ray]': not in dev, a 240 MB install)."""
+127.0.0.1, each stopped by its PID): the same rows, order, schema and manifest as the local job; and the worker
+node killed (SIGKILL, its whole process tree) in the middle of a job, which still completes with every row once.
+Skipped without ray (pip install 'bertserve[ray]': not in dev, a 240 MB install)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,13 @@ def _alive_nodes(address: str, env: dict) -> int:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A head and a worker node, each `ray start --block` (it stops the processes it started when it is
-    stopped), 2 logical CPUs each: a model-holding actor per node and room for the read and write tasks."""
+    stopped): a model-holding actor per node and room for the read and write tasks. The head has 3 logical CPUs
+    so that, once the worker node is killed, it holds both actors and still runs the read and write tasks."""
     port = free_port()
     address = f"127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     logs = tmp_path_factory.mktemp("ray")
-    common = ["--block", "--num-cpus", "2", "--disable-usage-stats"]
+    common = ["--block", "--disable-usage-stats"]
     head = subprocess.Popen(
         [
             RAY,
@@ -53,6 +55,8 @@ def cluster(tmp_path_factory):
             str(port),
             "--include-dashboard",
             "false",
+            "--num-cpus",
+            "3",
             *common,
         ],
         env=env,
@@ -66,7 +70,7 @@ def cluster(tmp_path_factory):
             assert head.poll() is None and time.monotonic() < deadline, (logs / "head.log").read_text()[-2000:]
             time.sleep(1)
         worker = subprocess.Popen(
-            [RAY, "start", "--address", address, "--node-ip-address", "127.0.0.1", *common],
+            [RAY, "start", "--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "2", *common],
             env=env,
             stdout=open(logs / "node.log", "w"),
             stderr=subprocess.STDOUT,
@@ -75,7 +79,7 @@ def cluster(tmp_path_factory):
         while _alive_nodes(address, env) < 2:
             assert worker.poll() is None and time.monotonic() < deadline, (logs / "node.log").read_text()[-2000:]
             time.sleep(1)
-        yield address, env
+        yield address, env, worker
     finally:
         for process in reversed(nodes):
             process.send_signal(signal.SIGTERM)
@@ -87,7 +91,7 @@ def cluster(tmp_path_factory):
 
 
 def test_a_ray_job_writes_what_the_local_job_writes(cluster, tmp_path):
-    address, env = cluster
+    address, env, _ = cluster
     model = build_checkpoint(tmp_path / "multi")
     texts = ["I loved this film.", "Terrible.", "My name is Wolfgang and I live in Berlin.", "ok", None, ""]
     ids = list(range(60))
@@ -113,3 +117,75 @@ def test_a_ray_job_writes_what_the_local_job_writes(cluster, tmp_path):
     assert manifest["parts"][0]["rows"][0] == 0 and manifest["parts"][-1]["rows"][1] == 60
     local_manifest = json.loads((tmp_path / "local" / "_manifest.json").read_text())
     assert manifest["schema"] == local_manifest["schema"] and manifest["options"] == local_manifest["options"]
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+def _kill_tree(pid: int) -> None:
+    for member in _process_tree(pid):
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the node's processes in /proc")
+def test_a_ray_job_completes_when_a_worker_node_is_killed(cluster, tmp_path):
+    """Runs last: it kills the module's worker node. Ray Data restarts the lost actor and re-runs the lost tasks
+    on the head; the staged part files are named by write task, so a re-run write replaces its own file."""
+    address, env, worker = cluster
+    model = build_checkpoint(tmp_path / "multi")
+    texts = ["I loved this film.", "Terrible.", "My name is Wolfgang and I live in Berlin.", "ok", None]
+    rows = 1500
+    source = tmp_path / "in.parquet"
+    pq.write_table(
+        pa.table({"id": range(rows), "text": [texts[i % len(texts)] for i in range(rows)]}), source, row_group_size=50
+    )
+    common = [sys.executable, "-m", "batch", "--task", "classify", "--model", str(model), "--input", str(source)]
+    common += ["--keep", "id", "--part-rows", "50", "--window-rows", "5", "--workers", "2", "--threads", "1"]
+    output = tmp_path / "ray"
+    job = subprocess.Popen(
+        [*common, "--output", str(output), "--ray", address],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        staged = output / ".ray-parts"
+        deadline = time.monotonic() + 300
+        while len(list(staged.glob("*.parquet"))) < 2:  # the job is under way on both nodes
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.1)
+        _kill_tree(worker.pid)
+        assert job.poll() is None, "the job ended before the node was killed: give it more rows"
+        written = len(list(staged.glob("*.parquet")))
+        _, stderr = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, stderr[-3000:]
+    assert written < rows // 50  # the kill came before the last part
+    result = pq.read_table(output)
+    assert result["id"].to_pylist() == list(range(rows))  # every row exactly once, in input order
+    local = subprocess.run([*common, "--output", str(tmp_path / "local")], env=env, capture_output=True, text=True)
+    assert local.returncode == 0, local.stderr
+    assert result["label"].to_pylist() == pq.read_table(tmp_path / "local")["label"].to_pylist()
+    assert result["error"].null_count == rows - rows // len(texts)
+    manifest = json.loads((output / "_manifest.json").read_text())
+    assert manifest["complete"] and manifest["rows_done"] == rows and manifest["errors"] == rows // len(texts)
