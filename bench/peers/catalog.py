@@ -162,9 +162,12 @@ INFINITY_ONNX_TIMEOUT_S = 3600
 
 def infinity_onnx(source: Path, work: Path, task: str, precision: str, setup: bool) -> Path:
     """ONNX for infinity's optimum engine, exported, -O2 optimised (and int8-quantised) with optimum
-    in infinity's venv by bench/peers/infinity_onnx.py."""
+    in infinity's venv by bench/peers/infinity_onnx.py. int8 quantises the fp32 peer's -O2 graph (made first,
+    or taken from the cache): the same graph the whole pipeline would make, without a second export and
+    optimisation (which takes long for large vocabularies)."""
     python = infinity_env.ensure(work, setup) / "bin" / "python"
     script = Path(__file__).with_name("infinity_onnx.py")
+    optimized = infinity_onnx(source, work, task, "fp32", setup) if precision == "int8" else None
 
     def build(tmp: Path) -> None:
         run_step(
@@ -177,6 +180,7 @@ def infinity_onnx(source: Path, work: Path, task: str, precision: str, setup: bo
                 task,
                 "--precision",
                 precision,
+                *(["--optimized", str(optimized / "model.onnx")] if optimized else []),
                 "--out",
                 str(tmp),
             ],

@@ -71,13 +71,17 @@ def quantize(optimized: Path, out: Path) -> Path:
     return out
 
 
-def export(model: Path, task: str, out: Path, precision: str) -> Path:
+def export(model: Path, task: str, out: Path, precision: str, optimized: Path | None = None) -> Path:
+    """model's ONNX for infinity in `out`; with `optimized` (an -O2 graph this function made at fp32), int8
+    quantises that graph instead of exporting and optimising again."""
     import optimum.onnxruntime as ortm
     from optimum.exporters.onnx import main_export
     from optimum.onnxruntime import ORTOptimizer
     from optimum.onnxruntime.configuration import AutoOptimizationConfig
 
     work = Path(tempfile.mkdtemp(prefix="infinity-onnx-"))
+    if optimized is not None and precision == "int8":
+        return _finish(model, quantize(optimized, work / "quantized"), out, work)
     # library_name: a sentence-transformers directory would otherwise export token_embeddings and
     # sentence_embedding, while infinity's optimum embedder reads last_hidden_state and pools itself.
     main_export(
@@ -94,6 +98,10 @@ def export(model: Path, task: str, out: Path, precision: str) -> Path:
     final = work / "optimized"
     if precision == "int8":
         final = quantize(final / "model_optimized.onnx", work / "quantized")
+    return _finish(model, final, out, work)
+
+
+def _finish(model: Path, final: Path, out: Path, work: Path) -> Path:
     onnx_files = sorted(final.glob("*.onnx"))
     if len(onnx_files) != 1:
         raise SystemExit(f"expected one .onnx file in {final}, found {[p.name for p in onnx_files]}")
@@ -116,8 +124,9 @@ def main(argv=None) -> int:
     p.add_argument("--task", choices=sorted(ORT_CLASSES), required=True)
     p.add_argument("--precision", choices=("fp32", "int8"), required=True)
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--optimized", type=Path, help="int8: quantise this -O2 graph (this script's fp32 output)")
     args = p.parse_args(argv)
-    print(export(args.model, args.task, args.out, args.precision))
+    print(export(args.model, args.task, args.out, args.precision, args.optimized))
     return 0
 
 
