@@ -367,6 +367,21 @@ def catalog(
     def export(source: Callable[[], Path], precision: str | None, scope: str | None = None) -> Callable[[], Path]:
         return lambda: bertserve_export(source(), work, task, precision, scope, bertserve_root)
 
+    def theirs(source: Callable[[], Path]) -> list[Peer]:
+        """infinity's engines on `source`: torch on the directory, optimum on ONNX made from it (fp32, int8)."""
+        return [infinity_peer("infinity-torch-fp32", task, "torch", "fp32", source, work, setup)] + [
+            infinity_peer(
+                f"infinity-optimum-{precision}",
+                task,
+                "optimum",
+                precision,
+                lambda precision=precision: infinity_onnx(source(), work, task, precision, setup),
+                work,
+                setup,
+            )
+            for precision in ("fp32", "int8")
+        ]
+
     if task == "classify":
         hf = lambda: transformers_classifier(classify_source, work)  # noqa: E731
         return [
@@ -377,75 +392,15 @@ def catalog(
             ours("bertserve-ort-fp32", export(hf, "fp32")),
             ours("bertserve-ort-default", export(hf, None), precision="default"),
             baseline_peer("baseline-torch-fp32", task, classify_source, threads),
-            infinity_peer("infinity-torch-fp32", task, "torch", "fp32", hf, work, setup),
-            infinity_peer(
-                "infinity-optimum-fp32",
-                task,
-                "optimum",
-                "fp32",
-                lambda: infinity_onnx(hf(), work, task, "fp32", setup),
-                work,
-                setup,
-            ),
-            infinity_peer(
-                "infinity-optimum-int8",
-                task,
-                "optimum",
-                "int8",
-                lambda: infinity_onnx(hf(), work, task, "int8", setup),
-                work,
-                setup,
-            ),
+            *theirs(hf),
         ]
-    if task == "embed":
-        return [
-            ours("bertserve-torch-fp32", embed_model, ["--backend", "torch"], "torch"),
-            ours("bertserve-ort-fp32", export(embed_model, "fp32")),
-            ours("bertserve-ort-default", export(embed_model, None), precision="default"),
-            infinity_peer("infinity-torch-fp32", task, "torch", "fp32", embed_model, work, setup),
-            infinity_peer(
-                "infinity-optimum-fp32",
-                task,
-                "optimum",
-                "fp32",
-                lambda: infinity_onnx(embed_model(), work, task, "fp32", setup),
-                work,
-                setup,
-            ),
-            infinity_peer(
-                "infinity-optimum-int8",
-                task,
-                "optimum",
-                "int8",
-                lambda: infinity_onnx(embed_model(), work, task, "int8", setup),
-                work,
-                setup,
-            ),
-        ]
-    if task == "rerank":
-        source = lambda: rerank_model(rerank_source)  # noqa: E731
+    sources = {"embed": embed_model, "rerank": lambda: rerank_model(rerank_source)}
+    if task in sources:
+        source = sources[task]
         return [
             ours("bertserve-torch-fp32", source, ["--backend", "torch"], "torch"),
             ours("bertserve-ort-fp32", export(source, "fp32")),
             ours("bertserve-ort-default", export(source, None), precision="default"),
-            infinity_peer("infinity-torch-fp32", task, "torch", "fp32", source, work, setup),
-            infinity_peer(
-                "infinity-optimum-fp32",
-                task,
-                "optimum",
-                "fp32",
-                lambda: infinity_onnx(source(), work, task, "fp32", setup),
-                work,
-                setup,
-            ),
-            infinity_peer(
-                "infinity-optimum-int8",
-                task,
-                "optimum",
-                "int8",
-                lambda: infinity_onnx(source(), work, task, "int8", setup),
-                work,
-                setup,
-            ),
+            *theirs(source),
         ]
     raise ValueError(f"no peers for task {task!r}")
