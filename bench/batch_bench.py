@@ -60,7 +60,8 @@ def run_batch(
     source = write_input(texts, work)
     out = work / f"batch-out-{workers}"
     command = [sys.executable, "-m", "batch", "--task", "embed", "--model", str(artifact), "--input", str(source)]
-    command += ["--output", str(out), "--overwrite", "--workers", str(workers), *extra]
+    # --truncate: cut a text at the model's limit as sentence-transformers does (SQuAD has sentences over 256 tokens)
+    command += ["--output", str(out), "--overwrite", "--truncate", "--workers", str(workers), *extra]
     started = time.perf_counter()
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - started
@@ -166,7 +167,7 @@ def run_server(artifact: Path, texts: list[str], concurrency: list[int], per_req
 
                     async def worker():
                         while queue:
-                            await client.embed(queue.pop())
+                            await client.embed(queue.pop(), truncate=True)
 
                     await asyncio.gather(*(worker() for _ in range(c)))
 
