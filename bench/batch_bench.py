@@ -206,30 +206,21 @@ def tiny_model(work: Path) -> Path:
     return target
 
 
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _tree_rss(pid: int) -> tuple[int, int]:
     """Resident bytes of `pid`, and of its descendants together (/proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    own = rest = 0
-    todo = [pid]
-    while todo:
-        member = todo.pop()
-        todo.extend(children.get(member, []))
-        try:
-            for line in Path(f"/proc/{member}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    if member == pid:
-                        own = int(line.split()[1]) * 1024
-                    else:
-                        rest += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return own, rest
+    from bench.cpu import process_tree
+
+    return _rss(pid), sum(_rss(member) for member in process_tree(pid) if member != pid)
 
 
 def run_rss(model: Path, texts: list[str], work: Path, workers: int, part_rows: int) -> dict:

@@ -119,24 +119,10 @@ def test_a_ray_job_writes_what_the_local_job_writes(cluster, tmp_path):
     assert manifest["schema"] == local_manifest["schema"] and manifest["options"] == local_manifest["options"]
 
 
-def _process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo.extend(children.get(tree[-1], []))
-    return tree
-
-
 def _kill_tree(pid: int) -> None:
-    for member in _process_tree(pid):
+    from bench.cpu import process_tree
+
+    for member in process_tree(pid):
         try:
             os.kill(member, signal.SIGKILL)
         except ProcessLookupError:
