@@ -13,26 +13,29 @@ import shutil
 
 import pyarrow.parquet as pq
 
+from batch.inputs import count_rows
 from batch.job import MANIFEST, PART, clear_output, file_sha256, plan_job, write_manifest
 from batch.predict import JobError, check_task_options, load
 
 RAY_TMP = ".ray-parts"
 
 
-def _dataset(ray, files, needed: list[str]):
+def _dataset(ray, files, needed: list[str], blocks: int):
+    """The input as `blocks` blocks: the read tasks' output is split evenly, so that no block holds more than a
+    window's rows and no task of another operator is needed to cut them."""
     paths = [str(f.path) for f in files]
     kinds = {f.format for f in files}
     if len(kinds) > 1:
         raise JobError(f"--ray reads one format per job; --input holds {', '.join(sorted(kinds))} files")
     kind = kinds.pop()
     if kind == "parquet":
-        return ray.data.read_parquet(paths, columns=needed)
+        return ray.data.read_parquet(paths, columns=needed, override_num_blocks=blocks)
     if kind == "jsonl":
-        return ray.data.read_json(paths, lines=True).select_columns(needed)
+        return ray.data.read_json(paths, lines=True, override_num_blocks=blocks).select_columns(needed)
     import pyarrow.csv as csv
 
     parse = csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
-    return ray.data.read_csv(paths, parse_options=parse).select_columns(needed)
+    return ray.data.read_csv(paths, parse_options=parse, override_num_blocks=blocks).select_columns(needed)
 
 
 def run(options: dict, log=print) -> int:
@@ -66,21 +69,26 @@ def run(options: dict, log=print) -> int:
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True  # parts in input order, as the local job writes them
         context.enable_progress_bars = False
+        if hasattr(context, "use_datasource_v2"):
+            # Ray 2.5x's Parquet reader starts a pool of footer-reading actors (a process each) to plan a read of a
+            # few files; the first reader plans them in this process.
+            context.use_datasource_v2 = False
         from batch.predict import Predictor
 
         workers = _actors(ray, options)
         kwargs = {k: v for k, v in options.items() if k not in ("task", "model", "threads")}
-        dataset = _dataset(ray, files, list(dict.fromkeys([*columns, *keep])))
-        # A file is read as one block, and a block is one actor's task: blocks of a window's rows (a streaming
-        # split, no barrier) spread a file evenly over the actors; the writes gather them into parts.
-        dataset = dataset.repartition(target_num_rows_per_block=options["window_rows"])
+        rows = count_rows(files) or 1
+        dataset = _dataset(ray, files, list(dict.fromkeys([*columns, *keep])), -(-rows // options["window_rows"]))
+        # One block is one actor call (batch_size None): Ray Data would bundle two blocks smaller than a
+        # window into one task. One call in flight per actor: a second one queued behind a busy actor is what
+        # leaves the other idle at the end of the job.
         dataset = dataset.map_batches(
             Predictor,
             fn_constructor_args=(options["task"], str(model_path)),
             fn_constructor_kwargs={**kwargs, "threads": options["threads"] or 1, "carry": False},
-            batch_size=options["window_rows"],
+            batch_size=None,
             batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=workers),
+            compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
             num_cpus=options["threads"] or 1,
         )
         dataset.write_parquet(str(staging), min_rows_per_file=options["part_rows"])
