@@ -243,7 +243,7 @@ def run(options: dict, log=print) -> int:
     workers = options["workers"] or os.cpu_count() or 1
     threads = options["threads"] or max(1, (os.cpu_count() or 1) // workers)
     model = load(str(model_path), options, threads)  # before any work: a model without the task is refused here
-    predictor = Predictor(options["task"], model, **_predictor_options(options))
+    predictor = Predictor(options["task"], model, **_predictor_options({**options, "threads": threads}))
     output.mkdir(parents=True, exist_ok=True)
     if options["overwrite"]:
         clear_output(output)

@@ -11,6 +11,7 @@ gets its `error` and the others their answers: one row never fails the rest.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,17 @@ def backend_settings(options: dict, threads: int | None):
         max_input_length=options["max_input_length"],
         max_batch_tokens=options["max_batch_tokens"],
         threads=threads,
-        inference_workers=1,  # one run at a time per worker process: more processes fill the cores
+        inference_workers=concurrent_runs(options, threads),
     )
+
+
+def concurrent_runs(options: dict, threads: int | None) -> int:
+    """Batches one process runs at once. On CPU two runs sharing the threads beat one run on all of them (small
+    batches use one thread well and two poorly: the server's rule, --inference-workers), so two threads or more
+    are two runs; one on cuda, or when the thread count is the runtime's choice."""
+    if options["device"] == "cuda" or not threads or threads < 2:
+        return 1
+    return 2
 
 
 def default_options(**given) -> dict:
@@ -152,6 +162,9 @@ class Predictor:
             self.options["max_batch_size"] or (64 if self.options["device"] == "cuda" else 8),
             self.options["max_padding"],
         )
+        # Batches run at once in this process: as many as the model was loaded for, if its backend allows.
+        self.runs = concurrent_runs(self.options, self.options["threads"]) if self.model.backend.concurrent_runs else 1
+        self._pool: ThreadPoolExecutor | None = None
         serve_defaults = {o.name: o.default for o in self.codec.serve_options}
         self.limit_options = {
             f"{task}_{name}": value
@@ -247,6 +260,7 @@ class Predictor:
         order = sorted(range(len(flat)), key=lambda k: len(flat[k][2]))
         outputs: list[list] = [[None] * len(item) for item in features]
         stats = {"tokens": sum(len(f) for _, _, f in flat), "sequences": len(flat), "padded": 0}
+        batches = []
         at = 0
         while at < len(order):
             ahead = order[at : at + self.batches.max_batch_size]
@@ -259,21 +273,38 @@ class Predictor:
             # Sorted by length, the batch is a run from `at`: what does not join is longer than what did.
             batch = ahead[: len(picked)]
             at += len(batch)
+            batches.append(batch)
+            stats["padded"] += max(len(flat[k][2]) for k in batch) * len(batch)
+
+        def run(batch: list[int]):
             sequences = [flat[k][2] for k in batch]
-            stats["padded"] += max(len(s) for s in sequences) * len(sequences)
             try:
                 results = self.model.backend.run_sequences(sequences)
                 if len(results) != len(sequences):
                     raise RuntimeError(f"the backend returned {len(results)} outputs for {len(sequences)} sequences")
+                return results
             except Exception as e:  # noqa: BLE001 - a failed batch fails its rows, not the job
+                return e
+
+        # The batches are cut before any runs, so that running them at once changes nothing but the time.
+        answers = self._runner().map(run, batches) if self.runs > 1 else map(run, batches)
+        for batch, results in zip(batches, answers):
+            if isinstance(results, Exception):
                 for k in batch:
                     i = flat[k][0]
-                    errors[rows[i]] = errors[rows[i]] or f"inference failed: {type(e).__name__}: {str(e)[:200]}"
+                    errors[rows[i]] = errors[rows[i]] or (
+                        f"inference failed: {type(results).__name__}: {str(results)[:200]}"
+                    )
                 continue
             for k, result in zip(batch, results):
                 i, j, _ = flat[k]
                 outputs[i][j] = result
         return outputs, stats
+
+    def _runner(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.runs, thread_name_prefix="batch-run")
+        return self._pool
 
     def _decode(self, items: list, features: list, outputs: list, rows: list[int], errors: list) -> list:
         ok = [i for i in range(len(items)) if errors[rows[i]] is None]

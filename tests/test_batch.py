@@ -354,3 +354,19 @@ def _assert_close(a, b, where="row"):
         assert abs(a - b) < 1e-5, where
     else:
         assert a == b, where
+
+
+def test_two_batches_at_once_answer_as_one_at_a_time(tiny):
+    """Two threads are two single-threaded runs of the window's batches at once: each row's answer is the one
+    it gets from batches run one after another, in its own place."""
+    rows = _rows(30) + [{"id": 30, "text": ""}]
+    columns = {"id": [r["id"] for r in rows], "text": [r["text"] for r in rows]}
+    one = Predictor("classify", tiny, keep=["id"], threads=1, max_batch_size=2)
+    two = Predictor("classify", tiny, keep=["id"], threads=2, max_batch_size=2)
+    assert (one.runs, two.runs) == (1, 2)
+    alone, together = one(columns), two(columns)
+    assert together["id"].to_pylist() == columns["id"]
+    assert together["label"].to_pylist() == alone["label"].to_pylist()
+    assert together["error"].to_pylist() == alone["error"].to_pylist() and together["error"].null_count == 30
+    for a, b in zip(together["score"].to_pylist(), alone["score"].to_pylist()):
+        assert (a is None and b is None) or abs(a - b) < 1e-5
