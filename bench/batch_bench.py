@@ -62,9 +62,9 @@ def run_batch(
     command = [sys.executable, "-m", "batch", "--task", "embed", "--model", str(artifact), "--input", str(source)]
     # --truncate: cut a text at the model's limit as sentence-transformers does (SQuAD has sentences over 256 tokens)
     command += ["--output", str(out), "--overwrite", "--truncate", "--workers", str(workers), *extra]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _children_cpu()
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, _children_cpu() - cpu
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: exit {run.returncode}\n{run.stderr[-3000:]}")
     # the job's own figure, once the model has loaded (its closing line: "... (X rows/s, ..."; none on Ray)
@@ -74,7 +74,16 @@ def run_batch(
         "seconds": elapsed,
         "rows_per_s": len(texts) / elapsed,
         "rows_per_s_loaded": float(loaded.group(1)) if loaded else None,
+        "cpu_s": cpu,  # the job and its worker processes (on Ray, the cluster's processes are added by run_ray)
     }
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's waited-for children and theirs: a job and the workers it waited for."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _python_with_optimum(work: Path) -> str | None:
@@ -124,12 +133,55 @@ def run_ray(artifact: Path, texts: list[str], work: Path, workers: int) -> dict 
     )
     try:
         time.sleep(10)  # the head's processes start; the job's ray.init waits for the rest
-        row = run_batch(artifact, texts, work, workers, ["--ray", f"127.0.0.1:{port}"], env)
+        cluster = _TreeCpu(head.pid)
+        try:
+            row = run_batch(artifact, texts, work, workers, ["--ray", f"127.0.0.1:{port}"], env)
+        finally:
+            cluster.stop()
+        row["cpu_s"] += cluster.seconds  # the actors, the read and write tasks and Ray's own processes
         row["name"] = f"batch int8 on Ray, one node ({workers} actors)"
         return row
     finally:
         head.terminate()
         head.wait(60)
+
+
+class _TreeCpu:
+    """CPU seconds used by a process's descendants while it runs, sampled twice a second from /proc: Ray's
+    actors end with the job and their CPU time is not added to a parent's, so each is read while it lives."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        from bench.cpu import _cpu_seconds, _stat, process_tree
+
+        def used() -> dict[int, float]:
+            out = {}
+            for member in process_tree(pid):
+                fields = _stat(member)
+                if fields is not None:
+                    out[member] = _cpu_seconds(fields, with_reaped_children=False)
+            return out
+
+        self.first, self.last = used(), {}
+        self.done = threading.Event()
+
+        def sample():
+            while not self.done.wait(0.5):
+                self.last.update(used())
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        self.used = used
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self.last.update(self.used())
+
+    @property
+    def seconds(self) -> float:
+        return sum(value - self.first.get(member, 0.0) for member, value in self.last.items())
 
 
 def run_server(artifact: Path, texts: list[str], concurrency: list[int], per_request: int) -> dict:
@@ -362,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             ("seconds", "seconds"),
             ("rows_per_s", "rows/s"),
             ("rows_per_s_loaded", "rows/s once loaded"),
+            ("cpu_s", "CPU s"),
             ("batch_speedup", "best batch x"),
             ("ray_vs_local", "Ray / local (wall)"),
         ],
