@@ -21,8 +21,9 @@ RAY_TMP = ".ray-parts"
 
 
 def _dataset(ray, files, needed: list[str], blocks: int):
-    """The input as `blocks` blocks: the read tasks' output is split evenly, so that no block holds more than a
-    window's rows and no task of another operator is needed to cut them."""
+    """The input as `blocks` blocks of about a window's rows, cut by the read tasks themselves (no task of another
+    operator): Ray Data splits each read task's output evenly, so files of very different sizes give the larger
+    ones bigger blocks."""
     paths = [str(f.path) for f in files]
     kinds = {f.format for f in files}
     if len(kinds) > 1:
