@@ -63,7 +63,7 @@ class TorchBackend(Backend):
         threads = threads_per_run(settings, torch.get_num_threads())
         if threads:
             torch.set_num_threads(threads)
-        self.precision = settings.effective_precision
+        self.precision = artifact_precision(spec, settings)
         self.device = torch.device(settings.device)
         # Every checkpoint loads as one class, whose outputs are one table under the graph-output names.
         self.model, _ = load_for_inference(spec.path, dtype=DTYPES[self.precision], device=self.device)
@@ -209,3 +209,12 @@ def mismatch(
         if error > limit:
             return f"{key}: differs by {error:.3g} (limit {limit:.3g})"
     return ""
+
+
+def artifact_precision(spec: ModelSpec, settings) -> str:
+    """--precision when given; else what an exported torch artifact was chosen and verified in (its manifest's
+    precision, e.g. bf16: export/bf16.py); else the device's default."""
+    manifest = spec.manifest or {}
+    if settings.precision is None and manifest.get("runtime") == "torch" and manifest.get("precision") in DTYPES:
+        return manifest["precision"]
+    return settings.effective_precision
