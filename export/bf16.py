@@ -86,3 +86,35 @@ class Bf16Model:
         if missing:
             raise KeyError(f"the torch model gives no output {', '.join(missing)} (it gives {', '.join(table)})")
         return {n: (v.float() if v.is_floating_point() else v).numpy() for n, v in values.items()}
+
+
+class Bf16Session:
+    """An onnxruntime session's `run(names, feed)` over a bf16 artifact directory, for tools that compare an
+    export's outputs with another's (evals/int8_agreement.py): the outputs its manifest's task gives, by graph
+    output name."""
+
+    def __init__(self, directory: Path):
+        import json
+
+        from .wrapper import output_spec
+
+        manifest = json.loads((Path(directory) / "manifest.json").read_text())
+        pooling = manifest.get("pooling")
+        mode = pooling.get("mode") if isinstance(pooling, dict) else None
+        self.runner = Bf16Model(Path(directory), {}, mode)
+        spec = output_spec(self.runner.model, manifest["task"])
+        self.runner.outputs = {name: key for name, (key, _, _) in spec.items()}
+
+    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = self.runner(feed)
+        return [outputs[name] for name in names]
+
+
+def session(directory: Path, options=None):
+    """onnxruntime's session on the artifact's model.onnx, or a Bf16Session where the artifact is bf16 weights."""
+    directory = Path(directory)
+    if not (directory / "model.onnx").is_file() and (directory / WEIGHTS_FILE).is_file():
+        return Bf16Session(directory)
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(directory / "model.onnx"), options, providers=["CPUExecutionProvider"])

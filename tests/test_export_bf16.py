@@ -15,9 +15,10 @@ import pytest
 pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
+from test_artifact_integrity import TEXTS, make_checkpoint  # noqa: E402
+
 from export import bf16  # noqa: E402
 from export.onnx import cli  # noqa: E402
-from test_artifact_integrity import TEXTS, make_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
