@@ -382,9 +382,7 @@ def catalog(
         """infinity's engines on `source`: torch on the directory, optimum on ONNX made from it (fp32, int8)."""
         return [
             infinity_peer("infinity-torch-fp32", task, "torch", "fp32", source, work, setup),
-            infinity_peer(
-                "infinity-torch-bf16", task, "torch", "bf16", source, work, setup, ["--dtype", "bfloat16"]
-            ),
+            infinity_peer("infinity-torch-bf16", task, "torch", "bf16", source, work, setup, ["--dtype", "bfloat16"]),
         ] + [
             infinity_peer(
                 f"infinity-optimum-{precision}",
