@@ -1,8 +1,9 @@
-"""bf16 for CPUs that multiply in bfloat16 natively (AMX or AVX512-BF16): the checkpoint's own weights stored in
-bfloat16 and served by the torch backend, whose oneDNN kernels run them on those units. On such a CPU it is a
+"""bf16 for CPUs that multiply in bfloat16 natively (AMX or AVX512-BF16): the checkpoint's own weights served by the
+torch backend with the encoder layers' matmuls in bfloat16 (bert/precision.py), on those units through oneDNN, and
+everything else fp32. On such a CPU it is a
 candidate of `--precision auto` beside fp32 and int8, timed and judged the same way (docs/export.md, "bf16").
 
-The artifact holds model.safetensors (bfloat16, the checkpoint's tensor names) instead of model.onnx; its manifest
+The artifact holds model.safetensors (the checkpoint's tensors and names) instead of model.onnx; its manifest
 says `"precision": "bf16"` and `"runtime": "torch"`, and `python -m serving --model DIR` serves it with the torch
 backend in bf16. model.portable.onnx (fp32, for TensorRT) is written as for every precision.
 """
@@ -41,16 +42,13 @@ def unavailable(source, task_of_checkpoint: str | None) -> str | None:
 
 
 def write_weights(checkpoint_dir: Path, out: Path) -> Path:
-    """The checkpoint's tensors, floating ones in bfloat16, under their own names, as one safetensors file."""
-    import torch
+    """The checkpoint's tensors as they are, under their own names, as one safetensors file (the server casts the
+    encoder layers' Linear weights to bfloat16 when it loads them: bert/precision.py)."""
     from safetensors.torch import save_file
 
     from bert.checkpoint import read_state_dict
 
-    state = {
-        k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
-        for k, v in read_state_dict(checkpoint_dir).items()
-    }
+    state = {k: v.contiguous() for k, v in read_state_dict(checkpoint_dir).items()}
     path = out / WEIGHTS_FILE
     save_file(state, str(path), metadata={"format": "pt"})
     return path
@@ -64,9 +62,11 @@ class Bf16Model:
         import torch
 
         from bert.checkpoint import load_for_inference
+        from bert.precision import bf16_matmuls
 
         self.torch = torch
-        self.model, _ = load_for_inference(directory, dtype=torch.bfloat16)
+        self.model, _ = load_for_inference(directory, dtype=torch.float32)
+        bf16_matmuls(self.model)
         self.model.set_attention_implementation("sdpa")
         if pooling is not None:
             self.model.set_pooling(pooling)

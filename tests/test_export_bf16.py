@@ -33,7 +33,7 @@ def artifact(checkpoint, tmp_path_factory) -> Path:
     return out
 
 
-def test_bf16_artifact_holds_the_checkpoints_weights_in_bfloat16(artifact, checkpoint):
+def test_bf16_artifact_holds_the_checkpoints_weights(artifact, checkpoint):
     from safetensors import safe_open
 
     from bert.checkpoint import read_state_dict
@@ -48,10 +48,23 @@ def test_bf16_artifact_holds_the_checkpoints_weights_in_bfloat16(artifact, check
     with safe_open(str(artifact / "model.safetensors"), "pt") as f:
         assert set(f.keys()) == set(source)
         for key in f.keys():
-            tensor = f.get_tensor(key)
-            if source[key].is_floating_point():
-                assert tensor.dtype == torch.bfloat16
-                assert torch.equal(tensor, source[key].to(torch.bfloat16))
+            assert torch.equal(f.get_tensor(key), source[key])
+
+
+def test_bf16_matmuls_only_in_the_encoder_layers(checkpoint):
+    from bert.checkpoint import load_for_inference
+    from bert.precision import bf16_matmuls
+
+    model, _ = load_for_inference(checkpoint)
+    fp32 = {n: p.dtype for n, p in model.named_parameters()}
+    bf16_matmuls(model)
+    for name, param in model.named_parameters():
+        in_layers = ".encoder.layer." in f".{name}" and "LayerNorm" not in name
+        assert param.dtype == (torch.bfloat16 if in_layers else fp32[name]), name
+    ids = torch.tensor([[2, 5, 6, 7, 3]])
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids)).outputs
+    assert all(v.dtype == torch.float32 for v in out.values() if v.is_floating_point())  # heads stay fp32
 
 
 def test_served_with_the_torch_backend_in_bf16_and_answers_as_fp32(artifact, checkpoint):
