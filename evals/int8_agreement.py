@@ -28,6 +28,7 @@ import numpy as np
 from bert.tasks.ner import read_conll
 from bert.tasks.qa import read_squad_articles, split_heldout
 from bert.tasks.rerank import sentence_spans
+from export import bf16
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -113,7 +114,7 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     ref = ort.InferenceSession(str(fp32_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
-    cand = ort.InferenceSession(str(candidate_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    cand = bf16.session(candidate_dir, options)  # an ONNX graph, or bf16 weights served by torch
     names = [o.name for o in ref.get_outputs()]
     labels = manifest.get("labels")
     figures: dict = {}

@@ -25,6 +25,7 @@ MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
 PORTABLE_FILE = "model.portable.onnx"
 PLAN_FILE = "model.plan"
+WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 FORMAT_VERSION = 1
 
@@ -43,7 +44,13 @@ def checkpoint_files(directory: Path) -> list[Path]:
 def artifact_files(directory: Path) -> dict[str, dict[str, Any]]:
     """The manifest's "files": size and sha256 of every file an artifact holds, by role (the graphs, config)
     or by name (tokenizer files). The server checks those it reads against these before serving."""
-    roles = {"model": MODEL_FILE, "portable": PORTABLE_FILE, "plan": PLAN_FILE, "config": CONFIG_FILE}
+    roles = {
+        "model": MODEL_FILE,
+        "weights": WEIGHTS_FILE,  # a bf16 artifact's model, served by the torch backend (export/bf16.py)
+        "portable": PORTABLE_FILE,
+        "plan": PLAN_FILE,
+        "config": CONFIG_FILE,
+    }
     files = {role: file_entry(directory / name) for role, name in roles.items() if (directory / name).is_file()}
     files.update({name: file_entry(directory / name) for name in TOKENIZER_FILES if (directory / name).is_file()})
     return files

@@ -11,8 +11,11 @@ as it was and nothing partial. See docs/export.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import gc
 import platform
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from .cli import Progress, ResultError, UsageError, run
 from .manifest import MANIFEST_FILE, MODEL_FILE, PLAN_FILE, PORTABLE_FILE, artifact_files, write_manifest
 from .source import LAYOUTS, pools
 
-PRECISIONS = ("auto", "fp32", "fp16", "int8")
+PRECISIONS = ("auto", "fp32", "fp16", "int8", "bf16")
 TASK_CHOICES = ("auto", *registry.names(), *LAYOUTS)
 
 
@@ -71,11 +74,14 @@ class OnnxOptions:
         "auto",
         choices=PRECISIONS,
         help=(
-            "precision of model.onnx. auto: makes fp32 and the int8 graph --int8-scope gives, times both on this "
-            "machine on the calibration inputs and writes the faster one that meets --int8-agreement (the manifest's "
-            "precision says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
-            "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 "
-            "quantisation (for CPUs). model.portable.onnx is always fp32."
+            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives (and, on a CPU that "
+            "multiplies bfloat16 natively, the checkpoint's bf16 weights), times them on this machine on the "
+            "calibration inputs and writes the fastest one that meets --int8-agreement (the manifest's precision says "
+            "which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and compute with fp32 "
+            "inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 quantisation (for "
+            "CPUs); bf16: the checkpoint's own weights in bfloat16 as model.safetensors instead of model.onnx, "
+            "served by the torch backend (for CPUs with AMX or AVX512-BF16; the checkpoint's own task only). "
+            "model.portable.onnx is always fp32."
         ),
     )
     int8_scope: str = option(
@@ -239,8 +245,8 @@ def main(argv=None) -> None:
     from bert.checkpoint import save_tokenizer_files
     from bert.tokenizer import BertTokenizer
 
-    from . import parity, sensitivity, variants
-    from .source import check_source, load_model
+    from . import bf16, parity, sensitivity, variants
+    from .source import check_source, checkpoint_task, load_model
     from .wrapper import INPUT_NAMES, ExportWrapper, dummy_inputs, dynamic_axes, prepare_for_export
 
     # Everything a request or a checkpoint can get wrong shows here, as one line, before any progress output:
@@ -250,6 +256,13 @@ def main(argv=None) -> None:
     )
     config = source.config
     shape_range = check_args(args, config)
+    bf16_offered = args.precision == "bf16"
+    if args.precision in ("bf16", "auto"):
+        own_task = checkpoint_task(config, source.checkpoint_dir) if source.checkpoint_dir else None
+        reason = bf16.unavailable(source, own_task)
+        if reason and args.precision == "bf16":
+            raise UsageError(f"--precision bf16: {reason}")
+        bf16_offered = bf16_offered or (reason is None and bf16.native_bf16())
     out = Path(args.out or f"artifacts/{Path(source.name).name}-{source.task}-{args.precision}")
     check_out(out)
     tokenizer = BertTokenizer.from_dir(source.tokenizer_dir)
@@ -259,7 +272,8 @@ def main(argv=None) -> None:
         )
     quantizing = args.precision in ("int8", "auto")
     searching = quantizing and args.int8_scope == "auto"
-    progress = Progress(total=(6 if args.no_verify else 8) + searching + (args.precision == "auto"))
+    bf16_first = searching and bf16_offered and args.precision == "auto"
+    progress = Progress(total=(6 if args.no_verify else 8) + searching + (args.precision == "auto") + bf16_first)
     loading = time.perf_counter()
     load_model(source)
     progress.done(
@@ -282,12 +296,18 @@ def main(argv=None) -> None:
     }
     results: dict = {}
     failures: list[str] = []
+    pooling_mode = source.pooling.mode if pools(source.task) else None
+    table_keys = {name: key for name, (key, _, _) in wrapper.spec.items()}  # graph output -> model output
 
     if not args.no_verify:
         with progress(f"running torch on {sum(len(b['input_ids']) for b in batches)} sample inputs"):
             reference = parity.torch_outputs(wrapper, batches)  # the model as trained: sdpa attention
 
     def verify(name: str, path: Path, precision: str) -> None:
+        if precision == "bf16":  # the torch backend's own run of the weights it will serve
+            runner = bf16.Bf16Model(path, table_keys, pooling_mode)
+            judge_outputs(name, precision, [runner(b) for b in batches], "torch (CPU, bf16)")
+            return
         try:
             sess = parity.session(path, precision)
         except Exception as e:  # noqa: BLE001 - e.g. no fp16 kernels for the CPU provider
@@ -301,14 +321,16 @@ def main(argv=None) -> None:
             }
             progress.note(f"{name}: not verified ({results[name]['not_run']}); verify on a GPU")
             return
-        provider = sess.get_providers()[0]
+        judge_outputs(
+            name, precision, parity.onnx_outputs(sess, batches, wrapper.output_names), sess.get_providers()[0]
+        )
+
+    def judge_outputs(name: str, precision: str, outputs, provider: str) -> None:
         kinds = {
             n: "ids" if getattr(wrapper, "dtypes", {}).get(n, "float32").startswith("int") else kind
             for n, kind in scores.items()
         }
-        figures = parity.compare(
-            reference, parity.onnx_outputs(sess, batches, wrapper.output_names), batches, token_level, kinds
-        )
+        figures = parity.compare(reference, outputs, batches, token_level, kinds)
         passed, problems = parity.judge(figures, precision, args.atol)
         results[name] = parity.report(figures, precision, passed, problems, provider, args.atol)
         summary = ", ".join(
@@ -361,6 +383,7 @@ def main(argv=None) -> None:
             progress.note("fused operators: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
 
         quantization, search, choice, precision = None, None, None, args.precision
+        every = tmp / "int8-all.onnx"
         model_path = tmp / MODEL_FILE
         if quantizing:
             fused_path = variants.save(fused, tmp / "fused.onnx")  # the quantiser's input, not published
@@ -369,6 +392,27 @@ def main(argv=None) -> None:
             calibration = sensitivity.build_calibration(
                 tokenizer, {on for _, _, on in judged.values()}, min(shape_range["max_seq"], 256), extra_calibration
             )
+        bf16_dir, bf16_model = tmp / "bf16", None
+        if args.precision == "auto" and bf16_offered:
+            bf16_dir.mkdir()
+            artifact_config(copy.deepcopy(config), source, wrapper, model_class).save(bf16_dir)
+            bf16.write_weights(source.checkpoint_dir, bf16_dir)
+            bf16_model = bf16.Bf16Model(bf16_dir, {n: table_keys[n] for n in judged}, pooling_mode)
+        if bf16_first:
+            # int8 with every group quantised is the fastest int8 can be: if bf16 is faithful and faster still, the
+            # search for what int8 keeps fp32 (minutes on a large model) cannot change the choice.
+            with progress("timing bf16 against fp32 and int8 with every group quantised"):
+                variants.quantize_int8(fused_path, every, "all")
+                choice = choose_precision(
+                    fused_path, every, calibration, None, args.int8_agreement, bf16_model, judged, upper_bound=True
+                )
+                every.unlink()
+                progress.note(choice["line"].replace("int8", "int8 (every group)"))
+                if choice["chosen"] == "bf16":
+                    searching = False
+                    progress.total -= 3  # no search, no int8 graph, no second timing
+                else:
+                    choice = None
         if searching:
             with progress(
                 f"choosing what stays fp32 in int8 (target agreement {args.int8_agreement:.1%}, "
@@ -389,11 +433,17 @@ def main(argv=None) -> None:
                     f" ({len(search.fp32_nodes)} of the quantisable nodes); agreement "
                     + (f"{search.chosen.agreement:.4f}" if search.chosen.agreement is not None else "not measured")
                 )
-        with progress(f"writing model.onnx ({args.precision})"):
-            if args.precision == "fp32":
+        served = bf16.WEIGHTS_FILE if args.precision == "bf16" else MODEL_FILE
+        with contextlib.nullcontext() if choice else progress(f"writing {served} ({args.precision})"):
+            if choice:  # bf16 already chosen
+                pass
+            elif args.precision == "fp32":
                 variants.save(fused, model_path)
             elif args.precision == "fp16":
                 variants.save(variants.to_fp16(fused), model_path)
+            elif args.precision == "bf16":
+                artifact_config(config, source, wrapper, model_class).save(tmp)
+                bf16.write_weights(source.checkpoint_dir, tmp)
             else:
                 int8_path = tmp / "int8.onnx" if args.precision == "auto" else model_path
                 quantization = variants.quantize_int8(
@@ -401,21 +451,31 @@ def main(argv=None) -> None:
                 )
                 progress.note(f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} nodes kept fp32")
         if args.precision == "auto":
-            with progress("timing the candidates on this machine"):
-                choice = choose_precision(fused_path, int8_path, calibration, search, args.int8_agreement)
+            with contextlib.nullcontext() if choice else progress("timing the candidates on this machine"):
+                if choice is None:
+                    choice = choose_precision(
+                        fused_path, int8_path, calibration, search, args.int8_agreement, bf16_model, judged
+                    )
+                    progress.note(choice["line"])
+                del bf16_model
                 precision = choice["chosen"]
-                (int8_path if precision == "int8" else fused_path).rename(model_path)
-                progress.note(choice["line"])
-                if precision == "fp32":
+                if precision == "bf16":
+                    (bf16_dir / bf16.WEIGHTS_FILE).rename(tmp / bf16.WEIGHTS_FILE)
+                    artifact_config(config, source, wrapper, model_class).save(tmp)
+                else:
+                    (int8_path if precision == "int8" else fused_path).rename(model_path)
+                shutil.rmtree(bf16_dir, ignore_errors=True)
+                if precision in ("fp32", "bf16"):
                     quantization = None
         if quantizing:
-            for leftover in (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx"):
+            for leftover in (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx", every):
                 leftover.unlink(missing_ok=True)
-        if args.precision in ("fp32", "fp16"):
+        if args.precision in ("fp32", "fp16", "bf16"):
             del fused
         if not args.no_verify:
-            with progress(f"verifying model.onnx ({precision}) against torch"):
-                verify("model", model_path, precision)
+            served = bf16.WEIGHTS_FILE if precision == "bf16" else MODEL_FILE
+            with progress(f"verifying {served} ({precision}) against torch"):
+                verify("model", tmp if precision == "bf16" else model_path, precision)
         if failures:
             raise ResultError(
                 f"parity out of tolerance, so nothing was published at {out} (what was there is "
@@ -423,22 +483,12 @@ def main(argv=None) -> None:
             )
 
         with progress("writing config.json, tokenizer files and manifest.json"):
-            config.architectures = [model_class]
-            if (source.task in LAYOUTS or pools(source.task)) and not config.task_labels:
-                # the graph has no head: a server must not mistake it for the checkpoint's task
-                config.task = source.task if source.task in TASKS else None
-            if any(t is not None and TASKS[t].head is None for t in wrapper.tasks) or source.task == "encoder":
-                # How the graph pooled (or, for an encoder graph, how the server should): what the source's
-                # sentence-transformers files said, in config.json, so the artifact needs no copy of them.
-                config.extra["pooling"] = {
-                    "mode": source.pooling.mode,
-                    "normalize": source.pooling.normalize,
-                    "max_length": source.pooling.max_length,
-                }
-            config.save(tmp)
+            artifact_config(config, source, wrapper, model_class).save(tmp)
             save_tokenizer_files(source.tokenizer_dir, tmp)
             manifest = build_manifest(args, source, wrapper, shape_range, counts, results, failures, tmp)
             manifest["precision"] = precision
+            if precision == "bf16":
+                manifest["runtime"] = bf16.RUNTIME  # served by the torch backend, not onnxruntime
             if quantization:
                 manifest["quantization"] = (
                     quantization
@@ -450,6 +500,24 @@ def main(argv=None) -> None:
             write_manifest(tmp, manifest)
 
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
+
+
+def artifact_config(config, source, wrapper, model_class: str):
+    """The artifact's config.json (config, changed in place and returned): the class a server reads the task(s)
+    from, and how the model pools where a task has no head."""
+    config.architectures = [model_class]
+    if (source.task in LAYOUTS or pools(source.task)) and not config.task_labels:
+        # the graph has no head: a server must not mistake it for the checkpoint's task
+        config.task = source.task if source.task in TASKS else None
+    if any(t is not None and TASKS[t].head is None for t in wrapper.tasks) or source.task == "encoder":
+        # How the graph pooled (or, for an encoder graph, how the server should): what the source's
+        # sentence-transformers files said, in config.json, so the artifact needs no copy of them.
+        config.extra["pooling"] = {
+            "mode": source.pooling.mode,
+            "normalize": source.pooling.normalize,
+            "max_length": source.pooling.max_length,
+        }
+    return config
 
 
 def judged_outputs(wrapper, task: str) -> dict[str, tuple[str, bool, str]]:
@@ -478,17 +546,29 @@ def sensitivity_set(task: str | None) -> str:
     return {"qa": "qa", "rerank": "rerank", "zero_shot": "zero_shot"}.get(task, "sentences")
 
 
-def choose_precision(fp32_path: Path, int8_path: Path, calibration, search, target: float) -> dict:
-    """Time fp32 and int8 on the calibration inputs here; the faster one meeting the agreement target wins."""
+def choose_precision(
+    fp32_path: Path,
+    int8_path: Path,
+    calibration,
+    search,
+    target: float,
+    bf16_model=None,
+    judged=None,
+    upper_bound: bool = False,
+) -> dict:
+    """Time fp32, int8 (and bf16, given its runner) on the calibration inputs here, one thread per run as the server
+    runs them; the fastest one meeting the agreement target wins. upper_bound: the int8 graph has every group
+    quantised and its agreement is not measured: it stands for the fastest int8 could be."""
     import numpy as np
 
-    from .sensitivity import time_graphs
+    from .sensitivity import judge, run_graph, time_graphs
 
     agreement = search.chosen.agreement if search else None
     meets = agreement is None or agreement >= target
     if search is not None and len(search.kept) == len(search.groups) and search.groups:
         meets = False  # nothing quantised: the int8 graph is fp32 under another name
-    passes = time_graphs({"fp32": fp32_path, "int8": int8_path}, calibration, every_pass=True)
+    runners = {"bf16": bf16_model} if bf16_model is not None else None
+    passes = time_graphs({"fp32": fp32_path, "int8": int8_path}, calibration, every_pass=True, runners=runners)
     timings = {name: float(np.median(seconds)) for name, seconds in passes.items()}
     # int8's speed is the median of the passes' ratios: the two passes of a turn ran back to back, so a busy
     # moment of a shared machine weighs on both alike, where the medians of the two may come from different moments
@@ -497,16 +577,34 @@ def choose_precision(fp32_path: Path, int8_path: Path, calibration, search, targ
         "fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True},
         "int8": {"seconds": timings["int8"], "agreement": agreement, "meets_target": meets, "speed": speed},
     }
-    chosen = "int8" if meets and speed > 1 else "fp32"
+    if upper_bound:
+        candidates["int8"]["scope"] = "all (the fastest int8 can be; its agreement not measured: not searched)"
+    speeds = {"fp32": 1.0, "int8": speed}
+    if bf16_model is not None:
+        reference = run_graph(fp32_path, calibration, list(judged))
+        outputs = [bf16_model(batch) for _, _, batch in calibration.flat()]
+        agreement_bf16, _, figures = judge(reference, outputs, calibration, judged)
+        speeds["bf16"] = float(np.median([f / b for f, b in zip(passes["fp32"], passes["bf16"])]))
+        candidates["bf16"] = {
+            "seconds": timings["bf16"],
+            "agreement": agreement_bf16,
+            "meets_target": agreement_bf16 is None or agreement_bf16 >= target,
+            "speed": speeds["bf16"],
+            "runtime": "torch",
+        }
+    chosen = max((c for c in candidates if candidates[c]["meets_target"]), key=lambda c: speeds[c])
     inputs = sum(calibration.size().values())
-    why = (
-        f"int8 {speed:.2f}x the speed of fp32"
-        + (f", agreement {agreement:.4f}" if agreement is not None else "")
-        + ("" if meets else f" (below the {target:.1%} target)")
+    why = "; ".join(
+        f"{name} {speeds[name]:.2f}x the speed of fp32"
+        + (f", agreement {c['agreement']:.4f}" if c["agreement"] is not None else "")
+        + ("" if c["meets_target"] else f" (below the {target:.1%} target)")
+        for name, c in candidates.items()
+        if name != "fp32"
     )
     line = (
-        f"precision auto: {chosen} (fp32 {timings['fp32'] * 1e3:.1f} ms, int8 {timings['int8'] * 1e3:.1f} ms "
-        f"for {inputs} calibration inputs; {why})"
+        f"precision auto: {chosen} ("
+        + ", ".join(f"{name} {timings[name] * 1e3:.1f} ms" for name in candidates)
+        + f" for {inputs} calibration inputs; {why})"
     )
     return {
         "requested": "auto",

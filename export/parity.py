@@ -22,6 +22,7 @@ TOLERANCES = {
     "fp32": {"max_abs_diff": 1e-4},
     "fp16": {"relative_rms": 0.02, "label_agreement": 0.95},
     "int8": {"relative_rms": 0.25, "label_agreement": 0.90},
+    "bf16": {"relative_rms": 0.05, "label_agreement": 0.95},
 }
 ID_AGREEMENT = 0.99  # of an ids output's first id, where the precision sets no label agreement (fp32)
 

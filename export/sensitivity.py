@@ -304,6 +304,30 @@ def groups_of(model: onnx.ModelProto, budget: int) -> list[Group]:
     return coarse + [Group(k[1], tuple(units[k])) for k in loose]
 
 
+def judge(
+    reference: list[dict[str, np.ndarray]],
+    candidate: list[dict[str, np.ndarray]],
+    calibration: Calibration,
+    judged: dict[str, tuple[str, bool, str]],
+) -> tuple[float | None, float, dict[str, OutputAgreement]]:
+    """A candidate's outputs on the calibration batches against fp32's: (the lowest agreement of its outputs, the
+    sum of their relative RMS errors, each output's figures); each output is judged on its own calibration set."""
+    flat = calibration.flat()
+    outputs = {}
+    for name, (kind, token_level, judged_on) in judged.items():
+        chosen = [i for i, (s, _, _) in enumerate(flat) if s == judged_on]
+        outputs[name] = agreement(
+            [reference[i] for i in chosen],
+            [candidate[i] for i in chosen],
+            [flat[i][2] for i in chosen],
+            kind,
+            name,
+            token_level,
+        )
+    values = [a.value for a in outputs.values() if a.value is not None]
+    return (min(values) if values else None), sum(a.relative_rms for a in outputs.values()), outputs
+
+
 # ----------------------------------------------------------------------------------------------- the search
 @dataclass
 class Trial:
@@ -389,7 +413,6 @@ def search(
     del model
     names = list(judged)
     reference = run_graph(fused_path, calibration, names)
-    sets = [name for name, _, _ in calibration.flat()]
     trials: list[Trial] = []
 
     def measure(what: str, exclude=(), only=None) -> Trial:
@@ -397,26 +420,11 @@ def search(
             path = Path(scratch) / "trial.onnx"
             quantize_dynamic_graph(fused_path, path, exclude=exclude, only=only)
             candidate = run_graph(path, calibration, names)
-        outputs = {}
-        for name, (kind, token_level, judged_on) in judged.items():
-            chosen = [i for i, s in enumerate(sets) if s == judged_on]
-            outputs[name] = agreement(
-                [reference[i] for i in chosen],
-                [candidate[i] for i in chosen],
-                [batches[i] for i in chosen],
-                kind,
-                name,
-                token_level,
-            )
-        values = [a.value for a in outputs.values() if a.value is not None]
-        error = sum(a.relative_rms for a in outputs.values())
-        trial = Trial(what, tuple(exclude), min(values) if values else None, error, outputs)
+        trial = Trial(what, tuple(exclude), *judge(reference, candidate, calibration, judged))
         trials.append(trial)
         shown = f"agreement {trial.agreement:.4f}" if trial.agreement is not None else "no agreement measure"
         note(f"int8 trial {len(trials)}: {what}: {shown}, relative error {trial.error:.4f}")
         return trial
-
-    batches = [b for _, _, b in calibration.flat()]
 
     def meets(trial: Trial) -> bool:
         return trial.agreement is None or trial.agreement >= target
@@ -452,17 +460,29 @@ def search(
 
 
 def time_graphs(
-    paths: dict[str, Path], calibration: Calibration, passes: int = 5, every_pass: bool = False
+    paths: dict[str, Path],
+    calibration: Calibration,
+    passes: int = 5,
+    every_pass: bool = False,
+    runners: dict[str, Callable[[dict], object]] | None = None,
 ) -> dict[str, float] | dict[str, list[float]]:
-    """Seconds per pass over the calibration batches, the median of `passes` passes taken in turn (so a busy
+    """Seconds per pass over the calibration batches, one thread per run, the median of `passes` passes taken in turn (so a busy
     moment of the machine falls on every candidate alike), after one warm-up pass each; `every_pass`: each pass's
-    seconds, in the order taken."""
+    seconds, in the order taken. `runners`: candidates that are not ONNX files (a callable on one padded batch),
+    timed in the same turns."""
     import time
 
     import onnxruntime as ort
+    import torch
 
+    # One thread per run, as the server runs its batches side by side, one per core: what each candidate costs a
+    # core, undisturbed by thread pools that spin or wait on a core another process holds.
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     sessions = {
         name: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for name, p in paths.items()
     }
@@ -471,16 +491,20 @@ def time_graphs(
         name: [{k: v for k, v in b.items() if k in {i.name for i in sess.get_inputs()}} for b in batches]
         for name, sess in sessions.items()
     }
-    for name, sess in sessions.items():
+    calls = {name: (lambda feed, sess=sess: sess.run(None, feed)) for name, sess in sessions.items()}
+    for name, run in (runners or {}).items():
+        calls[name], feeds[name] = run, batches
+    for name, run in calls.items():  # warm-up (oneDNN builds the torch candidates' kernels per shape)
         for feed in feeds[name]:
-            sess.run(None, feed)
-    seconds: dict[str, list[float]] = {name: [] for name in sessions}
+            run(feed)
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(passes):
-        for name, sess in sessions.items():
+        for name, run in calls.items():
             start = time.perf_counter()
             for feed in feeds[name]:
-                sess.run(None, feed)
+                run(feed)
             seconds[name].append(time.perf_counter() - start)
+    torch.set_num_threads(threads)
     if every_pass:
         return seconds
     return {name: float(np.median(values)) for name, values in seconds.items()}

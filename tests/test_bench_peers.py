@@ -183,7 +183,7 @@ def test_bertserve_onnx_peers_serve_the_default_export_and_say_what_it_chose(tmp
 
     peers = catalog.catalog("embed", tmp_path, 1, tmp_path / "work", setup=False)
     ours = [p.name for p in peers if p.server == "bertserve"]
-    assert "bertserve-ort-default" in ours and "bertserve-ort-int8" not in ours
+    assert "bertserve-default" in ours and "bertserve-ort-int8" not in ours
     manifest = {
         "source": {"path": "/ckpt"},
         "precision": "int8",

@@ -47,7 +47,7 @@ class Adapter:
 class Peer:
     """A server under test, for one task. `argv` may hold "{port}", replaced by the port it gets."""
 
-    name: str  # the variant, e.g. "bertserve-ort-default"
+    name: str  # the variant, e.g. "bertserve-default"
     server: str  # the product it belongs to: "bertserve", "baseline", "infinity"
     task: str  # "classify", "embed", "rerank", "ner", "qa"
     engine: str  # "torch", "onnxruntime", ...

@@ -1,7 +1,7 @@
 """Peer benchmark: bertserve against the servers a user would pick instead, same weights, same run.
 
     python -m bench.peers --task classify,embed --concurrency 1,8,32 --seconds 15 --plot
-    python -m bench.peers --task classify --peers bertserve-ort-default,infinity-optimum-int8 --seconds 5
+    python -m bench.peers --task classify --peers bertserve-default,infinity-optimum-int8 --seconds 5
     python -m bench.peers --task rerank --rerank-model DIR --concurrency 8,32
 
 For each task, every peer of bench/peers/catalog.py in turn (never two at once: they would share the
@@ -43,8 +43,9 @@ from bench.server_bench import (
 
 TASKS = ("classify", "embed", "rerank")
 
-# bertserve's ONNX peer serves the default export (the exporter picks fp32 or int8 and what stays fp32)
-RENAMED, RENAMED_TO = "bertserve-ort-int8", "bertserve-ort-default"
+# bertserve's default-export peer (the exporter picks fp32, int8 and what stays fp32, or bf16 on CPUs that
+# multiply bf16 natively, served by the torch backend) under the names it had before
+RENAMED = {"bertserve-ort-int8": "bertserve-default", "bertserve-ort-default": "bertserve-default"}
 
 
 def run_peer(
@@ -202,9 +203,9 @@ def main(argv=None) -> int:
         p.error(f"unknown tasks {sorted(unknown)}; choose from {', '.join(TASKS)}")
     args.levels = [int(c) for c in args.concurrency.split(",")]
     wanted = [n for n in args.peers.split(",") if n]
-    if RENAMED in wanted:
-        print(f"{RENAMED} is now {RENAMED_TO}: bertserve's default export, no precision flags", flush=True)
-        wanted = [RENAMED_TO if n == RENAMED else n for n in wanted]
+    for old in [n for n in wanted if n in RENAMED]:
+        print(f"{old} is now {RENAMED[old]}: bertserve's default export, no precision flags", flush=True)
+    wanted = list(dict.fromkeys(RENAMED.get(n, n) for n in wanted))
     quiet = QuietPolicy(args.busy, args.max_other_cpu, args.busy_wait, args.check_seconds)
     out = args.out or REPO / "bench" / "results" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
 

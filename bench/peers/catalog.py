@@ -277,7 +277,14 @@ INFINITY_ENV = {
 
 
 def infinity_peer(
-    name: str, task: str, engine: str, precision: str, model: Callable[[], Path], work: Path, setup: bool
+    name: str,
+    task: str,
+    engine: str,
+    precision: str,
+    model: Callable[[], Path],
+    work: Path,
+    setup: bool,
+    extra: list[str] = (),
 ) -> Peer:
     """`infinity_emb v2` with its defaults (threads, batch size 32, its own warm-up) but for what it
     needs to run here. The optimum engine is started with --model-id . from inside the model
@@ -299,7 +306,7 @@ def infinity_peer(
         notes = []
         venv = infinity_env.ensure(work, setup)
         path = model()
-        args = ["--model-id", str(path), "--engine", engine]
+        args = ["--model-id", str(path), "--engine", engine, *extra]
         if engine == "optimum":
             peer.cwd = path
             args = ["--model-id", ".", "--engine", engine, "--onnx-disable-optimize"]
@@ -349,6 +356,10 @@ def rerank_model(source: Path | None) -> Path:
     return Path(source)
 
 
+BF16 = ["--backend", "torch", "--precision", "bf16"]
+DEFAULT_ENGINE = "exporter's choice"  # onnxruntime (fp32 / int8) or torch (bf16): the manifest says which
+
+
 def catalog(
     task: str,
     classify_source: Path,
@@ -369,7 +380,10 @@ def catalog(
 
     def theirs(source: Callable[[], Path]) -> list[Peer]:
         """infinity's engines on `source`: torch on the directory, optimum on ONNX made from it (fp32, int8)."""
-        return [infinity_peer("infinity-torch-fp32", task, "torch", "fp32", source, work, setup)] + [
+        return [
+            infinity_peer("infinity-torch-fp32", task, "torch", "fp32", source, work, setup),
+            infinity_peer("infinity-torch-bf16", task, "torch", "bf16", source, work, setup, ["--dtype", "bfloat16"]),
+        ] + [
             infinity_peer(
                 f"infinity-optimum-{precision}",
                 task,
@@ -386,11 +400,12 @@ def catalog(
         hf = lambda: transformers_classifier(classify_source, work)  # noqa: E731
         return [
             ours("bertserve-torch-fp32", classify_source, ["--backend", "torch"], "torch"),
+            ours("bertserve-torch-bf16", classify_source, BF16, "torch", "bf16"),
             # exported from the one-task classifier infinity serves (the same weights), as
             # `python -m export.onnx --ckpt DIR --task classify` would: the default export's int8 search answers
             # to classify's labels alone, not to heads this benchmark never calls
             ours("bertserve-ort-fp32", export(hf, "fp32")),
-            ours("bertserve-ort-default", export(hf, None), precision="default"),
+            ours("bertserve-default", export(hf, None), engine=DEFAULT_ENGINE, precision="default"),
             baseline_peer("baseline-torch-fp32", task, classify_source, threads),
             *theirs(hf),
         ]
@@ -399,8 +414,9 @@ def catalog(
         source = sources[task]
         return [
             ours("bertserve-torch-fp32", source, ["--backend", "torch"], "torch"),
+            ours("bertserve-torch-bf16", source, BF16, "torch", "bf16"),
             ours("bertserve-ort-fp32", export(source, "fp32")),
-            ours("bertserve-ort-default", export(source, None), precision="default"),
+            ours("bertserve-default", export(source, None), engine=DEFAULT_ENGINE, precision="default"),
             *theirs(source),
         ]
     raise ValueError(f"no peers for task {task!r}")

@@ -9,6 +9,7 @@ from serving.backends.model_dir import ModelError, ModelSpec
 ARTIFACT_GRAPHS = ("model.onnx", "model.plan", "model.engine")
 ARTIFACT_READS = (
     *ARTIFACT_GRAPHS,
+    "model.safetensors",  # an artifact served by the torch backend (bf16 weights)
     "config.json",
     "vocab.txt",
     "tokenizer.json",
@@ -28,9 +29,9 @@ def verify_artifact(spec: ModelSpec) -> None:
     lists no files, or does not match them (a copy cut short, a file edited or swapped, a graph from another
     export beside this config) is refused with one line. Checkpoint directories are not artifacts."""
     path = spec.path
-    if spec.kind == "checkpoint":
-        return
-    graphs = ", ".join(n for n in ARTIFACT_GRAPHS if (path / n).is_file())
+    if spec.kind == "checkpoint" and (spec.manifest or {}).get("runtime") != "torch":
+        return  # a checkpoint, not an exported artifact
+    graphs = ", ".join(n for n in (*ARTIFACT_GRAPHS, "model.safetensors") if (path / n).is_file())
     if not (path / "manifest.json").is_file():
         raise ModelError(
             f"{path} holds {graphs} but no manifest.json, so nothing says its files are whole and "

@@ -17,6 +17,7 @@ import logging
 import numpy as np
 import torch
 
+from bert.precision import bf16_matmuls
 from bert.tasks import TASKS, Features
 from serving.backends.base import PER_TOKEN_OUTPUTS, Backend, threads_per_run
 from serving.backends.model_dir import ModelError, ModelSpec
@@ -63,10 +64,16 @@ class TorchBackend(Backend):
         threads = threads_per_run(settings, torch.get_num_threads())
         if threads:
             torch.set_num_threads(threads)
-        self.precision = settings.effective_precision
+        self.precision = artifact_precision(spec, settings)
         self.device = torch.device(settings.device)
         # Every checkpoint loads as one class, whose outputs are one table under the graph-output names.
-        self.model, _ = load_for_inference(spec.path, dtype=DTYPES[self.precision], device=self.device)
+        if self.precision == "bf16" and self.device.type == "cpu":
+            # bf16 matmuls, everything else fp32 (bert/precision.py): the speed of the CPU's bf16 units without
+            # rounding the residual stream, LayerNorms and heads
+            self.model, _ = load_for_inference(spec.path, dtype=torch.float32, device=self.device)
+            bf16_matmuls(self.model)
+        else:
+            self.model, _ = load_for_inference(spec.path, dtype=DTYPES[self.precision], device=self.device)
         missing = [t for t in spec.headed_tasks if t not in self.model.heads]
         if missing:
             raise ModelError(f"{spec.path}: the model has no head for task(s) {', '.join(missing)}")
@@ -209,3 +216,16 @@ def mismatch(
         if error > limit:
             return f"{key}: differs by {error:.3g} (limit {limit:.3g})"
     return ""
+
+
+def artifact_precision(spec: ModelSpec, settings) -> str:
+    """--precision when given; else what an exported torch artifact was chosen and verified in (its manifest's
+    precision, e.g. bf16: export/bf16.py); else the device's default."""
+    manifest = spec.manifest or {}
+    if (
+        getattr(settings, "precision", None) is None
+        and manifest.get("runtime") == "torch"
+        and manifest.get("precision") in DTYPES
+    ):
+        return manifest["precision"]
+    return settings.effective_precision

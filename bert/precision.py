@@ -1,0 +1,26 @@
+"""bf16 matmuls on CPUs that multiply bfloat16 natively (AMX, AVX512-BF16), with everything else kept fp32.
+
+A model cast to bfloat16 whole rounds its residual stream, LayerNorms and heads to 8 bits of mantissa at every
+layer; casting only the encoder layers' Linear weights (and each call's input) keeps the time those units save (the
+matmuls are almost all of it) while the embeddings, LayerNorms, residual additions and heads stay fp32: a Linear's
+bf16 output added to the fp32 residual stream gives fp32 (docs/export.md, "bf16")."""
+
+from __future__ import annotations
+
+
+def _cast_input(module, args):
+    x = args[0]
+    return (x.to(module.weight.dtype), *args[1:]) if x.dtype != module.weight.dtype else None
+
+
+def bf16_matmuls(model):
+    """Cast the encoder layers' Linear modules of `model` (a bert.model class, fp32) to bfloat16, each casting its
+    input on the way in; returns the model. The embeddings, pooler, LayerNorms and task heads stay as they are."""
+    import torch
+
+    layers = model.encoder_module().encoder
+    for module in layers.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.to(torch.bfloat16)
+            module.register_forward_pre_hook(_cast_input)
+    return model

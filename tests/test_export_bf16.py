@@ -1,0 +1,146 @@
+"""bf16 artifacts (export/bf16.py): `--precision bf16` writes the checkpoint's own weights in bfloat16, verified
+against torch fp32, listed in the manifest, and `python -m serving --model DIR` serves them with the torch backend in
+bf16; a changed weight file is refused; what bf16 cannot keep (a random-init preset, another task than the
+checkpoint's) is one line and exit 2. On a CPU that multiplies bf16 natively, `--precision auto` times bf16 beside
+fp32 and int8 and records it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+torch = pytest.importorskip("torch")
+
+from test_artifact_integrity import TEXTS, make_checkpoint  # noqa: E402
+
+from export import bf16  # noqa: E402
+from export.onnx import cli  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("bf16") / "ckpt", ["A", "B", "C"], seed=3)
+
+
+@pytest.fixture(scope="module")
+def artifact(checkpoint, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bf16-art") / "art"
+    assert cli(["--ckpt", str(checkpoint), "--precision", "bf16", "--out", str(out)]) == 0
+    return out
+
+
+def test_bf16_artifact_holds_the_checkpoints_weights(artifact, checkpoint):
+    from safetensors import safe_open
+
+    from bert.checkpoint import read_state_dict
+
+    assert not (artifact / "model.onnx").exists()
+    assert (artifact / "model.portable.onnx").is_file()  # for TensorRT, fp32 as for every precision
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["precision"] == "bf16" and manifest["runtime"] == "torch"
+    assert manifest["files"]["weights"]["path"] == "model.safetensors"
+    assert manifest["parity"]["verified"] is True and manifest["parity"]["model"]["precision"] == "bf16"
+    source = read_state_dict(checkpoint)
+    with safe_open(str(artifact / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == set(source)
+        for key in f.keys():
+            assert torch.equal(f.get_tensor(key), source[key])
+
+
+def test_bf16_matmuls_only_in_the_encoder_layers(checkpoint):
+    from bert.checkpoint import load_for_inference
+    from bert.precision import bf16_matmuls
+
+    model, _ = load_for_inference(checkpoint)
+    fp32 = {n: p.dtype for n, p in model.named_parameters()}
+    bf16_matmuls(model)
+    for name, param in model.named_parameters():
+        in_layers = ".encoder.layer." in f".{name}" and "LayerNorm" not in name
+        assert param.dtype == (torch.bfloat16 if in_layers else fp32[name]), name
+    ids = torch.tensor([[2, 5, 6, 7, 3]])
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids)).outputs
+    assert all(v.dtype == torch.float32 for v in out.values() if v.is_floating_point())  # heads stay fp32
+
+
+def test_served_with_the_torch_backend_in_bf16_and_answers_as_fp32(artifact, checkpoint):
+    from serving.backends.loading import load_model
+    from serving.settings import Settings
+
+    loaded = load_model(artifact, Settings())
+    assert loaded.backend.name == "torch" and loaded.backend.precision == "bf16"
+    reference = load_model(checkpoint, Settings()).backend  # the checkpoint itself: torch fp32
+    assert reference.precision == "fp32"
+    tokenizer = loaded.tokenizer
+    encoded = tokenizer(TEXTS, max_length=32, truncation=True)
+    width = max(len(row) for row in encoded["input_ids"])
+    batch = {
+        k: np.array([list(row) + [0] * (width - len(row)) for row in encoded[k]], dtype=np.int64)
+        for k in ("input_ids", "attention_mask", "token_type_ids")
+    }
+    ours, theirs = loaded.backend.run(batch), reference.run(batch)
+    key = next(k for k in theirs if k != "embedding")  # classify's scores, under the name every backend gives
+    assert ours[key].dtype == np.float32
+    assert np.abs(ours[key] - theirs[key]).max() < 0.05 * np.abs(theirs[key]).max() + 1e-3
+    assert (ours[key].argmax(-1) == theirs[key].argmax(-1)).mean() >= 5 / 6
+    # --precision on the command line still wins over the manifest's
+    assert load_model(artifact, Settings(precision="fp32")).backend.precision == "fp32"
+
+
+def test_a_changed_weight_file_is_refused(artifact, tmp_path):
+    import shutil
+
+    from serving.backends.loading import load_model
+    from serving.backends.model_dir import ModelError
+    from serving.settings import Settings
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="does not match its manifest"):
+        load_model(copy, Settings())
+    assert load_model(copy, Settings(allow_unverified=True)).backend.precision == "bf16"
+
+
+def test_what_bf16_cannot_keep_is_one_line_and_exit_2(checkpoint, tmp_path, capsys):
+    assert cli(["--ckpt", "tiny", "--random-init", "--precision", "bf16", "--out", str(tmp_path / "a")]) == 2
+    assert "random-init" in capsys.readouterr().err
+    assert cli(["--ckpt", str(checkpoint), "--task", "embed", "--precision", "bf16", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "serves classify, not --task embed" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_native_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    real = Path.read_text
+
+    def fake(path, *args, **kwargs):
+        return real(cpuinfo, *args, **kwargs) if str(path) == "/proc/cpuinfo" else real(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", fake)
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    assert bf16.native_bf16() is False
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n")
+    assert bf16.native_bf16() is True
+
+
+@pytest.mark.skipif(not bf16.native_bf16(), reason="this CPU does not multiply bfloat16 natively")
+def test_auto_times_bf16_beside_fp32_and_int8(checkpoint, tmp_path):
+    out = tmp_path / "auto"
+    args = ["--ckpt", str(checkpoint), "--precision", "auto", "--out", str(out), "--int8-trials", "4"]
+    assert cli(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    choice = manifest["precision_choice"]
+    assert set(choice["candidates"]) == {"fp32", "int8", "bf16"}
+    assert choice["candidates"]["bf16"]["agreement"] is not None
+    chosen = choice["chosen"]
+    assert manifest["precision"] == chosen and choice["candidates"][chosen]["meets_target"]
+    assert (out / ("model.safetensors" if chosen == "bf16" else "model.onnx")).is_file()
+    assert not (out / "bf16").exists()
