@@ -28,6 +28,7 @@ from pathlib import Path
 from bench.common import DATA_DIR, REPO, machine, print_table, write_json
 from bench.peers import WORK
 from bench.peers.catalog import bertserve_export, embed_model
+from export.bf16 import native_bf16
 
 
 def sentences(n: int) -> list[str]:
@@ -95,14 +96,16 @@ def _python_with_optimum(work: Path) -> str | None:
     return None
 
 
-def run_sentence_transformers(model: Path, texts: list[str], work: Path) -> dict:
-    """sentence-transformers in a process of its own (its timing starts once loaded and warmed up)."""
-    python = _python_with_optimum(work)
+def run_sentence_transformers(model: Path, texts: list[str], work: Path, bf16: bool = False) -> dict:
+    """sentence-transformers in a process of its own (its timing starts once loaded and warmed up); bf16: its torch
+    backend with the model in bfloat16 (on a CPU with AMX / AVX512-BF16, its fastest there)."""
+    python = None if bf16 else _python_with_optimum(work)
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "texts.json"
         source.write_text(json.dumps(texts))
         command = [python or sys.executable, str(REPO / "bench" / "st_encode.py"), str(model), str(source), str(work)]
-        run = subprocess.run([*command, *([] if python else ["--torch"])], check=True, capture_output=True, text=True)
+        flags = ["--torch", "--bf16"] if bf16 else [] if python else ["--torch"]
+        run = subprocess.run([*command, *flags], check=True, capture_output=True, text=True)
     answer = json.loads(run.stdout.strip().splitlines()[-1])
     elapsed = answer["seconds"]
     return {
@@ -350,6 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-model", default=None, help="--rss: this model rather than a tiny random one")
     parser.add_argument("--part-rows", type=int, default=20_000, help="--rss: the job's --part-rows")
     parser.add_argument("--profile", action="store_true", help="instead: cProfile of a one-worker job")
+    parser.add_argument(
+        "--export",
+        choices=("int8", "default"),
+        default="int8",
+        help="the job's and the server's artifact: --precision int8, or the exporter's default (precision auto: "
+        "bf16 matmuls on a CPU with AMX / AVX512-BF16 where that is the fastest faithful candidate)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     work = Path(args.work)
@@ -379,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_json(args.json, {"machine": machine(), "model": str(rss_model), **result})
         return 0
-    artifact = bertserve_export(model, work, "embed", "int8")
+    artifact = bertserve_export(model, work, "embed", None if args.export == "default" else "int8")
+    label = json.loads((artifact / "manifest.json").read_text())["precision"]
     if args.profile:
         with tempfile.TemporaryDirectory() as tmp:
             result = run_profile(artifact, texts, Path(tmp), 30)
@@ -400,12 +411,15 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(ray_row)
     if "st" not in args.skip:
         rows.append(run_sentence_transformers(model, texts, work))
+        if native_bf16():
+            rows.append(run_sentence_transformers(model, texts, work, bf16=True))
     if "server" not in args.skip:
         rows.append(run_server(artifact, texts, args.concurrency, args.per_request))
     # sentence-transformers and the server are timed once loaded: so is the batch job in the speed-ups
     best_batch = max(r["rows_per_s_loaded"] or r["rows_per_s"] for r in rows if r["name"].startswith("batch int8 ("))
     for r in rows:
         r["batch_speedup"] = best_batch / r["rows_per_s"]
+        r["name"] = r["name"].replace(" int8", f" {label}")  # the export's precision (the default may be bf16)
     print(f"embed of {len(texts)} sentences, all-MiniLM-L6-v2, {os.cpu_count()} CPUs")
     print_table(
         rows,

@@ -3,7 +3,7 @@
 environment has sentence-transformers (bench/batch_bench.py starts it with the infinity venv's python when ours
 lacks optimum); it imports nothing of bertserve.
 
-    python bench/st_encode.py MODEL_DIR TEXTS.json WORK_DIR [--torch]   ->  one JSON line on stdout
+    python bench/st_encode.py MODEL_DIR TEXTS.json WORK_DIR [--torch [--bf16]]   ->  one JSON line on stdout
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("texts")
     parser.add_argument("work")
     parser.add_argument("--torch", action="store_true", help="the torch backend, not ONNX int8")
+    parser.add_argument("--bf16", action="store_true", help="with --torch: the model in bfloat16 (AMX / AVX512-BF16)")
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     texts = json.loads(Path(args.texts).read_text())
@@ -46,7 +47,13 @@ def main() -> None:
     if args.torch:
         from sentence_transformers import SentenceTransformer
 
-        model, backend = SentenceTransformer(args.model, device="cpu"), "torch"
+        if args.bf16:
+            import torch
+
+            kwargs = {"model_kwargs": {"torch_dtype": torch.bfloat16}}
+        else:
+            kwargs = {}
+        model, backend = SentenceTransformer(args.model, device="cpu", **kwargs), "torch bf16" if args.bf16 else "torch"
     else:
         model, backend = quantized(Path(args.model), Path(args.work))
     loaded = time.perf_counter()
