@@ -9,7 +9,7 @@ on an in-memory transport, the app on the no-op backend (bench/noop_backend.py),
 SST-2 dev sentences. Two runs under `valgrind --tool=callgrind` (256 and 768 requests after as many of warm-up);
 their difference over the extra requests is the figure, so start-up cancels out. It counts every thread (the
 no-op inference worker's share is small) and no kernel time (socket reads and writes). Each run takes a minute
-or two under valgrind.
+or two under valgrind (`apt-get install valgrind`).
 """
 
 from __future__ import annotations
