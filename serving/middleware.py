@@ -20,6 +20,7 @@ from serving.errors import Overloaded, PayloadTooLarge, Unauthorized, Unavailabl
 from serving.health import HEALTH_PATH
 from serving.logs import log_access
 from serving.logs import request_id as current_request_id
+from serving.protocol import BODY_RECEIVED
 
 INFERENCE_PATHS = frozenset(registry.routes())
 TASK_OF_PATH = registry.routes()
@@ -151,7 +152,7 @@ class RequestMiddleware:
                 admitted = True
                 self.state.in_flight += 1
             try:
-                await self.app(scope, self._limited(receive), send_with_headers)
+                await self.app(scope, self._limited(scope, receive), send_with_headers)
             except (_BodyTooLarge, _BodyTooSlow) as e:
                 if not response_started[0]:
                     await for_status(e.status_code, e.detail).response()(scope, receive, send_with_headers)
@@ -199,22 +200,26 @@ class RequestMiddleware:
                 return refusal.response()
         return None
 
-    def _limited(self, receive):
+    def _limited(self, scope, receive):
         """receive() bounded while the body arrives: in size (413) and in time (408). Once the body is in,
         receive() waits unbounded again (the route listens for the client's disconnect with it)."""
         limit, timeout_s = self.settings.max_body_bytes, self.settings.body_timeout_s
         seen, deadline, body_done = 0, asyncio.get_running_loop().time() + timeout_s, False
+        body_received = scope.get("extensions", {}).get(BODY_RECEIVED)  # our HTTP protocol's (serving/protocol.py)
 
         async def limited_receive():
             nonlocal seen, body_done
+            if body_done or (body_received is not None and body_received()):
+                message = await receive()  # nothing left to wait for: no timeout to arm
+            else:
+                try:
+                    # A timeout on the calling task, not wait_for's extra task per message.
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
+                except TimeoutError:
+                    raise _BodyTooSlow(timeout_s) from None
             if body_done:
-                return await receive()
-            try:
-                # A timeout on the calling task, not wait_for's extra task per message: this runs on every request.
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise _BodyTooSlow(timeout_s) from None
+                return message
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:

@@ -8,6 +8,12 @@ after the request's first byte (else 408), and within MAX_HEADER_BYTES (else 431
 closed. A request that does not parse as HTTP gets uvicorn's 400, but as JSON like every other error.
 (The body has its own bounds, in the middleware.)
 
+A request's scope carries ON_DISCONNECT in its "extensions": `on_disconnect(callback)` calls `callback` once if the
+client hangs up before the response is complete (at once if it already has) and returns its unregistering. The
+inference routes use it instead of a task per request that waits for the http.disconnect message. BODY_RECEIVED
+is a function that says whether the request's whole body has arrived (receive() then returns without waiting:
+the middleware's body timeout is not needed).
+
 A response leaves in one write: uvicorn writes the status line and headers as soon as the app starts its
 response, and the body when it comes, and on a busy machine the process can be descheduled between the two.
 A replica killed there leaves its load balancer a 200 with no body, which it can neither retry nor pass on
@@ -17,6 +23,7 @@ elsewhere) or the answer.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 
@@ -24,6 +31,26 @@ from serving.errors import BadRequest, HeadersTooLarge, RequestTimeout, ServingE
 
 log = logging.getLogger("bertserve")
 MAX_HEADER_BYTES = 64 * 1024  # request line + headers; nginx's default buffers hold 4 x 8 KiB
+ON_DISCONNECT = "bertserve.on_disconnect"  # scope extensions (see the module's docstring)
+BODY_RECEIVED = "bertserve.body_received"
+_LOST = "bertserve_on_lost"  # the callback, kept on uvicorn's RequestResponseCycle
+
+
+def _on_disconnect(cycle, callback):
+    """Register `callback` for `cycle`'s client hanging up; returns its unregistering."""
+    if cycle.disconnected:
+        callback()
+        return _nothing
+    setattr(cycle, _LOST, callback)
+    return functools.partial(setattr, cycle, _LOST, None)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _body_received(cycle) -> bool:
+    return not cycle.more_body
 
 
 def _json_response(error: ServingError, reason: str) -> bytes:
@@ -123,10 +150,20 @@ def http_protocol(header_timeout_s: float):
         def on_headers_complete(self) -> None:
             self._disarm()
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # not an upgrade, which makes no cycle
+                extensions = self.scope.setdefault("extensions", {})
+                extensions[ON_DISCONNECT] = functools.partial(_on_disconnect, cycle)
+                extensions[BODY_RECEIVED] = functools.partial(_body_received, cycle)
 
         def connection_lost(self, exc) -> None:
             self._disarm()
             super().connection_lost(exc)
+            cycle = self.cycle
+            callback = getattr(cycle, _LOST, None) if cycle is not None and cycle.disconnected else None
+            if callback is not None:
+                setattr(cycle, _LOST, None)
+                callback()
 
         def _arm(self) -> None:
             self._disarm()

@@ -261,6 +261,30 @@ def test_client_that_disconnects(server):
     assert httpx.post(server.url + "/classify", json={"inputs": "fine"}, timeout=30).status_code == 200
 
 
+def test_a_caller_that_hangs_up_is_answered_499(server):
+    """The HTTP protocol reports the hang-up to the route (serving/protocol.py): the work stops and the request
+    is counted as 499, not answered 200 to nobody."""
+    import socket
+
+    def closed_499s() -> float:
+        for line in httpx.get(server.url + "/metrics").text.splitlines():
+            if line.startswith('bertserve_requests_total{endpoint="/classify",status="499"}'):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = closed_499s()
+    body = json.dumps({"inputs": ["word " * 400] * 16}).encode()
+    head = (
+        f"POST /classify HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head.encode() + body)
+    deadline = time.monotonic() + 30
+    while closed_499s() == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert closed_499s() == before + 1
+
+
 # --------------------------------------------------------------------------- bar 2
 def test_schemathesis_fuzz(server, tmp_path):
     har = tmp_path / "run.har"

@@ -245,3 +245,34 @@ def test_small_batches_encoded_one_by_one_equal_the_batched_path(minilm_dir, squ
         for a, b in zip(small, large):
             assert (a.ids, a.type_ids, a.offsets) == (b.ids, b.type_ids, b.offsets)
             assert [o.ids for o in a.overflowing] == [o.ids for o in b.overflowing]
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_plain_ascii_path_equals_the_normalizing_path(data_dir, do_lower_case):
+    """Printable ASCII skips BertNormalizer (lowercased in Python instead); every text at the edges of that path
+    (typed specials in either case, tabs, control characters, accents, pairs) encodes as the full pipeline does."""
+    tok = BertTokenizer.from_vocab(data_dir / "bert-vocab" / "vocab.txt", do_lower_case=do_lower_case)
+    assert tok._plain is not None  # the path under test is on
+    texts = [
+        "It's A Gripping, Well-Acted FILM -- e.g. 3.14 U.S.A.!",
+        "Hello [MASK] world",
+        "hello [mask] WORLD [Mask]",
+        "[CLS] in the text [SEP]",
+        "tab\tnew\nline\rreturn",
+        "del\x7fand\x00nul",
+        "Café déjà vu",
+        "  spaced   out  ",
+        "",
+        " ",
+    ]
+    pairs = texts[::-1]
+
+    def fields(e):
+        return (e.ids, e.type_ids, e.tokens, e.offsets, e.word_ids, e.special_tokens_mask, e.sequence_ids)
+
+    backend = tok.backend
+    for i, text in enumerate(texts):
+        assert fields(tok.encode_batch([text])[0]) == fields(backend.encode(text)), text
+        assert fields(tok.encode_batch([text], [pairs[i]])[0]) == fields(backend.encode(text, pairs[i])), text
+    many = texts * 2  # more than SERIAL_ENCODE_MAX: tokenizers' batch path
+    assert [fields(e) for e in tok.encode_batch(many)] == [fields(backend.encode(t)) for t in many]

@@ -38,6 +38,8 @@ def _split_input(item) -> tuple[str, str | None]:
 
 def _encode_rows(tokenizer, texts, pairs, rows, **truncation) -> dict:
     """Encode the given rows; tokenizers wants a batch of all singles or all pairs, so split by kind."""
+    if pairs.count(None) == len(pairs):  # texts alone, the usual request: one call, no sorting by kind
+        return dict(zip(rows, tokenizer.encode_batch([texts[i] for i in rows], None, **truncation)))
     encoded = {}
     for is_pair in (False, True):
         kind_rows = [i for i in rows if (pairs[i] is not None) == is_pair]
@@ -52,27 +54,28 @@ def encode(
     tokenizer, inputs: Sequence[str | tuple[str, str] | list[str]], *, max_length: int = 512, truncate: bool = False
 ) -> list[Features]:
     """Texts or text pairs -> Features. Too long: InputTooLong, or with `truncate` cut longest-first."""
-    split = [_split_input(item) for item in inputs]
-    texts, cut_text = zip(*(bounded_text(tokenizer, text, max_length) for text, _ in split)) if split else ((), ())
-    texts, pairs, cut = list(texts), [], list(cut_text)
-    for i, (_, pair) in enumerate(split):
+    texts, pairs, cut = [], [], []
+    for item in inputs:
+        text, pair = _split_input(item)
+        text, cut_text = bounded_text(tokenizer, text, max_length)
         if pair is not None:
             pair, cut_pair = bounded_text(tokenizer, pair, max_length)
-            cut[i] = cut[i] or cut_pair
+            cut_text = cut_text or cut_pair
+        texts.append(text)
         pairs.append(pair)
+        cut.append(cut_text)
     if any(cut) and not truncate:
         raise InputTooLong(cut.index(True), None, max_length)
-    encoded = _encode_rows(tokenizer, texts, pairs, range(len(split)))
-    too_long = [i for i in range(len(split)) if len(encoded[i].ids) > max_length]
+    encoded = _encode_rows(tokenizer, texts, pairs, range(len(texts)))
+    too_long = [i for i in range(len(texts)) if len(encoded[i].ids) > max_length]
     if too_long and not truncate:
         check_length(too_long[0], len(encoded[too_long[0]].ids), max_length)
     if too_long:
         encoded.update(
             _encode_rows(tokenizer, texts, pairs, too_long, max_length=max_length, truncation="longest_first")
         )
-    return [
-        Features(input_ids=list(encoded[i].ids), token_type_ids=list(encoded[i].type_ids)) for i in range(len(split))
-    ]
+    # .ids and .type_ids are new lists on every access: no copy needed
+    return [Features(input_ids=encoded[i].ids, token_type_ids=encoded[i].type_ids) for i in range(len(texts))]
 
 
 def _label(id2label: dict, index: int) -> str:

@@ -22,6 +22,7 @@ from serving.batcher import Ticket
 from serving.engine import Timing, version
 from serving.errors import ClientClosed, Unavailable, refusal
 from serving.health import ALIVE, HEALTH_PATH
+from serving.protocol import ON_DISCONNECT
 from serving.routes import schemas
 from serving.routes.schemas import ErrorBody, Info, Status
 
@@ -76,8 +77,9 @@ async def _answer(request: Request, work) -> Response:
     """Run `work(ticket, timing)`; if the caller hangs up first, drop its queued sequences; if the server
     gives up on admitted work (shutdown past its timeout), answer a JSON 503 instead of being cut off.
 
-    The work runs in the route's own task, which a disconnect or the abort cancels: one task per request
-    beside it (the disconnect watcher) instead of three (work, watcher, abort waiter) and an asyncio.wait."""
+    The work runs in the route's own task, which a disconnect or the abort cancels: no other task where the HTTP
+    protocol reports the disconnect (serving/protocol.py), else one beside it that waits for the disconnect
+    message (instead of three: work, watcher, abort waiter, and an asyncio.wait)."""
     ticket, timing = Ticket(), Timing()
     # For the access log (serving/middleware.py): request.state's own dict, without building a State per request.
     request.scope.setdefault("state", {})["timing"] = timing
@@ -90,8 +92,13 @@ async def _answer(request: Request, work) -> Response:
             ticket.cancelled = True
             route.cancel()
 
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    watcher.add_done_callback(lambda task: task.cancelled() or stop(ClientClosed("client closed the request")))
+    on_disconnect = request.scope.get("extensions", {}).get(ON_DISCONNECT)
+    if on_disconnect is not None:  # our HTTP protocol says when the client hangs up: no task per request
+        forget_disconnect = on_disconnect(lambda: stop(ClientClosed("client closed the request")))
+    else:
+        watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+        watcher.add_done_callback(lambda task: task.cancelled() or stop(ClientClosed("client closed the request")))
+        forget_disconnect = watcher.cancel
     forget_abort = request.app.state.server.on_abort(
         lambda: stop(
             Unavailable(
@@ -108,7 +115,7 @@ async def _answer(request: Request, work) -> Response:
         return stopped[0].response()  # a ClientClosed response nobody reads, or the 503
     finally:
         stopped.append(None)  # a stop() from now on does nothing
-        watcher.cancel()
+        forget_disconnect()
         forget_abort()
     return AnswerResponse(
         content,
