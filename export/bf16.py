@@ -100,7 +100,7 @@ class Bf16Session:
 
         manifest = json.loads((Path(directory) / "manifest.json").read_text())
         pooling = manifest.get("pooling")
-        mode = pooling.get("mode") if isinstance(pooling, dict) else None
+        mode = pooling.get("pooling") if isinstance(pooling, dict) else None  # Pooling.describe()
         self.runner = Bf16Model(Path(directory), {}, mode)
         spec = output_spec(self.runner.model, manifest["task"])
         self.runner.outputs = {name: key for name, (key, _, _) in spec.items()}
