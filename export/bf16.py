@@ -1,7 +1,7 @@
 """bf16 for CPUs that multiply in bfloat16 natively (AMX or AVX512-BF16): the checkpoint's own weights served by the
 torch backend with the encoder layers' matmuls in bfloat16 (bert/precision.py), on those units through oneDNN, and
-everything else fp32. On such a CPU it is a
-candidate of `--precision auto` beside fp32 and int8, timed and judged the same way (docs/export.md, "bf16").
+everything else fp32: `--precision bf16` (docs/export.md, "bf16"). It is not a candidate of `--precision auto`:
+served, it measured slower than the default ONNX export at 1, 8 and 32 clients (docs/benchmarks.md).
 
 The artifact holds model.safetensors (the checkpoint's tensors and names) instead of model.onnx; its manifest
 says `"precision": "bf16"` and `"runtime": "torch"`, and `python -m serving --model DIR` serves it with the torch

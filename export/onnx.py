@@ -11,11 +11,8 @@ as it was and nothing partial. See docs/export.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import gc
 import platform
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -74,13 +71,13 @@ class OnnxOptions:
         "auto",
         choices=PRECISIONS,
         help=(
-            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives (and, on a CPU that "
-            "multiplies bfloat16 natively, the checkpoint's bf16 weights), times them on this machine on the "
-            "calibration inputs and writes the fastest one that meets --int8-agreement (the manifest's precision says "
-            "which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and compute with fp32 "
-            "inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 quantisation (for "
-            "CPUs); bf16: the checkpoint's own weights in bfloat16 as model.safetensors instead of model.onnx, "
-            "served by the torch backend (for CPUs with AMX or AVX512-BF16; the checkpoint's own task only). "
+            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives, times both on this "
+            "machine on the calibration inputs and writes the faster one that meets --int8-agreement (the manifest's "
+            "precision says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
+            "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 "
+            "quantisation (for CPUs); bf16: the checkpoint's own weights as model.safetensors instead of model.onnx, "
+            "served by the torch backend with bf16 matmuls (for CPUs with AMX or AVX512-BF16; the checkpoint's own "
+            "task only). "
             "model.portable.onnx is always fp32."
         ),
     )
@@ -256,13 +253,11 @@ def main(argv=None) -> None:
     )
     config = source.config
     shape_range = check_args(args, config)
-    bf16_offered = args.precision == "bf16"
-    if args.precision in ("bf16", "auto"):
+    if args.precision == "bf16":
         own_task = checkpoint_task(config, source.checkpoint_dir) if source.checkpoint_dir else None
         reason = bf16.unavailable(source, own_task)
-        if reason and args.precision == "bf16":
+        if reason:
             raise UsageError(f"--precision bf16: {reason}")
-        bf16_offered = bf16_offered or (reason is None and bf16.native_bf16())
     out = Path(args.out or f"artifacts/{Path(source.name).name}-{source.task}-{args.precision}")
     check_out(out)
     tokenizer = BertTokenizer.from_dir(source.tokenizer_dir)
@@ -272,8 +267,7 @@ def main(argv=None) -> None:
         )
     quantizing = args.precision in ("int8", "auto")
     searching = quantizing and args.int8_scope == "auto"
-    bf16_first = searching and bf16_offered and args.precision == "auto"
-    progress = Progress(total=(6 if args.no_verify else 8) + searching + (args.precision == "auto") + bf16_first)
+    progress = Progress(total=(6 if args.no_verify else 8) + searching + (args.precision == "auto"))
     loading = time.perf_counter()
     load_model(source)
     progress.done(
@@ -383,7 +377,6 @@ def main(argv=None) -> None:
             progress.note("fused operators: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
 
         quantization, search, choice, precision = None, None, None, args.precision
-        every = tmp / "int8-all.onnx"
         model_path = tmp / MODEL_FILE
         if quantizing:
             fused_path = variants.save(fused, tmp / "fused.onnx")  # the quantiser's input, not published
@@ -392,27 +385,6 @@ def main(argv=None) -> None:
             calibration = sensitivity.build_calibration(
                 tokenizer, {on for _, _, on in judged.values()}, min(shape_range["max_seq"], 256), extra_calibration
             )
-        bf16_dir, bf16_model = tmp / "bf16", None
-        if args.precision == "auto" and bf16_offered:
-            bf16_dir.mkdir()
-            artifact_config(copy.deepcopy(config), source, wrapper, model_class).save(bf16_dir)
-            bf16.write_weights(source.checkpoint_dir, bf16_dir)
-            bf16_model = bf16.Bf16Model(bf16_dir, {n: table_keys[n] for n in judged}, pooling_mode)
-        if bf16_first:
-            # int8 with every group quantised is the fastest int8 can be: if bf16 is faithful and faster still, the
-            # search for what int8 keeps fp32 (minutes on a large model) cannot change the choice.
-            with progress("timing bf16 against fp32 and int8 with every group quantised"):
-                variants.quantize_int8(fused_path, every, "all")
-                choice = choose_precision(
-                    fused_path, every, calibration, None, args.int8_agreement, bf16_model, judged, upper_bound=True
-                )
-                every.unlink()
-                progress.note(choice["line"].replace("int8", "int8 (every group)"))
-                if choice["chosen"] == "bf16":
-                    searching = False
-                    progress.total -= 3  # no search, no int8 graph, no second timing
-                else:
-                    choice = None
         if searching:
             with progress(
                 f"choosing what stays fp32 in int8 (target agreement {args.int8_agreement:.1%}, "
@@ -434,10 +406,8 @@ def main(argv=None) -> None:
                     + (f"{search.chosen.agreement:.4f}" if search.chosen.agreement is not None else "not measured")
                 )
         served = bf16.WEIGHTS_FILE if args.precision == "bf16" else MODEL_FILE
-        with contextlib.nullcontext() if choice else progress(f"writing {served} ({args.precision})"):
-            if choice:  # bf16 already chosen
-                pass
-            elif args.precision == "fp32":
+        with progress(f"writing {served} ({args.precision})"):
+            if args.precision == "fp32":
                 variants.save(fused, model_path)
             elif args.precision == "fp16":
                 variants.save(variants.to_fp16(fused), model_path)
@@ -451,24 +421,15 @@ def main(argv=None) -> None:
                 )
                 progress.note(f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} nodes kept fp32")
         if args.precision == "auto":
-            with contextlib.nullcontext() if choice else progress("timing the candidates on this machine"):
-                if choice is None:
-                    choice = choose_precision(
-                        fused_path, int8_path, calibration, search, args.int8_agreement, bf16_model, judged
-                    )
-                    progress.note(choice["line"])
-                del bf16_model
+            with progress("timing the candidates on this machine"):
+                choice = choose_precision(fused_path, int8_path, calibration, search, args.int8_agreement)
                 precision = choice["chosen"]
-                if precision == "bf16":
-                    (bf16_dir / bf16.WEIGHTS_FILE).rename(tmp / bf16.WEIGHTS_FILE)
-                    artifact_config(config, source, wrapper, model_class).save(tmp)
-                else:
-                    (int8_path if precision == "int8" else fused_path).rename(model_path)
-                shutil.rmtree(bf16_dir, ignore_errors=True)
-                if precision in ("fp32", "bf16"):
+                (int8_path if precision == "int8" else fused_path).rename(model_path)
+                progress.note(choice["line"])
+                if precision == "fp32":
                     quantization = None
         if quantizing:
-            for leftover in (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx", every):
+            for leftover in (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx"):
                 leftover.unlink(missing_ok=True)
         if args.precision in ("fp32", "fp16", "bf16"):
             del fused
@@ -546,29 +507,17 @@ def sensitivity_set(task: str | None) -> str:
     return {"qa": "qa", "rerank": "rerank", "zero_shot": "zero_shot"}.get(task, "sentences")
 
 
-def choose_precision(
-    fp32_path: Path,
-    int8_path: Path,
-    calibration,
-    search,
-    target: float,
-    bf16_model=None,
-    judged=None,
-    upper_bound: bool = False,
-) -> dict:
-    """Time fp32, int8 (and bf16, given its runner) on the calibration inputs here, one thread per run as the server
-    runs them; the fastest one meeting the agreement target wins. upper_bound: the int8 graph has every group
-    quantised and its agreement is not measured: it stands for the fastest int8 could be."""
+def choose_precision(fp32_path: Path, int8_path: Path, calibration, search, target: float) -> dict:
+    """Time fp32 and int8 on the calibration inputs here; the faster one meeting the agreement target wins."""
     import numpy as np
 
-    from .sensitivity import judge, run_graph, time_graphs
+    from .sensitivity import time_graphs
 
     agreement = search.chosen.agreement if search else None
     meets = agreement is None or agreement >= target
     if search is not None and len(search.kept) == len(search.groups) and search.groups:
         meets = False  # nothing quantised: the int8 graph is fp32 under another name
-    runners = {"bf16": bf16_model} if bf16_model is not None else None
-    passes = time_graphs({"fp32": fp32_path, "int8": int8_path}, calibration, every_pass=True, runners=runners)
+    passes = time_graphs({"fp32": fp32_path, "int8": int8_path}, calibration, every_pass=True)
     timings = {name: float(np.median(seconds)) for name, seconds in passes.items()}
     # int8's speed is the median of the passes' ratios: the two passes of a turn ran back to back, so a busy
     # moment of a shared machine weighs on both alike, where the medians of the two may come from different moments
@@ -577,34 +526,16 @@ def choose_precision(
         "fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True},
         "int8": {"seconds": timings["int8"], "agreement": agreement, "meets_target": meets, "speed": speed},
     }
-    if upper_bound:
-        candidates["int8"]["scope"] = "all (the fastest int8 can be; its agreement not measured: not searched)"
-    speeds = {"fp32": 1.0, "int8": speed}
-    if bf16_model is not None:
-        reference = run_graph(fp32_path, calibration, list(judged))
-        outputs = [bf16_model(batch) for _, _, batch in calibration.flat()]
-        agreement_bf16, _, figures = judge(reference, outputs, calibration, judged)
-        speeds["bf16"] = float(np.median([f / b for f, b in zip(passes["fp32"], passes["bf16"])]))
-        candidates["bf16"] = {
-            "seconds": timings["bf16"],
-            "agreement": agreement_bf16,
-            "meets_target": agreement_bf16 is None or agreement_bf16 >= target,
-            "speed": speeds["bf16"],
-            "runtime": "torch",
-        }
-    chosen = max((c for c in candidates if candidates[c]["meets_target"]), key=lambda c: speeds[c])
+    chosen = "int8" if meets and speed > 1 else "fp32"
     inputs = sum(calibration.size().values())
-    why = "; ".join(
-        f"{name} {speeds[name]:.2f}x the speed of fp32"
-        + (f", agreement {c['agreement']:.4f}" if c["agreement"] is not None else "")
-        + ("" if c["meets_target"] else f" (below the {target:.1%} target)")
-        for name, c in candidates.items()
-        if name != "fp32"
+    why = (
+        f"int8 {speed:.2f}x the speed of fp32"
+        + (f", agreement {agreement:.4f}" if agreement is not None else "")
+        + ("" if meets else f" (below the {target:.1%} target)")
     )
     line = (
-        f"precision auto: {chosen} ("
-        + ", ".join(f"{name} {timings[name] * 1e3:.1f} ms" for name in candidates)
-        + f" for {inputs} calibration inputs; {why})"
+        f"precision auto: {chosen} (fp32 {timings['fp32'] * 1e3:.1f} ms, int8 {timings['int8'] * 1e3:.1f} ms "
+        f"for {inputs} calibration inputs; {why})"
     )
     return {
         "requested": "auto",

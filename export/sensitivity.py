@@ -460,29 +460,17 @@ def search(
 
 
 def time_graphs(
-    paths: dict[str, Path],
-    calibration: Calibration,
-    passes: int = 5,
-    every_pass: bool = False,
-    runners: dict[str, Callable[[dict], object]] | None = None,
+    paths: dict[str, Path], calibration: Calibration, passes: int = 5, every_pass: bool = False
 ) -> dict[str, float] | dict[str, list[float]]:
-    """Seconds per pass over the calibration batches, one thread per run, the median of `passes` passes taken in turn (so a busy
+    """Seconds per pass over the calibration batches, the median of `passes` passes taken in turn (so a busy
     moment of the machine falls on every candidate alike), after one warm-up pass each; `every_pass`: each pass's
-    seconds, in the order taken. `runners`: candidates that are not ONNX files (a callable on one padded batch),
-    timed in the same turns."""
+    seconds, in the order taken."""
     import time
 
     import onnxruntime as ort
-    import torch
 
-    # One thread per run, as the server runs its batches side by side, one per core: what each candidate costs a
-    # core, undisturbed by thread pools that spin or wait on a core another process holds.
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     sessions = {
         name: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for name, p in paths.items()
     }
@@ -491,20 +479,16 @@ def time_graphs(
         name: [{k: v for k, v in b.items() if k in {i.name for i in sess.get_inputs()}} for b in batches]
         for name, sess in sessions.items()
     }
-    calls = {name: (lambda feed, sess=sess: sess.run(None, feed)) for name, sess in sessions.items()}
-    for name, run in (runners or {}).items():
-        calls[name], feeds[name] = run, batches
-    for name, run in calls.items():  # warm-up (oneDNN builds the torch candidates' kernels per shape)
+    for name, sess in sessions.items():
         for feed in feeds[name]:
-            run(feed)
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
+            sess.run(None, feed)
+    seconds: dict[str, list[float]] = {name: [] for name in sessions}
     for _ in range(passes):
-        for name, run in calls.items():
+        for name, sess in sessions.items():
             start = time.perf_counter()
             for feed in feeds[name]:
-                run(feed)
+                sess.run(None, feed)
             seconds[name].append(time.perf_counter() - start)
-    torch.set_num_threads(threads)
     if every_pass:
         return seconds
     return {name: float(np.median(values)) for name, values in seconds.items()}

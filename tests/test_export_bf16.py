@@ -1,8 +1,7 @@
-"""bf16 artifacts (export/bf16.py): `--precision bf16` writes the checkpoint's own weights in bfloat16, verified
+"""bf16 artifacts (export/bf16.py): `--precision bf16` writes the checkpoint's own weights, verified (bf16 matmuls)
 against torch fp32, listed in the manifest, and `python -m serving --model DIR` serves them with the torch backend in
 bf16; a changed weight file is refused; what bf16 cannot keep (a random-init preset, another task than the
-checkpoint's) is one line and exit 2. On a CPU that multiplies bf16 natively, `--precision auto` times bf16 beside
-fp32 and int8 and records it."""
+checkpoint's) is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -129,18 +128,3 @@ def test_native_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
     assert bf16.native_bf16() is False
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n")
     assert bf16.native_bf16() is True
-
-
-@pytest.mark.skipif(not bf16.native_bf16(), reason="this CPU does not multiply bfloat16 natively")
-def test_auto_times_bf16_beside_fp32_and_int8(checkpoint, tmp_path):
-    out = tmp_path / "auto"
-    args = ["--ckpt", str(checkpoint), "--precision", "auto", "--out", str(out), "--int8-trials", "4"]
-    assert cli(args) == 0
-    manifest = json.loads((out / "manifest.json").read_text())
-    choice = manifest["precision_choice"]
-    assert set(choice["candidates"]) == {"fp32", "int8", "bf16"}
-    assert choice["candidates"]["bf16"]["agreement"] is not None
-    chosen = choice["chosen"]
-    assert manifest["precision"] == chosen and choice["candidates"][chosen]["meets_target"]
-    assert (out / ("model.safetensors" if chosen == "bf16" else "model.onnx")).is_file()
-    assert not (out / "bf16").exists()
