@@ -305,6 +305,7 @@ def make_backend(path, device="cpu", precision="fp32", **options):
 
     settings = SimpleNamespace(
         device=device,
+        precision=precision,
         effective_precision=precision,
         threads=None,
         effective_inference_workers=1,
