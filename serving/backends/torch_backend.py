@@ -222,6 +222,10 @@ def artifact_precision(spec: ModelSpec, settings) -> str:
     """--precision when given; else what an exported torch artifact was chosen and verified in (its manifest's
     precision, e.g. bf16: export/bf16.py); else the device's default."""
     manifest = spec.manifest or {}
-    if settings.precision is None and manifest.get("runtime") == "torch" and manifest.get("precision") in DTYPES:
+    if (
+        getattr(settings, "precision", None) is None
+        and manifest.get("runtime") == "torch"
+        and manifest.get("precision") in DTYPES
+    ):
         return manifest["precision"]
     return settings.effective_precision
