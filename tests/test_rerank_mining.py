@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import subprocess
 from types import SimpleNamespace
 
@@ -136,7 +137,11 @@ def test_the_mining_command_uses_minilm_never_reads_held_out_articles_and_keeps_
     cat = mined["questions"][0]
     assert cat["gold"] == 0 and 1 not in cat["negatives"]  # the stock market is the least like a question on cats
     assert cat["negatives"][0] == 2  # MiniLM: the other sentence about the cat first
-    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    # The same data named by a relative path from another directory is the same file: not mined again.
+    relative = [str(squad.relative_to(tmp_path)) if part == str(squad) else part for part in command]
+    again = subprocess.run(
+        relative, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     assert again.returncode == 0 and "already mined" in again.stderr, again.stderr[-2000:]
     with pytest.raises(Exception, match="holding out 1 articles, not --heldout-articles 2"):
         rerank.read_mined(str(out), 2, set())

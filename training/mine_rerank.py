@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     settings = {
         "format": FORMAT,
         "model": Path(model).name,
-        "squad": args.squad,
+        # The data's absolute path: the same files named from another directory are the same settings.
+        "squad": ",".join(str(Path(part).resolve()) for part in args.squad.split(",")),
         "heldout_articles": args.heldout_articles,
         "articles_wanted": args.articles,
         "depth": args.depth,
