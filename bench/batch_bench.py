@@ -211,6 +211,7 @@ def run_ray(
         finally:
             cluster.stop()
         row["cpu_s"] += cluster.seconds  # the actors, the read and write tasks and Ray's own processes
+        row["cluster_cpu_s"] = cluster.by_name
         row["name"] = f"batch {engine} on Ray, one node ({workers} actors x {threads} threads)"
         row["threads"] = threads
         row["output"] = None  # the same rows as the local job's (tests/test_batch_ray.py)
@@ -248,7 +249,9 @@ class _TreeCpu:
     def __init__(self, pid: int):
         import threading
 
-        from bench.cpu import _cpu_seconds, _stat, process_tree
+        from bench.cpu import _comm, _cpu_seconds, _stat, process_tree
+
+        self.names: dict[int, str] = {}
 
         def used() -> dict[int, float]:
             out = {}
@@ -256,6 +259,7 @@ class _TreeCpu:
                 fields = _stat(member)
                 if fields is not None:
                     out[member] = _cpu_seconds(fields, with_reaped_children=False)
+                    self.names[member] = _comm(member)  # Ray names a worker by what it runs (ray::MapWorker...)
             return out
 
         self.first, self.last = used(), {}
@@ -277,6 +281,15 @@ class _TreeCpu:
     @property
     def seconds(self) -> float:
         return sum(value - self.first.get(member, 0.0) for member, value in self.last.items())
+
+    @property
+    def by_name(self) -> dict[str, float]:
+        """CPU seconds per process name, largest first: where the cluster's time went."""
+        out: dict[str, float] = {}
+        for member, value in self.last.items():
+            name = self.names.get(member, "?")
+            out[name] = out.get(name, 0.0) + value - self.first.get(member, 0.0)
+        return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v >= 0.05}
 
 
 def run_server(artifact: Path, texts: list[str], concurrency: list[int], per_request: int) -> dict:
