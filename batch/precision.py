@@ -2,7 +2,7 @@
 
 A batch job's batches are large and its texts many, which is where bf16 on a CPU that multiplies it in hardware
 pays: torch with the encoder layers' matmuls in bfloat16 (bert/precision.py) ran an embed job faster than the int8
-ONNX export, with every embedding within cosine 0.99 of fp32 (docs/benchmarks.md, "Batch jobs"). So on such a CPU
+ONNX export (and fp32 by far), with every embedding within cosine 0.99 of fp32 (docs/benchmarks.md, "Batch jobs"). So on such a CPU
 auto runs an embed job on a checkpoint in bf16; everywhere else the backend's own default (an artifact's precision,
 fixed at export; fp32 for a checkpoint on CPU; fp16 on CUDA). An explicit --precision always wins.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 AUTO = "auto"
-# AMX is what was measured; AVX512-BF16 alone (no tile unit) multiplies bf16 at a fraction of its rate.
+# AMX is what was measured; a CPU with AVX512-BF16 alone (no tile unit) was not timed, so it keeps fp32.
 BF16_FLAGS = ("amx_bf16",)
 # Tasks whose bf16 answers were checked against fp32 (embed: cosine >= 0.99 on every row). A head's scores and
 # labels in bf16 (classify, ner, qa, ...) would no longer equal what the server answers in fp32.
