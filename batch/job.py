@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from batch.inputs import ROW_ERROR, InputError, InputFile, check_columns, count_rows, expand, read_rows
 from batch.options import RESULT_OPTIONS
-from batch.predict import JobError, Predictor, Result, check_task_options, load
+from batch.predict import JobError, Predictor, Result, check_task_options, load, settle_precision
 from batch.progress import Progress
 from bert.atomic import fsync_dir, pause_point, write_file_atomic
 from bert.digest import sha256_files
@@ -236,6 +236,7 @@ def run(options: dict, log=print) -> int:
     """Run (or continue) the job; 0 when every row has its result or error. JobError: nothing was done."""
     started = time.monotonic()
     columns = check_task_options(options)
+    options, choice = settle_precision(options)
     keep = list(options["keep"])
     if options["part_rows"] < 1 or options["window_rows"] < 1:
         raise JobError("--part-rows and --window-rows must be at least 1")
@@ -254,7 +255,7 @@ def run(options: dict, log=print) -> int:
     manifest = {
         "format": FORMAT,
         **identity,
-        "model": {**identity["model"], "backend": model.backend.name, "precision": model.backend.precision},
+        "model": {**identity["model"], **engine(model, choice)},
         "schema": {"keep": keep, "results": [f"{f.name}: {f.type}" for f in predictor.schema]},
         "parts": parts,
         "rows_done": done,
@@ -291,9 +292,15 @@ def run(options: dict, log=print) -> int:
     log(
         f"done: {manifest['rows_done']} rows in {len(manifest['parts'])} parts, {manifest['errors']} errors; "
         f"{rows} rows this run in {elapsed:.1f}s, {computing:.1f}s of it after loading the model "
-        f"({rows / computing:.1f} rows/s, {progress.tokens / computing:.0f} tokens/s); {output / MANIFEST}"
+        f"({rows / computing:.1f} rows/s, {progress.tokens / computing:.0f} tokens/s); "
+        f"{model.backend.name} {model.backend.precision} ({choice.why}); {output / MANIFEST}"
     )
     return 0
+
+
+def engine(model, choice) -> dict:
+    """What ran the rows, for the manifest: the backend, its precision and the rule that chose it."""
+    return {"backend": model.backend.name, "precision": model.backend.precision, "precision_choice": choice.why}
 
 
 def _run_pool(source, workers: int, threads: int, options: dict, writer, progress) -> None:

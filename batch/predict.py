@@ -20,10 +20,11 @@ import pyarrow as pa
 
 from batch.columns import COLUMNS, result_schema, result_table
 from batch.options import BatchOptions
+from batch.precision import AUTO, Choice, choose_precision, cpu_flags
 from bert.tasks import TASKS
 from bert.tasks.common import Limits
 from serving.backends.loading import LoadedModel, load_model
-from serving.backends.model_dir import ModelError, resolve_model_path
+from serving.backends.model_dir import ModelError, read_model_spec, resolve_model_path
 from serving.batcher import fill_batch
 
 # Items encoded by one call of the codec: a row that fails sends only its own chunk through one by one.
@@ -105,6 +106,29 @@ def check_task_options(options: dict) -> list[str]:
     return columns
 
 
+def settle_precision(options: dict, flags: frozenset[str] | None = None) -> tuple[dict, Choice]:
+    """The options with --precision auto replaced by what this job runs in (batch/precision.py), and why: the
+    manifest records the precision itself, so a rerun on a machine that would choose otherwise is refused."""
+    if options["precision"] != AUTO:  # given, or None: the backend's own default
+        return options, Choice(options["precision"], f"--precision {options['precision'] or 'default'}")
+    try:
+        path = resolve_model_path(options["model"])
+        spec = read_model_spec(Path(path))
+    except ModelError as e:
+        raise JobError(str(e)) from None
+    # a bf16 export is a checkpoint directory whose manifest fixes its precision, as an ONNX export's does
+    kind = "artifact" if (spec.manifest or {}).get("runtime") == "torch" else spec.kind
+    choice = choose_precision(
+        options["precision"],
+        task=options["task"],
+        device=options["device"],
+        kind=kind,
+        backend=options["backend"],
+        flags=cpu_flags() if flags is None else flags,
+    )
+    return {**options, "precision": choice.precision}, choice
+
+
 def check_text(value) -> tuple[str | None, str | None]:
     """(text, None) for a usable value, else (None, why not)."""
     if value is None:
@@ -149,6 +173,8 @@ class Predictor:
         self.carry = carry  # without --keep, the batch's own columns come back beside the results
         self.options = default_options(task=task, model=str(model), **options)
         self.columns = check_task_options(self.options)
+        if not isinstance(model, LoadedModel):  # a loaded model's precision is what it was loaded in
+            self.options, self.precision_choice = settle_precision(self.options)
         self.codec = TASKS[task]
         self.shape = COLUMNS[task]
         if isinstance(model, LoadedModel):

@@ -14,8 +14,8 @@ import shutil
 import pyarrow.parquet as pq
 
 from batch.inputs import count_rows
-from batch.job import MANIFEST, PART, clear_output, file_sha256, plan_job, write_manifest
-from batch.predict import JobError, check_task_options, load
+from batch.job import MANIFEST, PART, clear_output, engine, file_sha256, plan_job, write_manifest
+from batch.predict import JobError, check_task_options, load, settle_precision
 
 RAY_TMP = ".ray-parts"
 
@@ -45,6 +45,7 @@ def run(options: dict, log=print) -> int:
     except ImportError:
         raise JobError("--ray needs ray: pip install 'bertserve[ray]'") from None
     columns = check_task_options(options)
+    options, choice = settle_precision(options)  # in the driver: every actor runs what the manifest records
     keep = list(options["keep"])
     files, model_path, output, identity, previous = plan_job(options, [*columns, *keep])
     if previous is not None:
@@ -60,12 +61,15 @@ def run(options: dict, log=print) -> int:
     shutil.rmtree(staging, ignore_errors=True)
 
     env = {k: os.environ[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS") if k in os.environ}
-    ray.init(
-        address=options["ray"],
-        runtime_env={"env_vars": env} if env else None,
-        ignore_reinit_error=True,
-        log_to_driver=False,
-    )
+    try:
+        ray.init(
+            address=options["ray"],
+            runtime_env={"env_vars": env} if env else None,
+            ignore_reinit_error=True,
+            log_to_driver=False,
+        )
+    except ConnectionError as e:
+        raise JobError(f"--ray {options['ray']}: {e}{_auth_hint(e)}") from None
     try:
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True  # parts in input order, as the local job writes them
@@ -117,7 +121,7 @@ def run(options: dict, log=print) -> int:
     manifest = {
         "format": 1,
         **identity,
-        "model": {**identity["model"], "backend": model.backend.name, "precision": model.backend.precision},
+        "model": {**identity["model"], **engine(model, choice)},
         "schema": schema,
         "parts": parts,
         "rows_done": at,
@@ -126,8 +130,25 @@ def run(options: dict, log=print) -> int:
         "runner": f"ray {ray.__version__} ({options['ray']})",
     }
     write_manifest(output, manifest)
-    log(f"done on Ray: {at} rows in {len(parts)} parts, {errors} errors; {output / MANIFEST}")
+    log(
+        f"done on Ray: {at} rows in {len(parts)} parts, {errors} errors; "
+        f"{model.backend.name} {model.backend.precision} ({choice.why}); {output / MANIFEST}"
+    )
     return 0
+
+
+def _auth_hint(error: BaseException) -> str:
+    """A cluster that `ray start` gave token authentication (it does once a token is in ~/.ray/auth_token) refuses
+    a driver given an explicit address unless that driver is told to send the token: say how."""
+    cause = error
+    while cause is not None:
+        if "AuthToken" in str(cause) or type(cause).__name__ == "AuthenticationError":
+            return (
+                " (the cluster wants its authentication token: set RAY_AUTH_MODE=token, with the token in "
+                "~/.ray/auth_token or RAY_AUTH_TOKEN, or start the cluster with RAY_AUTH_MODE=disabled)"
+            )
+        cause = cause.__cause__ or cause.__context__
+    return ""
 
 
 def _actors(ray, options: dict) -> int:

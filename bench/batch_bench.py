@@ -1,6 +1,12 @@
 """Embedding N sentences on the same all-MiniLM-L6-v2 weights, same machine, same run:
-  batch   python -m batch --task embed on bertserve's int8 ONNX export (the job's own wall time, load included)
-  ray     the same job with --ray on a one-node Ray cluster of this machine (ray start --head; skipped without ray)
+  batch   python -m batch --task embed (the job's own wall time, load included) on each engine: bertserve's int8 ONNX
+          export (onnxruntime), its bf16 export (`--precision bf16`: the torch backend, bf16 matmuls) and the
+          checkpoint itself with `--backend torch --precision bf16`; each as --workers 1 (two runs at once on one
+          thread each) and --workers = the cores (one thread each). Each engine's embeddings are compared with fp32
+          torch on a sample of the rows (--fidelity-rows): the largest |cosine - 1| goes in the JSON
+  ray     the same job with --ray on a one-node Ray cluster of this machine (ray start --head on 127.0.0.1, stopped
+          with the bench; skipped without ray), on the int8 export and on torch bf16, each in the layout of that
+          engine's fastest local job and compared with it
   st      sentence-transformers' best CPU backend: backend="onnx" with optimum's dynamic int8 (bench/st_encode.py, in
           the infinity venv bench/.peers/infinity-venv when ours lacks optimum), else its torch backend
   server  python -m serving on the same int8 export, driven by the SDK (AsyncClient) at each --concurrency; best kept
@@ -55,14 +61,30 @@ def write_input(texts: list[str], work: Path) -> Path:
     return source
 
 
+# Engines a job can run the model on: (name, what --model is, extra flags). "int8" and "bf16 export" are
+# artifacts of `python -m export.onnx`; "torch bf16" is the checkpoint itself.
+ENGINES = {
+    "int8": ("int8 export", []),
+    "bf16-export": ("bf16 export", []),
+    "torch-bf16": ("checkpoint", ["--backend", "torch", "--precision", "bf16"]),
+}
+
+
 def run_batch(
-    artifact: Path, texts: list[str], work: Path, workers: int, extra: list[str] = (), env: dict | None = None
+    model: Path,
+    texts: list[str],
+    work: Path,
+    workers: int,
+    extra: list[str] = (),
+    env: dict | None = None,
+    engine: str = "int8",
 ) -> dict:
     source = write_input(texts, work)
-    out = work / f"batch-out-{workers}"
-    command = [sys.executable, "-m", "batch", "--task", "embed", "--model", str(artifact), "--input", str(source)]
+    out = work / f"batch-out-{engine}-{workers}{'-ray' if '--ray' in extra else ''}"
+    command = [sys.executable, "-m", "batch", "--task", "embed", "--model", str(model), "--input", str(source)]
     # --truncate: cut a text at the model's limit as sentence-transformers does (SQuAD has sentences over 256 tokens)
-    command += ["--output", str(out), "--overwrite", "--truncate", "--workers", str(workers), *extra]
+    command += ["--output", str(out), "--overwrite", "--truncate", "--workers", str(workers)]
+    command += [*ENGINES[engine][1], *extra]
     started, cpu = time.perf_counter(), _children_cpu()
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
     elapsed, cpu = time.perf_counter() - started, _children_cpu() - cpu
@@ -70,13 +92,44 @@ def run_batch(
         raise RuntimeError(f"{' '.join(command)}: exit {run.returncode}\n{run.stderr[-3000:]}")
     # the job's own figure, once the model has loaded (its closing line: "... (X rows/s, ..."; none on Ray)
     loaded = re.search(r"\(([\d.]+) rows/s", run.stderr.splitlines()[-1])
+    manifest = json.loads((out / "_manifest.json").read_text())["model"]
+    threads = max(1, (os.cpu_count() or 1) // workers)
     return {
-        "name": f"batch int8 (workers {workers})",
+        "name": f"batch {engine} (workers {workers} x {threads} threads)",
+        "engine": engine,
+        "workers": workers,
+        "threads": threads,
+        "ran_as": f"{manifest['backend']} {manifest['precision']}",
         "seconds": elapsed,
         "rows_per_s": len(texts) / elapsed,
         "rows_per_s_loaded": float(loaded.group(1)) if loaded else None,
         "cpu_s": cpu,  # the job and its worker processes (on Ray, the cluster's processes are added by run_ray)
+        "output": out,
     }
+
+
+def fidelity(rows: list[dict], model: Path, texts: list[str], sample: int) -> dict:
+    """Each batch row's embeddings against fp32 torch on the checkpoint (bertserve's reference: equal to
+    sentence-transformers' to 1e-4), on `sample` rows spread over the input (0: all): the largest |cosine - 1|
+    (the rows are normalized, so the cosine is the dot product)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from batch import Predictor
+
+    step = max(1, len(texts) // sample) if sample else 1
+    picked = list(range(0, len(texts), step))[: sample or None]
+    reference = Predictor("embed", str(model), truncate=True, precision="fp32")({"text": [texts[i] for i in picked]})
+    want = np.asarray(reference["embedding"].to_pylist(), dtype=np.float64)
+    for row in rows:
+        if row.get("output") is None:
+            continue
+        got = pq.read_table(row["output"], columns=["embedding"])["embedding"].take(picked).to_pylist()
+        cosine = (np.asarray(got, dtype=np.float64) * want).sum(1)
+        row["max_cos_dev"] = float(np.abs(cosine - 1).max())
+        row["min_cosine"] = float(cosine.min())
+        row["fidelity_rows"] = len(picked)
+    return {"rows": len(picked), "reference": "torch fp32 on the checkpoint"}
 
 
 def _children_cpu() -> float:
@@ -115,38 +168,78 @@ def run_sentence_transformers(model: Path, texts: list[str], work: Path, bf16: b
     }
 
 
-def run_ray(artifact: Path, texts: list[str], work: Path, workers: int) -> dict | None:
-    """The batch job with --ray on a one-node cluster of this machine: one logical CPU more than the cores, so
-    that `workers` model-holding actors leave one to the read and write tasks."""
+def run_ray(
+    model: Path, texts: list[str], work: Path, workers: int, engine: str = "int8", threads: int = 1
+) -> dict | None:
+    """The batch job with --ray on a one-node cluster of this machine, started and stopped here: `workers` actors
+    of `threads` threads each (the local job's layout), and one logical CPU more, left to the read and write tasks.
+
+    The cluster is the bench's own: `--temp-dir` of its own (the machine's /tmp/ray/ray_current_cluster, what
+    `--ray auto` elsewhere connects to, is left alone) and RAY_AUTH_MODE=disabled for it and the job. Without the
+    latter, once any `ray.init()` has written a token to ~/.ray/auth_token, `ray start` turns token
+    authentication on while a driver given an explicit address does not send the token: "Failed to connect to
+    Ray cluster at HOST:PORT" (InvalidAuthToken). Ray also rewrites 127.0.0.1 to the machine's address on both
+    sides, so the cluster listens on that address whatever --node-ip-address says."""
     ray = Path(sys.executable).with_name("ray")
     if not ray.is_file():
         return None
+    import shutil
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
+    address = f"127.0.0.1:{port}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    temp = Path(tempfile.mkdtemp(prefix="bb-ray-", dir="/tmp"))  # short: Ray's socket paths live under it
+    log = work / f"ray-head-{engine}.log"
     head = subprocess.Popen(
         [str(ray), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port)]
-        + ["--num-cpus", str(workers + 1), "--include-dashboard", "false", "--disable-usage-stats"],
+        + ["--num-cpus", str(workers * threads + 1), "--include-dashboard", "false", "--disable-usage-stats"]
+        + ["--temp-dir", str(temp)],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
     )
     try:
-        time.sleep(10)  # the head's processes start; the job's ray.init waits for the rest
+        _wait_for_cluster(address, env, head, log)
         cluster = _TreeCpu(head.pid)
         try:
-            row = run_batch(artifact, texts, work, workers, ["--ray", f"127.0.0.1:{port}"], env)
+            extra = ["--ray", address, "--threads", str(threads)]
+            row = run_batch(model, texts, work, workers, extra, env, engine=engine)
         finally:
             cluster.stop()
         row["cpu_s"] += cluster.seconds  # the actors, the read and write tasks and Ray's own processes
-        row["name"] = f"batch int8 on Ray, one node ({workers} actors)"
+        row["cluster_cpu_s"] = cluster.by_name
+        row["name"] = f"batch {engine} on Ray, one node ({workers} actors x {threads} threads)"
+        row["threads"] = threads
+        row["output"] = None  # the same rows as the local job's (tests/test_batch_ray.py)
         return row
     finally:
         head.terminate()
-        head.wait(60)
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_for_cluster(address: str, env: dict, head: subprocess.Popen, log: Path, limit: float = 180) -> None:
+    """Until a driver connects to `address` and sees its node alive (a loaded machine starts a head in 10-30 s)."""
+    probe = (
+        f"import ray; ray.init(address={address!r}, log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
+    )
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"ray start --head exited {head.returncode}:\n{log.read_text()[-3000:]}")
+        run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=limit)
+        if run.returncode == 0 and run.stdout.strip().splitlines()[-1:] != ["0"]:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"no Ray cluster at {address} after {limit:.0f}s:\n{run.stderr[-2000:]}")
 
 
 class _TreeCpu:
@@ -156,7 +249,9 @@ class _TreeCpu:
     def __init__(self, pid: int):
         import threading
 
-        from bench.cpu import _cpu_seconds, _stat, process_tree
+        from bench.cpu import _comm, _cpu_seconds, _stat, process_tree
+
+        self.names: dict[int, str] = {}
 
         def used() -> dict[int, float]:
             out = {}
@@ -164,6 +259,7 @@ class _TreeCpu:
                 fields = _stat(member)
                 if fields is not None:
                     out[member] = _cpu_seconds(fields, with_reaped_children=False)
+                    self.names[member] = _comm(member)  # Ray names a worker by what it runs (ray::MapWorker...)
             return out
 
         self.first, self.last = used(), {}
@@ -185,6 +281,15 @@ class _TreeCpu:
     @property
     def seconds(self) -> float:
         return sum(value - self.first.get(member, 0.0) for member, value in self.last.items())
+
+    @property
+    def by_name(self) -> dict[str, float]:
+        """CPU seconds per process name, largest first: where the cluster's time went."""
+        out: dict[str, float] = {}
+        for member, value in self.last.items():
+            name = self.names.get(member, "?")
+            out[name] = out.get(name, 0.0) + value - self.first.get(member, 0.0)
+        return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v >= 0.05}
 
 
 def run_server(artifact: Path, texts: list[str], concurrency: list[int], per_request: int) -> dict:
@@ -345,6 +450,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, os.cpu_count() or 1])
+    parser.add_argument(
+        "--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES), help="the job's engines to time"
+    )
+    parser.add_argument(
+        "--ray-engines", nargs="+", default=["int8", "torch-bf16"], choices=list(ENGINES), help="engines run on Ray"
+    )
+    parser.add_argument(
+        "--fidelity-rows",
+        type=int,
+        default=5000,
+        help="rows (spread over the input) whose embeddings each engine's are compared with fp32 torch on; 0: all, "
+        "-1: none",
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--per-request", type=int, default=32, help="texts per SDK request")
     parser.add_argument("--work", default=str(WORK), help="where the int8 export is cached (the peers' directory)")
@@ -399,16 +517,28 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_json(args.json, {"machine": machine(), **result})
         return 0
-    rows = []
+    models = {"int8": artifact, "bf16-export": None, "torch-bf16": model}
+    if "bf16-export" in args.engines:
+        models["bf16-export"] = bertserve_export(model, work, "embed", "bf16")
+    rows, fidelity_of = [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for workers in dict.fromkeys(args.workers):
-            rows.append(run_batch(artifact, texts, Path(tmp), workers))
+        for engine in args.engines:
+            for workers in dict.fromkeys(args.workers):
+                rows.append(run_batch(models[engine], texts, Path(tmp), workers, engine=engine))
+        if args.fidelity_rows >= 0:
+            fidelity_of = fidelity(rows, model, texts, args.fidelity_rows)
         if "ray" not in args.skip:
-            ray_row = run_ray(artifact, texts, Path(tmp), max(args.workers))
-            if ray_row is not None:
-                local = next(r for r in rows if r["name"] == f"batch int8 (workers {max(args.workers)})")
-                ray_row["ray_vs_local"] = ray_row["rows_per_s"] / local["rows_per_s"]  # both wall, load included
+            for engine in args.ray_engines:
+                # in the layout of the engine's fastest local job, against that job (wall, load included in both)
+                local = max((r for r in rows if r["engine"] == engine), key=lambda r: r["rows_per_s"])
+                ray_row = run_ray(models[engine], texts, Path(tmp), local["workers"], engine, local["threads"])
+                if ray_row is None:
+                    break
+                ray_row["ray_vs_local"] = ray_row["rows_per_s"] / local["rows_per_s"]
+                ray_row["local"] = local["name"]
                 rows.append(ray_row)
+    for r in rows:
+        r.pop("output", None)
     if "st" not in args.skip:
         rows.append(run_sentence_transformers(model, texts, work))
         if native_bf16():
@@ -416,25 +546,31 @@ def main(argv: list[str] | None = None) -> int:
     if "server" not in args.skip:
         rows.append(run_server(artifact, texts, args.concurrency, args.per_request))
     # sentence-transformers and the server are timed once loaded: so is the batch job in the speed-ups
-    best_batch = max(r["rows_per_s_loaded"] or r["rows_per_s"] for r in rows if r["name"].startswith("batch int8 ("))
+    local = [r for r in rows if r.get("engine") and " on Ray" not in r["name"]]
+    best = max(local, key=lambda r: r["rows_per_s_loaded"] or r["rows_per_s"])
+    best_rate = best["rows_per_s_loaded"] or best["rows_per_s"]
     for r in rows:
-        r["batch_speedup"] = best_batch / r["rows_per_s"]
+        r["batch_speedup"] = best_rate / r["rows_per_s"]
         r["name"] = r["name"].replace(" int8", f" {label}")  # the export's precision (the default may be bf16)
     print(f"embed of {len(texts)} sentences, all-MiniLM-L6-v2, {os.cpu_count()} CPUs")
+    shown = [{**r, "max_cos_dev": f"{r['max_cos_dev']:.1e}" if "max_cos_dev" in r else None} for r in rows]
     print_table(
-        rows,
+        shown,
         [
             ("name", "run"),
             ("seconds", "seconds"),
             ("rows_per_s", "rows/s"),
             ("rows_per_s_loaded", "rows/s once loaded"),
             ("cpu_s", "CPU s"),
+            ("max_cos_dev", "max |cos-1| vs fp32"),
             ("batch_speedup", "best batch x"),
             ("ray_vs_local", "Ray / local (wall)"),
         ],
     )
+    print(f"best batch: {best['name']}; |cos-1| on {fidelity_of['rows'] if fidelity_of else 0} rows vs torch fp32")
     if args.json:
-        write_json(args.json, {"rows": len(texts), "machine": machine(), "results": rows})
+        payload = {"rows": len(texts), "machine": machine(), "best_batch": best["name"], "fidelity": fidelity_of}
+        write_json(args.json, {**payload, "results": rows})
     return 0
 
 

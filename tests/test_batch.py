@@ -370,3 +370,64 @@ def test_two_batches_at_once_answer_as_one_at_a_time(tiny):
     assert together["error"].to_pylist() == alone["error"].to_pylist() and together["error"].null_count == 30
     for a, b in zip(together["score"].to_pylist(), alone["score"].to_pylist()):
         assert (a is None and b is None) or abs(a - b) < 1e-5
+
+
+def test_precision_auto_is_bf16_for_an_embed_job_on_a_checkpoint_on_a_cpu_with_amx(tmp_path):
+    """The rule, given the CPU's flags: bf16 only where all of it holds (embed, checkpoint, torch, cpu, AMX-BF16);
+    otherwise the backend's own default (None); an explicit precision wins either way."""
+    from batch.precision import choose_precision, cpu_flags
+
+    amx = frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
+    without = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
+    job = {"task": "embed", "device": "cpu", "kind": "checkpoint", "backend": "auto"}
+    assert choose_precision("auto", **job, flags=amx).precision == "bf16"
+    assert choose_precision("auto", **{**job, "backend": "torch"}, flags=amx).precision == "bf16"
+    assert choose_precision("auto", **job, flags=without).precision is None
+    for other in ({"task": "classify"}, {"kind": "onnx"}, {"kind": "artifact"}, {"device": "cuda"}):
+        assert choose_precision("auto", **{**job, **other}, flags=amx).precision is None, other
+    assert choose_precision("fp32", **job, flags=amx).precision == "fp32"
+    assert choose_precision("bf16", **job, flags=without).precision == "bf16"
+    assert choose_precision(None, **job, flags=amx).precision is None
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n\nprocessor\t: 1\n")
+    assert cpu_flags(cpuinfo) == frozenset({"fpu", "avx512f", "amx_bf16", "amx_tile"})
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def test_a_bf16_embed_job_stays_within_cosine_099_of_fp32_and_auto_says_what_it_chose(tiny, tmp_path, capsys):
+    import numpy as np
+
+    from batch.precision import cpu_flags
+
+    source = _jsonl(tmp_path / "in.jsonl", _rows(40))
+    vectors, manifests = {}, {}
+    for precision in ("fp32", "bf16", "auto"):
+        out = tmp_path / precision
+        code, lines = _run(
+            capsys, "--task", "embed", "--model", tiny, "--input", source, "--output", out, "--precision", precision
+        )
+        assert code == 0, lines
+        manifests[precision] = json.loads((out / "_manifest.json").read_text())["model"]
+        assert f"torch {manifests[precision]['precision']} (" in lines[-1], lines[-1]
+        vectors[precision] = np.asarray(pq.read_table(out)["embedding"].to_pylist(), dtype=np.float64)
+    assert manifests["fp32"]["precision"] == "fp32" and manifests["bf16"]["precision"] == "bf16"
+    cosine = (vectors["bf16"] * vectors["fp32"]).sum(1)  # normalized rows
+    assert not np.array_equal(vectors["bf16"], vectors["fp32"])  # bf16 ran
+    assert cosine.min() >= 0.99, cosine.min()
+    chosen = "bf16" if "amx_bf16" in cpu_flags() else "fp32"
+    assert manifests["auto"]["precision"] == chosen and manifests["auto"]["precision_choice"].startswith("auto: ")
+    assert np.array_equal(vectors["auto"], vectors[chosen])
+
+
+def test_a_ray_cluster_that_wants_its_token_is_refused_in_one_line_that_says_how():
+    from batch.ray_job import _auth_hint
+
+    try:
+        try:
+            raise RuntimeError("RPC error: InvalidAuthToken: Authentication token is missing or incorrect")
+        except RuntimeError as e:
+            raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6379") from e
+    except ConnectionError as e:
+        assert "RAY_AUTH_MODE=token" in _auth_hint(e)
+    assert _auth_hint(ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6379")) == ""

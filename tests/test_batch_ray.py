@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,8 +42,15 @@ def cluster(tmp_path_factory):
     so that, once the worker node is killed, it holds both actors and still runs the read and write tasks."""
     port = free_port()
     address = f"127.0.0.1:{port}"
+    # RAY_AUTH_MODE=disabled: once a token is in ~/.ray/auth_token (any ray.init() of a new local cluster writes
+    # one), `ray start` turns token authentication on, and a driver given an explicit address does not send it.
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env["RAY_AUTH_MODE"] = "disabled"
+    env.pop("RAY_ADDRESS", None)
     logs = tmp_path_factory.mktemp("ray")
+    # A temp dir of its own (short: Ray's socket paths live under it): the machine's /tmp/ray/ray_current_cluster,
+    # what `--ray auto` connects to, is left alone.
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     common = ["--block", "--disable-usage-stats"]
     head = subprocess.Popen(
         [
@@ -57,6 +65,8 @@ def cluster(tmp_path_factory):
             "false",
             "--num-cpus",
             "3",
+            "--temp-dir",
+            temp,
             *common,
         ],
         env=env,
@@ -88,6 +98,7 @@ def cluster(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_ray_job_writes_what_the_local_job_writes(cluster, tmp_path):
