@@ -33,24 +33,65 @@ class PerTokenError(ValueError):
     """A node the transform cannot rewrite was asked for: the graph is left as it was (export/cli.py: exit 2)."""
 
 
-def weight_of(model: onnx.ModelProto, node: onnx.NodeProto) -> np.ndarray | None:
-    """The node's constant 2-D float weight if it is a MatMul the transform can rewrite, else None."""
-    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
-        return None
-    tensor = next((t for t in model.graph.initializer if t.name == node.input[1]), None)
-    if tensor is None or tensor.data_type not in (onnx.TensorProto.FLOAT,) or len(tensor.dims) != 2:
-        return None
-    return numpy_helper.to_array(tensor)
-
-
 def rewritable(model: onnx.ModelProto) -> list[str]:
-    """Names of the MatMuls whose weight is a constant 2-D float matrix: what `per_token` can rewrite."""
+    """Names of the nodes `per_token` can rewrite: MatMuls whose weight is a constant 2-D float matrix, and fused
+    Attention nodes (onnxruntime's BERT fusion: input, constant QKV weight and bias, optional mask index)."""
     weights = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
-    return [
-        n.name
-        for n in model.graph.node
-        if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and len(n.input) == 2 and n.input[1] in weights
-    ]
+    return [n.name for n in model.graph.node if _refusal(n, weights) is None]
+
+
+def _refusal(node: onnx.NodeProto, weights: set[str]) -> str | None:
+    """Why `node` cannot be rewritten, or None."""
+    if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+        if len(node.input) != 2 or node.input[1] not in weights:
+            return "a MatMul whose second input is not a constant 2-D float weight"
+        return None
+    if node.op_type == "Attention" and node.domain == "com.microsoft":
+        attributes = {a.name for a in node.attribute}
+        if len(node.input) < 3 or node.input[1] not in weights or not node.input[2]:
+            return "an Attention whose QKV weight is not a constant 2-D float matrix with a bias"
+        if len(node.input) > 4 or len(node.output) != 1 or attributes - {"num_heads", "mask_filter_value"}:
+            return "an Attention with inputs or attributes beyond input, weights, bias, mask index and num_heads"
+        return None
+    return f"a {node.op_type}"
+
+
+def unfuse_attention(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """Replace each fused Attention `names` by MatMul (input x QKV weight, named NAME/qkv) -> Split into Q, K, V ->
+    com.microsoft MultiHeadAttention (the QKV bias, the same mask index, num_heads): the same maths, with the QKV
+    projection a plain MatMul that can be quantised per token. Outputs keep their names."""
+    graph = model.graph
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    wanted = set(names)
+    nodes = []
+    for node in graph.node:
+        if node.name not in wanted:
+            nodes.append(node)
+            continue
+        x, w, bias = node.input[:3]
+        mask = node.input[3] if len(node.input) > 3 else ""
+        hidden = shapes[w][1] // 3
+        p = node.name
+        sizes = numpy_helper.from_array(np.array([hidden] * 3, np.int64), f"{p}/split_sizes")
+        graph.initializer.append(sizes)
+        kept = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes += [
+            helper.make_node("MatMul", [x, w], [f"{p}/qkv_out"], name=f"{p}/qkv"),
+            helper.make_node(
+                "Split", [f"{p}/qkv_out", sizes.name], [f"{p}/q", f"{p}/k", f"{p}/v"], name=f"{p}/split", axis=-1
+            ),
+            helper.make_node(
+                "MultiHeadAttention",
+                [f"{p}/q", f"{p}/k", f"{p}/v", bias] + ([mask] if mask else []),
+                list(node.output),
+                name=f"{p}/mha",
+                domain="com.microsoft",
+                **kept,
+            ),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
 
 
 def _read_names(graph: onnx.GraphProto) -> set[str]:
@@ -72,7 +113,7 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
     """Rewrite the MatMuls `names` of `model` (in place; returned) to int8 with per-token activation scales. The
     graph's inputs and outputs keep their names, types and shapes; each rewritten MatMul's output keeps its name.
     Raises PerTokenError, before changing anything, for a name that is not a node of the graph or a node that is not
-    a MatMul with a constant 2-D float weight. `mode`: symmetric rows (zero point 128), asymmetric rows (each row's own
+    a MatMul with a constant 2-D float weight or a fused Attention (unfuse_attention). `mode`: symmetric rows (zero point 128), asymmetric rows (each row's own
     range), or auto (asymmetric where a GELU feeds the MatMul)."""
     if mode not in MODES:
         raise PerTokenError(f"per-token int8: mode must be one of {MODES}, got {mode!r}")
@@ -83,23 +124,25 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
     opset = _opset(model)
     if opset < 13:
         raise PerTokenError(f"per-token int8 needs opset 13 or later (ReduceMax over the last axis), got {opset}")
-    weights = {}
+    float_2d = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
     for name in names:
         node = by_name.get(name)
         if node is None:
             raise PerTokenError(f"per-token int8: no node named {name!r} in the graph")
-        weight = weight_of(model, node)
-        if weight is None:
-            detail = (
-                f"a {node.op_type}"
-                if node.op_type != "MatMul"
-                else "a MatMul whose second input is not a constant 2-D float weight"
-                + (f" ({node.input[1]!r})" if len(node.input) > 1 and node.input[1] not in initializers else "")
-            )
+        refusal = _refusal(node, float_2d)
+        if refusal:
             raise PerTokenError(
-                f"per-token int8 cannot rewrite node {name!r}: it is {detail}; only MatMuls with constant weights"
+                f"per-token int8 cannot rewrite node {name!r}: it is {refusal}; only MatMuls with constant weights "
+                "and fused Attention nodes"
             )
-        weights[name] = weight
+    # a fused Attention becomes its QKV projection (a MatMul, rewritten below), a Split and MultiHeadAttention
+    attention = [n for n in names if by_name[n].op_type == "Attention"]
+    if attention:
+        unfuse_attention(model, attention)
+        names = [f"{n}/qkv" if n in attention else n for n in names]
+        by_name = {n.name: n for n in graph.node}
+        initializers = {t.name: t for t in graph.initializer}
+    weights = {name: numpy_helper.to_array(initializers[by_name[name].input[1]]) for name in names}
 
     added: list[onnx.TensorProto] = []
 

@@ -358,13 +358,16 @@ def run_graph(path: Path, calibration: Calibration, output_names: list[str]) -> 
 
 def scheme_of_nodes(model: onnx.ModelProto, nodes, scheme: str) -> dict[str, str]:
     """Node -> how it is quantised: "per-token" (export/pertoken.py) for the MatMuls with constant weights when
-    `scheme` is per-token, else "per-tensor" (onnxruntime's dynamic quantisation: QAttention, the embeddings, Gemm
-    heads)."""
+    `scheme` is per-token, else "per-tensor" (onnxruntime's dynamic quantisation: the fused Attention as QAttention,
+    the embeddings, Gemm heads)."""
     if scheme not in SCHEMES:
         raise ValueError(f"int8 scheme must be one of {SCHEMES}, got {scheme!r}")
     from .pertoken import rewritable
 
-    per_token = set(rewritable(model)) if scheme == "per-token" else set()
+    # a fused Attention stays QAttention: unfused for per-token QKV (export/pertoken.py unfuse_attention) it ran
+    # slower and moved the outputs no less (docs/export.md, "int8: per-token activations")
+    ops = {n.name: n.op_type for n in model.graph.node}
+    per_token = {n for n in rewritable(model) if ops[n] == "MatMul"} if scheme == "per-token" else set()
     return {n: "per-token" if n in per_token else "per-tensor" for n in nodes}
 
 

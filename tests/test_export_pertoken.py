@@ -109,10 +109,12 @@ def tiny_fused(tmp_path_factory):
 def test_fused_graph_keeps_its_outputs_and_stays_close(tiny_fused):
     model = onnx.load(str(tiny_fused))
     names = rewritable(model)
-    # every layer's attention output, FFN input and FFN output; the fused Attention and the Gemm heads are not MatMuls
-    assert len(names) == 3 * 2 and all("encoder/layer" in n for n in names)
+    # every layer's fused Attention (its QKV projection), attention output, FFN input and FFN output; not the Gemm heads
+    assert sorted(n for n in names if "encoder/layer" not in n) == ["Attention_0", "Attention_1"] and len(names) == 8
     rewritten = per_token(onnx.load(str(tiny_fused)), names)
     onnx.checker.check_model(rewritten)
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 8 and ops.count("MultiHeadAttention") == 2 and "Attention" not in ops
     # auto: the FFN output projections (fed by BiasGelu) get asymmetric rows, the other MatMuls symmetric ones
     reduce_min = [n.name for n in rewritten.graph.node if n.op_type == "ReduceMin"]
     assert len(reduce_min) == 2 and all("/output/dense/" in n for n in reduce_min)
@@ -137,7 +139,8 @@ def test_search_quantises_per_token_and_records_each_groups_scheme(tiny_fused, t
     described = found.describe()
     schemes = described["group_schemes"]
     assert schemes["layer 0 ffn-out"] == "per-token" and schemes["layer 1 attention"] == "per-tensor"
-    assert schemes["head"] == "per-tensor" and len(described["per_token_nodes"]) == 6
+    assert schemes["head"] == "per-tensor" and schemes["embeddings"] == "per-tensor"
+    assert len(described["per_token_nodes"]) == 6
     assert found.describe(per_tensor=True)["group_schemes"]["layer 0 ffn-out"] == "per-tensor"
     # the graph the search measured is the one the export writes
     from export.variants import quantize_int8
@@ -147,7 +150,8 @@ def test_search_quantises_per_token_and_records_each_groups_scheme(tiny_fused, t
     record = quantize_int8(tiny_fused, out, "auto", found.fp32_nodes, per_token_nodes)
     assert record["method"] == "dynamic + per-token" and len(record["per_token_nodes"]) == 6
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
-    assert {"MatMulIntegerToFloat", "QAttention", "ReduceMax"} <= ops and "MatMul" not in ops
+    assert {"MatMulIntegerToFloat", "QAttention", "QEmbedLayerNormalization", "ReduceMin"} <= ops
+    assert not ops & {"MatMul", "Attention", "MultiHeadAttention"}
 
 
 def cross_encoder(directory, tokenizer_dir):
