@@ -71,8 +71,9 @@ class OnnxOptions:
         "auto",
         choices=PRECISIONS,
         help=(
-            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives, times both on this "
-            "machine on the calibration inputs and writes the faster one that meets --int8-agreement (the manifest's "
+            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives (with scope auto "
+            "also that graph's groups quantised per tensor, where it meets --int8-agreement too), times them on this "
+            "machine on the calibration inputs and writes the fastest one that meets --int8-agreement (the manifest's "
             "precision says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
             "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 "
             "quantisation (for CPUs); bf16: the checkpoint's own weights as model.safetensors instead of model.onnx, "
@@ -87,8 +88,9 @@ class OnnxOptions:
         help=(
             "with --precision int8 or auto: which MatMuls to quantise. auto: measured on the calibration inputs, the "
             "fewest groups (one layer's attention, attention output, FFN input or FFN output; embeddings; heads) kept "
-            "fp32 that bring agreement with fp32 to --int8-agreement; skip-ffn-output keeps each layer's feed-forward "
-            "output projection fp32; all quantises every one"
+            "fp32 that bring agreement with fp32 to --int8-agreement, the layers' MatMuls with one activation scale "
+            "per token, the fused attention per tensor; skip-ffn-output keeps each layer's feed-forward output "
+            "projection fp32; all quantises every one (both: one activation scale per tensor)"
         ),
     )
     int8_agreement: float = option(
