@@ -30,9 +30,10 @@ def usage_errors() -> tuple[type[BaseException], ...]:
     from bert.errors import bad_input_errors
 
     from .manifest import ArtifactError
+    from .pertoken import PerTokenError
     from .source import SourceError
 
-    return (UsageError, *bad_input_errors(), ArtifactError, SourceError, FileNotFoundError)
+    return (UsageError, *bad_input_errors(), ArtifactError, SourceError, PerTokenError, FileNotFoundError)
 
 
 def exit_code_for(error: BaseException) -> int | None:

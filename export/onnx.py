@@ -71,8 +71,9 @@ class OnnxOptions:
         "auto",
         choices=PRECISIONS,
         help=(
-            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives, times both on this "
-            "machine on the calibration inputs and writes the faster one that meets --int8-agreement (the manifest's "
+            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives (with scope auto "
+            "also that graph's groups quantised per tensor, where it meets --int8-agreement too), times them on this "
+            "machine on the calibration inputs and writes the fastest one that meets --int8-agreement (the manifest's "
             "precision says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
             "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 "
             "quantisation (for CPUs); bf16: the checkpoint's own weights as model.safetensors instead of model.onnx, "
@@ -87,8 +88,9 @@ class OnnxOptions:
         help=(
             "with --precision int8 or auto: which MatMuls to quantise. auto: measured on the calibration inputs, the "
             "fewest groups (one layer's attention, attention output, FFN input or FFN output; embeddings; heads) kept "
-            "fp32 that bring agreement with fp32 to --int8-agreement; skip-ffn-output keeps each layer's feed-forward "
-            "output projection fp32; all quantises every one"
+            "fp32 that bring agreement with fp32 to --int8-agreement, the layers' MatMuls with one activation scale "
+            "per token, the fused attention per tensor; skip-ffn-output keeps each layer's feed-forward output "
+            "projection fp32; all quantises every one (both: one activation scale per tensor)"
         ),
     )
     int8_agreement: float = option(
@@ -416,20 +418,36 @@ def main(argv=None) -> None:
                 bf16.write_weights(source.checkpoint_dir, tmp)
             else:
                 int8_path = tmp / "int8.onnx" if args.precision == "auto" else model_path
+                per_token = [n for n, how in search.quantised.items() if how == "per-token"] if search else ()
                 quantization = variants.quantize_int8(
-                    fused_path, int8_path, args.int8_scope, search.fp32_nodes if search else None
+                    fused_path, int8_path, args.int8_scope, search.fp32_nodes if search else None, per_token
                 )
-                progress.note(f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} nodes kept fp32")
+                progress.note(
+                    f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} nodes kept fp32"
+                    + (f", {len(per_token)} with per-token activations" if per_token else "")
+                )
+                int8_graphs = {"int8": (int8_path, quantization)}
+                alternative = search.per_tensor if search else None
+                if args.precision == "auto" and alternative and alternative.agreement >= args.int8_agreement:
+                    # the same groups fp32, the rest per-tensor: faithful too, so the timing decides between them
+                    path = tmp / "int8-per-tensor.onnx"
+                    int8_graphs["int8-per-tensor"] = (
+                        path,
+                        variants.quantize_int8(fused_path, path, "auto", search.fp32_nodes),
+                    )
         if args.precision == "auto":
             with progress("timing the candidates on this machine"):
-                choice = choose_precision(fused_path, int8_path, calibration, search, args.int8_agreement)
+                choice = choose_precision(
+                    fused_path, {k: p for k, (p, _) in int8_graphs.items()}, calibration, search, args.int8_agreement
+                )
                 precision = choice["chosen"]
-                (int8_path if precision == "int8" else fused_path).rename(model_path)
+                graph = choice["graph"]
+                (int8_graphs[graph][0] if precision == "int8" else fused_path).rename(model_path)
                 progress.note(choice["line"])
-                if precision == "fp32":
-                    quantization = None
+                quantization = int8_graphs[graph][1] if precision == "int8" else None
         if quantizing:
-            for leftover in (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx"):
+            scratch = (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx")
+            for leftover in (*scratch, tmp / "int8-per-tensor.onnx"):
                 leftover.unlink(missing_ok=True)
         if args.precision in ("fp32", "fp16", "bf16"):
             del fused
@@ -451,9 +469,12 @@ def main(argv=None) -> None:
             if precision == "bf16":
                 manifest["runtime"] = bf16.RUNTIME  # served by the torch backend, not onnxruntime
             if quantization:
+                described = (
+                    search.describe(per_tensor=choice is not None and choice["graph"] != "int8") if search else {}
+                )
                 manifest["quantization"] = (
                     quantization
-                    | ({k: v for k, v in search.describe().items() if k not in quantization} if search else {})
+                    | ({k: v for k, v in described.items() if k not in quantization} if search else {})
                     | {"fp32_matmuls": len(quantization["fp32_nodes"])}
                 )
             if choice:
@@ -507,39 +528,49 @@ def sensitivity_set(task: str | None) -> str:
     return {"qa": "qa", "rerank": "rerank", "zero_shot": "zero_shot"}.get(task, "sentences")
 
 
-def choose_precision(fp32_path: Path, int8_path: Path, calibration, search, target: float) -> dict:
-    """Time fp32 and int8 on the calibration inputs here; the faster one meeting the agreement target wins."""
+def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, search, target: float) -> dict:
+    """Time fp32 and the int8 graphs (`int8`: the search's; `int8-per-tensor`: the same groups fp32, every other
+    per-tensor, given only when it meets the target) on the calibration inputs here; the fastest one meeting the
+    agreement target wins, fp32 unless an int8 graph is faster."""
     import numpy as np
 
     from .sensitivity import time_graphs
 
-    agreement = search.chosen.agreement if search else None
-    meets = agreement is None or agreement >= target
-    if search is not None and len(search.kept) == len(search.groups) and search.groups:
-        meets = False  # nothing quantised: the int8 graph is fp32 under another name
-    passes = time_graphs({"fp32": fp32_path, "int8": int8_path}, calibration, every_pass=True)
-    timings = {name: float(np.median(seconds)) for name, seconds in passes.items()}
-    # int8's speed is the median of the passes' ratios: the two passes of a turn ran back to back, so a busy
-    # moment of a shared machine weighs on both alike, where the medians of the two may come from different moments
-    speed = float(np.median([f / i for f, i in zip(passes["fp32"], passes["int8"])]))
-    candidates = {
-        "fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True},
-        "int8": {"seconds": timings["int8"], "agreement": agreement, "meets_target": meets, "speed": speed},
+    agreements = {
+        "int8": search.chosen.agreement if search else None,
+        "int8-per-tensor": search.per_tensor.agreement if search and search.per_tensor else None,
     }
-    chosen = "int8" if meets and speed > 1 else "fp32"
+    passes = time_graphs({"fp32": fp32_path, **int8_paths}, calibration, every_pass=True)
+    timings = {name: float(np.median(seconds)) for name, seconds in passes.items()}
+    candidates = {"fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True}}
+    for name in int8_paths:
+        agreement = agreements.get(name)
+        meets = agreement is None or agreement >= target
+        if name == "int8" and search is not None and len(search.kept) == len(search.groups) and search.groups:
+            meets = False  # nothing quantised: the int8 graph is fp32 under another name
+        # int8's speed is the median of the passes' ratios: the passes of a turn ran back to back, so a busy moment
+        # of a shared machine weighs on all alike, where the medians may come from different moments
+        speed = float(np.median([f / i for f, i in zip(passes["fp32"], passes[name])]))
+        candidates[name] = {"seconds": timings[name], "agreement": agreement, "meets_target": meets, "speed": speed}
+    faithful = [n for n in int8_paths if candidates[n]["meets_target"] and candidates[n]["speed"] > 1]
+    graph = max(faithful, key=lambda n: candidates[n]["speed"]) if faithful else "fp32"
+    chosen = "fp32" if graph == "fp32" else "int8"
     inputs = sum(calibration.size().values())
-    why = (
-        f"int8 {speed:.2f}x the speed of fp32"
-        + (f", agreement {agreement:.4f}" if agreement is not None else "")
-        + ("" if meets else f" (below the {target:.1%} target)")
-    )
-    line = (
-        f"precision auto: {chosen} (fp32 {timings['fp32'] * 1e3:.1f} ms, int8 {timings['int8'] * 1e3:.1f} ms "
-        f"for {inputs} calibration inputs; {why})"
-    )
+
+    def why(name: str) -> str:
+        c = candidates[name]
+        return (
+            f"{name} {c['speed']:.2f}x the speed of fp32"
+            + (f", agreement {c['agreement']:.4f}" if c["agreement"] is not None else "")
+            + ("" if c["meets_target"] else f" (below the {target:.1%} target)")
+        )
+
+    times = ", ".join(f"{name} {c['seconds'] * 1e3:.1f} ms" for name, c in candidates.items())
+    line = f"precision auto: {graph} ({times} for {inputs} calibration inputs; {'; '.join(map(why, int8_paths))})"
     return {
         "requested": "auto",
         "chosen": chosen,
+        "graph": graph,
         "target_agreement": target,
         "timed_on": (
             f"{inputs} calibration inputs, median of the passes (int8's speed: of the passes' ratios), onnxruntime "

@@ -50,6 +50,10 @@ QUANTISABLE = ("MatMul", "Attention", "Gemm", "EmbedLayerNormalization", "Gather
 WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Attention": 1, "Gather": 0, "EmbedLayerNormalization": 2}
 KINDS = ("embeddings", "attention", "attention-output", "ffn-in", "ffn-out", "other")
 CALIBRATION_SETS = ("sentences", "qa", "rerank", "zero_shot")
+# how the quantised MatMuls' activations are scaled: one scale per token (row) or per tensor (onnxruntime's dynamic
+# quantisation); per-token applies to MatMuls with constant weights, the rest (QAttention, embeddings, Gemm heads)
+# are per-tensor either way (docs/export.md, "int8: per-token activations")
+SCHEMES = ("per-token", "per-tensor")
 # Groups whose integer kernels save next to no time (a gather of embedding rows; the pooler and the heads, one small
 # MatMul each) but whose int8 weights move every answer: kept fp32 before any layer's group (docs/export.md).
 CHEAP = ("embeddings", "head")
@@ -352,9 +356,52 @@ def run_graph(path: Path, calibration: Calibration, output_names: list[str]) -> 
     return results
 
 
+def scheme_of_nodes(model: onnx.ModelProto, nodes, scheme: str) -> dict[str, str]:
+    """Node -> how it is quantised: "per-token" (export/pertoken.py) for the MatMuls with constant weights when
+    `scheme` is per-token, else "per-tensor" (onnxruntime's dynamic quantisation: the fused Attention as QAttention,
+    the embeddings, Gemm heads)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"int8 scheme must be one of {SCHEMES}, got {scheme!r}")
+    from .pertoken import rewritable
+
+    # a fused Attention stays QAttention: unfused for per-token QKV (export/pertoken.py unfuse_attention) it ran
+    # slower and moved the outputs no less (docs/export.md, "int8: per-token activations")
+    ops = {n.name: n.op_type for n in model.graph.node}
+    per_token = {n for n in rewritable(model) if ops[n] == "MatMul"} if scheme == "per-token" else set()
+    return {n: "per-token" if n in per_token else "per-tensor" for n in nodes}
+
+
+def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str]) -> Path:
+    """The fused graph with each node of `schemes` quantised as it says (per-tensor first, by onnxruntime's
+    quantize_dynamic, which leaves the other nodes as they are; then per-token); every other node stays fp32."""
+    from .pertoken import per_token
+    from .variants import quantize_dynamic_graph, save
+
+    dynamic = [n for n, how in schemes.items() if how == "per-tensor"]
+    tokens = [n for n, how in schemes.items() if how == "per-token"]
+    if dynamic:
+        quantize_dynamic_graph(fused_path, out_path, only=dynamic)
+        if not tokens:
+            return out_path
+        model = onnx.load(str(out_path))
+    else:
+        model = onnx.load(str(fused_path))
+    return save(per_token(model, tokens), out_path)
+
+
+def group_schemes(groups: list[Group], kept: list[Group], schemes: dict[str, str]) -> dict[str, str]:
+    """Group label -> fp32, per-token, per-tensor, or both (a group of nodes quantised both ways)."""
+    kept_labels = {g.label for g in kept}
+    described = {}
+    for group in groups:
+        found = {schemes.get(n, "per-tensor") for n in group.nodes}
+        described[group.label] = "fp32" if group.label in kept_labels else found.pop() if len(found) == 1 else "both"
+    return described
+
+
 @dataclass
 class Search:
-    """What the search found: the nodes kept fp32 and the agreement of the graph with them kept so."""
+    """What the search found: the nodes kept fp32, how the others are quantised and the agreement of the graph."""
 
     target: float
     groups: list[Group]
@@ -363,19 +410,36 @@ class Search:
     trials: list[Trial]
     sensitivity: dict[str, float]
     calibration: dict[str, int]
+    scheme: str = "per-tensor"
+    schemes: dict[str, str] = field(default_factory=dict)  # every grouped node -> per-token | per-tensor
+    # the same groups kept fp32, every other per-tensor: a faster graph, a candidate where it meets the target too
+    per_tensor: Trial | None = None
 
     @property
     def fp32_nodes(self) -> list[str]:
         return [n for g in self.kept for n in g.nodes]
 
-    def describe(self) -> dict:
+    @property
+    def quantised(self) -> dict[str, str]:
+        """Node -> scheme of the nodes the chosen graph quantises."""
+        kept = set(self.fp32_nodes)
+        return {n: how for n, how in self.schemes.items() if n not in kept}
+
+    def describe(self, per_tensor: bool = False) -> dict:
+        """The manifest's record; `per_tensor`: of the graph with the same groups fp32 and every other per-tensor."""
+        chosen = self.per_tensor if per_tensor and self.per_tensor else self.chosen
+        quantised = self.quantised
+        if chosen is not self.chosen:
+            quantised = {n: "per-tensor" for n in quantised}
+        per_token = sorted(n for n, how in quantised.items() if how == "per-token")
         return {
-            "method": "dynamic",
+            "method": "dynamic" + (" + per-token" if per_token else ""),
             "weights": "int8 per channel",
-            "activations": "uint8 per tensor, per batch",
+            "activations": "uint8 per tensor, per batch" + ("; per token (row) where per-token" if per_token else ""),
             "scope": "auto",
+            "scheme": self.scheme,
             "target_agreement": self.target,
-            "agreement": self.chosen.agreement,
+            "agreement": chosen.agreement,
             "outputs": {
                 name: {
                     "kind": a.kind,
@@ -384,10 +448,15 @@ class Search:
                     "relative_rms": a.relative_rms,
                     "rows": a.rows,
                 }
-                for name, a in self.chosen.outputs.items()
+                for name, a in chosen.outputs.items()
             },
             "fp32_groups": [g.label for g in self.kept],
             "fp32_nodes": self.fp32_nodes,
+            "group_schemes": group_schemes(self.groups, self.kept, self.schemes | quantised),
+            "per_tensor_alternative": (
+                None if self.per_tensor is None else {"agreement": self.per_tensor.agreement, "chosen": per_tensor}
+            ),
+            "per_token_nodes": per_token,
             "groups": len(self.groups),
             "trials": len(self.trials),
             "sensitivity": self.sensitivity,
@@ -403,22 +472,27 @@ def search(
     target: float = DEFAULT_AGREEMENT,
     budget: int = DEFAULT_TRIALS,
     note: Callable[[str], None] = print,
+    scheme: str = "per-token",
 ) -> Search:
     """judged: output name -> (agreement kind, token level, calibration set). Returns the fewest groups that, kept
-    fp32, meet `target`; `note` shows each trial as it ends."""
-    from .variants import quantize_dynamic_graph
-
+    fp32, meet `target`, the others quantised as `scheme` says (scheme_of_nodes); `note` shows each trial as it
+    ends. With per-token, one more trial measures the same groups kept fp32 with every other per-tensor (faster):
+    Search.per_tensor, a candidate for the timing."""
     model = onnx.load(str(fused_path), load_external_data=False)
     groups = groups_of(model, budget)
+    schemes = scheme_of_nodes(model, [n for g in groups for n in g.nodes], scheme)
     del model
     names = list(judged)
     reference = run_graph(fused_path, calibration, names)
     trials: list[Trial] = []
 
-    def measure(what: str, exclude=(), only=None) -> Trial:
+    def measure(what: str, exclude=(), only=None, how=None) -> Trial:
+        how = how or schemes
+        excluded = set(exclude)
+        chosen = {n: s for n, s in how.items() if n not in excluded and (only is None or n in only)}
         with tempfile.TemporaryDirectory(dir=fused_path.parent) as scratch:
             path = Path(scratch) / "trial.onnx"
-            quantize_dynamic_graph(fused_path, path, exclude=exclude, only=only)
+            build_int8(fused_path, path, chosen)
             candidate = run_graph(path, calibration, names)
         trial = Trial(what, tuple(exclude), *judge(reference, candidate, calibration, judged))
         trials.append(trial)
@@ -429,14 +503,24 @@ def search(
     def meets(trial: Trial) -> bool:
         return trial.agreement is None or trial.agreement >= target
 
-    everything = measure("every group quantised")
+    def found(kept, chosen, sensitivity) -> Search:
+        result = Search(
+            target, groups, kept, chosen, trials, sensitivity, calibration.size(), scheme=scheme, schemes=schemes
+        )
+        quantised = result.quantised
+        if scheme == "per-token" and any(how == "per-token" for how in quantised.values()) and len(trials) < budget:
+            per_tensor = {n: "per-tensor" for n in quantised}
+            result.per_tensor = measure("the same groups, every one per-tensor", how=per_tensor)
+        return result
+
+    everything = measure(f"every group quantised ({scheme})")
     if meets(everything) or not groups:
-        return Search(target, groups, [], everything, trials, {}, calibration.size())
+        return found([], everything, {})
     sensitivity = {}
     cheap = [g for g in groups if g.label in CHEAP]
     for group in groups:
         if group.label not in CHEAP:  # kept fp32 first whatever they measure
-            alone = measure(f"{group.label} alone", only=group.nodes)
+            alone = measure(f"{group.label} alone", only=set(group.nodes))
             sensitivity[group.label] = alone.error
     ordered = cheap + sorted((g for g in groups if g.label not in CHEAP), key=lambda g: -sensitivity[g.label])
     # the fewest most-sensitive groups kept fp32 that meet the target (the cheap ones first): all of them kept is
@@ -456,7 +540,7 @@ def search(
     if best is None:  # only fp32 everywhere met the target (or the budget ran out before a smaller set did)
         same = {name: OutputAgreement(kind, 1.0, 1.0, 0.0, 0) for name, (kind, _, _) in judged.items()}
         best = Trial("every group kept fp32", tuple(n for g in ordered for n in g.nodes), 1.0, 0.0, same)
-    return Search(target, groups, ordered[:high], best, trials, sensitivity, calibration.size())
+    return found(ordered[:high], best, sensitivity)
 
 
 def time_graphs(

@@ -187,13 +187,16 @@ def ffn_output_matmuls(model: onnx.ModelProto) -> list[str]:
     ]
 
 
-def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-output", excluded=None) -> dict:
+def quantize_int8(
+    fused_path: Path, out_path: Path, scope: str = "skip-ffn-output", excluded=None, per_token_nodes=()
+) -> dict:
     """Dynamic quantisation (int8 weights per output channel, activations quantised per batch at run
     time) for CPU, on the fused graph (Attention and EmbedLayerNormalization have integer kernels).
 
     Scope "all" quantises every MatMul; "skip-ffn-output" keeps each layer's FFN output projection fp32
     (its input, the GELU output, has a long tail): closer to fp32, a little slower (figures: docs/export.md,
-    "int8 scope"); "auto" keeps `excluded` fp32, the nodes export/sensitivity.py's search chose.
+    "int8 scope"); "auto" keeps `excluded` fp32, the nodes export/sensitivity.py's search chose, and gives
+    `per_token_nodes` one activation scale per token (export/pertoken.py) instead of one per tensor.
     Per-channel weights quantise with less error than per-tensor ones. Returns what was done, for the manifest."""
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
@@ -205,17 +208,25 @@ def quantize_int8(fused_path: Path, out_path: Path, scope: str = "skip-ffn-outpu
         raise ValueError("int8 scope auto needs the nodes to keep fp32 (export/sensitivity.py)")
     # weights-only arithmetic is folded into constants at session start: quantised it would only lose digits
     excluded = list(excluded) + input_independent_nodes(onnx.load(str(fused_path), load_external_data=False))
-    quantize_dynamic_graph(fused_path, out_path, exclude=excluded)
+    if per_token_nodes and scope != "auto":
+        raise ValueError("per-token activations come with int8 scope auto only")
+    per_token_nodes = [n for n in per_token_nodes if n not in set(excluded)]
+    quantize_dynamic_graph(fused_path, out_path, exclude=excluded + per_token_nodes)
     quantized = onnx.load(str(out_path))
+    if per_token_nodes:
+        from .pertoken import per_token
+
+        per_token(quantized, per_token_nodes)
     split = split_skip_layer_norm(quantized)
-    if split:
+    if split or per_token_nodes:
         save(quantized, out_path)
     return {
-        "method": "dynamic",
+        "method": "dynamic" + (" + per-token" if per_token_nodes else ""),
         "weights": "int8 per channel",
-        "activations": "uint8 per tensor, per batch",
+        "activations": "uint8 per tensor, per batch" + ("; per token (row) where per-token" if per_token_nodes else ""),
         "scope": scope,
         "fp32_nodes": list(excluded),
+        "per_token_nodes": list(per_token_nodes),
         "skip_layer_norms_split": split,
     }
 

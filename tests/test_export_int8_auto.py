@@ -134,7 +134,8 @@ def test_search_keeps_the_fewest_sensitive_groups_that_meet_the_target(tiny_fuse
     judged = {"logits": ("cosine", False, "sentences")}  # a random model's labels hardly move: its logits do
     notes = []
     easy = sensitivity.search(tiny_fused, calibration, judged, target=0.01, budget=32, note=notes.append)
-    assert easy.kept == [] and len(easy.trials) == 1 and notes[0].startswith("int8 trial 1: every group quantised")
+    assert easy.kept == [] and notes[0].startswith("int8 trial 1: every group quantised (per-token)")
+    assert len(easy.trials) == 2 and easy.per_tensor is easy.trials[1]  # the same groups, per-tensor: a candidate
 
     planted = planted_outlier(tiny_fused, tmp_path / "planted.onnx")
     strict = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
@@ -161,14 +162,20 @@ def test_precision_auto_is_the_default_and_writes_the_faster_faithful_graph(tmp_
     choice = manifest["precision_choice"]
     assert choice["requested"] == "auto" and manifest["precision"] == choice["chosen"]
     candidates = choice["candidates"]
-    assert set(candidates) == {"fp32", "int8"} and all(c["seconds"] > 0 for c in candidates.values())
-    # int8 when it meets the target and is faster, pass by pass (the median of the passes' paired ratios)
-    int8 = candidates["int8"]
-    assert int8["speed"] > 0 and candidates["fp32"]["meets_target"]
-    assert choice["chosen"] == ("int8" if int8["meets_target"] and int8["speed"] > 1 else "fp32")
+    # the search's graph (per-token int8) and, meeting the target too, the same groups per-tensor
+    assert set(candidates) == {"fp32", "int8", "int8-per-tensor"} and all(c["seconds"] > 0 for c in candidates.values())
+    # the fastest int8 graph when it meets the target and is faster, pass by pass (the median of the paired ratios)
+    int8 = {name: c for name, c in candidates.items() if name != "fp32"}
+    assert all(c["speed"] > 0 for c in int8.values()) and candidates["fp32"]["meets_target"]
+    faithful = {name: c["speed"] for name, c in int8.items() if c["meets_target"] and c["speed"] > 1}
+    assert choice["graph"] == (max(faithful, key=faithful.get) if faithful else "fp32")
+    assert choice["chosen"] == ("int8" if faithful else "fp32")
     if choice["chosen"] == "int8":
         quantization = manifest["quantization"]
         assert quantization["scope"] == "auto" and quantization["trials"] <= 6
+        per_token = choice["graph"] == "int8"
+        assert quantization["method"] == ("dynamic + per-token" if per_token else "dynamic")
+        assert quantization["per_tensor_alternative"]["chosen"] is not per_token
         assert quantization["agreement"] >= 0.5 and quantization["calibration"]["sentences"] == 49
         assert manifest["parity"]["model"]["precision"] == "int8"
     assert not any(p.name.startswith(("fused", "int8")) for p in out.iterdir())

@@ -1,0 +1,240 @@
+"""int8 with one activation scale per token: a graph transform for MatMuls with constant weights.
+
+onnxruntime's dynamic quantisation (export/variants.py quantize_dynamic_graph) gives a whole activation tensor one
+range per batch, so one token's outlier (a GELU tail, a [CLS] or [SEP] row an order of magnitude above the rest)
+coarsens every other token's steps. Here each row of the activation (one token) gets its own scale, computed at run
+time:
+
+    s = max(|x|, over the row) / 127          (at least 1e-12)
+    q = QuantizeLinear(x / s, 1, 128)          uint8, zero point 128: symmetric, the row's own range
+    y = MatMulIntegerToFloat(q, Wq, s, ws, 128)   com.microsoft; s has shape [..., 1]: one scale per row
+
+with the weight int8 per output channel (ws, shape [N]). MatMulInteger takes one zero point per tensor for its first
+input only, so an asymmetric row (its own zero point) is computed as the symmetric one plus a correction:
+q = round(x / s) - round(min / s) in 0..255 with zero point 0, and y += s * round(min / s) * colsum(W dequantised).
+
+Measured figures: docs/export.md, "int8: per-token activations".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+MODES = ("auto", "symmetric", "asymmetric")
+# auto: asymmetric for a MatMul fed by a GELU (outputs from -0.17 up: a symmetric range would leave half the steps
+# unused), symmetric elsewhere (LayerNorm and attention outputs straddle zero; two reductions fewer)
+GELU_OPS = ("BiasGelu", "FastGelu", "Gelu")
+SCHEME = "int8 per-channel weights, uint8 activations one scale per token (row), per batch"
+
+
+class PerTokenError(ValueError):
+    """A node the transform cannot rewrite was asked for: the graph is left as it was (export/cli.py: exit 2)."""
+
+
+def rewritable(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes `per_token` can rewrite: MatMuls whose weight is a constant 2-D float matrix, and fused
+    Attention nodes (onnxruntime's BERT fusion: input, constant QKV weight and bias, optional mask index)."""
+    weights = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    return [n.name for n in model.graph.node if _refusal(n, weights) is None]
+
+
+def _refusal(node: onnx.NodeProto, weights: set[str]) -> str | None:
+    """Why `node` cannot be rewritten, or None."""
+    if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+        if len(node.input) != 2 or node.input[1] not in weights:
+            return "a MatMul whose second input is not a constant 2-D float weight"
+        return None
+    if node.op_type == "Attention" and node.domain == "com.microsoft":
+        attributes = {a.name for a in node.attribute}
+        if len(node.input) < 3 or node.input[1] not in weights or not node.input[2]:
+            return "an Attention whose QKV weight is not a constant 2-D float matrix with a bias"
+        if len(node.input) > 4 or len(node.output) != 1 or attributes - {"num_heads", "mask_filter_value"}:
+            return "an Attention with inputs or attributes beyond input, weights, bias, mask index and num_heads"
+        return None
+    return f"a {node.op_type}"
+
+
+def unfuse_attention(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """Replace each fused Attention `names` by MatMul (input x QKV weight, named NAME/qkv) -> Split into Q, K, V ->
+    com.microsoft MultiHeadAttention (the QKV bias, the same mask index, num_heads): the same maths, with the QKV
+    projection a plain MatMul that can be quantised per token. Outputs keep their names."""
+    graph = model.graph
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    wanted = set(names)
+    nodes = []
+    for node in graph.node:
+        if node.name not in wanted:
+            nodes.append(node)
+            continue
+        x, w, bias = node.input[:3]
+        mask = node.input[3] if len(node.input) > 3 else ""
+        hidden = shapes[w][1] // 3
+        p = node.name
+        sizes = numpy_helper.from_array(np.array([hidden] * 3, np.int64), f"{p}/split_sizes")
+        graph.initializer.append(sizes)
+        kept = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes += [
+            helper.make_node("MatMul", [x, w], [f"{p}/qkv_out"], name=f"{p}/qkv"),
+            helper.make_node(
+                "Split", [f"{p}/qkv_out", sizes.name], [f"{p}/q", f"{p}/k", f"{p}/v"], name=f"{p}/split", axis=-1
+            ),
+            helper.make_node(
+                "MultiHeadAttention",
+                [f"{p}/q", f"{p}/k", f"{p}/v", bias] + ([mask] if mask else []),
+                list(node.output),
+                name=f"{p}/mha",
+                domain="com.microsoft",
+                **kept,
+            ),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def _read_names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of `graph` or of its subgraphs (If, Loop, Scan bodies) reads."""
+    names = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
+                names |= _read_names(sub)
+    return names
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelProto:
+    """Rewrite the MatMuls `names` of `model` (in place; returned) to int8 with per-token activation scales. The
+    graph's inputs and outputs keep their names, types and shapes; each rewritten MatMul's output keeps its name.
+    Raises PerTokenError, before changing anything, for a name that is not a node of the graph or a node that is not
+    a MatMul with a constant 2-D float weight or a fused Attention (unfuse_attention). `mode`: symmetric rows (zero point 128), asymmetric rows (each row's own
+    range), or auto (asymmetric where a GELU feeds the MatMul)."""
+    if mode not in MODES:
+        raise PerTokenError(f"per-token int8: mode must be one of {MODES}, got {mode!r}")
+    names = list(dict.fromkeys(names))
+    graph = model.graph
+    by_name = {n.name: n for n in graph.node}
+    initializers = {t.name: t for t in graph.initializer}
+    opset = _opset(model)
+    if opset < 13:
+        raise PerTokenError(f"per-token int8 needs opset 13 or later (ReduceMax over the last axis), got {opset}")
+    float_2d = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    for name in names:
+        node = by_name.get(name)
+        if node is None:
+            raise PerTokenError(f"per-token int8: no node named {name!r} in the graph")
+        refusal = _refusal(node, float_2d)
+        if refusal:
+            raise PerTokenError(
+                f"per-token int8 cannot rewrite node {name!r}: it is {refusal}; only MatMuls with constant weights "
+                "and fused Attention nodes"
+            )
+    # a fused Attention becomes its QKV projection (a MatMul, rewritten below), a Split and MultiHeadAttention
+    attention = [n for n in names if by_name[n].op_type == "Attention"]
+    if attention:
+        unfuse_attention(model, attention)
+        names = [f"{n}/qkv" if n in attention else n for n in names]
+        by_name = {n.name: n for n in graph.node}
+        initializers = {t.name: t for t in graph.initializer}
+    weights = {name: numpy_helper.to_array(initializers[by_name[name].input[1]]) for name in names}
+
+    added: list[onnx.TensorProto] = []
+
+    def constant(name: str, value) -> str:
+        added.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def reduce(op: str, x: str, out: str, prefix: str) -> onnx.NodeProto:
+        if opset >= 18:  # axes became an input
+            axes = constant(f"{prefix}/axes_{op}", np.array([-1], np.int64))
+            return helper.make_node(op, [x, axes], [out], name=f"{prefix}/{op}", keepdims=1)
+        return helper.make_node(op, [x], [out], name=f"{prefix}/{op}", axes=[-1], keepdims=1)
+
+    gelu_outputs = {o for n in graph.node if n.op_type in GELU_OPS for o in n.output}
+    nodes = []
+    for node in graph.node:
+        if node.name not in weights:
+            nodes.append(node)
+            continue
+        symmetric = mode == "symmetric" or (mode == "auto" and node.input[0] not in gelu_outputs)
+        w = weights[node.name].astype(np.float32)
+        w_scale = np.abs(w).max(axis=0) / 127.0
+        w_scale[w_scale == 0] = 1.0  # an all-zero column: any scale gives zeros
+        w_q = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8)
+        p = f"{node.name}/per_token"
+        x, y = node.input[0], node.output[0]
+        wq = constant(f"{p}/weight_int8", w_q)
+        ws = constant(f"{p}/weight_scale", w_scale.astype(np.float32))
+        one = constant(f"{p}/one", np.array(1.0, np.float32))
+        tiny = constant(f"{p}/tiny", np.array(1e-12, np.float32))
+        if symmetric:
+            zero_point = constant(f"{p}/zero_point", np.array(128, np.uint8))
+            nodes += [
+                helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/Abs"),
+                reduce("ReduceMax", f"{p}/abs", f"{p}/max", p),
+                helper.make_node(
+                    "Mul", [f"{p}/max", constant(f"{p}/inv127", np.array(1 / 127, np.float32))], [f"{p}/s0"]
+                ),
+                helper.make_node("Max", [f"{p}/s0", tiny], [f"{p}/scale"], name=f"{p}/Scale"),
+                helper.make_node("Div", [x, f"{p}/scale"], [f"{p}/scaled"], name=f"{p}/Div"),
+                helper.make_node("QuantizeLinear", [f"{p}/scaled", one, zero_point], [f"{p}/q"], name=f"{p}/Quantize"),
+                helper.make_node(
+                    "MatMulIntegerToFloat",
+                    [f"{p}/q", wq, f"{p}/scale", ws, zero_point],
+                    [y],
+                    name=f"{p}/MatMulIntegerToFloat",
+                    domain="com.microsoft",
+                ),
+            ]
+            continue
+        zero = constant(f"{p}/zero", np.array(0.0, np.float32))
+        zero_point = constant(f"{p}/zero_point", np.array(0, np.uint8))
+        column_sums = (w_q.astype(np.int64).sum(axis=0) * w_scale).astype(np.float32)
+        nodes += [
+            reduce("ReduceMax", x, f"{p}/max0", p),
+            reduce("ReduceMin", x, f"{p}/min0", p),
+            helper.make_node("Max", [f"{p}/max0", zero], [f"{p}/max"], name=f"{p}/Max"),
+            helper.make_node("Min", [f"{p}/min0", zero], [f"{p}/min"], name=f"{p}/Min"),
+            helper.make_node("Sub", [f"{p}/max", f"{p}/min"], [f"{p}/range"], name=f"{p}/Range"),
+            helper.make_node(
+                "Mul", [f"{p}/range", constant(f"{p}/inv255", np.array(1 / 255, np.float32))], [f"{p}/s0"]
+            ),
+            helper.make_node("Max", [f"{p}/s0", tiny], [f"{p}/scale"], name=f"{p}/Scale"),
+            helper.make_node("Div", [f"{p}/min", f"{p}/scale"], [f"{p}/min_steps"], name=f"{p}/MinSteps"),
+            helper.make_node("Round", [f"{p}/min_steps"], [f"{p}/offset"], name=f"{p}/Offset"),  # minus the zero point
+            helper.make_node("Div", [x, f"{p}/scale"], [f"{p}/scaled"], name=f"{p}/Div"),
+            helper.make_node("Sub", [f"{p}/scaled", f"{p}/offset"], [f"{p}/shifted"], name=f"{p}/Shift"),
+            helper.make_node("QuantizeLinear", [f"{p}/shifted", one, zero_point], [f"{p}/q"], name=f"{p}/Quantize"),
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                [f"{p}/q", wq, f"{p}/scale", ws, zero_point],
+                [f"{p}/product"],
+                name=f"{p}/MatMulIntegerToFloat",
+                domain="com.microsoft",
+            ),
+            helper.make_node("Mul", [f"{p}/offset", f"{p}/scale"], [f"{p}/offset_value"], name=f"{p}/OffsetValue"),
+            helper.make_node(
+                "Mul", [f"{p}/offset_value", constant(f"{p}/column_sums", column_sums)], [f"{p}/correction"]
+            ),
+            helper.make_node("Add", [f"{p}/product", f"{p}/correction"], [y], name=f"{p}/Correct"),
+        ]
+    for i, n in enumerate(nodes):
+        if not n.name:
+            n.name = f"{n.output[0]}/node{i}"
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(added)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    # the fp32 weights the rewritten MatMuls alone read are dropped
+    used = _read_names(graph) | {o.name for o in graph.output}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return model
