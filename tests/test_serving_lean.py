@@ -14,7 +14,7 @@ from starlette.responses import Response
 from test_serving_support import QA_ITEMS, build_checkpoint
 
 from bert.tasks import registry
-from serving.app import create_app
+from serving.app import ServingApp, create_app
 from serving.middleware import first_values, new_request_id, set_header
 from serving.routes.api import AnswerResponse
 from serving.routes.lean import LeanRoutes
@@ -178,3 +178,14 @@ def test_answer_headers_are_starlettes():
         ours = AnswerResponse([{"label": "positive", "score": 0.5}], headers=headers)
         theirs = Response(ours.body, headers=headers, media_type="application/json")
         assert ours.raw_headers == theirs.raw_headers
+
+
+def test_fastapi_telemetry_is_skipped_only_when_nothing_is_configured():
+    from opentelemetry import trace
+
+    unconfigured = ServingApp()
+    unconfigured.check_telemetry()
+    assert unconfigured._telemetry_off
+    configured = ServingApp(telemetry={"tracer_provider": trace.NoOpTracerProvider()})
+    configured.check_telemetry()
+    assert not configured._telemetry_off
