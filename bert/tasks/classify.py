@@ -112,7 +112,7 @@ def decode(
     if logits.ndim == 1:
         logits = logits[None, :]
     if logits.dtype != np.float64:  # the pipeline scores in float32 (fp16/bf16 logits are upcast)
-        logits = logits.astype(np.float32)
+        logits = logits.astype(np.float32, copy=False)  # nothing below writes to it
     function = function or choose_function(logits.shape[-1], problem_type)
     if function == "softmax":
         scores = softmax(logits, axis=-1)
