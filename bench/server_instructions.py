@@ -5,8 +5,8 @@ shared machine does not move, for comparing two checkouts' request paths.
     python -m bench.server_instructions --model ARTIFACT --cwd /tmp/before
 
 In one process, without sockets: uvicorn's HTTP protocol as `python -m serving` builds it (serving/protocol.py)
-on an in-memory transport, the app on the no-op backend (bench/noop_backend.py), 32 requests in flight, single
-SST-2 dev sentences. Two runs under `valgrind --tool=callgrind` (256 and 768 requests after as many of warm-up);
+on an in-memory transport, the app on the no-op backend (bench/noop_backend.py), 32 kept-alive connections with
+a request in flight on each, single SST-2 dev sentences. Two runs under `valgrind --tool=callgrind` (256 and 768 requests after as many of warm-up);
 their difference over the extra requests is the figure, so start-up cancels out. It counts every thread (the
 no-op inference worker's share is small) and no kernel time (socket reads and writes). Each run takes a minute
 or two under valgrind (`apt-get install valgrind`).
@@ -97,11 +97,13 @@ async def _drive(model: str, requests: int, concurrency: int) -> None:
     loop = asyncio.get_running_loop()
 
     async def client(k: int, count: int) -> None:
+        # One kept-alive connection per client, as the load generators keep theirs (bench/server_bench.py).
+        protocol = config.http_protocol_class(config=config, server_state=state, app_state={})
+        transport = _Transport()
+        protocol.connection_made(transport)
         for i in range(count):
             done = loop.create_future()
-            protocol = config.http_protocol_class(config=config, server_state=state, app_state={})
-            transport = _Transport()
-            protocol.connection_made(transport)
+            transport.out.clear()
             protocol.data_received(raw[(k * 997 + i) % len(raw)])
             finish = protocol.cycle.on_response
 
@@ -113,7 +115,7 @@ async def _drive(model: str, requests: int, concurrency: int) -> None:
             await done
             if not transport.out or not transport.out[0].startswith(b"HTTP/1.1 200 "):
                 raise RuntimeError(f"unexpected response: {b''.join(transport.out)[:300]!r}")
-            protocol.connection_lost(None)
+        protocol.connection_lost(None)
 
     async with app.router.lifespan_context(app):
         while not app.state.server.ready:

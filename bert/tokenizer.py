@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -198,6 +199,91 @@ def _plain_inputs(inputs: list, lower: bool, raw_added: tuple[str, ...]) -> list
     return out
 
 
+# Printable ASCII splits, as BertPreTokenizer splits it, into runs of letters and digits and single punctuation
+# characters; the space (its only white space) separates them and is dropped.
+_PLAIN_WORDS = re.compile(r"[0-9A-Za-z]+|[^ 0-9A-Za-z]").findall
+
+
+class _PlainIds:
+    """Ids of printable ASCII texts, the same as the WordPiece tokenizer's, in Python: most words are one
+    vocabulary entry, found by one dict lookup (WordPiece's longest match from the start is the whole word when
+    it is in the vocabulary); the rest are split by WordPiece's own greedy longest-match loop. Costs a fraction
+    of `Tokenizer.encode` on a short text, which also builds offsets and tokens a classifier does not read."""
+
+    def __init__(self, tokenizer: Tokenizer, lower: bool):
+        model = tokenizer.model
+        self.vocab = tokenizer.get_vocab(with_added_tokens=False)
+        self.unk = self.vocab[model.unk_token]
+        self.prefix = model.continuing_subword_prefix
+        self.max_chars = model.max_input_chars_per_word
+        self.lower = lower
+        # Any added token, matched on the text before the model sees it, sends a text to the full path.
+        self.added = tuple(t.content for t in tokenizer.get_added_tokens_decoder().values())
+        encoding = tokenizer.encode(["a"], is_pretokenized=True)
+        where = encoding.sequence_ids.index(0)
+        self.before, self.after = encoding.ids[:where], encoding.ids[where + 1 :]
+        self.type_id = encoding.type_ids[0]
+        if encoding.type_ids != [self.type_id] * len(encoding.ids):
+            raise ValueError("the template gives a single text more than one token type")
+
+    def pieces(self, word: str, out: list) -> None:
+        """WordPiece's greedy longest match (tokenizers' WordPiece::tokenize) of a word not in the vocabulary."""
+        n = len(word)
+        if n > self.max_chars:
+            out.append(self.unk)
+            return
+        get, found, start = self.vocab.get, [], 0
+        while start < n:
+            end = n
+            while start < end:
+                i = get(word[start:end] if start == 0 else self.prefix + word[start:end])
+                if i is not None:
+                    break
+                end -= 1
+            else:
+                out.append(self.unk)
+                return
+            found.append(i)
+            start = end
+        out.extend(found)
+
+    def __call__(self, texts: list) -> list[tuple[list[int], list[int]]] | None:
+        """[(ids, type ids)] per text, or None if any is not printable ASCII free of added tokens."""
+        get, max_chars, out = self.vocab.get, self.max_chars, []
+        for text in texts:
+            if not (isinstance(text, str) and text.isascii() and text.isprintable()):
+                return None
+            low = text.lower() if self.lower else text
+            for t in self.added:
+                if t in text or t in low:
+                    return None
+            ids = self.before.copy()
+            for word in _PLAIN_WORDS(low):
+                i = get(word)
+                if i is None or len(word) > max_chars:
+                    self.pieces(word, ids)
+                else:
+                    ids.append(i)
+            ids += self.after
+            out.append((ids, [self.type_id] * len(ids)))
+        return out
+
+
+def _plain_ids(tokenizer: Tokenizer, plain: tuple | None) -> _PlainIds | None:
+    """The Python path for `tokenizer` when it is BERT's own (normalizer, pre-tokenizer and WordPiece model)."""
+    if plain is None:
+        return None
+    state = json.loads(tokenizer.to_str())
+    if (state.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer" or state["model"].get(
+        "type"
+    ) != "WordPiece":
+        return None
+    try:
+        return _PlainIds(tokenizer, plain[1])
+    except (KeyError, ValueError):  # no [UNK] in the vocabulary, or a template this path does not follow
+        return None
+
+
 def _encode_many(tokenizer: Tokenizer, inputs: list, pretokenized: bool, add_special_tokens: bool) -> list[Encoding]:
     if len(inputs) > SERIAL_ENCODE_MAX:
         return tokenizer.encode_batch(inputs, is_pretokenized=pretokenized, add_special_tokens=add_special_tokens)
@@ -240,6 +326,7 @@ class BertTokenizer:
                 raise ValueError(f"vocabulary lacks the special token {self.specials[role]}")
         self._pair_template: tuple | None = None
         self._plain = _plain_text_path(tokenizer)
+        self._plain_ids = _plain_ids(tokenizer, self._plain)
 
     def __getstate__(self) -> dict:  # picklable (DataLoader workers, process pools): drop the lock & copy
         state = dict(self.__dict__)
@@ -472,6 +559,11 @@ class BertTokenizer:
         # caller will read them (they stay in `encoding.overflowing`; the first window is the encoding).
         del return_overflowing
         return encodings
+
+    def encode_ids(self, texts: list[str]) -> list[tuple[list[int], list[int]]] | None:
+        """[(input ids, token type ids)] of single texts, with special tokens and without truncation: what
+        encode_batch's encodings hold, when every text is printable ASCII free of added tokens; else None."""
+        return None if self._plain_ids is None else self._plain_ids(texts)
 
     def __call__(
         self,

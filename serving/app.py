@@ -9,6 +9,7 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from serving.docs import app_description, install_docs
 from serving.engine import Engine, version
@@ -23,6 +24,30 @@ from serving.settings import Settings
 log = logging.getLogger("bertserve")
 
 
+class ServingApp(FastAPI):
+    """FastAPI, asking once, when the server has started, whether OpenTelemetry is configured, instead of on
+    every request: FastAPI's native telemetry looks the global tracer, meter and logger providers up (three
+    environment lookups when none is set) before each request. A provider configured before the server starts
+    (by `opentelemetry-instrument`, the OTEL_* environment, or FastAPI's own FASTAPI_OTEL_AUTO_CONFIGURE, which
+    acts at startup) is found as before; one configured later, while the server runs, is not seen."""
+
+    _telemetry_off = False  # no provider was configured when the server started: FastAPI's check is skipped
+
+    def check_telemetry(self) -> None:
+        """Once the server has started: whether FastAPI's native telemetry has anything to report to."""
+        native = getattr(self, "_native_telemetry", None)  # FastAPI's own (absent before its native telemetry)
+        self._telemetry_off = native is not None and not native.enabled()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self._telemetry_off and scope["type"] == "http":
+            # What FastAPI.__call__ does for an HTTP request when telemetry is not enabled.
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            await Starlette.__call__(self, scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = engine.metrics if engine is not None and engine.metrics is not None else Metrics()
@@ -35,6 +60,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             engine = Engine(settings, metrics)
             await asyncio.to_thread(engine.load)
         app.state.engine = engine
+        app.check_telemetry()  # FastAPI's startup (its telemetry's auto-configuration included) has run
         metrics.build_info.labels(engine.model_name, engine.backend_name, engine.precision).set(1)
         engine.start()
 
@@ -53,7 +79,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             warming.cancel()
             await engine.stop()
 
-    app = FastAPI(
+    app = ServingApp(
         title="bertserve",
         version=version(),
         description=app_description(),

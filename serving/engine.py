@@ -366,13 +366,22 @@ class Engine:
             return None
         return self._heavy_lane if chars > LIGHT_REQUEST_CHARS else self._light_lane
 
-    async def _codec(self, fn: Callable[[], Any], lane: ThreadPoolExecutor | None) -> Any:
-        """Run a codec step in `lane` (None: here, on the event loop). A codec's refusals become the client's
-        errors as serving/errors.py's table says (too much work 413, an input too long 422...)."""
+    async def _codec(self, fn: Callable[[], Any], lane: ThreadPoolExecutor) -> Any:
+        """Run a codec step in `lane`. A codec's refusals become the client's errors as serving/errors.py's table
+        says (too much work 413, an input too long 422...)."""
         try:
-            if lane is None:
-                return fn()
             return await asyncio.get_running_loop().run_in_executor(lane, fn)
+        except Exception as e:  # noqa: BLE001 - a refusal is the client's error, anything else stays a fault
+            error = refusal(e)
+            if error is None:
+                raise
+            raise error from None
+
+    @staticmethod
+    def _codec_here(fn: Callable[[], Any]) -> Any:
+        """A codec step run here, on the event loop (no coroutine to await), its refusals as in _codec."""
+        try:
+            return fn()
         except Exception as e:  # noqa: BLE001 - a refusal is the client's error, anything else stays a fault
             error = refusal(e)
             if error is None:
@@ -428,10 +437,11 @@ class Engine:
         unit = self._unit(task.name, model)
         lane = self._lane(task, task.request_chars(items, options), options)
         limits, facts = self._facts_of(unit, task.name)
-        features = await self._codec(
-            lambda: task.encode_request(unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options),
-            lane,
-        )
+
+        def encode():
+            return task.encode_request(unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options)
+
+        features = self._codec_here(encode) if lane is None else await self._codec(encode, lane)
         flat = [f for item_features in features for f in item_features]
         results = await self._infer(unit, flat, ticket, timing)
         timing.tokens += sum(len(f) for f in flat)
@@ -442,7 +452,11 @@ class Engine:
             at += len(item_features)
         if task.name in self.verify:
             await self._verify(task, items, features, outputs, facts, options, lane, ticket, timing)
-        return await self._codec(lambda: task.decode_request(items, features, outputs, facts, **options), lane)
+
+        def decode():
+            return task.decode_request(items, features, outputs, facts, **options)
+
+        return self._codec_here(decode) if lane is None else await self._codec(decode, lane)
 
     async def _verify(
         self,
@@ -458,7 +472,11 @@ class Engine:
     ) -> None:
         """The items whose answers are unsure (the task's margins under --TASK-verify-margin) run again on the
         exact model; their outputs are replaced in place."""
-        margins = await self._codec(lambda: task.margins(items, features, outputs, facts, **options), lane)
+
+        def margin_of():
+            return task.margins(items, features, outputs, facts, **options)
+
+        margins = self._codec_here(margin_of) if lane is None else await self._codec(margin_of, lane)
         if margins is None:
             return
         unsure = [i for i, m in enumerate(margins) if m < self.verify_margin(task.name)]

@@ -11,7 +11,7 @@ from serving.health import HEALTH_PATH
 
 disable_created_metrics()  # no *_created series: they double every counter for no use here
 
-ENDPOINTS = (*registry.routes(), HEALTH_PATH, "/ready", "/info", "/metrics")
+ENDPOINTS = frozenset((*registry.routes(), HEALTH_PATH, "/ready", "/info", "/metrics"))
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)

@@ -11,7 +11,6 @@ import re
 import time
 from collections.abc import Callable
 
-from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 
 from bert.tasks import registry
@@ -113,8 +112,8 @@ class RequestMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        headers = Headers(scope=scope)
-        given_id = headers.get("x-request-id", "")
+        headers = first_values(scope["headers"])
+        given_id = headers.get(b"x-request-id", b"").decode("latin-1")
         request_id = given_id if _REQUEST_ID.match(given_id) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         id_token = current_request_id.set(request_id)
@@ -127,13 +126,14 @@ class RequestMiddleware:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 response_started[0] = True
-                out = MutableHeaders(scope=message)
-                out["x-request-id"] = request_id
-                out["x-total-time-ms"] = f"{(time.perf_counter() - started) * 1000:.2f}"
+                # A copy, as starlette's MutableHeaders(scope=message) makes: a response sent twice keeps its own.
+                out = message["headers"] = list(message["headers"])
+                set_header(out, b"x-request-id", request_id.encode("latin-1"))
+                set_header(out, b"x-total-time-ms", f"{(time.perf_counter() - started) * 1000:.2f}".encode())
                 if self.state.leaving or self.state.draining:
                     # No kept-alive connection outlives the drain delay: a balancer's next request opens a new
                     # one, to a replica that is staying.
-                    out["connection"] = "close"
+                    set_header(out, b"connection", b"close")
             await send(message)
 
         admitted = False
@@ -185,13 +185,13 @@ class RequestMiddleware:
             },
         )
 
-    def _refuse(self, scope, headers: Headers, path: str):
+    def _refuse(self, scope, headers: dict[bytes, bytes], path: str):
         if self._api_key is not None and path not in OPEN_PATHS:
-            given = headers.get("authorization", "")
+            given = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = given.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._api_key):
                 return Unauthorized().response()
-        length = headers.get("content-length")
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
             return PayloadTooLarge(f"request body larger than {self.settings.max_body_bytes} bytes").response()
         if path in INFERENCE_PATHS or path == "/info":
@@ -230,10 +230,28 @@ class RequestMiddleware:
         return limited_receive
 
 
-def _default_to_json(scope, headers: Headers) -> None:
+def first_values(raw) -> dict[bytes, bytes]:
+    """A request's headers by name, each name's first value: what starlette's Headers.get finds (names as the
+    ASGI server gives them: lowercased by uvicorn), from one pass in C instead of a scan per lookup."""
+    return dict(reversed(raw if isinstance(raw, list) else list(raw)))
+
+
+def set_header(raw: list, name: bytes, value: bytes) -> None:
+    """starlette's MutableHeaders.__setitem__ on a raw header list, for a lowercase `name`: the first entry of
+    that name takes `value`, any later ones go; none, and it is appended."""
+    found = [i for i, (key, _) in enumerate(raw) if key == name]
+    if not found:
+        raw.append((name, value))
+        return
+    for i in reversed(found[1:]):
+        del raw[i]
+    raw[found[0]] = (name, value)
+
+
+def _default_to_json(scope, headers: dict[bytes, bytes]) -> None:
     """The inference routes take JSON only: a body sent without a content type, or with curl -d's
     form default, is read as JSON rather than refused."""
-    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
     if content_type in ("", "application/x-www-form-urlencoded"):
         scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"] + [
             (b"content-type", b"application/json")

@@ -116,6 +116,7 @@ def http_protocol(header_timeout_s: float):
     class BoundedHeadersProtocol(HttpToolsProtocol):
         _header_timer = None
         _header_bytes = 0
+        _headers_completed = 0  # requests whose headers have been read on this connection
 
         def connection_made(self, transport) -> None:
             super().connection_made(_OneWriteResponses(transport))
@@ -126,29 +127,40 @@ def http_protocol(header_timeout_s: float):
             super().on_response_complete()
 
         def data_received(self, data: bytes) -> None:
-            if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
-                self._arm()  # the first byte of the next request on a kept-alive connection
+            if self._header_timer is not None or not (self.cycle is None or self.cycle.response_complete):
+                super().data_received(data)
+                return
+            # The first byte of the next request on a kept-alive connection: its headers' clock starts now. Most
+            # requests arrive whole, so the timer is armed only if the headers are still incomplete once this
+            # data is parsed (in the same turn of the loop: the same deadline), not armed and cancelled each time.
+            self._header_bytes = 0
+            completed = self._headers_completed
             super().data_received(data)
+            if self._headers_completed == completed and not self.transport.is_closing():
+                self._arm()
 
         def on_url(self, url: bytes) -> None:
-            self._count_header_bytes(len(url))
+            self._header_bytes += len(url)
+            if self._header_bytes > MAX_HEADER_BYTES:
+                self._too_big()
             super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
-            self._count_header_bytes(len(name) + len(value) + 4)
+            self._header_bytes += len(name) + len(value) + 4
+            if self._header_bytes > MAX_HEADER_BYTES:
+                self._too_big()
             super().on_header(name, value)
 
-        def _count_header_bytes(self, n: int) -> None:
-            self._header_bytes += n
-            if self._header_bytes > MAX_HEADER_BYTES:
-                self._refuse(too_big)
-                raise ValueError("headers too large")  # stops the parser; uvicorn's 400 finds the connection closed
+        def _too_big(self) -> None:
+            self._refuse(too_big)
+            raise ValueError("headers too large")  # stops the parser; uvicorn's 400 finds the connection closed
 
         def send_400_response(self, msg: str) -> None:
             self._refuse(_json_response(BadRequest(msg), "Bad Request"))
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._headers_completed += 1
             super().on_headers_complete()
             cycle = self.cycle
             if cycle is not None and cycle.scope is self.scope:  # not an upgrade, which makes no cycle
@@ -167,7 +179,6 @@ def http_protocol(header_timeout_s: float):
 
         def _arm(self) -> None:
             self._disarm()
-            self._header_bytes = 0
             self._header_timer = self.loop.call_later(header_timeout_s, self._refuse, too_slow)
 
         def _disarm(self) -> None:

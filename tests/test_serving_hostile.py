@@ -327,6 +327,37 @@ def test_slow_headers_are_cut_off_with_408(server):
     _check_ready(server)
 
 
+def _classify_request(text: str, extra_headers: bytes = b"") -> bytes:
+    body = json.dumps({"inputs": text}).encode()
+    return (
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + KEY.encode()
+        + b"\r\n"
+        + extra_headers
+        + b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+def test_the_next_request_on_a_kept_alive_connection_has_the_same_header_bounds(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(_classify_request("a kept-alive connection"))
+        assert _read_response(sock)[0] == 200
+        started = time.monotonic()
+        sock.sendall(b"POST /classify HTTP/1.1\r\nHost: x\r\n")  # the next request's headers never end
+        status, _, body = _read_response(sock)
+        assert status == 408 and json.loads(body)["error_type"] == "timeout", (status, body)
+        assert 0.9 < time.monotonic() - started < 10
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(_classify_request("a kept-alive connection"))
+        assert _read_response(sock)[0] == 200
+        sock.sendall(_classify_request("too many header bytes", b"X-Pad: " + b"a" * 70_000 + b"\r\n"))
+        assert _read_response(sock)[0] == 431
+    _check_ready(server)
+
+
 def test_idle_connection_is_closed_after_the_header_timeout(server):
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         status, _, _ = _read_response(sock)  # sends nothing at all

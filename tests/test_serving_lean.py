@@ -9,11 +9,14 @@ import uuid
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import Response
 from test_serving_support import QA_ITEMS, build_checkpoint
 
 from bert.tasks import registry
-from serving.app import create_app
-from serving.middleware import new_request_id
+from serving.app import ServingApp, create_app
+from serving.middleware import first_values, new_request_id, set_header
+from serving.routes.api import AnswerResponse
 from serving.routes.lean import LeanRoutes
 from serving.settings import Settings
 
@@ -147,3 +150,42 @@ def test_generated_request_ids_are_uuid4_hex(clients):
     for request_id in ids:
         parsed = uuid.UUID(hex=request_id)
         assert (parsed.hex, parsed.version, parsed.variant) == (request_id, 4, uuid.RFC_4122)
+
+
+RAW_HEADERS = [
+    [],
+    [(b"host", b"x"), (b"content-type", b"application/json")],
+    [(b"x-request-id", b"first"), (b"accept", b"*/*"), (b"x-request-id", b"second"), (b"connection", b"close")],
+    [(b"content-length", b"12"), (b"x-total-time-ms", b"1"), (b"x-total-time-ms", b"2"), (b"x-total-time-ms", b"3")],
+]
+NAMES = ("x-request-id", "content-type", "content-length", "x-total-time-ms", "connection", "authorization")
+
+
+@pytest.mark.parametrize("raw", RAW_HEADERS)
+def test_header_lookups_and_updates_are_starlettes(raw):
+    found = first_values(raw)
+    for name in NAMES:
+        value = Headers(raw=raw).get(name)
+        assert found.get(name.encode()) == (None if value is None else value.encode("latin-1"))
+        ours, theirs = {"headers": list(raw)}, {"headers": list(raw)}
+        set_header(ours["headers"], name.encode(), b"v")
+        MutableHeaders(scope=theirs)[name] = "v"
+        assert ours["headers"] == theirs["headers"]
+
+
+def test_answer_headers_are_starlettes():
+    for headers in (None, {}, {"x-queue-time-ms": "0.50", "x-inference-time-ms": "1.25", "x-verified-items": "2"}):
+        ours = AnswerResponse([{"label": "positive", "score": 0.5}], headers=headers)
+        theirs = Response(ours.body, headers=headers, media_type="application/json")
+        assert ours.raw_headers == theirs.raw_headers
+
+
+def test_fastapi_telemetry_is_skipped_only_when_nothing_is_configured():
+    from opentelemetry import trace
+
+    unconfigured = ServingApp()
+    unconfigured.check_telemetry()
+    assert unconfigured._telemetry_off
+    configured = ServingApp(telemetry={"tracer_provider": trace.NoOpTracerProvider()})
+    configured.check_telemetry()
+    assert not configured._telemetry_off

@@ -276,3 +276,23 @@ def test_plain_ascii_path_equals_the_normalizing_path(data_dir, do_lower_case):
         assert fields(tok.encode_batch([text], [pairs[i]])[0]) == fields(backend.encode(text, pairs[i])), text
     many = texts * 2  # more than SERIAL_ENCODE_MAX: tokenizers' batch path
     assert [fields(e) for e in tok.encode_batch(many)] == [fields(backend.encode(t)) for t in many]
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_encode_ids_equals_the_encodings(data_dir, sst2_dev, do_lower_case):
+    """encode_ids (whole words by one lookup, the rest by WordPiece's loop in Python) gives the encodings' ids and
+    type ids on SST-2, on words split into pieces or too long for one, and gives None where the full path is
+    needed (added tokens typed in either case, non-ASCII, control characters)."""
+    tok = BertTokenizer.from_vocab(data_dir / "bert-vocab" / "vocab.txt", do_lower_case=do_lower_case)
+    texts = [sentence for sentence, _ in sst2_dev if sentence.isascii()] + [
+        "Unbelievablenessly xqzzy's re-re-remade FILM -- e.g. 3.14 U.S.A.!!! ~`^|{}",
+        "a" * 100 + " " + "b" * 101 + " antidisestablishmentarianism",
+        "  spaced   out  ",
+        "hello [mask] world",  # not the added token: BertNormalizer does not lowercase it into one either
+        "",
+    ]
+    got = tok.encode_ids(texts)
+    assert [(e.ids, e.type_ids) for e in tok.encode_batch(texts)] == got
+    assert len(texts) > 860 and sum(len(ids) for ids, _ in got) > 10 * len(texts)
+    for text in ("Hello [MASK] world", "[CLS] x", "Café", "tab\there", "nul\x00"):
+        assert tok.encode_ids(["fine", text]) is None, text

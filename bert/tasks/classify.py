@@ -66,16 +66,23 @@ def encode(
         cut.append(cut_text)
     if any(cut) and not truncate:
         raise InputTooLong(cut.index(True), None, max_length)
-    encoded = _encode_rows(tokenizer, texts, pairs, range(len(texts)))
-    too_long = [i for i in range(len(texts)) if len(encoded[i].ids) > max_length]
+    # Single plain texts, the usual request: their ids without the encodings' offsets and tokens (the same ids)
+    plain = (
+        tokenizer.encode_ids(texts) if pairs.count(None) == len(pairs) and hasattr(tokenizer, "encode_ids") else None
+    )
+    if plain is None:
+        # .ids and .type_ids are new lists on every access: no copy needed
+        plain = [
+            (e.ids, e.type_ids) for _, e in sorted(_encode_rows(tokenizer, texts, pairs, range(len(texts))).items())
+        ]
+    too_long = [i for i, (ids, _) in enumerate(plain) if len(ids) > max_length]
     if too_long and not truncate:
-        check_length(too_long[0], len(encoded[too_long[0]].ids), max_length)
+        check_length(too_long[0], len(plain[too_long[0]][0]), max_length)
     if too_long:
-        encoded.update(
-            _encode_rows(tokenizer, texts, pairs, too_long, max_length=max_length, truncation="longest_first")
-        )
-    # .ids and .type_ids are new lists on every access: no copy needed
-    return [Features(input_ids=encoded[i].ids, token_type_ids=encoded[i].type_ids) for i in range(len(texts))]
+        cut_rows = _encode_rows(tokenizer, texts, pairs, too_long, max_length=max_length, truncation="longest_first")
+        for i, e in cut_rows.items():
+            plain[i] = (e.ids, e.type_ids)
+    return [Features(input_ids=ids, token_type_ids=types) for ids, types in plain]
 
 
 def _label(id2label: dict, index: int) -> str:
@@ -105,7 +112,7 @@ def decode(
     if logits.ndim == 1:
         logits = logits[None, :]
     if logits.dtype != np.float64:  # the pipeline scores in float32 (fp16/bf16 logits are upcast)
-        logits = logits.astype(np.float32)
+        logits = logits.astype(np.float32, copy=False)  # nothing below writes to it
     function = function or choose_function(logits.shape[-1], problem_type)
     if function == "softmax":
         scores = softmax(logits, axis=-1)

@@ -48,8 +48,9 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype.kind != "f":
         x = x.astype(np.float64)
-    shifted = np.exp(x - x.max(axis=axis, keepdims=True))
-    shifted /= shifted.sum(axis=axis, keepdims=True)
+    # The ufuncs' reduce, which ndarray.max and .sum call through a Python wrapper each
+    shifted = np.exp(x - np.maximum.reduce(x, axis=axis, keepdims=True))
+    shifted /= np.add.reduce(shifted, axis=axis, keepdims=True)
     return shifted
 
 

@@ -41,6 +41,15 @@ class AnswerResponse(Response):
             raise ValueError("Out of range float values are not JSON compliant")
         return body
 
+    def init_headers(self, headers=None) -> None:
+        """starlette's raw headers, in its order (the given ones, then the body's length and type), for the
+        headers the routes give: lowercase names that are neither content-length nor content-type."""
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()] if headers else []
+        if not (self.status_code < 200 or self.status_code in (204, 304)):
+            raw.append((b"content-length", str(len(self.body)).encode()))
+        raw.append((b"content-type", b"application/json"))
+        self.raw_headers = raw
+
 
 def _has_nan(content) -> bool:
     if isinstance(content, float):

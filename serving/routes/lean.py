@@ -80,7 +80,11 @@ def _parse(scope, messages: list):
     parse (JSON in another encoding, NaN, integers beyond 64 bits, lone surrogates: json.loads may take them)."""
     if messages[-1]["type"] != "http.request":
         return None
-    content_type = next((v for k, v in scope["headers"] if k.lower() == b"content-type"), b"")
+    content_type = b""
+    for name, value in scope["headers"]:  # the first, by its name as the server gives it, as FastAPI reads it
+        if name == b"content-type":
+            content_type = value
+            break
     if content_type.split(b";", 1)[0].strip().lower() != _JSON:
         return None
     raw = b"".join(m.get("body", b"") for m in messages)
