@@ -279,4 +279,6 @@ def test_the_sdk_sends_the_new_fields(server):
         (e["start"], e["end"]) for e in post(server, "/ner", {"inputs": long, "stride": 20})
     ]
     expected = post(server, "/embed", {"inputs": ["Bananas are yellow.", long], "chunking": "mean", "dimensions": 64})
-    assert np.abs(np.asarray(vectors) - np.asarray(expected)).max() == 0 and len(vectors[1]) == 64
+    # The same answer up to float rounding: the token-budget batcher may group the long text's windows differently
+    # for the two requests (a busy machine changes when a batch closes), and a window's sums depend on its batch.
+    assert np.abs(np.asarray(vectors) - np.asarray(expected)).max() < 1e-6 and len(vectors[1]) == 64
