@@ -13,7 +13,7 @@ OUT=${OUT:-runs/rerank-mined}
 # shellcheck source=recipes/common.sh
 source "$(dirname "$0")/common.sh"
 MINED=${MINED:-$OUT/mined.json}
-$PY -m training.mine_rerank --squad "$DATA/squad-train" --heldout-articles 10 --articles "${ARTICLES:-40}" \
+$PY -m training.mine_rerank --squad "$DATA/squad-train" --heldout-articles 10 --articles "${ARTICLES:-120}" \
   --depth 19 --model "$MINILM" --threads "${THREADS:-0}" --out "$MINED"
 RESUME=()
 if [[ -d $OUT/last || -d $OUT/last.old ]]; then RESUME=(--resume "$OUT/last"); fi
@@ -21,5 +21,5 @@ $PY -m training.finetune --task rerank --ckpt "$MINILM" \
   --train-data "squad:$DATA/squad-train" --heldout-articles 10 --rerank-mined "$MINED" \
   --rerank-negatives "${NEGATIVES:-7}" --rerank-loss listwise --max-train-examples "${QUESTIONS:-0}" \
   --max-eval-examples 300 --output-dir "$OUT" --max-seq-length 96 --batch-size 32 --learning-rate 5e-5 \
-  --warmup-steps 100 --max-steps "${STEPS:-2000}" --eval-every "${EVAL_EVERY:-200}" --log-every 20 \
+  --warmup-steps 100 --max-steps "${STEPS:-3000}" --eval-every "${EVAL_EVERY:-300}" --log-every 20 \
   --precision "${PRECISION:-bf16}" --torch-threads "${THREADS:-0}" --no-progress "${RESUME[@]}" "$@"
