@@ -10,7 +10,6 @@ fixed at export; fp32 for a checkpoint on CPU; fp16 on CUDA). An explicit --prec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 AUTO = "auto"
 # AMX is what was measured; a CPU with AVX512-BF16 alone (no tile unit) was not timed, so it keeps fp32.
@@ -24,16 +23,6 @@ BF16_TASKS = ("embed",)
 class Choice:
     precision: str | None  # None: the backend's own default
     why: str  # a few words for the manifest and the closing line
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
 
 
 def choose_precision(

@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from batch.columns import COLUMNS, result_schema, result_table
 from batch.options import BatchOptions
-from batch.precision import AUTO, Choice, choose_precision, cpu_flags
+from batch.precision import AUTO, Choice, choose_precision
+from bert.precision import cpu_flags
 from bert.tasks import TASKS
 from bert.tasks.common import Limits
 from serving.backends.loading import LoadedModel, load_model

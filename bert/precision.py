@@ -7,6 +7,18 @@ bf16 output added to the fp32 residual stream gives fp32 (docs/export.md, "bf16"
 
 from __future__ import annotations
 
+from pathlib import Path
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
 
 def _cast_input(module, args):
     x = args[0]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bert.precision import cpu_flags
+
 from .manifest import WEIGHTS_FILE
 
 RUNTIME = "torch"
@@ -22,13 +24,8 @@ NATIVE_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (read from /proc/cpuinfo; False where it cannot tell)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return any(flag in flags for flag in NATIVE_FLAGS)
+    """Whether this CPU multiplies bfloat16 in hardware (False where its flags cannot be read)."""
+    return any(flag in cpu_flags() for flag in NATIVE_FLAGS)
 
 
 def unavailable(source, task_of_checkpoint: str | None) -> str | None:

@@ -375,7 +375,8 @@ def test_two_batches_at_once_answer_as_one_at_a_time(tiny):
 def test_precision_auto_is_bf16_for_an_embed_job_on_a_checkpoint_on_a_cpu_with_amx(tmp_path):
     """The rule, given the CPU's flags: bf16 only where all of it holds (embed, checkpoint, torch, cpu, AMX-BF16);
     otherwise the backend's own default (None); an explicit precision wins either way."""
-    from batch.precision import choose_precision, cpu_flags
+    from batch.precision import choose_precision
+    from bert.precision import cpu_flags
 
     amx = frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
     without = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
@@ -398,7 +399,7 @@ def test_precision_auto_is_bf16_for_an_embed_job_on_a_checkpoint_on_a_cpu_with_a
 def test_a_bf16_embed_job_stays_within_cosine_099_of_fp32_and_auto_says_what_it_chose(tiny, tmp_path, capsys):
     import numpy as np
 
-    from batch.precision import cpu_flags
+    from bert.precision import cpu_flags
 
     source = _jsonl(tmp_path / "in.jsonl", _rows(40))
     vectors, manifests = {}, {}
