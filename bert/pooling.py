@@ -69,12 +69,17 @@ def pool_packed(hidden, cu_seqlens, cls_rows, mode: str):
         raise ValueError(f"{mode} pooling has no packed form (packed: {', '.join(PACKED_POOLINGS)})")
     if mode == "cls":
         return hidden.index_select(0, cls_rows)
-    import torch.nn.functional as F
+    import torch
 
-    # Per-sequence sums as differences of one running sum: static shapes, so it is graph-capturable. In float64,
-    # because the difference of two sums over thousands of tokens would cancel float32 digits.
-    running = F.pad(hidden.double().cumsum(dim=0), (0, 0, 1, 0))  # (N + 1, H)
+    # Per-sequence sums by scattering each token's row into its sequence's: one pass over the states, static
+    # shapes (graph-capturable), float32 accumulation. Tokens past the last sequence (a bucket's filler) land in
+    # an extra row that is dropped. (A running sum along the tokens, differenced at the bounds, ran as a
+    # column-serial scan kernel on CUDA, milliseconds for a batch of long sequences.)
     bounds = cu_seqlens.long()
+    sequences = bounds.numel() - 1
+    token = torch.arange(hidden.shape[0], device=hidden.device)
+    owner = torch.searchsorted(bounds[1:], token, right=True)  # (N,) in [0, S]
+    sums = hidden.new_zeros((sequences + 1, hidden.shape[1]), dtype=torch.float32)
+    sums = sums.index_add_(0, owner, hidden.float())[:sequences]
     counts = (bounds[1:] - bounds[:-1]).clamp(min=1).unsqueeze(1)
-    sums = running.index_select(0, bounds[1:]) - running.index_select(0, bounds[:-1])
     return (sums / counts).to(hidden.dtype)

@@ -64,3 +64,16 @@ def test_an_unknown_mode_and_packed_max_are_refused():
         pool(hidden, mask, "sum")
     with pytest.raises(ValueError, match="no packed form"):
         pool_packed(torch.from_numpy(hidden[mask != 0]), torch.tensor([0, 5, 7, 14]), torch.tensor([0, 5, 7]), "max")
+
+
+def test_packed_mean_ignores_a_buckets_filler_tokens_and_empty_sequences():
+    """A CUDA-graph bucket holds more token rows and sequences than the batch: filler tokens past the last bound
+    and empty sequences (their bounds repeat the last one) must not touch the real sequences' means."""
+    hidden, mask = states()
+    real = hidden[mask != 0]
+    filler = np.full((9, real.shape[1]), 1e4, dtype=real.dtype)
+    bounds = np.concatenate([[0], np.cumsum(LENGTHS)])
+    cu = torch.tensor(np.concatenate([bounds, [bounds[-1]] * 2]), dtype=torch.int32)
+    got = pool_packed(torch.from_numpy(np.concatenate([real, filler])), cu, cu[:-1].long(), "mean").numpy()
+    np.testing.assert_allclose(got[: len(LENGTHS)], by_hand(hidden, "mean"), rtol=0, atol=1e-6)
+    assert np.all(got[len(LENGTHS) :] == 0)
