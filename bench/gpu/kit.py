@@ -36,8 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ORDER = ("tests", "demo", "model", "server")
-# Seconds a step needs at least to be worth starting, and what it usually takes, on the GPU machine
-# (estimates until a GPU run measures them; the dry run's are for 2 CPU cores).
+# Seconds a step needs at least to be worth starting on the GPU machine (README.md beside this gives what
+# each took there; the dry run's are for 2 CPU cores).
 MINIMUM = {"tests": 60, "demo": 300, "model": 120, "server": 100}
 MINIMUM_DRY = {"tests": 10, "demo": 20, "model": 10, "server": 20}
 # Longest a step may run however much budget is left (a hung test must not eat the demo's run).
