@@ -164,7 +164,7 @@ def encode(
     context_ids = context_encoding.ids
     if max_windows is not None and window_count(len(context_ids), capacity, doc_stride) > max_windows:
         raise TooManyWindows(window_count(len(context_ids), capacity, doc_stride), max_windows)
-    context_offsets = [tuple(o) for o in context_encoding.offsets]
+    context_offsets = context_encoding.offsets  # a new list of (start, end) tuples at each read
     context_words = context_encoding.word_ids
     ranges = window_ranges(len(context_ids), capacity, doc_stride)
     owner = max_context_owner(ranges, len(context_ids))
@@ -271,7 +271,8 @@ def _band_spans(
     width = min(max_answer_len, length)
     # band[i, d] = start_probs[i] * end_probs[i + d]; 0 past the end, as the pairs outside the band
     padded = np.concatenate([end_probs, np.zeros(width - 1, end_probs.dtype)])
-    band = (start_probs[:, None] * np.lib.stride_tricks.sliding_window_view(padded, width)).ravel()
+    ends = np.lib.stride_tricks.as_strided(padded, (length, width), (padded.strides[0],) * 2, writeable=False)
+    band = (start_probs[:, None] * ends).ravel()
     if band.size <= top_k:
         return None
     kth = band.size - top_k - 1
@@ -345,8 +346,9 @@ def decode(
     answers: list[dict] = []
     by_text: dict[str, dict] = {}  # lower-cased answer text -> its (first) answer
     for window, start, end in zip(windows, start_logits, end_logits):
-        allowed = np.array([o is not None for o in window.offsets])
-        allowed[0] = True  # [CLS] joins the softmax: its probability is the no-answer score
+        allowed = np.zeros(len(window), dtype=bool)  # the context tokens (those with offsets) ...
+        allowed[window.context_positions.start : window.context_positions.stop] = True
+        allowed[0] = True  # ... and [CLS], whose probability is the no-answer score
         start_probs = _probabilities(_as_float(start)[: len(window)], allowed)
         end_probs = _probabilities(_as_float(end)[: len(window)], allowed)
         if handle_impossible_answer:
