@@ -367,7 +367,7 @@ def _random_logits(rng, length: int, kind: str) -> np.ndarray:
 
 def test_best_spans_equal_the_pipelines_decode_spans_on_random_logits():
     """qa.best_spans against transformers' own decode_spans (the pipeline's search, not our code): the same
-    starts, ends and scores in the same order, over ties, masked positions, answer-length limits down to 1 and
+    starts, ends and scores in the same order, over ties, masked positions, answer-length limits down to 0 and
     beyond the window, and top_k from 1 to more pairs than there are."""
     decode_spans = pytest.importorskip("transformers.pipelines.document_question_answering").decode_spans
     rng = np.random.default_rng(0)
@@ -383,7 +383,7 @@ def test_best_spans_equal_the_pipelines_decode_spans_on_random_logits():
         end = qa._probabilities(_random_logits(rng, length, kind), allowed)
         start[0] = end[0] = 0.0  # as decode: [CLS] is the no-answer score, not a span
         top_k = int(rng.choice([1, 2, 3, 12, 22, length * length + 1]))
-        max_answer_len = int(rng.choice([1, 2, 5, 30, length + 3]))
+        max_answer_len = int(rng.choice([0, 1, 2, 5, 30, length + 3]))
         got = qa.best_spans(start, end, top_k, max_answer_len, allowed)
         expected = decode_spans(start, end, top_k, max_answer_len, allowed.astype(int))
         for name, mine, theirs in zip(("starts", "ends", "scores"), got, expected):

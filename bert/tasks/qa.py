@@ -264,9 +264,13 @@ def _band_spans(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The top_k pairs of the band 0 <= end - start < max_answer_len, best first, when they are the pipeline's
     without doubt: all positive, all different, and above every other pair (the pairs outside the band score 0).
-    None otherwise (ties, NaN, or fewer than top_k + 1 pairs in all)."""
+    None otherwise (ties, NaN, no band, or fewer than top_k + 1 pairs in all)."""
     length = len(start_probs)
-    if length * length <= top_k or not (np.isfinite(start_probs).all() and np.isfinite(end_probs).all()):
+    if (
+        length * length <= top_k
+        or max_answer_len < 1
+        or not (np.isfinite(start_probs).all() and np.isfinite(end_probs).all())
+    ):
         return None
     width = min(max_answer_len, length)
     # band[i, d] = start_probs[i] * end_probs[i + d]; 0 past the end, as the pairs outside the band
