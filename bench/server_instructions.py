@@ -1,12 +1,14 @@
-"""Instructions the server executes per /classify request, counted by callgrind: a figure that the load of a
-shared machine does not move, for comparing two checkouts' request paths.
+"""Instructions the server executes per /classify (or /qa) request, counted by callgrind: a figure that the load of
+a shared machine does not move, for comparing two checkouts' request paths.
 
     python -m bench.server_instructions --model ARTIFACT                  # this checkout
     python -m bench.server_instructions --model ARTIFACT --cwd /tmp/before
+    python -m bench.server_instructions --model serving/demo_model --task qa
 
 In one process, without sockets: uvicorn's HTTP protocol as `python -m serving` builds it (serving/protocol.py)
 on an in-memory transport, the app on the no-op backend (bench/noop_backend.py), 32 kept-alive connections with
-a request in flight on each, single SST-2 dev sentences. Two runs under `valgrind --tool=callgrind` (256 and 768 requests after as many of warm-up);
+a request in flight on each, single SST-2 dev sentences (with --task qa: one held-out SQuAD question and its
+paragraph each, bench/server_bench.py's). Two runs under `valgrind --tool=callgrind` (256 and 768 requests after as many of warm-up);
 their difference over the extra requests is the figure, so start-up cancels out. It counts every thread (the
 no-op inference worker's share is small) and no kernel time (socket reads and writes). Each run takes a minute
 or two under valgrind (`apt-get install valgrind`).
@@ -26,6 +28,7 @@ from pathlib import Path
 from bench.common import DATA_DIR, REPO
 
 SST2_DEV = DATA_DIR / "SST-2" / "dev.tsv"
+PATHS = {"classify": "/classify", "qa": "/qa"}
 
 
 class _Transport:
@@ -60,7 +63,15 @@ class _Transport:
         return 0
 
 
-async def _drive(model: str, requests: int, concurrency: int) -> None:
+def _bodies(task: str) -> list[dict]:
+    if task == "qa":
+        from bench.server_bench import work_items
+
+        return work_items("qa", 872)
+    return [{"inputs": line.split("\t")[0]} for line in SST2_DEV.read_text().splitlines()[1:]]
+
+
+async def _drive(model: str, requests: int, concurrency: int, task: str = "classify") -> None:
     import orjson
     import uvicorn
     from uvicorn.server import ServerState
@@ -71,12 +82,11 @@ async def _drive(model: str, requests: int, concurrency: int) -> None:
     from serving.protocol import http_protocol
     from serving.settings import Settings
 
-    sentences = [line.split("\t")[0] for line in SST2_DEV.read_text().splitlines()[1:]]
     raw = []
-    for sentence in sentences:
-        body = orjson.dumps({"inputs": sentence})
+    for item in _bodies(task):
+        body = orjson.dumps(item)
         head = (
-            "POST /classify HTTP/1.1\r\nhost: 127.0.0.1:8000\r\naccept: */*\r\naccept-encoding: gzip, deflate\r\n"
+            f"POST {PATHS[task]} HTTP/1.1\r\nhost: 127.0.0.1:8000\r\naccept: */*\r\naccept-encoding: gzip, deflate\r\n"
             f"connection: keep-alive\r\nuser-agent: python-httpx/0.28.1\r\ncontent-length: {len(body)}\r\n"
             "content-type: application/json\r\n\r\n"
         )
@@ -124,7 +134,7 @@ async def _drive(model: str, requests: int, concurrency: int) -> None:
             await asyncio.gather(*(client(k, requests // concurrency) for k in range(concurrency)))
 
 
-def _collected(cwd: Path, model: str, requests: int, concurrency: int) -> int:
+def _collected(cwd: Path, model: str, requests: int, concurrency: int, task: str) -> int:
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -137,6 +147,8 @@ def _collected(cwd: Path, model: str, requests: int, concurrency: int) -> int:
         str(requests),
         "--concurrency",
         str(concurrency),
+        "--task",
+        task,
     ]
     env = {**os.environ, "PYTHONPATH": str(cwd), "OMP_NUM_THREADS": "1"}
     run = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
@@ -151,19 +163,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="an artifact or checkpoint dir (its config and tokenizer)")
     p.add_argument("--cwd", type=Path, default=REPO, help="checkout whose serving/ and bert/ run")
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--task", choices=tuple(PATHS), default="classify")
     p.add_argument("--drive", type=int, help=argparse.SUPPRESS)  # inside valgrind: serve this many requests
     args = p.parse_args(argv)
     if args.drive is not None:
         import uvloop
 
-        uvloop.run(_drive(args.model, args.drive, args.concurrency))
+        uvloop.run(_drive(args.model, args.drive, args.concurrency, args.task))
         return 0
     small, large = 256, 768
     counts = [
-        _collected(args.cwd.resolve(), str(Path(args.model).resolve()), n, args.concurrency) for n in (small, large)
+        _collected(args.cwd.resolve(), str(Path(args.model).resolve()), n, args.concurrency, args.task)
+        for n in (small, large)
     ]
     per_request = (counts[1] - counts[0]) / (2 * (large - small))
-    print(f"{args.cwd}: {per_request / 1e6:.3f}M instructions per /classify request")
+    print(f"{args.cwd}: {per_request / 1e6:.3f}M instructions per {PATHS[args.task]} request")
     return 0
 
 

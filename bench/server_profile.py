@@ -5,7 +5,8 @@
     python -m bench.server_profile --model artifacts/demo-int8 --before /tmp/main  # before -> after, alternated
 
 Starts `python -m serving` (from --cwd, default this checkout), drives it with the load generator of
-bench/server_bench.py (single SST-2 dev sentences to /classify, or /embed with --task embed), and measures
+bench/server_bench.py (single SST-2 dev sentences to /classify, /embed with --task embed, or with --task qa one
+held-out SQuAD question and its paragraph per /qa request), and measures
 two things at once:
 - each thread's CPU, from /proc (exact): the event loop, the codec pool (tokenise, decode), the
   inference workers (onnxruntime runs without the GIL), native threads;
@@ -288,7 +289,7 @@ def main(argv=None) -> int:
         "--rounds times, and to print side by side with it (before -> after)",
     )
     p.add_argument("--rounds", type=int, default=2, help="with --before: runs of each side, alternated")
-    p.add_argument("--task", choices=("classify", "embed"), default="classify")
+    p.add_argument("--task", choices=("classify", "embed", "qa"), default="classify")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--seconds", type=float, default=20.0, help="recorded seconds (after 3 s of warm-up)")
     p.add_argument("--threads", type=int, default=2)

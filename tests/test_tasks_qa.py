@@ -354,3 +354,89 @@ def test_decode_equals_question_answering_pipeline(
         )
         assert got == expected, question
     assert windows_seen > 20  # long contexts really were split into many windows
+
+
+# ---- decoding: the span search over the band equals the pipeline's over the outer product -----------------
+def _random_logits(rng, length: int, kind: str) -> np.ndarray:
+    """Continuous logits (no ties), logits on a coarse grid (many exact ties) or all equal."""
+    if kind == "equal":
+        return np.zeros(length, np.float32)
+    logits = rng.standard_normal(length) * 3
+    return (np.round(logits) if kind == "grid" else logits).astype(rng.choice([np.float32, np.float64]))
+
+
+def test_best_spans_equal_the_pipelines_decode_spans_on_random_logits():
+    """qa.best_spans against transformers' own decode_spans (the pipeline's search, not our code): the same
+    starts, ends and scores in the same order, over ties, masked positions, answer-length limits down to 0 and
+    beyond the window, and top_k from 1 to more pairs than there are."""
+    decode_spans = pytest.importorskip("transformers.pipelines.document_question_answering").decode_spans
+    rng = np.random.default_rng(0)
+    searched = {"band": 0, "pipeline": 0}
+    for trial in range(600):
+        length = int(rng.integers(2, 90))
+        kind = ("continuous", "continuous", "grid", "equal")[trial % 4]
+        allowed = np.ones(length, bool)
+        question = int(rng.integers(0, length // 2 + 1))
+        allowed[1 : 1 + question] = False  # [CLS] question [SEP]: only [CLS] and the context join the softmax
+        allowed[length - 1] = trial % 3 == 0  # a trailing [SEP] (masked) or a context token
+        start = qa._probabilities(_random_logits(rng, length, kind), allowed)
+        end = qa._probabilities(_random_logits(rng, length, kind), allowed)
+        start[0] = end[0] = 0.0  # as decode: [CLS] is the no-answer score, not a span
+        top_k = int(rng.choice([1, 2, 3, 12, 22, length * length + 1]))
+        max_answer_len = int(rng.choice([0, 1, 2, 5, 30, length + 3]))
+        got = qa.best_spans(start, end, top_k, max_answer_len, allowed)
+        expected = decode_spans(start, end, top_k, max_answer_len, allowed.astype(int))
+        for name, mine, theirs in zip(("starts", "ends", "scores"), got, expected):
+            assert np.array_equal(mine, theirs) and mine.dtype == theirs.dtype, (trial, name, mine, theirs)
+        searched["pipeline" if qa._band_spans(start, end, top_k, max_answer_len) is None else "band"] += 1
+    assert searched["band"] > 200 and searched["pipeline"] > 100  # both searches were compared
+
+
+def _hashed_logits(kind: str):
+    """model(input_ids, token_type_ids, attention_mask) -> (start, end) logits of shape (1, T): a fixed function of
+    each token and its position (the no-op backend's), on a coarse grid for "grid" (ties)."""
+    from bench.noop_backend import qa_logits
+
+    def model(input_ids, token_type_ids, attention_mask):
+        start, end = qa_logits(np.asarray(input_ids))
+        return (np.round(start), np.round(end)) if kind == "grid" else (start, end)
+
+    return model
+
+
+@pytest.mark.parametrize("kind", ["continuous", "grid"])
+@pytest.mark.parametrize("top_k,max_answer_len", [(1, 30), (3, 4), (5, 1)])
+def test_decode_equals_the_pipeline_over_many_windows(tokenizer, minilm_dir, squad, kind, top_k, max_answer_len):
+    """decode (band search, words from the window's word table, answers merged by text) == the pipeline's
+    postprocess transcribed, on long contexts cut into many windows, with logits that tie or not."""
+    transformers = pytest.importorskip("transformers")
+    hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir))
+    model = _hashed_logits(kind)
+    windows_seen = 0
+    for example in squad[10:16]:
+        question, context = example["question"], example["context"]
+        windows = qa.encode(tokenizer, question, context, max_length=48, doc_stride=12)
+        windows_seen += len(windows)
+        logits = [model(**pad_batch([window])) for window in windows]
+        got = qa.decode(
+            context,
+            windows,
+            [start[0] for start, _ in logits],
+            [end[0] for _, end in logits],
+            top_k=top_k,
+            max_answer_len=max_answer_len,
+        )
+        expected = pipeline_reference(
+            transformers,
+            model,
+            hf_tokenizer,
+            question,
+            context,
+            max_seq_len=48,
+            doc_stride=12,
+            top_k=top_k,
+            max_answer_len=max_answer_len,
+            handle_impossible_answer=False,
+        )
+        assert got == expected, question
+    assert windows_seen > 30

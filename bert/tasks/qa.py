@@ -22,6 +22,8 @@ import string
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +62,25 @@ class QaWindow(Features):
     word_ids: list[int | None] = field(default_factory=list)  # context word of each context token; None elsewhere
     context_token_start: int = 0  # index, in the whole context's tokens, of this window's first context token
 
-    @property
+    # Computed once per window (decoding asks for them per candidate span); a window is not changed once built.
+    @cached_property
     def context_positions(self) -> range:
         """Positions of the context tokens in this window's input_ids."""
         first = next((i for i, o in enumerate(self.offsets) if o is not None), len(self.offsets))
-        count = sum(o is not None for o in self.offsets)
+        count = len(self.offsets) - self.offsets.count(None)
         return range(first, first + count)
+
+    @cached_property
+    def word_chars(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Per context word, the start character of its first token in this window and the end character of its
+        last: the word as far as this window holds it."""
+        positions = self.context_positions
+        words = self.word_ids[positions.start : positions.stop]
+        offsets = self.offsets[positions.start : positions.stop]
+        # dict() keeps the last value of a repeated key: reversed, that is the word's first token
+        first = dict(zip(reversed(words), map(itemgetter(0), reversed(offsets))))
+        last = dict(zip(words, map(itemgetter(1), offsets)))
+        return first, last
 
 
 # ---- windows (their arithmetic is every long-input task's: bert/tasks/windows.py) ------------------------
@@ -88,6 +103,8 @@ def max_context_owner(ranges: list[tuple[int, int]], num_tokens: int) -> list[in
     + 0.01 * window length; the first window wins a tie.
     """
     owner = [0] * num_tokens
+    if len(ranges) == 1:  # one window: it owns every token (most contexts; the scoring is pure Python)
+        return owner
     best = [-1.0] * num_tokens
     for index, (start, stop) in enumerate(ranges):
         length = stop - start
@@ -147,7 +164,7 @@ def encode(
     context_ids = context_encoding.ids
     if max_windows is not None and window_count(len(context_ids), capacity, doc_stride) > max_windows:
         raise TooManyWindows(window_count(len(context_ids), capacity, doc_stride), max_windows)
-    context_offsets = [tuple(o) for o in context_encoding.offsets]
+    context_offsets = context_encoding.offsets  # a new list of (start, end) tuples at each read
     context_words = context_encoding.word_ids
     ranges = window_ranges(len(context_ids), capacity, doc_stride)
     owner = max_context_owner(ranges, len(context_ids))
@@ -228,7 +245,56 @@ def best_spans(
     start_probs: np.ndarray, end_probs: np.ndarray, top_k: int, max_answer_len: int, allowed: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The top_k (start, end) token pairs by start_prob * end_prob, 0 <= end - start < max_answer_len,
-    keeping only pairs whose ends are both allowed. Returns starts, ends, scores (best first)."""
+    keeping only pairs whose ends are both allowed. Returns starts, ends, scores (best first).
+
+    The pipeline's answer (transformers' `decode_spans`) from the band of pairs it can pick: (T, max_answer_len)
+    products instead of its T x T outer product. Where ties among the best leave its choice to the order of
+    numpy's partition, its own search runs instead (`pipeline_spans`), so that the answer is always its answer."""
+    found = _band_spans(start_probs, end_probs, top_k, max_answer_len)
+    if found is None:
+        return pipeline_spans(start_probs, end_probs, top_k, max_answer_len, allowed)
+    starts, ends, scores = found
+    allowed = np.asarray(allowed, dtype=bool)
+    keep = allowed[starts] & allowed[ends]
+    return starts[keep], ends[keep], scores[keep]
+
+
+def _band_spans(
+    start_probs: np.ndarray, end_probs: np.ndarray, top_k: int, max_answer_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The top_k pairs of the band 0 <= end - start < max_answer_len, best first, when they are the pipeline's
+    without doubt: all positive, all different, and above every other pair (the pairs outside the band score 0).
+    None otherwise (ties, NaN, no band, or fewer than top_k + 1 pairs in all)."""
+    length = len(start_probs)
+    if (
+        length * length <= top_k
+        or max_answer_len < 1
+        or not (np.isfinite(start_probs).all() and np.isfinite(end_probs).all())
+    ):
+        return None
+    width = min(max_answer_len, length)
+    # band[i, d] = start_probs[i] * end_probs[i + d]; 0 past the end, as the pairs outside the band
+    padded = np.concatenate([end_probs, np.zeros(width - 1, end_probs.dtype)])
+    ends = np.lib.stride_tricks.as_strided(padded, (length, width), (padded.strides[0],) * 2, writeable=False)
+    band = (start_probs[:, None] * ends).ravel()
+    if band.size <= top_k:
+        return None
+    kth = band.size - top_k - 1
+    best = np.argpartition(band, kth)[kth:]  # the top_k + 1 largest, in no order
+    best = best[np.argsort(-band[best], kind="stable")]
+    scores = band[best]
+    top = scores[:top_k]
+    if not (top[-1] > 0 and top[-1] > scores[top_k] and (top[:-1] > top[1:]).all()):
+        return None
+    starts = best[:top_k] // width
+    return starts, starts + best[:top_k] % width, top
+
+
+def pipeline_spans(
+    start_probs: np.ndarray, end_probs: np.ndarray, top_k: int, max_answer_len: int, allowed: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """best_spans as the pipeline computes it (transformers' `decode_spans`): over the whole T x T outer product,
+    its ties broken by numpy's partition and sort."""
     # (1, T, T) like the pipeline, so ties between equal scores are broken identically.
     outer = np.matmul(start_probs[None, :, None], end_probs[None, None, :])
     candidates = np.tril(np.triu(outer), max_answer_len - 1)
@@ -247,14 +313,6 @@ def best_spans(
     return starts, ends, candidates[0, starts, ends]
 
 
-def _word_chars(window: QaWindow, position: int, side: int) -> int:
-    """Start (side 0) or end (side 1) character of the whole context word holding `position`,
-    as far as this window holds it."""
-    word = window.word_ids[position]
-    members = [p for p in window.context_positions if window.word_ids[p] == word]
-    return window.offsets[members[0]][0] if side == 0 else window.offsets[members[-1]][1]
-
-
 def span_to_chars(window: QaWindow, start: int, end: int) -> tuple[int, int]:
     """Token span -> character span of the context, widened to whole words.
 
@@ -264,7 +322,8 @@ def span_to_chars(window: QaWindow, start: int, end: int) -> tuple[int, int]:
     if window.word_ids[start] is None or window.word_ids[end] is None:
         raw = [o if o is not None else (0, 0) for o in (window.offsets[start], window.offsets[end])]
         return raw[0][0], raw[1][1]
-    return _word_chars(window, start, 0), _word_chars(window, end, 1)
+    first_chars, last_chars = window.word_chars
+    return first_chars[window.word_ids[start]], last_chars[window.word_ids[end]]
 
 
 def decode(
@@ -289,9 +348,11 @@ def decode(
     candidates_per_window = top_k * 2 + 10
     null_score = NO_ANSWER_SENTINEL
     answers: list[dict] = []
+    by_text: dict[str, dict] = {}  # lower-cased answer text -> its (first) answer
     for window, start, end in zip(windows, start_logits, end_logits):
-        allowed = np.array([o is not None for o in window.offsets])
-        allowed[0] = True  # [CLS] joins the softmax: its probability is the no-answer score
+        allowed = np.zeros(len(window), dtype=bool)  # the context tokens (those with offsets) ...
+        allowed[window.context_positions.start : window.context_positions.stop] = True
+        allowed[0] = True  # ... and [CLS], whose probability is the no-answer score
         start_probs = _probabilities(_as_float(start)[: len(window)], allowed)
         end_probs = _probabilities(_as_float(end)[: len(window)], allowed)
         if handle_impossible_answer:
@@ -300,11 +361,12 @@ def decode(
         for s, e, score in zip(*best_spans(start_probs, end_probs, candidates_per_window, max_answer_len, allowed)):
             char_start, char_end = span_to_chars(window, int(s), int(e))
             text = context[char_start:char_end]
-            same = next((a for a in answers if a["answer"].lower() == text.lower()), None)
+            same = by_text.get(text.lower())
             if same is not None:
                 same["score"] += score.item()
             else:
                 answers.append({"answer": text, "score": score.item(), "start": char_start, "end": char_end})
+                by_text[text.lower()] = answers[-1]
     if handle_impossible_answer:
         answers.append({"answer": "", "score": null_score, "start": 0, "end": 0})
     return sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]
