@@ -367,19 +367,13 @@ class Engine:
         return self._heavy_lane if chars > LIGHT_REQUEST_CHARS else self._light_lane
 
     async def _codec(self, fn: Callable[[], Any], lane: ThreadPoolExecutor) -> Any:
-        """Run a codec step in `lane`. A codec's refusals become the client's errors as serving/errors.py's table
-        says (too much work 413, an input too long 422...)."""
-        try:
-            return await asyncio.get_running_loop().run_in_executor(lane, fn)
-        except Exception as e:  # noqa: BLE001 - a refusal is the client's error, anything else stays a fault
-            error = refusal(e)
-            if error is None:
-                raise
-            raise error from None
+        """Run a codec step in `lane`, its refusals as in _codec_here."""
+        return await asyncio.get_running_loop().run_in_executor(lane, self._codec_here, fn)
 
     @staticmethod
     def _codec_here(fn: Callable[[], Any]) -> Any:
-        """A codec step run here, on the event loop (no coroutine to await), its refusals as in _codec."""
+        """Run a codec step here (on the event loop when called there: no coroutine to await). A codec's refusals
+        become the client's errors as serving/errors.py's table says (too much work 413, an input too long 422...)."""
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - a refusal is the client's error, anything else stays a fault
