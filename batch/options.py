@@ -98,8 +98,8 @@ class BatchOptions:
     max_batch_tokens: int = option(16384, help="token budget of one batch: padded length x sequences")
     max_batch_size: int | None = option(
         None,
-        help="most sequences in one batch (default 8 on cpu, where a bigger batch mostly adds work per sequence; "
-        "64 on cuda)",
+        help="most sequences in one batch (default on cpu: 8 with onnxruntime, where a bigger batch mostly adds "
+        "padding, 32 with torch, whose per-operator cost is paid once a batch; 64 on cuda)",
     )
     max_padding: float = option(0.25, help="most padding a batch may carry, as a share of its padded tokens")
     max_row_sequences: int = option(

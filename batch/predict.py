@@ -63,6 +63,16 @@ def backend_settings(options: dict, threads: int | None):
     )
 
 
+def default_batch_size(device: str, backend: str) -> int:
+    """Most sequences in a batch when --max-batch-size is not given. On CPU onnxruntime's kernels cost about the same
+    per sequence at any batch size and a bigger batch mostly adds padding, while torch pays its per-operator Python
+    cost once a batch: 32 sequences a batch ran bf16 and fp32 about 1.2x faster per row than 8 (docs/benchmarks.md,
+    "Batch shape")."""
+    if device == "cuda":
+        return 64
+    return 32 if backend == "torch" else 8
+
+
 def concurrent_runs(options: dict, threads: int | None) -> int:
     """Batches one process runs at once. On CPU two runs sharing the threads beat one run on all of them (small
     batches use one thread well and two poorly: the server's rule, --inference-workers), so two threads or more
@@ -186,7 +196,7 @@ class Predictor:
         self.facts = self.model.facts(task)
         self.batches = Batches(
             self.options["max_batch_tokens"],
-            self.options["max_batch_size"] or (64 if self.options["device"] == "cuda" else 8),
+            self.options["max_batch_size"] or default_batch_size(self.options["device"], self.model.backend.name),
             self.options["max_padding"],
         )
         # Batches run at once in this process: as many as the model was loaded for, if its backend allows.

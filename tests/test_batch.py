@@ -372,6 +372,19 @@ def test_two_batches_at_once_answer_as_one_at_a_time(tiny):
         assert (a is None and b is None) or abs(a - b) < 1e-5
 
 
+def test_a_batch_holds_32_sequences_on_torch_and_8_on_onnxruntime_unless_told(tiny, tmp_path):
+    """torch pays its per-operator cost once a batch, onnxruntime about the same per sequence at any size: the
+    default differs by backend; --max-batch-size wins over it."""
+    from batch.predict import default_batch_size
+    from test_serving_support import export_onnx
+
+    assert Predictor("classify", tiny, threads=1).batches.max_batch_size == 32
+    assert Predictor("classify", tiny, threads=1, max_batch_size=5).batches.max_batch_size == 5
+    onnx = export_onnx(tiny, tmp_path / "onnx")
+    assert Predictor("classify", onnx, threads=1).batches.max_batch_size == 8
+    assert default_batch_size("cuda", "torch") == default_batch_size("cuda", "onnxruntime") == 64
+
+
 def test_precision_auto_is_bf16_for_an_embed_job_on_a_checkpoint_on_a_cpu_with_amx(tmp_path):
     """The rule, given the CPU's flags: bf16 only where all of it holds (embed, checkpoint, torch, cpu, AMX-BF16);
     otherwise the backend's own default (None); an explicit precision wins either way."""
