@@ -15,8 +15,9 @@ loop between two batches (it did when one owner task on the loop dispatched ever
 also served HTTP: docs/serving.md, "Why it is built this way").
 Every batch runs under a slot of the device's ComputeGate, which the batchers of all the server's models share
 (one queue per model, one device): the models never run more batches at once than the device has slots, a free
-slot goes to the model served least recently, and while another model wants the device a batcher takes a small
-batch (`contended_budget`), so that a model with one request waits for about one small batch of a loaded one.
+slot goes to the model served least recently, and while another model wants the device a loaded model holds all
+slots but one, so that a model with one request finds a slot free (with a single slot the loaded model takes small
+batches instead, `contended_budget`, and the other waits for about one of them).
 Callers that have gone are dropped before their sequences are batched.
 A batch that fails fails every sequence in it and nothing else; a backend that returns outputs for a number of
 sequences other than the batch's is a failure too, never a silent mismatch.
@@ -75,7 +76,8 @@ class ComputeGate:
     oversubscribe the cores between them; a backend registered with `one_at_a_time` never runs two batches at
     once, whichever batchers share it. A free slot goes to the waiting model served least recently, not to the
     first that asked: a model with one request waits for one batch of a loaded model, not for its backlog.
-    `contended` tells a batcher that another model wants the device too (it then takes a small batch)."""
+    While another model wants the device (`contended`), a model holds at most all slots but one, so the other's
+    next batch finds a slot free; with one slot it cannot, and the loaded model takes small batches instead."""
 
     def __init__(self, slots: int, linger_s: float = 0.25):
         self.slots = max(1, slots)
@@ -103,7 +105,7 @@ class ComputeGate:
             self._waiting[owner] = self._waiting.get(owner, 0) + 1
             try:
                 while not stopping():
-                    if sum(self._running.values()) < self.slots and self._next() is owner:
+                    if sum(self._running.values()) < self.slots and self._next(time.monotonic()) is owner:
                         break
                     self._changed.wait()
                 else:
@@ -130,11 +132,25 @@ class ComputeGate:
 
     def contended(self, owner) -> bool:
         """Whether a model other than `owner` waits for a slot, runs a batch, or ran one within `linger_s`."""
-        now = time.monotonic()
         with self._changed:
-            if any(other is not owner for other in (*self._waiting, *self._running)):
-                return True
-            return any(other is not owner and now - ended < self.linger_s for other, ended in self._ended.items())
+            return self._contended(owner, time.monotonic())
+
+    def small_batches(self, owner) -> bool:
+        """Whether `owner` takes a small batch (Batcher.contended_budget): another model wants the device and no slot
+        can be kept free for it (a gate of one slot), so that model's next batch waits for one of `owner`'s."""
+        return self.slots == 1 and self.contended(owner)
+
+    def _contended(self, owner, now: float) -> bool:
+        if any(other is not owner for other in (*self._waiting, *self._running)):
+            return True
+        return any(other is not owner and now - ended < self.linger_s for other, ended in self._ended.items())
+
+    def _limit(self, owner, now: float) -> int:
+        """Slots `owner` may hold at once: all of them alone; while another model wants the device, all but one,
+        so that the other's next batch finds a slot free instead of waiting for one of `owner`'s to end."""
+        if self.slots > 1 and self._contended(owner, now):
+            return self.slots - 1
+        return self.slots
 
     def waiting(self) -> int:
         """How many workers (of all models) wait for a slot now."""
@@ -146,9 +162,14 @@ class ComputeGate:
         with self._changed:
             self._changed.notify_all()
 
-    def _next(self):
-        """The waiting owner served least recently (never: first come first), among those whose backend is free."""
-        ready = [o for o in self._waiting if self._backend_of[o] not in self._busy]
+    def _next(self, now: float):
+        """The waiting owner served least recently (never: first come first), among those whose backend is free and
+        that hold fewer slots than their limit."""
+        ready = [
+            o
+            for o in self._waiting
+            if self._backend_of[o] not in self._busy and self._running.get(o, 0) < self._limit(o, now)
+        ]
         return min(ready, key=lambda o: self._served.get(o, 0), default=None)
 
 
@@ -311,7 +332,7 @@ class Batcher:
                 self._loop.call_soon_threadsafe(_cancel, gone)
             if self._stopping or not self.queue:
                 return -1, None
-            batch = self._take(self.gate.contended(self))
+            batch = self._take(self.gate.small_batches(self))
             batch_id = next(self._batch_ids)
             self._running[batch_id] = batch
             if len(self._running) == 1:
@@ -319,8 +340,8 @@ class Batcher:
             return batch_id, batch
 
     def contended_budget(self) -> tuple[int, int]:
-        """(tokens, requests) of a batch taken while another model wants the device: a quarter of the full
-        budget, so that the other model's next batch waits for a small one (the first sequence always joins).
+        """(tokens, requests) of a batch taken while another model wants a device of one slot: a quarter of the
+        full budget, so that the other model's next batch waits for a small one (the first sequence always joins).
         The loaded model pays in throughput meanwhile; half the budget cost it less but the other model's wait
         more (docs/benchmarks.md, "Several models in one server")."""
         return max(1, self.max_batch_tokens // 4), max(1, self.max_batch_requests // 4)

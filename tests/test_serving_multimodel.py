@@ -379,3 +379,47 @@ def test_a_free_slot_goes_to_the_model_served_least_recently():
         thread.join(10)
     assert order == ["b", "a"]
     assert gate.contended(a) and gate.contended(b)  # each ran within linger_s of now
+
+
+def test_while_another_model_wants_the_device_a_loaded_one_leaves_it_a_slot():
+    """Two slots: alone, a model holds both; while another has run within linger_s, it holds one and waits for a
+    second, and the other's batch takes the free slot at once instead of waiting for one of the loaded model's."""
+    import threading
+
+    from serving.batcher import ComputeGate
+
+    gate = ComputeGate(2, linger_s=60)
+    busy, quiet, backend = object(), object(), object()
+    assert gate.acquire(busy, backend, lambda: False) and gate.acquire(busy, backend, lambda: False)  # alone: both
+    assert not gate.small_batches(busy)
+    gate.release(busy, backend)
+    gate.release(busy, backend)
+    assert gate.acquire(quiet, backend, lambda: False)
+    gate.release(quiet, backend)  # the quiet model ran: it wants the device for linger_s
+    assert gate.acquire(busy, backend, lambda: False)
+    stop, second = threading.Event(), []
+    waiter = threading.Thread(target=lambda: second.append(gate.acquire(busy, backend, stop.is_set)))
+    waiter.start()
+    for _ in range(2000):
+        if gate.waiting() or not waiter.is_alive():
+            break
+        threading.Event().wait(0.001)
+    waiter.join(0.2)
+    assert waiter.is_alive() and not second  # the busy model's second batch waits, a slot stays free...
+    took = []
+    asker = threading.Thread(target=lambda: took.append(gate.acquire(quiet, backend, stop.is_set)))
+    asker.start()
+    asker.join(5)
+    stop.set() if asker.is_alive() else None
+    gate.wake()
+    assert took == [True]  # ...and the quiet model's batch takes it at once
+    gate.release(quiet, backend)
+    gate.release(busy, backend)
+    waiter.join(10)
+    assert second == [True]  # with a slot of its own free again, the busy model's batch runs
+    assert not gate.small_batches(busy)  # two slots: full batches, one kept free instead
+    assert ComputeGate(1).small_batches(busy) is False
+    one = ComputeGate(1, linger_s=60)
+    assert one.acquire(quiet, backend, lambda: False)
+    one.release(quiet, backend)
+    assert one.small_batches(busy)  # one slot: none can be kept free, so the loaded model's batches are small
