@@ -375,8 +375,9 @@ def test_two_batches_at_once_answer_as_one_at_a_time(tiny):
 def test_a_batch_holds_32_sequences_on_torch_and_8_on_onnxruntime_unless_told(tiny, tmp_path):
     """torch pays its per-operator cost once a batch, onnxruntime about the same per sequence at any size: the
     default differs by backend; --max-batch-size wins over it."""
-    from batch.predict import default_batch_size
     from test_serving_support import export_onnx
+
+    from batch.predict import default_batch_size
 
     assert Predictor("classify", tiny, threads=1).batches.max_batch_size == 32
     assert Predictor("classify", tiny, threads=1, max_batch_size=5).batches.max_batch_size == 5
