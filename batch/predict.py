@@ -66,8 +66,7 @@ def backend_settings(options: dict, threads: int | None):
 def default_batch_size(device: str, backend: str) -> int:
     """Most sequences in a batch when --max-batch-size is not given. On CPU onnxruntime's kernels cost about the same
     per sequence at any batch size and a bigger batch mostly adds padding, while torch pays its per-operator Python
-    cost once a batch: 32 sequences a batch ran bf16 and fp32 about 1.2x faster per row than 8 (docs/benchmarks.md,
-    "Batch shape")."""
+    cost once a batch (figures: docs/benchmarks.md, "Batch shape")."""
     if device == "cuda":
         return 64
     return 32 if backend == "torch" else 8

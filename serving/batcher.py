@@ -360,11 +360,11 @@ class Batcher:
         self._set_depth()
         return gone
 
-    def _take(self, contended: bool = False) -> list[Entry]:
-        """The oldest sequence plus those nearest to it in length that fit the budget (the contended budget when
-        `contended`)."""
+    def _take(self, small: bool = False) -> list[Entry]:
+        """The oldest sequence plus those nearest to it in length that fit the budget (contended_budget when
+        `small`)."""
         max_tokens, max_requests = (
-            self.contended_budget() if contended else (self.max_batch_tokens, self.max_batch_requests)
+            self.contended_budget() if small else (self.max_batch_tokens, self.max_batch_requests)
         )
         anchor = self.queue[0]
         window = self.queue[: max(4 * self.max_batch_requests, 64)]  # bounded search keeps order roughly FIFO
