@@ -128,7 +128,7 @@ def test_an_interrupted_mining_continues_where_it_was():
 def test_the_mining_command_uses_minilm_never_reads_held_out_articles_and_keeps_its_file(tmp_path):
     squad, out = _squad(tmp_path), tmp_path / "mined" / "mined.json"
     command = [PYTHON, "-m", "training.mine_rerank", "--squad", str(squad), "--heldout-articles", "1", "--depth", "2"]
-    command += ["--model", str(minilm_dir()), "--threads", "1", "--out", str(out)]
+    command += ["--model", str(minilm_dir()), "--threads", "1", "--device", "cpu", "--out", str(out)]
     first = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     mined = json.loads(out.read_text())
@@ -147,6 +147,22 @@ def test_the_mining_command_uses_minilm_never_reads_held_out_articles_and_keeps_
         rerank.read_mined(str(out), 2, set())
     with pytest.raises(Exception, match="held-out articles"):
         rerank.read_mined(str(out), 1, {"rivers"})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_mining_on_a_cuda_device_that_is_not_there_is_one_line_and_exit_2(tmp_path):
+    out = tmp_path / "mined.json"
+    command = [PYTHON, "-m", "training.mine_rerank", "--squad", str(_squad(tmp_path)), "--heldout-articles", "1"]
+    result = subprocess.run(
+        command + ["--model", str(tmp_path / "nowhere"), "--device", "cuda", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["mine: --device cuda: no CUDA device here (use --device cpu)"]
+    assert not out.exists()
 
 
 def test_listwise_loss_is_softmax_cross_entropy_over_each_querys_candidates():

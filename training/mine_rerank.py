@@ -114,8 +114,11 @@ def mine(
     return {"articles": out_articles, "questions": out_questions}
 
 
-def bi_encoder(model_dir: str, *, batch_size: int = 64, max_length: int = 128) -> Callable[[list[str]], np.ndarray]:
-    """texts -> unit vectors from a sentence-transformers BERT checkpoint (mean pooling, as all-MiniLM-L6-v2)."""
+def bi_encoder(
+    model_dir: str, *, batch_size: int = 64, max_length: int = 128, device: str = "cpu"
+) -> Callable[[list[str]], np.ndarray]:
+    """texts -> unit vectors from a sentence-transformers BERT checkpoint (mean pooling, as all-MiniLM-L6-v2),
+    computed on `device`."""
     from bert.checkpoint import load_checkpoint
     from bert.model import BertModel
     from bert.tasks import classify
@@ -124,6 +127,7 @@ def bi_encoder(model_dir: str, *, batch_size: int = 64, max_length: int = 128) -
 
     tokenizer = BertTokenizer.from_dir(model_dir)
     model, _ = load_checkpoint(model_dir, BertModel, from_backbone=True)
+    model.to(device)
 
     def encode(texts: list[str]) -> np.ndarray:
         features = classify.encode(tokenizer, texts, max_length=max_length, truncate=True)
@@ -141,6 +145,7 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=19, help="negatives kept per question (the eval reranks 20)")
     p.add_argument("--model", default="", help="bi-encoder directory (default: all-MiniLM-L6-v2 from its package)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--device", default="auto", help="auto (cuda where there is one, else cpu) | cpu | cuda | cuda:N")
     p.add_argument("--out", required=True, help="the mined JSON file (kept when it exists with these settings)")
     args = p.parse_args(argv)
 
@@ -169,14 +174,20 @@ def main(argv=None) -> int:
             print(f"mine: {out} already mined with these settings; kept", file=sys.stderr)
             return 0
         print(f"mine: {out} was mined with other settings ({kept}); mining again", file=sys.stderr)
-    if args.threads:
-        import torch
+    import torch
 
+    if args.threads:
         torch.set_num_threads(args.threads)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"mine: --device {device}: no CUDA device here (use --device cpu)", file=sys.stderr)
+        return 2
     training, held = split_heldout(read_squad_articles(args.squad), args.heldout_articles)
     chosen = [training[i] for i in pick_articles(len(training), args.articles)]
     print(
-        f"mine: {len(chosen)} of {len(training)} training articles ({len(held)} held out, never read) with {model}",
+        f"mine: {len(chosen)} of {len(training)} training articles ({len(held)} held out, never read) with {model} on {device}",
         file=sys.stderr,
     )
     # Progress is kept beside the output (every few articles, atomically), so a killed run continues where it was.
@@ -194,7 +205,7 @@ def main(argv=None) -> int:
         if state["mined"] % 5 == 0:
             write_file_atomic(partial, json.dumps({"settings": settings, "state": state}))
 
-    mined = mine(chosen, bi_encoder(model), depth=args.depth, done=done, checkpoint=checkpoint)
+    mined = mine(chosen, bi_encoder(model, device=device), depth=args.depth, done=done, checkpoint=checkpoint)
     ranks = np.asarray([q["gold_rank"] for q in mined["questions"]])
     stats = {
         "questions": int(len(ranks)),
