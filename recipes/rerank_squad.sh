@@ -8,6 +8,9 @@
 #    held-out MRR every EVAL_EVERY steps in $OUT/log.jsonl (the learning curve), last/ with each evaluation.
 #    A rerun resumes from $OUT/last. Held out: the last 10 articles, never mined or trained on.
 # Measure: python -m evals.rerank_quality --reranker "$OUT/best"   (docs/benchmarks.md, "Reranking")
+# On a GPU (mining runs there too, --device auto): ARTICLES=0 QUESTIONS=0 recipes/rerank_squad.sh --batch-size 256
+#   --learning-rate 1e-4 --warmup-steps 300 mines all 85,348 training questions and trains 3,000 steps of 32 queries
+#   (docs/benchmarks.md, "Reranking": 3 min on one H200).
 set -euo pipefail
 OUT=${OUT:-runs/rerank-mined}
 # shellcheck source=recipes/common.sh
