@@ -60,14 +60,12 @@ def run(options: dict, log=print) -> int:
     staging = output / RAY_TMP
     shutil.rmtree(staging, ignore_errors=True)
 
+    # What the model-holding actors need from this process's environment (bertserve's path where it is not
+    # installed, the thread count). Given to the actors alone: a job-wide runtime_env would make every read and
+    # write task start a worker of its own instead of taking one of the idle workers the cluster keeps.
     env = {k: os.environ[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS") if k in os.environ}
     try:
-        ray.init(
-            address=options["ray"],
-            runtime_env={"env_vars": env} if env else None,
-            ignore_reinit_error=True,
-            log_to_driver=False,
-        )
+        ray.init(address=options["ray"], ignore_reinit_error=True, log_to_driver=False)
     except ConnectionError as e:
         raise JobError(f"--ray {options['ray']}: {e}{_auth_hint(e)}") from None
     try:
@@ -95,6 +93,7 @@ def run(options: dict, log=print) -> int:
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
             num_cpus=options["threads"] or 1,
+            **({"runtime_env": {"env_vars": env}} if env else {}),
         )
         dataset.write_parquet(str(staging), min_rows_per_file=options["part_rows"])
     finally:

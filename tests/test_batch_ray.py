@@ -47,6 +47,9 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     env["RAY_AUTH_MODE"] = "disabled"
     env.pop("RAY_ADDRESS", None)
+    # The nodes do not have bertserve on their path, as on a cluster where it is not installed: the job gives its
+    # PYTHONPATH to the model-holding actors, and Ray's read and write tasks need none of it.
+    nodes_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     logs = tmp_path_factory.mktemp("ray")
     # A temp dir of its own (short: Ray's socket paths live under it): the machine's /tmp/ray/ray_current_cluster,
     # what `--ray auto` connects to, is left alone.
@@ -69,7 +72,8 @@ def cluster(tmp_path_factory):
             temp,
             *common,
         ],
-        env=env,
+        env=nodes_env,
+        cwd=temp,
         stdout=open(logs / "head.log", "w"),
         stderr=subprocess.STDOUT,
     )
@@ -81,7 +85,8 @@ def cluster(tmp_path_factory):
             time.sleep(1)
         worker = subprocess.Popen(
             [RAY, "start", "--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "2", *common],
-            env=env,
+            env=nodes_env,
+            cwd=temp,
             stdout=open(logs / "node.log", "w"),
             stderr=subprocess.STDOUT,
         )
