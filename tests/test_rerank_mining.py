@@ -150,18 +150,26 @@ def test_the_mining_command_uses_minilm_never_reads_held_out_articles_and_keeps_
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_mining_on_a_cuda_device_that_is_not_there_is_one_line_and_exit_2(tmp_path):
+@pytest.mark.parametrize(
+    "device, line",
+    [
+        ("cuda", "mine: --device cuda: no CUDA device here (use --device cpu)"),
+        ("cuda:1", "mine: --device cuda:1: no CUDA device here (use --device cpu)"),
+        ("gpu", "mine: --device 'gpu': give auto, cpu, cuda or cuda:N"),
+    ],
+)
+def test_mining_on_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path, device, line):
     out = tmp_path / "mined.json"
     command = [PYTHON, "-m", "training.mine_rerank", "--squad", str(_squad(tmp_path)), "--heldout-articles", "1"]
     result = subprocess.run(
-        command + ["--model", str(tmp_path / "nowhere"), "--device", "cuda", "--out", str(out)],
+        command + ["--model", str(tmp_path / "nowhere"), "--device", device, "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["mine: --device cuda: no CUDA device here (use --device cpu)"]
+    assert result.stderr.strip().splitlines() == [line]
     assert not out.exists()
 
 

@@ -179,10 +179,16 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device
+    if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", device):
+        print(f"mine: --device {device!r}: give auto, cpu, cuda or cuda:N", file=sys.stderr)
+        return 2
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device.startswith("cuda") and not torch.cuda.is_available():
         print(f"mine: --device {device}: no CUDA device here (use --device cpu)", file=sys.stderr)
+        return 2
+    elif device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        print(f"mine: --device {device}: this machine has {torch.cuda.device_count()} CUDA devices", file=sys.stderr)
         return 2
     training, held = split_heldout(read_squad_articles(args.squad), args.heldout_articles)
     chosen = [training[i] for i in pick_articles(len(training), args.articles)]
