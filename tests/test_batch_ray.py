@@ -47,8 +47,8 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     env["RAY_AUTH_MODE"] = "disabled"
     env.pop("RAY_ADDRESS", None)
-    # The nodes do not have bertserve on their path, as on a cluster where it is not installed: the job gives its
-    # PYTHONPATH to the model-holding actors, and Ray's read and write tasks need none of it.
+    # The nodes start without bertserve on their PYTHONPATH, as on a cluster where it is not installed (the job
+    # gives its own PYTHONPATH to the model-holding actors; Ray also puts the driver's directory on the workers' path).
     nodes_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     logs = tmp_path_factory.mktemp("ray")
     # A temp dir of its own (short: Ray's socket paths live under it): the machine's /tmp/ray/ray_current_cluster,

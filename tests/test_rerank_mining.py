@@ -153,9 +153,9 @@ def test_the_mining_command_uses_minilm_never_reads_held_out_articles_and_keeps_
 @pytest.mark.parametrize(
     "device, line",
     [
-        ("cuda", "mine: --device cuda: no CUDA device here (use --device cpu)"),
-        ("cuda:1", "mine: --device cuda:1: no CUDA device here (use --device cpu)"),
-        ("gpu", "mine: --device 'gpu': give auto, cpu, cuda or cuda:N"),
+        ("cuda", "mine: --device cuda: no CUDA device here (use cpu)"),
+        ("cuda:1", "mine: --device cuda:1: no CUDA device here (use cpu)"),
+        ("gpu", "mine: --device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
     ],
 )
 def test_mining_on_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path, device, line):
@@ -171,6 +171,21 @@ def test_mining_on_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path, d
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [line]
     assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_training_run_on_a_device_that_is_not_there_is_refused_before_any_work():
+    """The same rule as mining's (training.config.device_problem), in every training command's config."""
+    for device, problem in [
+        ("cuda", "device cuda: no CUDA device here (use cpu)"),
+        ("cuda:x", "device must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
+    ]:
+        command = [PYTHON, "-m", "training.finetune", "--task", "classify", "--ckpt", "nowhere", "--train-data"]
+        result = subprocess.run(
+            command + ["nowhere.tsv", "--device", device], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 2
+        assert problem in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
 
 
 def test_listwise_loss_is_softmax_cross_entropy_over_each_querys_candidates():

@@ -8,6 +8,7 @@ are refused before any data is read.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,8 @@ class TrainConfig:
             problems.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.precision == "fp16" and self.device == "cpu":
             problems.append("precision fp16 needs a GPU (use fp32 or bf16 on CPU)")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            problems.append(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if problem := device_problem(self.device):
+            problems.append(problem)
         # last.old: a save was killed between its two renames; the run resumes from that previous copy
         if self.resume and not any(
             (Path(d) / "trainer_state.json").is_file() for d in (self.resume, self.resume + ".old")
@@ -129,3 +130,27 @@ def is_model_spec(value: str) -> bool:
     from bert.config import PRESETS
 
     return value in PRESETS or Path(value).is_file() or (Path(value) / "config.json").is_file()
+
+
+def device_problem(name: str) -> str | None:
+    """Why `name` cannot be a run's device (None: it can): not auto, cpu, cuda or cuda:N, or a CUDA device this
+    machine lacks."""
+    if name not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", name):
+        return f"device must be auto, cpu, cuda or cuda:N, got {name!r}"
+    if name.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"device {name}: no CUDA device here (use cpu)"
+        if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+            return f"device {name}: this machine has {torch.cuda.device_count()} CUDA devices"
+    return None
+
+
+def resolve_device(name: str) -> str:
+    """`auto` as the device it means here (cuda where there is one, else cpu); any other name as it is."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -31,6 +31,7 @@ import torch
 from bert.atomic import old_copy, pause_point, publish_dir, recover, remove_stale_temporaries, write_file_atomic
 from bert.checkpoint import CheckpointError, read_state_dict, save_torch_file, verify_manifest, write_manifest
 from bert.errors import one_line
+from training.config import resolve_device
 
 if TYPE_CHECKING:
     from bert.tokenizer import BertTokenizer
@@ -91,8 +92,7 @@ def setup_distributed(device_name: str) -> tuple[Dist, torch.device]:
     """Under torchrun (WORLD_SIZE > 1): init the process group (nccl on GPU, gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    device_name = resolve_device(device_name)
     if device_name == "cuda":
         device_name = f"cuda:{local}"
     device = torch.device(device_name)

@@ -151,6 +151,7 @@ def main(argv=None) -> int:
 
     from bert.atomic import write_file_atomic
     from bert.tasks.qa import read_squad_articles, split_heldout
+    from training.config import device_problem, resolve_device
 
     model = args.model
     if not model:
@@ -174,22 +175,14 @@ def main(argv=None) -> int:
             print(f"mine: {out} already mined with these settings; kept", file=sys.stderr)
             return 0
         print(f"mine: {out} was mined with other settings ({kept}); mining again", file=sys.stderr)
-    import torch
-
     if args.threads:
+        import torch
+
         torch.set_num_threads(args.threads)
-    device = args.device
-    if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", device):
-        print(f"mine: --device {device!r}: give auto, cpu, cuda or cuda:N", file=sys.stderr)
+    if problem := device_problem(args.device):
+        print(f"mine: --{problem}", file=sys.stderr)
         return 2
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"mine: --device {device}: no CUDA device here (use --device cpu)", file=sys.stderr)
-        return 2
-    elif device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
-        print(f"mine: --device {device}: this machine has {torch.cuda.device_count()} CUDA devices", file=sys.stderr)
-        return 2
+    device = resolve_device(args.device)
     training, held = split_heldout(read_squad_articles(args.squad), args.heldout_articles)
     chosen = [training[i] for i in pick_articles(len(training), args.articles)]
     print(
