@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -60,10 +61,7 @@ def run(options: dict, log=print) -> int:
     staging = output / RAY_TMP
     shutil.rmtree(staging, ignore_errors=True)
 
-    # What the model-holding actors need from this process's environment (bertserve's path where it is not
-    # installed, the thread count). Given to the actors alone: a job-wide runtime_env would make every read and
-    # write task start a worker of its own instead of taking one of the idle workers the cluster keeps.
-    env = {k: os.environ[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS") if k in os.environ}
+    env = _actor_env()
     try:
         ray.init(address=options["ray"], ignore_reinit_error=True, log_to_driver=False)
     except ConnectionError as e:
@@ -81,7 +79,7 @@ def run(options: dict, log=print) -> int:
         workers = _actors(ray, options)
         kwargs = {k: v for k, v in options.items() if k not in ("task", "model", "threads")}
         rows = count_rows(files) or 1
-        dataset = _dataset(ray, files, list(dict.fromkeys([*columns, *keep])), -(-rows // options["window_rows"]))
+        dataset = _dataset(ray, files, list(dict.fromkeys([*columns, *keep])), _blocks(rows, options, workers))
         # One block is one actor call (batch_size None): Ray Data would bundle two blocks smaller than a
         # window into one task. One call in flight per actor: a second one queued behind a busy actor is what
         # leaves the other idle at the end of the job.
@@ -134,6 +132,27 @@ def run(options: dict, log=print) -> int:
         f"{model.backend.name} {model.backend.precision} ({choice.why}); {output / MANIFEST}"
     )
     return 0
+
+
+def _actor_env() -> dict:
+    """What the model-holding actors need from this process's environment: bertserve's directory where this
+    process finds it through PYTHONPATH and a worker would not (Ray puts the driver's working directory on its
+    workers' path, and an installed bertserve needs nothing), with the thread count. Given to the actors alone,
+    and only when needed: an actor with an environment of its own starts through Ray's setup_worker, which
+    execs a second Python before the actor can load the model; a job-wide runtime_env would do that to every
+    read and write task too."""
+    root = Path(__file__).resolve().parents[1]
+    path = [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root == Path.cwd().resolve() or root not in path:
+        return {}
+    return {k: os.environ[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS") if k in os.environ}
+
+
+def _blocks(rows: int, options: dict, actors: int) -> int:
+    """Blocks of at most a window's rows, as many as a multiple of the actors: blocks of one size then end on
+    every actor at about the same time, where one block more would leave all but one actor idle at the end."""
+    blocks = -(-rows // options["window_rows"])
+    return max(1, min(rows, -(-blocks // actors) * actors))
 
 
 def _auth_hint(error: BaseException) -> str:

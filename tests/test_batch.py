@@ -446,3 +446,29 @@ def test_a_ray_cluster_that_wants_its_token_is_refused_in_one_line_that_says_how
     except ConnectionError as e:
         assert "RAY_AUTH_MODE=token" in _auth_hint(e)
     assert _auth_hint(ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6379")) == ""
+
+
+def test_a_ray_job_cuts_blocks_that_end_on_every_actor_together():
+    from batch.ray_job import _blocks
+
+    window = {"window_rows": 2048}
+    assert _blocks(50_000, window, 2) == 26  # 25 windows would leave one actor a block alone at the end
+    assert _blocks(40_960, window, 2) == 20 and _blocks(40_960, window, 3) == 21
+    assert _blocks(60, {"window_rows": 8}, 2) == 8
+    assert _blocks(3, window, 2) == 2 and _blocks(1, window, 4) == 1  # never more blocks than rows
+
+
+def test_a_ray_job_gives_its_actors_an_environment_only_where_they_need_one(tmp_path, monkeypatch):
+    """Ray puts the driver's directory on its workers' path; an actor given an environment of its own starts
+    through a second Python, so the job passes bertserve's PYTHONPATH only when the workers would lack it."""
+    from batch.ray_job import _actor_env
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{root}")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(root)
+    assert _actor_env() == {}  # run from the checkout: Ray hands its directory over
+    monkeypatch.chdir(tmp_path)
+    assert _actor_env() == {"PYTHONPATH": f"{tmp_path}{os.pathsep}{root}", "OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert _actor_env() == {}  # bertserve comes from elsewhere (installed): nothing to give

@@ -48,7 +48,8 @@ def cluster(tmp_path_factory):
     env["RAY_AUTH_MODE"] = "disabled"
     env.pop("RAY_ADDRESS", None)
     # The nodes start without bertserve on their PYTHONPATH, as on a cluster where it is not installed (the job
-    # gives its own PYTHONPATH to the model-holding actors; Ray also puts the driver's directory on the workers' path).
+    # gives its own PYTHONPATH to the model-holding actors where the driver's directory, which Ray puts on the
+    # workers' path, is not bertserve's).
     nodes_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     logs = tmp_path_factory.mktemp("ray")
     # A temp dir of its own (short: Ray's socket paths live under it): the machine's /tmp/ray/ray_current_cluster,
@@ -117,8 +118,14 @@ def test_a_ray_job_writes_what_the_local_job_writes(cluster, tmp_path):
     common += ["--keep", "id", "--part-rows", "20", "--window-rows", "8", "--workers", "2", "--threads", "1"]
     local = subprocess.run([*common, "--output", str(tmp_path / "local")], env=env, capture_output=True, text=True)
     assert local.returncode == 0, local.stderr
+    # From a directory without bertserve, which the nodes then find only on the PYTHONPATH the job gives the
+    # model-holding actors (the killed-node test below runs from the checkout, whose directory Ray hands over).
     on_ray = subprocess.run(
-        [*common, "--output", str(tmp_path / "ray"), "--ray", address], env=env, capture_output=True, text=True
+        [*common, "--output", str(tmp_path / "ray"), "--ray", address],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     ours, theirs = pq.read_table(tmp_path / "ray"), pq.read_table(tmp_path / "local")
