@@ -6,7 +6,8 @@
           torch on a sample of the rows (--fidelity-rows): the largest |cosine - 1| goes in the JSON
   ray     the same job with --ray on a one-node Ray cluster of this machine (ray start --head on 127.0.0.1, stopped
           with the bench; skipped without ray), on the int8 export and on torch bf16, each in the layout of that
-          engine's fastest local job and compared with it
+          engine's fastest local job and compared with it, which runs again right after (Ray / local is Ray's
+          rows/s over the mean of the two: a machine whose speed drifts in minutes favours neither)
   st      sentence-transformers' best CPU backend: backend="onnx" with optimum's dynamic int8 (bench/st_encode.py, in
           the infinity venv bench/.peers/infinity-venv when ours lacks optimum), else its torch backend
   server  python -m serving on the same int8 export, driven by the SDK (AsyncClient) at each --concurrency; best kept
@@ -25,6 +26,7 @@ import asyncio
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -534,7 +536,9 @@ def main(argv: list[str] | None = None) -> int:
                 ray_row = run_ray(models[engine], texts, Path(tmp), local["workers"], engine, local["threads"])
                 if ray_row is None:
                     break
-                ray_row["ray_vs_local"] = ray_row["rows_per_s"] / local["rows_per_s"]
+                again = run_batch(models[engine], texts, Path(tmp), local["workers"], engine=engine)
+                ray_row["local_rows_per_s"] = [local["rows_per_s"], again["rows_per_s"]]  # before and after Ray
+                ray_row["ray_vs_local"] = ray_row["rows_per_s"] / statistics.mean(ray_row["local_rows_per_s"])
                 ray_row["local"] = local["name"]
                 rows.append(ray_row)
     for r in rows:
