@@ -507,16 +507,19 @@ def load_for_inference(
     attributes, a single-task one's at transformers' names), so that every model gives one output table.
     Every head the model has must be in the file; what the file holds beyond them that no task reads (NSP,
     an unused pooler) is dropped. Returns (model, report)."""
-    from .model import BertForMultiTask
+    from .model import BertForMultiTask, without_random_init
 
     plan = check_checkpoint(ckpt, BertForMultiTask)
     try:
-        model = BertForMultiTask(plan.config)
+        with without_random_init():  # the file overwrites every parameter (checked below)
+            model = BertForMultiTask(plan.config)
     except (ValueError, CheckpointError) as e:
         raise CheckpointError(f"{plan.directory / 'config.json'}: {e}") from None
     state, report = match_state_dict(
         model, read_state_dict(plan.directory), drop_unused=True, source=_weights_source(plan.directory)
     )
+    if any(name not in state for name, _ in model.named_parameters()):
+        model.init_weights()  # what the file does not hold starts as a freshly built model's would
     model.load_state_dict(state, strict=False)  # match_state_dict has already checked every key
     model.tie_weights()
     if report:

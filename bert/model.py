@@ -10,6 +10,8 @@ copy of the encoder.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -533,6 +535,22 @@ class EncoderOutput:
         return self.token_transform(self.last_hidden_state)
 
 
+# False while a model is built only to have every parameter overwritten from a file (bert.checkpoint's
+# load_for_inference): drawing random weights first costs seconds on a large model and changes nothing.
+_RANDOM_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("random_init", default=True)
+
+
+@contextlib.contextmanager
+def without_random_init():
+    """Build models whose parameters will all be loaded: init_weights leaves their random draws out (sinusoidal
+    tables and tied weights are still set). Whatever is not then loaded must be initialised by the caller."""
+    token = _RANDOM_INIT.set(False)
+    try:
+        yield
+    finally:
+        _RANDOM_INIT.reset(token)
+
+
 class BertPreTrainedModel(nn.Module):
     """Shared init and helpers. Subclasses set `base_model_prefix`-style attributes as transformers does."""
 
@@ -541,7 +559,8 @@ class BertPreTrainedModel(nn.Module):
         self.config = config
 
     def init_weights(self) -> None:
-        self.apply(self._init_module)
+        if _RANDOM_INIT.get():
+            self.apply(self._init_module)
         for module in self.modules():
             if isinstance(module, BertEmbeddings) and module.sinusoidal:
                 module.fill_sinusoidal()

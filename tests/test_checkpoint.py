@@ -201,3 +201,30 @@ def test_minilm_hidden_states_equal_transformers_on_sst2_dev(minilm_dir, sst2_de
                 (a.pooler_output - b.pooler_output).abs().max().item(),
             )
     assert worst <= 1e-5, worst
+
+
+def test_a_model_loaded_for_inference_holds_the_files_tensors_without_drawing_random_ones(tmp_path, monkeypatch):
+    """load_for_inference builds the model without its random draws (every parameter then comes from the file):
+    the same tensors as a model built the slow way, and not one draw made."""
+    import bert.model
+    from bert.checkpoint import load_for_inference
+
+    torch.manual_seed(3)
+    saved = BertForSequenceClassification(BertConfig(**TINY, id2label={0: "n", 1: "o", 2: "p"}))
+    save_checkpoint(saved, tmp_path / "ckpt")
+    draws = []
+    original = bert.model.BertPreTrainedModel._init_module
+    monkeypatch.setattr(
+        bert.model.BertPreTrainedModel, "_init_module", lambda self, m: draws.append(m) or original(self, m)
+    )
+    loaded, _ = load_for_inference(tmp_path / "ckpt")
+    assert draws == []
+    BertForSequenceClassification(BertConfig(**TINY))
+    assert draws  # a model built the usual way draws its weights
+    slow = loaded.state_dict()
+    with bert.model.without_random_init():
+        assert not bert.model._RANDOM_INIT.get()
+    assert bert.model._RANDOM_INIT.get()  # back on after the block
+    for name, tensor in saved.state_dict().items():
+        key = name if name in slow else next(k for k in slow if k.endswith(name.split(".", 1)[1]))
+        assert torch.equal(slow[key], tensor), name
