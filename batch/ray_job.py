@@ -79,7 +79,9 @@ def run(options: dict, log=print) -> int:
         workers = _actors(ray, options)
         kwargs = {k: v for k, v in options.items() if k not in ("task", "model", "threads")}
         rows = count_rows(files) or 1
-        dataset = _dataset(ray, files, list(dict.fromkeys([*columns, *keep])), _blocks(rows, options, workers))
+        dataset = _dataset(
+            ray, files, list(dict.fromkeys([*columns, *keep])), _blocks(rows, options["window_rows"], workers)
+        )
         # One block is one actor call (batch_size None): Ray Data would bundle two blocks smaller than a
         # window into one task. One call in flight per actor: a second one queued behind a busy actor is what
         # leaves the other idle at the end of the job.
@@ -148,11 +150,12 @@ def _actor_env() -> dict:
     return {k: os.environ[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS") if k in os.environ}
 
 
-def _blocks(rows: int, options: dict, actors: int) -> int:
-    """Blocks of at most a window's rows, as many as a multiple of the actors: blocks of one size then end on
-    every actor at about the same time, where one block more would leave all but one actor idle at the end."""
-    blocks = -(-rows // options["window_rows"])
-    return max(1, min(rows, -(-blocks // actors) * actors))
+def _blocks(rows: int, window_rows: int, actors: int) -> int:
+    """Blocks of at most a window's rows (rows >= 1), as many as a multiple of the actors, never more than rows:
+    blocks of one size then end on every actor at about the same time, where one block more would leave all
+    but one actor idle at the end."""
+    windows = -(-rows // window_rows)
+    return min(rows, -(-windows // actors) * actors)
 
 
 def _auth_hint(error: BaseException) -> str:

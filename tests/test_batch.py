@@ -451,11 +451,10 @@ def test_a_ray_cluster_that_wants_its_token_is_refused_in_one_line_that_says_how
 def test_a_ray_job_cuts_blocks_that_end_on_every_actor_together():
     from batch.ray_job import _blocks
 
-    window = {"window_rows": 2048}
-    assert _blocks(50_000, window, 2) == 26  # 25 windows would leave one actor a block alone at the end
-    assert _blocks(40_960, window, 2) == 20 and _blocks(40_960, window, 3) == 21
-    assert _blocks(60, {"window_rows": 8}, 2) == 8
-    assert _blocks(3, window, 2) == 2 and _blocks(1, window, 4) == 1  # never more blocks than rows
+    assert _blocks(50_000, 2048, 2) == 26  # 25 windows would leave one actor a block alone at the end
+    assert _blocks(40_960, 2048, 2) == 20 and _blocks(40_960, 2048, 3) == 21
+    assert _blocks(60, 8, 2) == 8
+    assert _blocks(3, 2048, 2) == 2 and _blocks(1, 2048, 4) == 1  # never more blocks than rows
 
 
 def test_a_ray_job_gives_its_actors_an_environment_only_where_they_need_one(tmp_path, monkeypatch):

@@ -205,7 +205,7 @@ def test_minilm_hidden_states_equal_transformers_on_sst2_dev(minilm_dir, sst2_de
 
 def test_a_model_loaded_for_inference_holds_the_files_tensors_without_drawing_random_ones(tmp_path, monkeypatch):
     """load_for_inference builds the model without its random draws (every parameter then comes from the file):
-    the same tensors as a model built the slow way, and not one draw made."""
+    not one draw made, and every tensor the file's."""
     import bert.model
     from bert.checkpoint import load_for_inference
 
