@@ -201,10 +201,17 @@ def _predictor_options(options: dict) -> dict:
     return {k: v for k, v in options.items() if k not in ("task", "model")}
 
 
-def _run_window(values: dict[str, list], predictor: Predictor | None = None) -> Result:
-    predictor = predictor or _WORKER
+def _row_errors(values: dict[str, list]) -> list | None:
     row_errors = values.get(ROW_ERROR)
-    return predictor.predict(values, row_errors if any(e is not None for e in row_errors or ()) else None)
+    return row_errors if any(e is not None for e in row_errors or ()) else None
+
+
+def _run_window(values: dict[str, list], predictor: Predictor | None = None) -> Result:
+    return (predictor or _WORKER).predict(values, _row_errors(values))
+
+
+def _run_share(values: dict[str, list], share: int, shares: int) -> tuple:
+    return _WORKER.predict_share(values, _row_errors(values), share, shares)
 
 
 # ---- the job --------------------------------------------------------------------------------------------
@@ -279,7 +286,7 @@ def run(options: dict, log=print) -> int:
                 writer.add(window, _run_window(window.values, predictor))
                 progress.update(len(window), writer.last_tokens)
         else:
-            _run_pool(source, workers, threads, options, writer, progress)
+            _run_pool(source, workers, threads, options, writer, progress, predictor, total)
         writer.finish()
     finally:
         writer.close()
@@ -303,25 +310,39 @@ def engine(model, choice) -> dict:
     return {"backend": model.backend.name, "precision": model.backend.precision, "precision_choice": choice.why}
 
 
-def _run_pool(source, workers: int, threads: int, options: dict, writer, progress) -> None:
-    """Windows run by `workers` processes, at most two each in flight, written back in input order."""
+def _run_pool(source, workers: int, threads: int, options: dict, writer, progress, predictor, total: int) -> None:
+    """Windows run by `workers` processes, at most two each in flight, written back in input order. The windows
+    that start in the job's last `workers` windows' rows are split: each process runs a share of their batches
+    (cut as one process cuts them, so the answers are the same) and this one joins them, so that the job's end
+    does not leave all but one process idle for up to a window's time."""
     import multiprocessing
 
+    tail = total - workers * options["window_rows"]
     context = multiprocessing.get_context("spawn")  # never fork a process that holds a model and threads
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker, initargs=(options, threads)
     ) as pool:
-        flight: collections.deque[tuple[Window, Future]] = collections.deque()
-        for window in source:
-            flight.append((window, pool.submit(_run_window, window.values)))
-            if len(flight) >= 2 * workers:
-                done, future = flight.popleft()
-                writer.add(done, future.result())
-                progress.update(len(done), writer.last_tokens)
-        while flight:
-            done, future = flight.popleft()
-            writer.add(done, future.result())
+        flight: collections.deque[tuple[Window, list[Future]]] = collections.deque()
+
+        def write_first() -> None:
+            done, futures = flight.popleft()
+            if len(futures) == 1:
+                result = futures[0].result()
+            else:
+                result = predictor.join_shares(done.values, _row_errors(done.values), [f.result() for f in futures])
+            writer.add(done, result)
             progress.update(len(done), writer.last_tokens)
+
+        for window in source:
+            if window.start >= tail:
+                futures = [pool.submit(_run_share, window.values, k, workers) for k in range(workers)]
+            else:
+                futures = [pool.submit(_run_window, window.values)]
+            flight.append((window, futures))
+            if len(flight) >= 2 * workers:
+                write_first()
+        while flight:
+            write_first()
 
 
 def _prefetch(iterator, depth: int = 2):

@@ -168,6 +168,17 @@ class Result:
     padded: int = 0
 
 
+@dataclass
+class _Prepared:
+    """A window's rows checked and encoded (Predictor._prepare): the items that encoded, their sequences and rows."""
+
+    count: int  # rows
+    items: list
+    features: list  # each item's sequences
+    rows: list[int]  # each item's row
+    errors: list  # each row's error so far (None: good)
+
+
 class Predictor:
     """`task` on `model` over rows: `Predictor("embed", "DIR")(batch)` -> the batch's rows with the result columns
     and `error`. A batch is a dict of columns (lists or numpy arrays: Ray Data's default), a pyarrow Table or
@@ -231,6 +242,40 @@ class Predictor:
     def predict(self, columns: dict[str, list], row_errors: list | None = None) -> Result:
         """Rows given as {column: values} (the task's columns) -> their results in order. `row_errors`: rows
         already known bad (their error; None for the others)."""
+        prepared = self._prepare(columns, row_errors)
+        outputs, stats = self._run(prepared.features, prepared.rows, prepared.errors)
+        return self._finish(prepared, outputs, stats)
+
+    def predict_share(
+        self, columns: dict[str, list], row_errors: list | None, share: int, shares: int
+    ) -> tuple[list, list, dict]:
+        """One of `shares` processes' part of `predict` on the same rows: the model outputs of every `shares`-th
+        batch from the `share`-th, the batches cut exactly as `predict` cuts them (None for the others), with the
+        rows' errors and the batches' counts. `join_shares` of all of them answers what `predict` answers: a
+        window split across processes at the end of a job, so that no process sits idle while another works."""
+        prepared = self._prepare(columns, row_errors)
+        outputs, stats = self._run(prepared.features, prepared.rows, prepared.errors, (share, shares))
+        return outputs, prepared.errors, stats
+
+    def join_shares(self, columns: dict[str, list], row_errors: list | None, shares: list[tuple]) -> Result:
+        """`predict`'s answer from every share's `predict_share` on the same rows."""
+        prepared = self._prepare(columns, row_errors)
+        outputs = [[None] * len(item) for item in prepared.features]
+        stats = {"tokens": 0, "sequences": 0, "padded": 0}
+        for share_outputs, errors, share_stats in shares:
+            for item, share_item in zip(outputs, share_outputs):
+                for j, output in enumerate(share_item):
+                    if output is not None:
+                        item[j] = output
+            for row, error in enumerate(errors):
+                prepared.errors[row] = prepared.errors[row] or error  # a share's failed batch
+            for name, count in share_stats.items():
+                stats[name] += count
+        return self._finish(prepared, outputs, stats)
+
+    # ---- the steps -------------------------------------------------------------------------------
+    def _prepare(self, columns: dict[str, list], row_errors: list | None) -> _Prepared:
+        """The rows' checks and encoding: each kept item's sequences, and each row's error so far."""
         values = [list(_values(columns[c])) for c in self.columns]
         rows = len(values[0]) if values else 0
         errors: list[str | None] = list(row_errors) if row_errors is not None else [None] * rows
@@ -250,18 +295,17 @@ class Predictor:
                 where.append(row)
         features = self._encode(items, where, errors)
         kept = [i for i, f in enumerate(features) if f is not None]
-        outputs, stats = self._run([features[i] for i in kept], [where[i] for i in kept], errors)
-        answers: list = [None] * rows
-        decoded = self._decode(
-            [items[i] for i in kept], [features[i] for i in kept], outputs, [where[i] for i in kept], errors
-        )
-        for i, answer in zip(kept, decoded):
-            if errors[where[i]] is None:
-                answers[where[i]] = answer
-        table = result_table(self.task, self.width, answers, errors)
-        return Result(table, errors=sum(e is not None for e in errors), **stats)
+        return _Prepared(rows, [items[i] for i in kept], [features[i] for i in kept], [where[i] for i in kept], errors)
 
-    # ---- the steps -------------------------------------------------------------------------------
+    def _finish(self, prepared: _Prepared, outputs: list, stats: dict) -> Result:
+        answers: list = [None] * prepared.count
+        decoded = self._decode(prepared.items, prepared.features, outputs, prepared.rows, prepared.errors)
+        for row, answer in zip(prepared.rows, decoded):
+            if prepared.errors[row] is None:
+                answers[row] = answer
+        table = result_table(self.task, self.width, answers, prepared.errors)
+        return Result(table, errors=sum(e is not None for e in prepared.errors), **stats)
+
     def _limits(self, items: int) -> Limits:
         return Limits(
             max_length=self.model.max_length,
@@ -290,12 +334,14 @@ class Predictor:
                     errors[where[start + offset]] = _refusal(e)
         return encoded
 
-    def _run(self, features: list[list], rows: list[int], errors: list) -> tuple[list, dict]:
-        """Every item's sequences run in length-sorted, token-budget batches; outputs per item, in order."""
+    def _run(
+        self, features: list[list], rows: list[int], errors: list, share: tuple[int, int] | None = None
+    ) -> tuple[list, dict]:
+        """Every item's sequences run in length-sorted, token-budget batches; outputs per item, in order. `share`
+        (k, n): only every n-th batch from the k-th runs (the others' outputs stay None)."""
         flat = [(i, j, f) for i, item in enumerate(features) for j, f in enumerate(item)]
         order = sorted(range(len(flat)), key=lambda k: len(flat[k][2]))
         outputs: list[list] = [[None] * len(item) for item in features]
-        stats = {"tokens": sum(len(f) for _, _, f in flat), "sequences": len(flat), "padded": 0}
         batches = []
         at = 0
         while at < len(order):
@@ -310,7 +356,13 @@ class Predictor:
             batch = ahead[: len(picked)]
             at += len(batch)
             batches.append(batch)
-            stats["padded"] += max(len(flat[k][2]) for k in batch) * len(batch)
+        if share is not None:
+            batches = batches[share[0] :: share[1]]
+        stats = {
+            "tokens": sum(len(flat[k][2]) for batch in batches for k in batch),
+            "sequences": sum(map(len, batches)),
+            "padded": sum(max(len(flat[k][2]) for k in batch) * len(batch) for batch in batches),
+        }
 
         def run(batch: list[int]):
             sequences = [flat[k][2] for k in batch]

@@ -254,7 +254,8 @@ def test_the_predictor_takes_dicts_arrow_and_pandas(tiny):
 def test_worker_processes_write_the_same_parts(tiny, tmp_path, capsys):
     source = _jsonl(tmp_path / "in.jsonl", _rows(40))
     common = ["--task", "classify", "--model", str(tiny), "--input", str(source), "--keep", "id"]
-    common += ["--part-rows", "16", "--window-rows", "4", "--threads", "1"]
+    # batches of 2: the job's last 2 windows (rows 32-39) are split, a batch to each worker, and joined here
+    common += ["--part-rows", "16", "--window-rows", "4", "--threads", "1", "--max-batch-size", "2"]
     code, lines = _run(capsys, *common, "--workers", "1", "--output", tmp_path / "one")
     assert code == 0, lines
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -266,6 +267,36 @@ def test_worker_processes_write_the_same_parts(tiny, tmp_path, capsys):
     )
     assert run.returncode == 0, run.stderr
     assert len(_digests(tmp_path / "one")) == 3 and _digests(tmp_path / "one") == _digests(tmp_path / "two")
+
+
+@pytest.mark.parametrize("task", ["classify", "qa"])
+def test_a_window_split_into_shares_answers_what_one_process_answers(tiny, task):
+    """The end of a job splits its last windows' batches among the workers (predict_share) and joins them
+    (join_shares): the same answers, errors and counts as predict on the whole window, for rows that are one
+    sequence each and for QA rows whose long contexts run as several windows in different batches."""
+    predictor = Predictor(task, tiny, max_batch_size=3, truncate=False)
+    context = " ".join(f"{t} The sentence number {i} is here." for i, t in enumerate(TEXTS * 12))
+    if task == "qa":
+        columns = {
+            "question": ["Who lives in Berlin?", None, "What is beautiful?", "Where?", "", "Which plot?", "Why?"],
+            "context": [context, TEXTS[0], context[: len(context) // 2], TEXTS[3], TEXTS[4], context, TEXTS[5]],
+        }
+    else:
+        columns = {"text": [*[f"{t} {'word ' * i}" for i, t in enumerate(TEXTS * 3)], None, ""]}
+    whole = predictor.predict(columns)
+    assert whole.sequences > (len(columns["context"]) if task == "qa" else 0)
+    for shares in (2, 3):
+        parts = [predictor.predict_share(columns, None, k, shares) for k in range(shares)]
+        assert all(any(o is None for item in outputs for o in item) for outputs, _, _ in parts)  # each ran a part
+        joined = predictor.join_shares(columns, None, parts)
+        assert joined.table.equals(whole.table), shares
+        assert (joined.tokens, joined.sequences, joined.padded, joined.errors) == (
+            whole.tokens,
+            whole.sequences,
+            whole.padded,
+            whole.errors,
+        )
+    assert whole.errors == 2
 
 
 def _tiny_transformers_model(directory: Path, kind: str) -> Path:
