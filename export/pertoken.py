@@ -6,7 +6,8 @@ coarsens every other token's steps. Here each row of the activation (one token) 
 time:
 
     s = max(|x|, over the row) / 127          (at least 1e-12)
-    q = QuantizeLinear(x / s, 1, 128)          uint8, zero point 128: symmetric, the row's own range
+    q = QuantizeLinear(x, s, 128), axis 0     uint8, zero point 128: symmetric, the row's own range (x seen as
+                                              rows of k: one pass, no x / s tensor)
     y = MatMulIntegerToFloat(q, Wq, s, ws, 128)   com.microsoft; s has shape [..., 1]: one scale per row
 
 with the weight int8 per output channel (ws, shape [N]). MatMulInteger takes one zero point per tensor for its first
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 MODES = ("auto", "symmetric", "asymmetric")
 # auto: asymmetric for a MatMul fed by a GELU (outputs from -0.17 up: a symmetric range would leave half the steps
@@ -156,6 +157,44 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
             return helper.make_node(op, [x, axes], [out], name=f"{prefix}/{op}", keepdims=1)
         return helper.make_node(op, [x], [out], name=f"{prefix}/{op}", axes=[-1], keepdims=1)
 
+    def quantize_rows(x: str, scale: str, row_zero: str | None, k: int, q: str, prefix: str) -> list:
+        """q = saturate(round(x / scale) + zero point), one scale (and zero point) per row, in one pass: x and its
+        [..., 1] scales are viewed as k-wide rows and one scale per row (QuantizeLinear along axis 0), then q takes
+        x's shape again. `row_zero` is the rows' uint8 zero points ([..., 1]); None: 128 for every row."""
+        rows = constant(f"{prefix}/rows_shape", np.array([-1, k], np.int64))
+        flat = constant(f"{prefix}/flat_shape", np.array([-1], np.int64))
+        out = [
+            helper.make_node("Reshape", [x, rows], [f"{prefix}/x_rows"], name=f"{prefix}/Rows"),
+            helper.make_node("Reshape", [scale, flat], [f"{prefix}/row_scale"], name=f"{prefix}/RowScale"),
+        ]
+        if row_zero is None:
+            out += [
+                helper.make_node("Shape", [f"{prefix}/row_scale"], [f"{prefix}/row_count"], name=f"{prefix}/RowCount"),
+                helper.make_node(
+                    "ConstantOfShape",
+                    [f"{prefix}/row_count"],
+                    [f"{prefix}/row_zero_flat"],
+                    name=f"{prefix}/RowZero",
+                    value=numpy_helper.from_array(np.array([128], np.uint8)),
+                ),
+            ]
+        else:
+            out.append(
+                helper.make_node("Reshape", [row_zero, flat], [f"{prefix}/row_zero_flat"], name=f"{prefix}/RowZeroFlat")
+            )
+        out += [
+            helper.make_node(
+                "QuantizeLinear",
+                [f"{prefix}/x_rows", f"{prefix}/row_scale", f"{prefix}/row_zero_flat"],
+                [f"{prefix}/q_rows"],
+                name=f"{prefix}/Quantize",
+                axis=0,
+            ),
+            helper.make_node("Shape", [x], [f"{prefix}/x_shape"], name=f"{prefix}/XShape"),
+            helper.make_node("Reshape", [f"{prefix}/q_rows", f"{prefix}/x_shape"], [q], name=f"{prefix}/QShape"),
+        ]
+        return out
+
     gelu_outputs = {o for n in graph.node if n.op_type in GELU_OPS for o in n.output}
     nodes = []
     for node in graph.node:
@@ -171,7 +210,6 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
         x, y = node.input[0], node.output[0]
         wq = constant(f"{p}/weight_int8", w_q)
         ws = constant(f"{p}/weight_scale", w_scale.astype(np.float32))
-        one = constant(f"{p}/one", np.array(1.0, np.float32))
         tiny = constant(f"{p}/tiny", np.array(1e-12, np.float32))
         if symmetric:
             zero_point = constant(f"{p}/zero_point", np.array(128, np.uint8))
@@ -182,8 +220,7 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
                     "Mul", [f"{p}/max", constant(f"{p}/inv127", np.array(1 / 127, np.float32))], [f"{p}/s0"]
                 ),
                 helper.make_node("Max", [f"{p}/s0", tiny], [f"{p}/scale"], name=f"{p}/Scale"),
-                helper.make_node("Div", [x, f"{p}/scale"], [f"{p}/scaled"], name=f"{p}/Div"),
-                helper.make_node("QuantizeLinear", [f"{p}/scaled", one, zero_point], [f"{p}/q"], name=f"{p}/Quantize"),
+                *quantize_rows(x, f"{p}/scale", None, w.shape[0], f"{p}/q", p),
                 helper.make_node(
                     "MatMulIntegerToFloat",
                     [f"{p}/q", wq, f"{p}/scale", ws, zero_point],
@@ -208,9 +245,12 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
             helper.make_node("Max", [f"{p}/s0", tiny], [f"{p}/scale"], name=f"{p}/Scale"),
             helper.make_node("Div", [f"{p}/min", f"{p}/scale"], [f"{p}/min_steps"], name=f"{p}/MinSteps"),
             helper.make_node("Round", [f"{p}/min_steps"], [f"{p}/offset"], name=f"{p}/Offset"),  # minus the zero point
-            helper.make_node("Div", [x, f"{p}/scale"], [f"{p}/scaled"], name=f"{p}/Div"),
-            helper.make_node("Sub", [f"{p}/scaled", f"{p}/offset"], [f"{p}/shifted"], name=f"{p}/Shift"),
-            helper.make_node("QuantizeLinear", [f"{p}/shifted", one, zero_point], [f"{p}/q"], name=f"{p}/Quantize"),
+            # the row's zero point, -offset, in 0..255: min / scale >= -255 since the range holds -min
+            helper.make_node("Neg", [f"{p}/offset"], [f"{p}/row_zero_f"], name=f"{p}/RowZero"),
+            helper.make_node(
+                "Cast", [f"{p}/row_zero_f"], [f"{p}/row_zero"], name=f"{p}/RowZeroU8", to=TensorProto.UINT8
+            ),
+            *quantize_rows(x, f"{p}/scale", f"{p}/row_zero", w.shape[0], f"{p}/q", p),
             helper.make_node(
                 "MatMulIntegerToFloat",
                 [f"{p}/q", wq, f"{p}/scale", ws, zero_point],
