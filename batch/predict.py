@@ -24,6 +24,7 @@ from batch.precision import AUTO, Choice, choose_precision
 from bert.precision import cpu_flags
 from bert.tasks import TASKS
 from bert.tasks.common import Limits
+from bert.tasks.registry import canonical
 from serving.backends.loading import LoadedModel, load_model
 from serving.backends.model_dir import ModelError, read_model_spec, resolve_model_path
 from serving.batcher import fill_batch
@@ -95,8 +96,9 @@ def default_options(**given) -> dict:
 
 
 def check_task_options(options: dict) -> list[str]:
-    """The job's columns, as the task reads them (defaults filled in); JobError for a contradiction."""
-    task = options["task"]
+    """The job's columns, as the task reads them (defaults filled in); JobError for a contradiction. A task given in
+    its route's spelling (fill-mask) is set to its registry name (fill_mask) in `options`."""
+    task = options["task"] = canonical(options["task"])
     if task not in TASKS:
         raise JobError(f"--task {task!r} is not one of {', '.join(TASKS)}")
     spec = COLUMNS[task]
@@ -190,7 +192,7 @@ class Predictor:
     """
 
     def __init__(self, task: str, model: str | os.PathLike | LoadedModel, carry: bool = True, **options):
-        self.task = task
+        self.task = task = canonical(task)
         self.carry = carry  # without --keep, the batch's own columns come back beside the results
         self.options = default_options(task=task, model=str(model), **options)
         self.columns = check_task_options(self.options)

@@ -219,6 +219,7 @@ def check_out(out: Path) -> None:
 def main(argv=None) -> None:
     args = OnnxOptions(**options.read(OnnxOptions, argv, parser=build_parser()))
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.task = registry.canonical(args.task)  # fill-mask, the route's spelling, is fill_mask
     if args.task not in TASK_CHOICES:  # one line, not argparse's usage block
         raise UsageError(f"unknown task {args.task!r} for --task; it takes {', '.join(TASK_CHOICES)}")
     if not 14 <= args.opset <= 20:

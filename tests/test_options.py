@@ -441,3 +441,33 @@ def test_an_offline_command_names_a_variable_it_no_longer_reads(capsys):
         "warning: BERTSERVE_LEARNING_RATE is not read by python -m training.finetune: its variable is "
         "BERTSERVE_FINETUNE_LEARNING_RATE"
     ]
+
+
+def test_a_task_named_as_its_route_is_its_registry_name(tmp_path, capsys):
+    """`--task fill-mask` (the route's and transformers' pipeline's spelling) is fill_mask to the commands that take
+    a task; a name that is neither is refused as before."""
+    from batch.predict import check_task_options, default_options
+    from bert.tasks.registry import canonical
+    from export.cli import UsageError
+    from export.onnx import main as export_main
+
+    assert (canonical("fill-mask"), canonical("zero-shot"), canonical("fill_mask")) == (
+        "fill_mask",
+        "zero_shot",
+        "fill_mask",
+    )
+    assert canonical("summar-ise") == "summar-ise" and canonical(None) is None
+    given = default_options(task="zero-shot", model="m", candidate_labels="sports,food")
+    assert check_task_options(given) == ["text"] and given["task"] == "zero_shot"
+    # the batch command: past the task check, to the model (which does not exist)
+    argv = ["--model", str(tmp_path / "no-such-model"), "--input", __file__, "--output", str(tmp_path / "out")]
+    assert _batch(["--task", "fill-mask", *argv]) == 2
+    error = capsys.readouterr().err
+    assert "no-such-model" in error and "is not one of" not in error
+    assert _batch(["--task", "fill--mask", *argv]) == 2
+    assert "--task 'fill--mask' is not one of" in capsys.readouterr().err
+    # the exporter: past the task check, to the next refusal (the opset)
+    with pytest.raises(UsageError, match="--opset must be between"):
+        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill-mask", "--opset", "99"])
+    with pytest.raises(UsageError, match="unknown task 'fill--mask'"):
+        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill--mask", "--opset", "99"])

@@ -33,6 +33,14 @@ def _discover() -> None:
 _discover()
 
 
+def canonical(name):
+    """A task's registry name, given it or its route's spelling (fill-mask, zero-shot: hyphens for underscores), as
+    the commands that name a task read it; anything else is returned as it is, for the caller to refuse."""
+    if isinstance(name, str) and name not in TASKS and name.replace("-", "_") in TASKS:
+        return name.replace("-", "_")
+    return name
+
+
 def get(name: str) -> Task:
     """The task called `name`, or UnknownTask naming the known ones."""
     try:
