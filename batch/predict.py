@@ -192,10 +192,10 @@ class Predictor:
     """
 
     def __init__(self, task: str, model: str | os.PathLike | LoadedModel, carry: bool = True, **options):
-        self.task = task = canonical(task)
         self.carry = carry  # without --keep, the batch's own columns come back beside the results
         self.options = default_options(task=task, model=str(model), **options)
         self.columns = check_task_options(self.options)
+        self.task = task = self.options["task"]  # the registry's name (check_task_options)
         if not isinstance(model, LoadedModel):  # a loaded model's precision is what it was loaded in
             self.options, self.precision_choice = settle_precision(self.options)
         self.codec = TASKS[task]

@@ -157,10 +157,10 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
             return helper.make_node(op, [x, axes], [out], name=f"{prefix}/{op}", keepdims=1)
         return helper.make_node(op, [x], [out], name=f"{prefix}/{op}", axes=[-1], keepdims=1)
 
-    def quantize_rows(x: str, scale: str, row_zero: str | None, k: int, q: str, prefix: str) -> list:
-        """q = saturate(round(x / scale) + zero point), one scale (and zero point) per row, in one pass: x and its
-        [..., 1] scales are viewed as k-wide rows and one scale per row (QuantizeLinear along axis 0), then q takes
-        x's shape again. `row_zero` is the rows' uint8 zero points ([..., 1]); None: 128 for every row."""
+    def quantize_rows(x: str, scale: str, row_zero: str | None, k: int, prefix: str) -> list:
+        """PREFIX/q = saturate(round(x / scale) + zero point), one scale (and zero point) per row, in one pass: x and
+        its [..., 1] scales are viewed as k-wide rows and one scale per row (QuantizeLinear along axis 0), then q
+        takes x's shape again. `row_zero` is the rows' uint8 zero points ([..., 1]); None: 128 for every row."""
         rows = constant(f"{prefix}/rows_shape", np.array([-1, k], np.int64))
         flat = constant(f"{prefix}/flat_shape", np.array([-1], np.int64))
         out = [
@@ -191,7 +191,9 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
                 axis=0,
             ),
             helper.make_node("Shape", [x], [f"{prefix}/x_shape"], name=f"{prefix}/XShape"),
-            helper.make_node("Reshape", [f"{prefix}/q_rows", f"{prefix}/x_shape"], [q], name=f"{prefix}/QShape"),
+            helper.make_node(
+                "Reshape", [f"{prefix}/q_rows", f"{prefix}/x_shape"], [f"{prefix}/q"], name=f"{prefix}/QShape"
+            ),
         ]
         return out
 
@@ -220,7 +222,7 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
                     "Mul", [f"{p}/max", constant(f"{p}/inv127", np.array(1 / 127, np.float32))], [f"{p}/s0"]
                 ),
                 helper.make_node("Max", [f"{p}/s0", tiny], [f"{p}/scale"], name=f"{p}/Scale"),
-                *quantize_rows(x, f"{p}/scale", None, w.shape[0], f"{p}/q", p),
+                *quantize_rows(x, f"{p}/scale", None, w.shape[0], p),
                 helper.make_node(
                     "MatMulIntegerToFloat",
                     [f"{p}/q", wq, f"{p}/scale", ws, zero_point],
@@ -250,7 +252,7 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
             helper.make_node(
                 "Cast", [f"{p}/row_zero_f"], [f"{p}/row_zero"], name=f"{p}/RowZeroU8", to=TensorProto.UINT8
             ),
-            *quantize_rows(x, f"{p}/scale", f"{p}/row_zero", w.shape[0], f"{p}/q", p),
+            *quantize_rows(x, f"{p}/scale", f"{p}/row_zero", w.shape[0], p),
             helper.make_node(
                 "MatMulIntegerToFloat",
                 [f"{p}/q", wq, f"{p}/scale", ws, zero_point],
