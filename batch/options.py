@@ -87,7 +87,7 @@ class BatchOptions:
         "auto",
         choices=("auto", "fp32", "fp16", "bf16"),
         help="torch backend: fp32 | fp16 | bf16; auto: bf16 matmuls for an embed job on a checkpoint on a CPU with "
-        "AMX-BF16 (faster than the int8 export there, cosine >= 0.99 with fp32), else fp32 on cpu, fp16 on cuda; "
+        "AMX or AVX512-BF16 (over 2x fp32 there, cosine >= 0.99 with fp32), else fp32 on cpu, fp16 on cuda; "
         "an artifact's precision is fixed at export time (an int8 export is an int8 job)",
     )
     pooling: str | None = option(

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# CPU flags (Linux /proc/cpuinfo) of units that multiply bfloat16 in hardware: the AMX tiles, or AVX512-BF16's dot
+# products alone; elsewhere bf16 is emulated and slow.
+BF16_UNITS = ("amx_bf16", "avx512_bf16")
+
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     """The CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
@@ -18,6 +22,12 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
         return frozenset()
     line = next((line for line in text.splitlines() if line.startswith("flags")), "")
     return frozenset(line.partition(":")[2].split())
+
+
+def bf16_units(flags: frozenset[str] | None = None) -> list[str]:
+    """The bf16 units among `flags` (default: this CPU's), in BF16_UNITS' order; empty where there are none."""
+    flags = cpu_flags() if flags is None else flags
+    return [flag for flag in BF16_UNITS if flag in flags]
 
 
 def _cast_input(module, args):

@@ -14,18 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.precision import cpu_flags
+from bert.precision import bf16_units
 
 from .manifest import WEIGHTS_FILE
 
 RUNTIME = "torch"
-# CPU flags (Linux /proc/cpuinfo) of units that multiply bfloat16 in hardware; elsewhere bf16 is emulated and slow.
-NATIVE_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (False where its flags cannot be read)."""
-    return not cpu_flags().isdisjoint(NATIVE_FLAGS)
+    return bool(bf16_units())
 
 
 def unavailable(source, task_of_checkpoint: str | None) -> str | None:

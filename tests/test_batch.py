@@ -417,18 +417,21 @@ def test_a_batch_holds_32_sequences_on_torch_and_8_on_onnxruntime_unless_told(ti
     assert default_batch_size("cuda", "torch") == default_batch_size("cuda", "onnxruntime") == 64
 
 
-def test_precision_auto_is_bf16_for_an_embed_job_on_a_checkpoint_on_a_cpu_with_amx(tmp_path):
-    """The rule, given the CPU's flags: bf16 only where all of it holds (embed, checkpoint, torch, cpu, AMX-BF16);
-    otherwise the backend's own default (None); an explicit precision wins either way."""
-    from batch.precision import choose_precision
-    from bert.precision import cpu_flags
+def test_precision_auto_is_bf16_for_an_embed_job_on_a_checkpoint_on_a_cpu_with_bf16_units(tmp_path):
+    """The rule, given the CPU's flags: bf16 only where all of it holds (embed, checkpoint, torch, cpu, AMX-BF16 or
+    AVX512-BF16); otherwise the backend's own default (None); an explicit precision wins either way."""
+    from batch.precision import Choice, choose_precision
+    from bert.precision import bf16_units, cpu_flags
 
     amx = frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
-    without = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
+    dot_products = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})  # AVX512-BF16 alone (no tiles)
+    without = frozenset({"avx2", "avx512f", "avx512_vnni"})
     job = {"task": "embed", "device": "cpu", "kind": "checkpoint", "backend": "auto"}
-    assert choose_precision("auto", **job, flags=amx).precision == "bf16"
+    assert choose_precision("auto", **job, flags=amx) == Choice("bf16", "auto: bf16 matmuls (amx_bf16)")
     assert choose_precision("auto", **{**job, "backend": "torch"}, flags=amx).precision == "bf16"
+    assert choose_precision("auto", **job, flags=dot_products) == Choice("bf16", "auto: bf16 matmuls (avx512_bf16)")
     assert choose_precision("auto", **job, flags=without).precision is None
+    assert bf16_units(amx) == ["amx_bf16", "avx512_bf16"] and bf16_units(without) == []
     for other in ({"task": "classify"}, {"kind": "onnx"}, {"kind": "artifact"}, {"device": "cuda"}):
         assert choose_precision("auto", **{**job, **other}, flags=amx).precision is None, other
     assert choose_precision("fp32", **job, flags=amx).precision == "fp32"
@@ -444,7 +447,7 @@ def test_precision_auto_is_bf16_for_an_embed_job_on_a_checkpoint_on_a_cpu_with_a
 def test_a_bf16_embed_job_stays_within_cosine_099_of_fp32_and_auto_says_what_it_chose(tiny, tmp_path, capsys):
     import numpy as np
 
-    from bert.precision import cpu_flags
+    from bert.precision import bf16_units, cpu_flags
 
     source = _jsonl(tmp_path / "in.jsonl", _rows(40))
     vectors, manifests = {}, {}
@@ -461,7 +464,7 @@ def test_a_bf16_embed_job_stays_within_cosine_099_of_fp32_and_auto_says_what_it_
     cosine = (vectors["bf16"] * vectors["fp32"]).sum(1)  # normalized rows
     assert not np.array_equal(vectors["bf16"], vectors["fp32"])  # bf16 ran
     assert cosine.min() >= 0.99, cosine.min()
-    chosen = "bf16" if "amx_bf16" in cpu_flags() else "fp32"
+    chosen = "bf16" if bf16_units(cpu_flags()) else "fp32"
     assert manifests["auto"]["precision"] == chosen and manifests["auto"]["precision_choice"].startswith("auto: ")
     assert np.array_equal(vectors["auto"], vectors[chosen])
 

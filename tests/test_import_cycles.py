@@ -88,7 +88,11 @@ def import_graph(
     files = {}
     for folder in packages.values():
         top = root / folder
-        files.update({module_name(p, top.parent): p for p in sorted(top.rglob("*.py")) if top.is_dir()})
+        # not what lives in hidden folders beside the code (bench/.peers holds the peers' virtual environments)
+        sources = [
+            p for p in sorted(top.rglob("*.py")) if not any(part.startswith(".") for part in p.relative_to(top).parts)
+        ]
+        files.update({module_name(p, top.parent): p for p in sources if top.is_dir()})
     graph: dict[str, dict[str, int]] = {}
     for name, path in files.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
