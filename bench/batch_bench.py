@@ -36,7 +36,7 @@ from pathlib import Path
 from bench.common import DATA_DIR, REPO, machine, print_table, write_json
 from bench.peers import WORK
 from bench.peers.catalog import bertserve_export, embed_model
-from export.bf16 import native_bf16
+from bert.precision import bf16_units
 
 
 def sentences(n: int) -> list[str]:
@@ -545,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         r.pop("output", None)
     if "st" not in args.skip:
         rows.append(run_sentence_transformers(model, texts, work))
-        if native_bf16():
+        if bf16_units():
             rows.append(run_sentence_transformers(model, texts, work, bf16=True))
     if "server" not in args.skip:
         rows.append(run_server(artifact, texts, args.concurrency, args.per_request))

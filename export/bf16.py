@@ -14,16 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.precision import bf16_units
-
 from .manifest import WEIGHTS_FILE
 
 RUNTIME = "torch"
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (False where its flags cannot be read)."""
-    return bool(bf16_units())
 
 
 def unavailable(source, task_of_checkpoint: str | None) -> str | None:

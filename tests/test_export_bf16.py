@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch")
 
 from test_artifact_integrity import TEXTS, make_checkpoint  # noqa: E402
 
-from export import bf16  # noqa: E402
 from export.onnx import cli  # noqa: E402
 
 
@@ -116,7 +115,9 @@ def test_what_bf16_cannot_keep_is_one_line_and_exit_2(checkpoint, tmp_path, caps
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_native_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
+def test_bf16_units_read_the_cpu_flags(monkeypatch, tmp_path):
+    from bert.precision import bf16_units
+
     cpuinfo = tmp_path / "cpuinfo"
     real = Path.read_text
 
@@ -125,6 +126,6 @@ def test_native_bf16_reads_the_cpu_flags(monkeypatch, tmp_path):
 
     monkeypatch.setattr(Path, "read_text", fake)
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
-    assert bf16.native_bf16() is False
+    assert bf16_units() == []
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n")
-    assert bf16.native_bf16() is True
+    assert bf16_units() == ["amx_bf16"]

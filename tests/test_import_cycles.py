@@ -81,6 +81,12 @@ def _imports(tree: ast.Module, module_level: bool):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def python_sources(top: Path) -> list[Path]:
+    """The .py files under `top`, not those in hidden folders beside the code (bench/.peers holds the peers' virtual
+    environments, whose files are not ours)."""
+    return [p for p in sorted(top.rglob("*.py")) if not any(part.startswith(".") for part in p.relative_to(top).parts)]
+
+
 def import_graph(
     root: Path = REPO, packages: dict[str, str] = PRODUCT, *, module_level: bool
 ) -> dict[str, dict[str, int]]:
@@ -88,11 +94,7 @@ def import_graph(
     files = {}
     for folder in packages.values():
         top = root / folder
-        # not what lives in hidden folders beside the code (bench/.peers holds the peers' virtual environments)
-        sources = [
-            p for p in sorted(top.rglob("*.py")) if not any(part.startswith(".") for part in p.relative_to(top).parts)
-        ]
-        files.update({module_name(p, top.parent): p for p in sources if top.is_dir()})
+        files.update({module_name(p, top.parent): p for p in python_sources(top)})
     graph: dict[str, dict[str, int]] = {}
     for name, path in files.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]

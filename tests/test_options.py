@@ -303,10 +303,10 @@ PRODUCT = ("bert", "training", "export", "serving", "batch", "evals", "bench", "
 def _product_files():
     from pathlib import Path
 
+    from test_import_cycles import python_sources
+
     repo = Path(__file__).resolve().parents[1]
-    files = [p for top in PRODUCT if (repo / top).is_dir() for p in sorted((repo / top).rglob("*.py"))]
-    # not what lives in hidden folders beside the code (bench/.peers holds the peers' virtual environments)
-    return [p for p in files if not any(part.startswith(".") for part in p.relative_to(repo).parts)]
+    return [p for top in PRODUCT if (repo / top).is_dir() for p in python_sources(repo / top)]
 
 
 def test_every_bertserve_variable_the_product_names_is_declared():
