@@ -103,7 +103,7 @@ class OnnxOptions:
         ),
     )
     int8_trials: int = option(
-        32,
+        40,  # export/sensitivity.py DEFAULT_TRIALS
         metavar="N",
         help=(
             "with --int8-scope auto: at most this many quantised graphs are built and run while searching (coarser "
@@ -403,9 +403,12 @@ def main(argv=None) -> None:
                     budget=args.int8_trials,
                     note=progress.note,
                 )
+                split = [label for label, how in search.describe()["group_schemes"].items() if "query and key" in how]
                 progress.note(
                     f"kept fp32: {', '.join(g.label for g in search.kept) or 'nothing'}"
-                    f" ({len(search.fp32_nodes)} of the quantisable nodes); agreement "
+                    f" ({len(search.fp32_nodes)} of the quantisable nodes"
+                    + (f"; query and key int8, value fp32 in {', '.join(split)}" if split else "")
+                    + "); agreement "
                     + (f"{search.chosen.agreement:.4f}" if search.chosen.agreement is not None else "not measured")
                 )
         served = bf16.WEIGHTS_FILE if args.precision == "bf16" else MODEL_FILE
@@ -547,7 +550,7 @@ def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, 
     for name in int8_paths:
         agreement = agreements.get(name)
         meets = agreement is None or agreement >= target
-        if name == "int8" and search is not None and len(search.kept) == len(search.groups) and search.groups:
+        if name == "int8" and search is not None and search.groups and not search.quantised:
             meets = False  # nothing quantised: the int8 graph is fp32 under another name
         # int8's speed is the median of the passes' ratios: the passes of a turn ran back to back, so a busy moment
         # of a shared machine weighs on all alike, where the medians may come from different moments

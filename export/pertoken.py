@@ -57,13 +57,18 @@ def _refusal(node: onnx.NodeProto, weights: set[str]) -> str | None:
     return f"a {node.op_type}"
 
 
-def unfuse_attention(model: onnx.ModelProto, names) -> onnx.ModelProto:
+QK = "/qk"  # NAME/qk: the query and key projections of the fused Attention NAME; its value projection stays fp32
+
+
+def unfuse_attention(model: onnx.ModelProto, names, split_value=()) -> onnx.ModelProto:
     """Replace each fused Attention `names` by MatMul (input x QKV weight, named NAME/qkv) -> Split into Q, K, V ->
     com.microsoft MultiHeadAttention (the QKV bias, the same mask index, num_heads): the same maths, with the QKV
-    projection a plain MatMul that can be quantised per token. Outputs keep their names."""
+    projection a plain MatMul that can be quantised per token. For the Attentions also in `split_value` the
+    projection is two MatMuls, NAME/qk (query and key, then split) and NAME/v (value), so that the query and key can
+    be quantised while the value, whose error reaches the output unsoftened, stays fp32. Outputs keep their names."""
     graph = model.graph
-    shapes = {t.name: list(t.dims) for t in graph.initializer}
-    wanted = set(names)
+    weights = {t.name: t for t in graph.initializer}
+    wanted, split = set(names), set(split_value)
     nodes = []
     for node in graph.node:
         if node.name not in wanted:
@@ -71,24 +76,38 @@ def unfuse_attention(model: onnx.ModelProto, names) -> onnx.ModelProto:
             continue
         x, w, bias = node.input[:3]
         mask = node.input[3] if len(node.input) > 3 else ""
-        hidden = shapes[w][1] // 3
+        hidden = weights[w].dims[1] // 3
         p = node.name
+        kept = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attention = helper.make_node(
+            "MultiHeadAttention",
+            [f"{p}/q", f"{p}/k", f"{p}/v", bias] + ([mask] if mask else []),
+            list(node.output),
+            name=f"{p}/mha",
+            domain="com.microsoft",
+            **kept,
+        )
+        if p in split:
+            packed = numpy_helper.to_array(weights[w])
+            qk_weight = numpy_helper.from_array(np.ascontiguousarray(packed[:, : 2 * hidden]), f"{p}/qk_weight")
+            v_weight = numpy_helper.from_array(np.ascontiguousarray(packed[:, 2 * hidden :]), f"{p}/v_weight")
+            sizes = numpy_helper.from_array(np.array([hidden] * 2, np.int64), f"{p}/split_sizes")
+            graph.initializer.extend([qk_weight, v_weight, sizes])
+            nodes += [
+                helper.make_node("MatMul", [x, qk_weight.name], [f"{p}/qk_out"], name=f"{p}{QK}"),
+                helper.make_node("MatMul", [x, v_weight.name], [f"{p}/v"], name=f"{p}/v"),
+                helper.make_node("Split", [f"{p}/qk_out", sizes.name], [f"{p}/q", f"{p}/k"], name=f"{p}/split", axis=-1),
+                attention,
+            ]
+            continue
         sizes = numpy_helper.from_array(np.array([hidden] * 3, np.int64), f"{p}/split_sizes")
         graph.initializer.append(sizes)
-        kept = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         nodes += [
             helper.make_node("MatMul", [x, w], [f"{p}/qkv_out"], name=f"{p}/qkv"),
             helper.make_node(
                 "Split", [f"{p}/qkv_out", sizes.name], [f"{p}/q", f"{p}/k", f"{p}/v"], name=f"{p}/split", axis=-1
             ),
-            helper.make_node(
-                "MultiHeadAttention",
-                [f"{p}/q", f"{p}/k", f"{p}/v", bias] + ([mask] if mask else []),
-                list(node.output),
-                name=f"{p}/mha",
-                domain="com.microsoft",
-                **kept,
-            ),
+            attention,
         ]
     del graph.node[:]
     graph.node.extend(nodes)
@@ -114,7 +133,8 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
     """Rewrite the MatMuls `names` of `model` (in place; returned) to int8 with per-token activation scales. The
     graph's inputs and outputs keep their names, types and shapes; each rewritten MatMul's output keeps its name.
     Raises PerTokenError, before changing anything, for a name that is not a node of the graph or a node that is not
-    a MatMul with a constant 2-D float weight or a fused Attention (unfuse_attention). `mode`: symmetric rows (zero point 128), asymmetric rows (each row's own
+    a MatMul with a constant 2-D float weight or a fused Attention (unfuse_attention; NAME/qk: only its query and key
+    projections, the value's fp32). `mode`: symmetric rows (zero point 128), asymmetric rows (each row's own
     range), or auto (asymmetric where a GELU feeds the MatMul)."""
     if mode not in MODES:
         raise PerTokenError(f"per-token int8: mode must be one of {MODES}, got {mode!r}")
@@ -126,20 +146,28 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
     if opset < 13:
         raise PerTokenError(f"per-token int8 needs opset 13 or later (ReduceMax over the last axis), got {opset}")
     float_2d = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    # NAME/qk: a fused Attention's query and key projections alone
+    query_key = {n: n[: -len(QK)] for n in names if n.endswith(QK) and n not in by_name}
     for name in names:
-        node = by_name.get(name)
+        node = by_name.get(query_key.get(name, name))
         if node is None:
             raise PerTokenError(f"per-token int8: no node named {name!r} in the graph")
         refusal = _refusal(node, float_2d)
+        if name in query_key and node.op_type != "Attention":
+            refusal = f"a {node.op_type} (NAME{QK} names a fused Attention's query and key projections)"
         if refusal:
             raise PerTokenError(
                 f"per-token int8 cannot rewrite node {name!r}: it is {refusal}; only MatMuls with constant weights "
                 "and fused Attention nodes"
             )
-    # a fused Attention becomes its QKV projection (a MatMul, rewritten below), a Split and MultiHeadAttention
-    attention = [n for n in names if by_name[n].op_type == "Attention"]
-    if attention:
-        unfuse_attention(model, attention)
+    both = sorted(set(query_key.values()) & set(names))
+    if both:
+        raise PerTokenError(f"per-token int8: {both[0]!r} is named both whole and as {both[0]}{QK}: name one of them")
+    # a fused Attention becomes its QKV projection (a MatMul, rewritten below), a Split and MultiHeadAttention; for
+    # NAME/qk its query and key projection (rewritten) and its value projection (left fp32)
+    attention = [n for n in names if by_name.get(n) is not None and by_name[n].op_type == "Attention"]
+    if attention or query_key:
+        unfuse_attention(model, attention + list(query_key.values()), split_value=query_key.values())
         names = [f"{n}/qkv" if n in attention else n for n in names]
         by_name = {n.name: n for n in graph.node}
         initializers = {t.name: t for t in graph.initializer}

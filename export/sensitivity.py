@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from .pertoken import QK
 from .samples import (
     CALIBRATION_QA,
     CALIBRATION_SENTENCES,
@@ -38,7 +39,7 @@ from .samples import (
 )
 
 DEFAULT_AGREEMENT = 0.995
-DEFAULT_TRIALS = 32  # quantised graphs one search may build and run
+DEFAULT_TRIALS = 40  # quantised graphs one search may build and run
 COSINE = 0.99  # an embedding agrees when its cosine with fp32 reaches this
 # A few dozen calibration inputs under-sample both the tail of int8's changes and the small margins of held-out
 # text: each change counts twice its size when set against the margins (docs/export.md, "int8: what stays fp32").
@@ -390,12 +391,17 @@ def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str]) -> Pat
 
 
 def group_schemes(groups: list[Group], kept: list[Group], schemes: dict[str, str]) -> dict[str, str]:
-    """Group label -> fp32, per-token, per-tensor, or both (a group of nodes quantised both ways)."""
+    """Group label -> fp32, per-token, per-tensor, both (a group of nodes quantised both ways), or "per-token query
+    and key, value fp32" (an attention group kept fp32 but for its query and key projections, NAME/qk)."""
     kept_labels = {g.label for g in kept}
     described = {}
     for group in groups:
         found = {schemes.get(n, "per-tensor") for n in group.nodes}
-        described[group.label] = "fp32" if group.label in kept_labels else found.pop() if len(found) == 1 else "both"
+        if group.label in kept_labels:
+            split = {schemes.get(f"{n}{QK}") for n in group.nodes} - {None}
+            described[group.label] = f"{split.pop()} query and key, value fp32" if split else "fp32"
+            continue
+        described[group.label] = found.pop() if len(found) == 1 else "both"
     return described
 
 
@@ -504,14 +510,45 @@ def search(
         return trial.agreement is None or trial.agreement >= target
 
     def found(kept, chosen, sensitivity) -> Search:
+        if scheme == "per-token":
+            chosen = query_and_key(kept, chosen, sensitivity)
         result = Search(
             target, groups, kept, chosen, trials, sensitivity, calibration.size(), scheme=scheme, schemes=schemes
         )
         quantised = result.quantised
         if scheme == "per-token" and any(how == "per-token" for how in quantised.values()) and len(trials) < budget:
-            per_tensor = {n: "per-tensor" for n in quantised}
+            # the split attentions (NAME/qk) have no per-tensor form: whole and fp32 there
+            per_tensor = {n: "per-tensor" for n in quantised if n not in split_attention}
             result.per_tensor = measure("the same groups, every one per-tensor", how=per_tensor)
         return result
+
+    split_attention: set[str] = set()
+
+    def query_and_key(kept, chosen, sensitivity) -> Trial:
+        """Of the attention groups kept fp32, the most that may quantise their query and key projections per token
+        (the value's stays fp32: its error reaches the output unsoftened by the softmax), least sensitive first;
+        adds them to `schemes` as NAME/qk and returns the trial of the graph that then meets the target."""
+        ops = {n.name: n.op_type for n in onnx.load(str(fused_path), load_external_data=False).graph.node}
+        attention = [g for g in kept if any(ops.get(n) == "Attention" for n in g.nodes)]
+        attention.sort(key=lambda g: sensitivity.get(g.label, 0.0))
+        fp32 = [n for g in kept for n in g.nodes]
+
+        def query_keys(count: int) -> dict[str, str]:
+            return {f"{n}/qk": "per-token" for g in attention[:count] for n in g.nodes if ops.get(n) == "Attention"}
+
+        low, high = 0, len(attention)  # the most that meet the target: between low and high, all of them tried first
+        while low < high and len(trials) < budget - 1:  # one trial left for the per-tensor alternative
+            middle = high if high == len(attention) else (low + high + 1) // 2
+            labels = ", ".join(g.label for g in attention[:middle])
+            trial = measure(f"query and key per token, value fp32, in {labels}", exclude=fp32, how=schemes | query_keys(middle))
+            if meets(trial):
+                low, chosen = middle, trial
+            else:
+                high = middle - 1
+        split = query_keys(low)
+        schemes.update(split)
+        split_attention.update(split)
+        return chosen
 
     everything = measure(f"every group quantised ({scheme})")
     if meets(everything) or not groups:

@@ -149,6 +149,54 @@ def test_search_keeps_the_fewest_sensitive_groups_that_meet_the_target(tiny_fuse
     assert len(strict.kept) < len(strict.groups) and strict.chosen.agreement >= 0.99
 
 
+def planted_value_outlier(fused, out, layer: int = 1, channel: int = 5):
+    """The graph with one channel of the LayerNorm output that `layer`'s attention reads 300x louder, but no weight of
+    its Q, K or V projection reading it (fp32's answers do not see it), and the value projection 50x stronger: the
+    loud channel takes the whole per-token int8 range from the others, which V passes on to the output while Q and K
+    only shift near-uniform attention weights."""
+    from onnx import numpy_helper
+
+    model = onnx.load(str(fused))
+    attention = next(n for n in model.graph.node if n.name == f"Attention_{layer}")
+    norm = next(n for n in model.graph.node if attention.input[0] in n.output)
+    index = {t.name: i for i, t in enumerate(model.graph.initializer)}
+    gamma = numpy_helper.to_array(model.graph.initializer[index[norm.input[2]]]).copy()
+    gamma[channel] *= 300.0
+    model.graph.initializer.append(numpy_helper.from_array(gamma, "planted_gamma"))  # LayerNorms may share theirs
+    norm.input[2] = "planted_gamma"
+    weight = numpy_helper.to_array(model.graph.initializer[index[attention.input[1]]]).copy()
+    weight[channel, :] = 0.0
+    weight[:, 2 * weight.shape[1] // 3 :] *= 50.0
+    model.graph.initializer[index[attention.input[1]]].CopyFrom(numpy_helper.from_array(weight, attention.input[1]))
+    onnx.save(model, str(out))
+    return out
+
+
+def test_an_attention_kept_fp32_for_its_value_quantises_its_query_and_key(tiny_fused, tmp_path):
+    from bert.tokenizer import BertTokenizer
+    from export.variants import quantize_int8
+
+    calibration = sensitivity.build_calibration(BertTokenizer.from_dir(tiny_fused.parent), {"sentences"}, 32)
+    judged = {"logits": ("cosine", False, "sentences")}
+    planted = planted_value_outlier(tiny_fused, tmp_path / "planted.onnx")
+    notes = []
+    found = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
+    assert "layer 1 attention" in [g.label for g in found.kept] and found.sensitivity["layer 1 attention"] > 0.1
+    assert any("query and key per token, value fp32, in layer 1 attention" in n for n in notes)
+    described = found.describe()
+    assert described["group_schemes"]["layer 1 attention"] == "per-token query and key, value fp32"
+    assert "Attention_1/qk" in described["per_token_nodes"] and "Attention_1" in found.fp32_nodes
+    assert found.chosen.agreement >= 0.99
+    # the per-tensor alternative has no split attention: that one stays whole and fp32
+    assert "Attention_1/qk" not in found.describe(per_tensor=True)["per_token_nodes"]
+    # the export writes the graph the search measured: the value projection fp32, the query and key int8
+    out = tmp_path / "int8.onnx"
+    per_token_nodes = [n for n, how in found.quantised.items() if how == "per-token"]
+    quantize_int8(planted, out, "auto", found.fp32_nodes, per_token_nodes)
+    nodes = {n.name: n.op_type for n in onnx.load(str(out)).graph.node}
+    assert nodes["Attention_1/v"] == "MatMul" and nodes["Attention_1/qk/per_token/MatMulIntegerToFloat"]
+
+
 def test_precision_auto_is_the_default_and_writes_the_faster_faithful_graph(tmp_path):
     fields = OnnxOptions.__dataclass_fields__
     assert fields["precision"].default == "auto" and fields["int8_scope"].default == "auto"

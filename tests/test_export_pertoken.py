@@ -88,6 +88,8 @@ def test_refuses_what_it_cannot_rewrite_and_the_cli_says_so_in_one_line():
         ("missing", "no node named 'missing'"),
         ("dynamic", "not a constant 2-D float weight"),
         ("gemm", "it is a Gemm"),
+        ("dense/qk", "NAME/qk names a fused Attention's query and key"),  # a MatMul has no query and key to split
+        ("missing/qk", "no node named 'missing/qk'"),
     ]:
         with pytest.raises(PerTokenError, match=message):
             per_token(model, ["dense", name])
@@ -126,6 +128,37 @@ def test_fused_graph_keeps_its_outputs_and_stays_close(tiny_fused):
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
     (ref,), (got,) = run(model, feed), run(rewritten, feed)
     assert got.shape == ref.shape and np.sqrt(np.mean((got - ref) ** 2)) < 0.05 * np.sqrt(np.mean(ref**2))
+
+
+def test_query_and_key_alone_per_token_leave_the_value_projection_fp32(tiny_fused):
+    from export.pertoken import unfuse_attention
+
+    model = onnx.load(str(tiny_fused))
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1000, 2000, size=(3, 12))
+    mask = np.ones_like(ids)
+    mask[1, 8:] = 0  # a padded row: the mask index reaches the split attention too
+    feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    (ref,) = run(model, feed)
+    # fp32, split: the same maths
+    split = unfuse_attention(onnx.load(str(tiny_fused)), ["Attention_0", "Attention_1"], split_value=["Attention_1"])
+    ops = {n.name: n.op_type for n in split.graph.node}
+    assert ops["Attention_0/qkv"] == "MatMul" and ops["Attention_1/qk"] == ops["Attention_1/v"] == "MatMul"
+    assert np.abs(run(split, feed)[0] - ref).max() < 1e-5
+
+    rewritten = per_token(onnx.load(str(tiny_fused)), ["Attention_0/qk", "Attention_1"])
+    onnx.checker.check_model(rewritten)
+    nodes = {n.name: n for n in rewritten.graph.node}
+    assert nodes["Attention_0/v"].op_type == "MatMul"  # the value projection: fp32, its weight the packed one's third
+    weights = {t.name: numpy_helper.to_array(t) for t in rewritten.graph.initializer}
+    packed = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "Attention_0_qkv_weight"))
+    assert np.array_equal(weights[nodes["Attention_0/v"].input[1]], packed[:, 2 * packed.shape[1] // 3 :])
+    assert "Attention_0/qk/per_token/MatMulIntegerToFloat" in nodes and "Attention_1/qkv/per_token/MatMulIntegerToFloat" in nodes
+    (got,) = run(rewritten, feed)
+    assert np.sqrt(np.mean((got - ref) ** 2)) < 0.05 * np.sqrt(np.mean(ref**2))
+
+    with pytest.raises(PerTokenError, match="named both whole and as Attention_0/qk"):
+        per_token(onnx.load(str(tiny_fused)), ["Attention_0", "Attention_0/qk"])
 
 
 def test_search_quantises_per_token_and_records_each_groups_scheme(tiny_fused, tmp_path):
