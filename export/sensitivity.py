@@ -434,9 +434,10 @@ class Search:
     def describe(self, per_tensor: bool = False) -> dict:
         """The manifest's record; `per_tensor`: of the graph with the same groups fp32 and every other per-tensor."""
         chosen = self.per_tensor if per_tensor and self.per_tensor else self.chosen
-        quantised = self.quantised
-        if chosen is not self.chosen:
-            quantised = {n: "per-tensor" for n in quantised}
+        quantised, schemes = self.quantised, self.schemes
+        if chosen is not self.chosen:  # a split attention (NAME/qk) has no per-tensor form: whole and fp32 there
+            schemes = {n: how for n, how in schemes.items() if not n.endswith(QK)}
+            quantised = {n: "per-tensor" for n in quantised if n in schemes}
         per_token = sorted(n for n, how in quantised.items() if how == "per-token")
         return {
             "method": "dynamic" + (" + per-token" if per_token else ""),
@@ -458,7 +459,7 @@ class Search:
             },
             "fp32_groups": [g.label for g in self.kept],
             "fp32_nodes": self.fp32_nodes,
-            "group_schemes": group_schemes(self.groups, self.kept, self.schemes | quantised),
+            "group_schemes": group_schemes(self.groups, self.kept, schemes | quantised),
             "per_tensor_alternative": (
                 None if self.per_tensor is None else {"agreement": self.per_tensor.agreement, "chosen": per_tensor}
             ),
@@ -518,11 +519,9 @@ def search(
         quantised = result.quantised
         if scheme == "per-token" and any(how == "per-token" for how in quantised.values()) and len(trials) < budget:
             # the split attentions (NAME/qk) have no per-tensor form: whole and fp32 there
-            per_tensor = {n: "per-tensor" for n in quantised if n not in split_attention}
+            per_tensor = {n: "per-tensor" for n in quantised if not n.endswith(QK)}
             result.per_tensor = measure("the same groups, every one per-tensor", how=per_tensor)
         return result
-
-    split_attention: set[str] = set()
 
     def query_and_key(kept, chosen, sensitivity) -> Trial:
         """Of the attention groups kept fp32, the most that may quantise their query and key projections per token
@@ -545,9 +544,7 @@ def search(
                 low, chosen = middle, trial
             else:
                 high = middle - 1
-        split = query_keys(low)
-        schemes.update(split)
-        split_attention.update(split)
+        schemes.update(query_keys(low))
         return chosen
 
     everything = measure(f"every group quantised ({scheme})")
