@@ -533,7 +533,7 @@ def search(
         fp32 = [n for g in kept for n in g.nodes]
 
         def query_keys(count: int) -> dict[str, str]:
-            return {f"{n}/qk": "per-token" for g in attention[:count] for n in g.nodes if ops.get(n) == "Attention"}
+            return {f"{n}{QK}": "per-token" for g in attention[:count] for n in g.nodes if ops.get(n) == "Attention"}
 
         low, high = 0, len(attention)  # the most that meet the target: between low and high, all of them tried first
         while low < high and len(trials) < budget - 1:  # one trial left for the per-tensor alternative
