@@ -96,7 +96,9 @@ def unfuse_attention(model: onnx.ModelProto, names, split_value=()) -> onnx.Mode
             nodes += [
                 helper.make_node("MatMul", [x, qk_weight.name], [f"{p}/qk_out"], name=f"{p}{QK}"),
                 helper.make_node("MatMul", [x, v_weight.name], [f"{p}/v"], name=f"{p}/v"),
-                helper.make_node("Split", [f"{p}/qk_out", sizes.name], [f"{p}/q", f"{p}/k"], name=f"{p}/split", axis=-1),
+                helper.make_node(
+                    "Split", [f"{p}/qk_out", sizes.name], [f"{p}/q", f"{p}/k"], name=f"{p}/split", axis=-1
+                ),
                 attention,
             ]
             continue

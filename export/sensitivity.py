@@ -539,7 +539,9 @@ def search(
         while low < high and len(trials) < budget - 1:  # one trial left for the per-tensor alternative
             middle = high if high == len(attention) else (low + high + 1) // 2
             labels = ", ".join(g.label for g in attention[:middle])
-            trial = measure(f"query and key per token, value fp32, in {labels}", exclude=fp32, how=schemes | query_keys(middle))
+            trial = measure(
+                f"query and key per token, value fp32, in {labels}", exclude=fp32, how=schemes | query_keys(middle)
+            )
             if meets(trial):
                 low, chosen = middle, trial
             else:

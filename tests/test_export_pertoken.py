@@ -153,7 +153,10 @@ def test_query_and_key_alone_per_token_leave_the_value_projection_fp32(tiny_fuse
     weights = {t.name: numpy_helper.to_array(t) for t in rewritten.graph.initializer}
     packed = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "Attention_0_qkv_weight"))
     assert np.array_equal(weights[nodes["Attention_0/v"].input[1]], packed[:, 2 * packed.shape[1] // 3 :])
-    assert "Attention_0/qk/per_token/MatMulIntegerToFloat" in nodes and "Attention_1/qkv/per_token/MatMulIntegerToFloat" in nodes
+    assert (
+        "Attention_0/qk/per_token/MatMulIntegerToFloat" in nodes
+        and "Attention_1/qkv/per_token/MatMulIntegerToFloat" in nodes
+    )
     (got,) = run(rewritten, feed)
     assert np.sqrt(np.mean((got - ref) ** 2)) < 0.05 * np.sqrt(np.mean(ref**2))
 
