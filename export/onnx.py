@@ -103,7 +103,7 @@ class OnnxOptions:
         ),
     )
     int8_trials: int = option(
-        40,  # export/sensitivity.py DEFAULT_TRIALS
+        40,
         metavar="N",
         help=(
             "with --int8-scope auto: at most this many quantised graphs are built and run while searching (coarser "

@@ -38,8 +38,6 @@ from .samples import (
     ZERO_SHOT_TEMPLATE,
 )
 
-DEFAULT_AGREEMENT = 0.995
-DEFAULT_TRIALS = 40  # quantised graphs one search may build and run
 COSINE = 0.99  # an embedding agrees when its cosine with fp32 reaches this
 # A few dozen calibration inputs under-sample both the tail of int8's changes and the small margins of held-out
 # text: each change counts twice its size when set against the margins (docs/export.md, "int8: what stays fp32").
@@ -476,8 +474,8 @@ def search(
     calibration: Calibration,
     judged: dict[str, tuple[str, bool, str]],
     *,
-    target: float = DEFAULT_AGREEMENT,
-    budget: int = DEFAULT_TRIALS,
+    target: float,
+    budget: int,
     note: Callable[[str], None] = print,
     scheme: str = "per-token",
 ) -> Search:
@@ -488,6 +486,7 @@ def search(
     model = onnx.load(str(fused_path), load_external_data=False)
     groups = groups_of(model, budget)
     schemes = scheme_of_nodes(model, [n for g in groups for n in g.nodes], scheme)
+    ops = {n.name: n.op_type for n in model.graph.node}
     del model
     names = list(judged)
     reference = run_graph(fused_path, calibration, names)
@@ -527,7 +526,6 @@ def search(
         """Of the attention groups kept fp32, the most that may quantise their query and key projections per token
         (the value's stays fp32: its error reaches the output unsoftened by the softmax), least sensitive first;
         adds them to `schemes` as NAME/qk and returns the trial of the graph that then meets the target."""
-        ops = {n.name: n.op_type for n in onnx.load(str(fused_path), load_external_data=False).graph.node}
         attention = [g for g in kept if any(ops.get(n) == "Attention" for n in g.nodes)]
         attention.sort(key=lambda g: sensitivity.get(g.label, 0.0))
         fp32 = [n for g in kept for n in g.nodes]
