@@ -403,10 +403,13 @@ def main(argv=None) -> None:
                     budget=args.int8_trials,
                     note=progress.note,
                 )
-                split = [label for label, how in search.describe()["group_schemes"].items() if "query and key" in how]
+                described = search.describe()["group_schemes"].items()
+                split = [label for label, how in described if "query and key" in how]
+                outlying = [label for label, how in described if "outlier" in how]
                 progress.note(
                     f"kept fp32: {', '.join(g.label for g in search.kept) or 'nothing'}"
                     f" ({len(search.fp32_nodes)} of the quantisable nodes"
+                    + (f"; int8 with outlier channels fp32 in {', '.join(outlying)}" if outlying else "")
                     + (f"; query and key int8, value fp32 in {', '.join(split)}" if split else "")
                     + "); agreement "
                     + (f"{search.chosen.agreement:.4f}" if search.chosen.agreement is not None else "not measured")
@@ -424,7 +427,12 @@ def main(argv=None) -> None:
                 int8_path = tmp / "int8.onnx" if args.precision == "auto" else model_path
                 per_token = [n for n, how in search.quantised.items() if how == "per-token"] if search else ()
                 quantization = variants.quantize_int8(
-                    fused_path, int8_path, args.int8_scope, search.fp32_nodes if search else None, per_token
+                    fused_path,
+                    int8_path,
+                    args.int8_scope,
+                    search.fp32_nodes if search else None,
+                    per_token,
+                    search.outliers if search else None,
                 )
                 progress.note(
                     f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} nodes kept fp32"
@@ -437,7 +445,9 @@ def main(argv=None) -> None:
                     path = tmp / "int8-per-tensor.onnx"
                     int8_graphs["int8-per-tensor"] = (
                         path,
-                        variants.quantize_int8(fused_path, path, "auto", search.fp32_nodes),
+                        variants.quantize_int8(
+                            fused_path, path, "auto", [n for g in search.per_tensor_kept for n in g.nodes]
+                        ),
                     )
         if args.precision == "auto":
             with progress("timing the candidates on this machine"):

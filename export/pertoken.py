@@ -131,13 +131,14 @@ def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelProto:
+def per_token(model: onnx.ModelProto, names, mode: str = "auto", outliers=None) -> onnx.ModelProto:
     """Rewrite the MatMuls `names` of `model` (in place; returned) to int8 with per-token activation scales. The
     graph's inputs and outputs keep their names, types and shapes; each rewritten MatMul's output keeps its name.
     Raises PerTokenError, before changing anything, for a name that is not a node of the graph or a node that is not
     a MatMul with a constant 2-D float weight or a fused Attention (unfuse_attention; NAME/qk: only its query and key
     projections, the value's fp32). `mode`: symmetric rows (zero point 128), asymmetric rows (each row's own
-    range), or auto (asymmetric where a GELU feeds the MatMul)."""
+    range), or auto (asymmetric where a GELU feeds the MatMul). `outliers`: name -> input channels that stay fp32
+    (taken out of the int8 product, multiplied in fp32 and added back)."""
     if mode not in MODES:
         raise PerTokenError(f"per-token int8: mode must be one of {MODES}, got {mode!r}")
     names = list(dict.fromkeys(names))
@@ -162,6 +163,17 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
                 f"per-token int8 cannot rewrite node {name!r}: it is {refusal}; only MatMuls with constant weights "
                 "and fused Attention nodes"
             )
+    outliers = {n: sorted({int(c) for c in channels}) for n, channels in (outliers or {}).items() if len(channels)}
+    stray = sorted(set(outliers) - set(names))
+    if stray:
+        raise PerTokenError(f"per-token int8: outlier channels given for {stray[0]!r}, which is not rewritten")
+    for name, channels in outliers.items():
+        width = initializers[by_name[query_key.get(name, name)].input[1]].dims[0]
+        if channels[0] < 0 or channels[-1] >= width:
+            bad = channels[0] if channels[0] < 0 else channels[-1]
+            raise PerTokenError(
+                f"per-token int8: outlier channel {bad} of {name!r} is out of its {width} input channels"
+            )
     both = sorted(set(query_key.values()) & set(names))
     if both:
         raise PerTokenError(f"per-token int8: {both[0]!r} is named both whole and as {both[0]}{QK}: name one of them")
@@ -170,6 +182,7 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
     attention = [n for n in names if by_name.get(n) is not None and by_name[n].op_type == "Attention"]
     if attention or query_key:
         unfuse_attention(model, attention + list(query_key.values()), split_value=query_key.values())
+        outliers = {f"{n}/qkv" if n in attention else n: c for n, c in outliers.items()}
         names = [f"{n}/qkv" if n in attention else n for n in names]
         by_name = {n.name: n for n in graph.node}
         initializers = {t.name: t for t in graph.initializer}
@@ -235,11 +248,42 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
             continue
         symmetric = mode == "symmetric" or (mode == "auto" and node.input[0] not in gelu_outputs)
         w = weights[node.name].astype(np.float32)
+        p = f"{node.name}/per_token"
+        x, y = node.input[0], node.output[0]
+        channels = outliers.get(node.name)
+        if channels:
+            index = np.asarray(channels, np.int64)
+            inlier = np.ones(w.shape[0], np.float32)
+            inlier[index] = 0.0
+            outlier_weight = w[index]
+            w = w * inlier[:, None]
+            nodes.append(
+                helper.make_node(
+                    "Mul", [x, constant(f"{p}/inlier_mask", inlier)], [f"{p}/inliers"], name=f"{p}/Inliers"
+                )
+            )
+            tail = [
+                helper.make_node(
+                    "Gather",
+                    [x, constant(f"{p}/outlier_index", index)],
+                    [f"{p}/outliers"],
+                    name=f"{p}/Outliers",
+                    axis=-1,
+                ),
+                helper.make_node(
+                    "MatMul",
+                    [f"{p}/outliers", constant(f"{p}/outlier_weight", outlier_weight)],
+                    [f"{p}/outlier_out"],
+                    name=f"{p}/OutlierMatMul",
+                ),
+                helper.make_node("Add", [f"{p}/inlier_out", f"{p}/outlier_out"], [y], name=f"{p}/JoinOutliers"),
+            ]
+            x, y = f"{p}/inliers", f"{p}/inlier_out"
+        else:
+            tail = []
         w_scale = np.abs(w).max(axis=0) / 127.0
         w_scale[w_scale == 0] = 1.0  # an all-zero column: any scale gives zeros
         w_q = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8)
-        p = f"{node.name}/per_token"
-        x, y = node.input[0], node.output[0]
         wq = constant(f"{p}/weight_int8", w_q)
         ws = constant(f"{p}/weight_scale", w_scale.astype(np.float32))
         tiny = constant(f"{p}/tiny", np.array(1e-12, np.float32))
@@ -260,6 +304,7 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
                     name=f"{p}/MatMulIntegerToFloat",
                     domain="com.microsoft",
                 ),
+                *tail,
             ]
             continue
         zero = constant(f"{p}/zero", np.array(0.0, np.float32))
@@ -295,6 +340,7 @@ def per_token(model: onnx.ModelProto, names, mode: str = "auto") -> onnx.ModelPr
                 "Mul", [f"{p}/offset_value", constant(f"{p}/column_sums", column_sums)], [f"{p}/correction"]
             ),
             helper.make_node("Add", [f"{p}/product", f"{p}/correction"], [y], name=f"{p}/Correct"),
+            *tail,
         ]
     for i, n in enumerate(nodes):
         if not n.name:

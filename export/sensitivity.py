@@ -6,7 +6,11 @@ Steps, each a quantised graph run on the calibration batches (bounded by `trials
 2. each group of MatMuls of the layers (one layer's attention, attention output, FFN input, FFN output) quantised
    alone: how far it moves the outputs from fp32 (relative RMS error), its sensitivity;
 3. a binary search for the fewest most-sensitive groups that, kept fp32, meet the target; the embeddings and the
-   heads (CHEAP: int8 saves next to no time there) are kept fp32 first, before any layer's group.
+   heads (CHEAP: int8 saves next to no time there) are kept fp32 first, before any layer's group;
+4. of the layers' groups kept fp32, the most that meet the target per token with their outlier input channels (the
+   highest calibration peaks, one in OUTLIER_SHARE) kept fp32 beside the int8 product (export/pertoken.py);
+5. of the attention groups still kept fp32, the most that meet the target with their query and key per token and
+   their value fp32. Steps 4 and 5 try all first, then binary-search from the least sensitive.
 
 Agreement is what a user of the task sees: labels (classify, ner, zero-shot), the top position (qa's start and
 end) or the top text of a query (rerank), the first predicted token (fill-mask), cosine >= 0.99 (embeddings).
@@ -56,6 +60,10 @@ SCHEMES = ("per-token", "per-tensor")
 # Groups whose integer kernels save next to no time (a gather of embedding rows; the pooler and the heads, one small
 # MatMul each) but whose int8 weights move every answer: kept fp32 before any layer's group (docs/export.md).
 CHEAP = ("embeddings", "head")
+# A MatMul quantised with outliers keeps one input channel in OUTLIER_SHARE fp32 (8 of a 384-wide hidden state): those
+# whose calibration peaks are highest. A few channels of a BERT hidden state run an order of magnitude above the
+# rest and set every token's int8 step; taken out, the step fits the others (docs/export.md, "int8: outlier channels").
+OUTLIER_SHARE = 48
 
 
 # ---------------------------------------------------------------------------------------------- calibration
@@ -370,9 +378,10 @@ def scheme_of_nodes(model: onnx.ModelProto, nodes, scheme: str) -> dict[str, str
     return {n: "per-token" if n in per_token else "per-tensor" for n in nodes}
 
 
-def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str]) -> Path:
+def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outliers=None) -> Path:
     """The fused graph with each node of `schemes` quantised as it says (per-tensor first, by onnxruntime's
-    quantize_dynamic, which leaves the other nodes as they are; then per-token); every other node stays fp32."""
+    quantize_dynamic, which leaves the other nodes as they are; then per-token, with `outliers`: node -> input
+    channels kept fp32); every other node stays fp32."""
     from .pertoken import per_token
     from .variants import quantize_dynamic_graph, save
 
@@ -385,12 +394,45 @@ def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str]) -> Pat
         model = onnx.load(str(out_path))
     else:
         model = onnx.load(str(fused_path))
-    return save(per_token(model, tokens), out_path)
+    return save(per_token(model, tokens, outliers={n: c for n, c in (outliers or {}).items() if n in tokens}), out_path)
 
 
-def group_schemes(groups: list[Group], kept: list[Group], schemes: dict[str, str]) -> dict[str, str]:
-    """Group label -> fp32, per-token, per-tensor, both (a group of nodes quantised both ways), or "per-token query
-    and key, value fp32" (an attention group kept fp32 but for its query and key projections, NAME/qk)."""
+def outlier_channels(fused_path: Path, calibration: Calibration, nodes) -> dict[str, list[int]]:
+    """Node -> the input channels (one in OUTLIER_SHARE, at least one) whose peak |x| over the calibration tokens
+    (padding left out) is highest, in the fp32 graph."""
+    from onnx import TensorProto, helper
+
+    from .variants import save
+
+    model = onnx.load(str(fused_path))
+    by_name = {n.name: n for n in model.graph.node}
+    inputs = {n: by_name[n].input[0] for n in nodes}
+    read = list(dict.fromkeys(inputs.values()))
+    outputs = {o.name for o in model.graph.output}
+    model.graph.output.extend(
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in read if name not in outputs
+    )
+    with tempfile.TemporaryDirectory(dir=fused_path.parent) as scratch:
+        results = run_graph(save(model, Path(scratch) / "peaks.onnx"), calibration, read)
+    del model
+    peaks: dict[str, np.ndarray] = {}
+    for (_, _, batch), result in zip(calibration.flat(), results):
+        mask = batch["attention_mask"].astype(bool)
+        for name, value in result.items():
+            rows = value[mask] if value.shape[:2] == mask.shape else value.reshape(-1, value.shape[-1])
+            peak = np.abs(rows).max(axis=0)
+            peaks[name] = np.maximum(peaks[name], peak) if name in peaks else peak
+    chosen = {}
+    for node, name in inputs.items():
+        count = max(1, round(len(peaks[name]) / OUTLIER_SHARE))
+        chosen[node] = sorted(int(i) for i in np.argsort(-peaks[name], kind="stable")[:count])
+    return chosen
+
+
+def group_schemes(groups: list[Group], kept: list[Group], schemes: dict[str, str], outliers=None) -> dict[str, str]:
+    """Group label -> fp32, per-token, per-tensor, both (a group of nodes quantised both ways), "per-token query
+    and key, value fp32" (an attention group kept fp32 but for its query and key projections, NAME/qk) or
+    "per-token, N outlier input channels fp32" (`outliers`: node -> channels)."""
     kept_labels = {g.label for g in kept}
     described = {}
     for group in groups:
@@ -400,6 +442,9 @@ def group_schemes(groups: list[Group], kept: list[Group], schemes: dict[str, str
             described[group.label] = f"{split.pop()} query and key, value fp32" if split else "fp32"
             continue
         described[group.label] = found.pop() if len(found) == 1 else "both"
+        channels = sorted({len((outliers or {}).get(n, ())) for n in group.nodes} - {0})
+        if channels and described[group.label] == "per-token":
+            described[group.label] = f"per-token, {'/'.join(map(str, channels))} outlier input channels fp32"
     return described
 
 
@@ -418,10 +463,17 @@ class Search:
     schemes: dict[str, str] = field(default_factory=dict)  # every grouped node -> per-token | per-tensor
     # the same groups kept fp32, every other per-tensor: a faster graph, a candidate where it meets the target too
     per_tensor: Trial | None = None
+    outliers: dict[str, list[int]] = field(default_factory=dict)  # node -> input channels kept fp32 (per-token)
 
     @property
     def fp32_nodes(self) -> list[str]:
         return [n for g in self.kept for n in g.nodes]
+
+    @property
+    def per_tensor_kept(self) -> list[Group]:
+        """The groups the per-tensor alternative keeps fp32: the chosen graph's, and those quantised with outliers
+        (per-tensor has no outlier channels)."""
+        return [g for g in self.groups if g in self.kept or any(n in self.outliers for n in g.nodes)]
 
     @property
     def quantised(self) -> dict[str, str]:
@@ -432,10 +484,11 @@ class Search:
     def describe(self, per_tensor: bool = False) -> dict:
         """The manifest's record; `per_tensor`: of the graph with the same groups fp32 and every other per-tensor."""
         chosen = self.per_tensor if per_tensor and self.per_tensor else self.chosen
-        quantised, schemes = self.quantised, self.schemes
-        if chosen is not self.chosen:  # a split attention (NAME/qk) has no per-tensor form: whole and fp32 there
-            schemes = {n: how for n, how in schemes.items() if not n.endswith(QK)}
+        quantised, schemes, kept, outliers = self.quantised, self.schemes, self.kept, self.outliers
+        if chosen is not self.chosen:  # a split attention (NAME/qk), outlier channels: no per-tensor form, fp32 there
+            schemes = {n: how for n, how in schemes.items() if not n.endswith(QK) and n not in outliers}
             quantised = {n: "per-tensor" for n in quantised if n in schemes}
+            kept, outliers = self.per_tensor_kept, {}
         per_token = sorted(n for n, how in quantised.items() if how == "per-token")
         return {
             "method": "dynamic" + (" + per-token" if per_token else ""),
@@ -455,9 +508,10 @@ class Search:
                 }
                 for name, a in chosen.outputs.items()
             },
-            "fp32_groups": [g.label for g in self.kept],
-            "fp32_nodes": self.fp32_nodes,
-            "group_schemes": group_schemes(self.groups, self.kept, schemes | quantised),
+            "fp32_groups": [g.label for g in kept],
+            "fp32_nodes": [n for g in kept for n in g.nodes],
+            "group_schemes": group_schemes(self.groups, kept, schemes | quantised, outliers),
+            "outlier_channels": outliers,
             "per_tensor_alternative": (
                 None if self.per_tensor is None else {"agreement": self.per_tensor.agreement, "chosen": per_tensor}
             ),
@@ -487,18 +541,22 @@ def search(
     groups = groups_of(model, budget)
     schemes = scheme_of_nodes(model, [n for g in groups for n in g.nodes], scheme)
     ops = {n.name: n.op_type for n in model.graph.node}
+    from .pertoken import rewritable
+
+    per_token_able = set(rewritable(model))
     del model
     names = list(judged)
     reference = run_graph(fused_path, calibration, names)
     trials: list[Trial] = []
+    outliers: dict[str, list[int]] = {}  # node -> input channels kept fp32, of the groups step 4 quantised
 
-    def measure(what: str, exclude=(), only=None, how=None) -> Trial:
+    def measure(what: str, exclude=(), only=None, how=None, channels=None) -> Trial:
         how = how or schemes
         excluded = set(exclude)
         chosen = {n: s for n, s in how.items() if n not in excluded and (only is None or n in only)}
         with tempfile.TemporaryDirectory(dir=fused_path.parent) as scratch:
             path = Path(scratch) / "trial.onnx"
-            build_int8(fused_path, path, chosen)
+            build_int8(fused_path, path, chosen, outliers if channels is None else channels)
             candidate = run_graph(path, calibration, names)
         trial = Trial(what, tuple(exclude), *judge(reference, candidate, calibration, judged))
         trials.append(trial)
@@ -511,16 +569,58 @@ def search(
 
     def found(kept, chosen, sensitivity) -> Search:
         if scheme == "per-token":
+            kept, chosen = with_outliers(kept, chosen, sensitivity)
             chosen = query_and_key(kept, chosen, sensitivity)
         result = Search(
-            target, groups, kept, chosen, trials, sensitivity, calibration.size(), scheme=scheme, schemes=schemes
+            target,
+            groups,
+            kept,
+            chosen,
+            trials,
+            sensitivity,
+            calibration.size(),
+            scheme=scheme,
+            schemes=schemes,
+            outliers=dict(outliers),
         )
         quantised = result.quantised
         if scheme == "per-token" and any(how == "per-token" for how in quantised.values()) and len(trials) < budget:
-            # the split attentions (NAME/qk) have no per-tensor form: whole and fp32 there
-            per_tensor = {n: "per-tensor" for n in quantised if not n.endswith(QK)}
-            result.per_tensor = measure("the same groups, every one per-tensor", how=per_tensor)
+            # split attentions (NAME/qk) and outlier channels have no per-tensor form: fp32 there
+            per_tensor = {n: "per-tensor" for n in quantised if not n.endswith(QK) and n not in outliers}
+            result.per_tensor = measure("the same groups, every one per-tensor", how=per_tensor, channels={})
         return result
+
+    def with_outliers(kept, chosen, sensitivity) -> tuple[list[Group], Trial]:
+        """Of the layers' groups kept fp32, the most that meet the target per token with their outlier input
+        channels fp32 (outlier_channels), least sensitive first; adds them to `schemes` and `outliers` and returns
+        the groups still kept and the trial of the graph that then meets the target."""
+        candidates = [g for g in kept if g.label not in CHEAP and all(n in per_token_able for n in g.nodes)]
+        if not candidates or len(trials) >= budget - 2:  # a trial each left for step 5 and the per-tensor graph
+            return kept, chosen
+        candidates.sort(key=lambda g: sensitivity.get(g.label, 0.0))
+        channels = outlier_channels(fused_path, calibration, [n for g in candidates for n in g.nodes])
+        fp32 = [n for g in kept for n in g.nodes]
+
+        def moved(count: int) -> dict[str, str]:
+            return {n: "per-token" for g in candidates[:count] for n in g.nodes}
+
+        low, high = 0, len(candidates)  # as in query_and_key: all of them tried first
+        while low < high and len(trials) < budget - 2:
+            middle = high if high == len(candidates) else (low + high + 1) // 2
+            labels = ", ".join(g.label for g in candidates[:middle])
+            trial = measure(
+                f"per token with outlier channels fp32 in {labels}",
+                exclude=[n for n in fp32 if n not in moved(middle)],
+                how=schemes | moved(middle),
+                channels={n: channels[n] for n in moved(middle)},
+            )
+            if meets(trial):
+                low, chosen = middle, trial
+            else:
+                high = middle - 1
+        schemes.update(moved(low))
+        outliers.update({n: channels[n] for n in moved(low)})
+        return [g for g in kept if g not in candidates[:low]], chosen
 
     def query_and_key(kept, chosen, sensitivity) -> Trial:
         """Of the attention groups kept fp32, the most that may quantise their query and key projections per token

@@ -188,7 +188,7 @@ def ffn_output_matmuls(model: onnx.ModelProto) -> list[str]:
 
 
 def quantize_int8(
-    fused_path: Path, out_path: Path, scope: str = "skip-ffn-output", excluded=None, per_token_nodes=()
+    fused_path: Path, out_path: Path, scope: str = "skip-ffn-output", excluded=None, per_token_nodes=(), outliers=None
 ) -> dict:
     """Dynamic quantisation (int8 weights per output channel, activations quantised per batch at run
     time) for CPU, on the fused graph (Attention and EmbedLayerNormalization have integer kernels).
@@ -196,7 +196,8 @@ def quantize_int8(
     Scope "all" quantises every MatMul; "skip-ffn-output" keeps each layer's FFN output projection fp32
     (its input, the GELU output, has a long tail): closer to fp32, a little slower (figures: docs/export.md,
     "int8 scope"); "auto" keeps `excluded` fp32, the nodes export/sensitivity.py's search chose, and gives
-    `per_token_nodes` one activation scale per token (export/pertoken.py) instead of one per tensor.
+    `per_token_nodes` one activation scale per token (export/pertoken.py) instead of one per tensor, with `outliers`
+    (node -> input channels) fp32 beside the int8 product.
     Per-channel weights quantise with less error than per-tensor ones. Returns what was done, for the manifest."""
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
@@ -216,7 +217,9 @@ def quantize_int8(
     if per_token_nodes:
         from .pertoken import per_token
 
-        per_token(quantized, per_token_nodes)
+        per_token(
+            quantized, per_token_nodes, outliers={n: c for n, c in (outliers or {}).items() if n in per_token_nodes}
+        )
     split = split_skip_layer_norm(quantized)
     if split or per_token_nodes:
         save(quantized, out_path)
@@ -227,6 +230,7 @@ def quantize_int8(
         "scope": scope,
         "fp32_nodes": list(excluded),
         "per_token_nodes": list(per_token_nodes),
+        "outlier_channels": {n: list(c) for n, c in (outliers or {}).items() if n in per_token_nodes},
         "skip_layer_norms_split": split,
     }
 

@@ -145,14 +145,19 @@ def test_search_keeps_the_fewest_sensitive_groups_that_meet_the_target(tiny_fuse
     # the embeddings and the heads (int8 saves next to no time there) are kept fp32 first, then the most sensitive
     kept = [g.label for g in strict.kept]
     assert kept[:2] == ["embeddings", "head"] and "embeddings" not in strict.sensitivity
-    assert kept[2:] == ordered[: len(kept) - 2] and "layer 1 ffn-out" in kept
+    # step 3 kept the most sensitive, then step 4 quantised those it could with their outlier channels fp32: the
+    # planted unit is the outlier channel of layer 1's FFN output projection
+    step3 = [g.label for g in strict.per_tensor_kept]
+    assert set(step3) - {"embeddings", "head"} == set(ordered[: len(step3) - 2]) and "layer 1 ffn-out" in step3
+    (projection,) = next(g for g in strict.groups if g.label == "layer 1 ffn-out").nodes
+    assert "layer 1 ffn-out" not in kept and 0 in strict.outliers[projection]
     assert len(strict.kept) < len(strict.groups) and strict.chosen.agreement >= 0.99
 
 
-def planted_value_outlier(fused, out, layer: int = 1, channel: int = 5):
-    """The graph with one channel of the LayerNorm output that `layer`'s attention reads 300x louder, but no weight of
-    its Q, K or V projection reading it (fp32's answers do not see it), and the value projection 50x stronger: the
-    loud channel takes the whole per-token int8 range from the others, which V passes on to the output while Q and K
+def planted_value_outlier(fused, out, layer: int = 1, channels=(5,)):
+    """The graph with `channels` of the LayerNorm output that `layer`'s attention reads 300x louder, but no weight of
+    its Q, K or V projection reading them (fp32's answers do not see them), and the value projection 50x stronger: the
+    loud channels take the whole per-token int8 range from the others, which V passes on to the output while Q and K
     only shift near-uniform attention weights."""
     from onnx import numpy_helper
 
@@ -161,11 +166,11 @@ def planted_value_outlier(fused, out, layer: int = 1, channel: int = 5):
     norm = next(n for n in model.graph.node if attention.input[0] in n.output)
     index = {t.name: i for i, t in enumerate(model.graph.initializer)}
     gamma = numpy_helper.to_array(model.graph.initializer[index[norm.input[2]]]).copy()
-    gamma[channel] *= 300.0
+    gamma[list(channels)] *= 300.0
     model.graph.initializer.append(numpy_helper.from_array(gamma, "planted_gamma"))  # LayerNorms may share theirs
     norm.input[2] = "planted_gamma"
     weight = numpy_helper.to_array(model.graph.initializer[index[attention.input[1]]]).copy()
-    weight[channel, :] = 0.0
+    weight[list(channels), :] = 0.0
     weight[:, 2 * weight.shape[1] // 3 :] *= 50.0
     model.graph.initializer[index[attention.input[1]]].CopyFrom(numpy_helper.from_array(weight, attention.input[1]))
     onnx.save(model, str(out))
@@ -178,10 +183,17 @@ def test_an_attention_kept_fp32_for_its_value_quantises_its_query_and_key(tiny_f
 
     calibration = sensitivity.build_calibration(BertTokenizer.from_dir(tiny_fused.parent), {"sentences"}, 32)
     judged = {"logits": ("cosine", False, "sentences")}
-    planted = planted_value_outlier(tiny_fused, tmp_path / "planted.onnx")
+    # more loud channels than the tiny hidden state's share of outlier channels (OUTLIER_SHARE): step 4 cannot save it
+    loud = (5, 9, 13, 17, 21)
+    planted = planted_value_outlier(tiny_fused, tmp_path / "planted.onnx", channels=loud)
+    taken = sensitivity.outlier_channels(planted, calibration, ["Attention_1"])["Attention_1"]
+    assert set(taken) < set(loud)
     notes = []
     found = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
-    assert "layer 1 attention" in [g.label for g in found.kept] and found.sensitivity["layer 1 attention"] > 0.1
+    assert "layer 1 attention" in [g.label for g in found.kept]
+    assert max(found.sensitivity, key=found.sensitivity.get) == "layer 1 attention"
+    assert any(n.startswith("int8 trial") and "outlier channels fp32 in" in n for n in notes)
+    assert "Attention_1" not in found.outliers
     assert any("query and key per token, value fp32, in layer 1 attention" in n for n in notes)
     described = found.describe()
     assert described["group_schemes"]["layer 1 attention"] == "per-token query and key, value fp32"
@@ -196,6 +208,48 @@ def test_an_attention_kept_fp32_for_its_value_quantises_its_query_and_key(tiny_f
     quantize_int8(planted, out, "auto", found.fp32_nodes, per_token_nodes)
     nodes = {n.name: n.op_type for n in onnx.load(str(out)).graph.node}
     assert nodes["Attention_1/v"] == "MatMul" and nodes["Attention_1/qk/per_token/MatMulIntegerToFloat"]
+
+
+def test_a_group_kept_fp32_for_an_outlier_channel_is_int8_with_that_channel_fp32(tiny_fused, tmp_path):
+    from bert.tokenizer import BertTokenizer
+    from export.variants import quantize_int8
+
+    calibration = sensitivity.build_calibration(BertTokenizer.from_dir(tiny_fused.parent), {"sentences"}, 32)
+    judged = {"logits": ("cosine", False, "sentences")}
+    planted = planted_value_outlier(tiny_fused, tmp_path / "planted.onnx", channels=(5,))
+    notes = []
+    found = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
+    # step 3 keeps the attention fp32; step 4 finds the loud channel and quantises the rest of its input
+    assert found.sensitivity["layer 1 attention"] > 0.1
+    assert any("outlier channels fp32 in" in n and "layer 1 attention" in n for n in notes)
+    taken = found.outliers["Attention_1"]
+    assert "layer 1 attention" not in [g.label for g in found.kept] and 5 in taken
+    described = found.describe()
+    assert described["group_schemes"]["layer 1 attention"] == f"per-token, {len(taken)} outlier input channels fp32"
+    assert described["outlier_channels"]["Attention_1"] == taken and "Attention_1" in described["per_token_nodes"]
+    assert found.chosen.agreement >= 0.99
+    # the per-tensor alternative has no outlier channels: that group stays fp32 there
+    alternative = found.describe(per_tensor=True)
+    assert alternative["group_schemes"]["layer 1 attention"] == "fp32" and alternative["outlier_channels"] == {}
+    assert "Attention_1" in alternative["fp32_nodes"] and "layer 1 attention" in alternative["fp32_groups"]
+    # the export writes the graph the search measured, and it answers as that trial did
+    out = tmp_path / "int8.onnx"
+    per_token_nodes = [n for n, how in found.quantised.items() if how == "per-token"]
+    record = quantize_int8(planted, out, "auto", found.fp32_nodes, per_token_nodes, found.outliers)
+    assert record["outlier_channels"] == {"Attention_1": taken}
+    nodes = {n.name: n.op_type for n in onnx.load(str(out)).graph.node}
+    assert nodes["Attention_1/qkv/per_token/OutlierMatMul"] == "MatMul"
+    reference = sensitivity.run_graph(planted, calibration, ["logits"])
+    written = sensitivity.run_graph(out, calibration, ["logits"])
+    agreement, _, _ = sensitivity.judge(reference, written, calibration, judged)
+    assert agreement == found.chosen.agreement
+    # without the channel taken out, the same graph is what step 3 refused
+    plain = tmp_path / "plain.onnx"
+    quantize_int8(planted, plain, "auto", found.fp32_nodes, per_token_nodes)
+    without, _, _ = sensitivity.judge(
+        reference, sensitivity.run_graph(plain, calibration, ["logits"]), calibration, judged
+    )
+    assert without < 0.99
 
 
 def test_precision_auto_is_the_default_and_writes_the_faster_faithful_graph(tmp_path):

@@ -74,6 +74,38 @@ def test_per_token_matches_the_scheme_row_by_row(mode, opset):
     assert quiet < 0.03 and np.all(y[1, 3] == 0)
 
 
+@pytest.mark.parametrize("mode", ["symmetric", "asymmetric"])
+def test_outlier_channels_stay_fp32_beside_the_int8_product(mode):
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(48, 24)).astype(np.float32)
+    x = rng.normal(size=(2, 5, 48)).astype(np.float32)
+    x[..., 7] *= 200.0  # a loud channel on every token: per token it still sets every row's step
+    if mode == "asymmetric":
+        x = np.abs(x)
+    exact = x @ w
+    (plain,) = run(per_token(matmul_graph(w), ["dense"], mode), {"x": x})
+    model = per_token(matmul_graph(w), ["dense"], mode, outliers={"dense": [7]})
+    onnx.checker.check_model(model)
+    assert [o.name for o in model.graph.output] == ["y"]
+    (y,) = run(model, {"x": x})
+    # the rest of the row quantised on its own range, the loud channel added back in fp32: the scheme on x without
+    # channel 7, plus channel 7's exact product
+    quiet = x.copy()
+    quiet[..., 7] = 0.0
+    kept = w.copy()
+    kept[7] = 0.0
+    expected = reference(quiet, kept, mode) + np.outer(x[..., 7], w[7]).reshape(exact.shape)
+    assert np.all(np.abs(y - expected) <= 1e-5 * np.abs(expected).max(-1, keepdims=True) + 1e-5)
+
+    def error(values):
+        return np.abs(values - exact).max() / np.abs(exact).max()
+
+    assert error(y) < error(plain) / 10
+    # every channel an outlier: nothing is left to quantise and the product is fp32's
+    (everything,) = run(per_token(matmul_graph(w), ["dense"], mode, outliers={"dense": range(48)}), {"x": x})
+    assert np.allclose(everything, exact, rtol=1e-5, atol=1e-3)
+
+
 def test_refuses_what_it_cannot_rewrite_and_the_cli_says_so_in_one_line():
     rng = np.random.default_rng(1)
     w = rng.normal(size=(8, 4)).astype(np.float32)
@@ -94,6 +126,14 @@ def test_refuses_what_it_cannot_rewrite_and_the_cli_says_so_in_one_line():
         with pytest.raises(PerTokenError, match=message):
             per_token(model, ["dense", name])
         assert model.SerializeToString() == before  # nothing half-rewritten
+    for outliers, message in [
+        ({"dense": [8]}, "outlier channel 8 of 'dense' is out of its 8 input channels"),
+        ({"dense": [-1]}, "outlier channel -1 of 'dense' is out of its 8 input channels"),
+        ({"gemm": [0]}, "outlier channels given for 'gemm', which is not rewritten"),
+    ]:
+        with pytest.raises(PerTokenError, match=message):
+            per_token(model, ["dense"], outliers=outliers)
+        assert model.SerializeToString() == before
     assert rewritable(model) == ["dense"]
     assert exit_code_for(PerTokenError("x")) == 2
 
