@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .pertoken import QK
+from .pertoken import QK, rewritable
 from .samples import (
     CALIBRATION_QA,
     CALIBRATION_SENTENCES,
@@ -369,8 +369,6 @@ def scheme_of_nodes(model: onnx.ModelProto, nodes, scheme: str) -> dict[str, str
     the embeddings, Gemm heads)."""
     if scheme not in SCHEMES:
         raise ValueError(f"int8 scheme must be one of {SCHEMES}, got {scheme!r}")
-    from .pertoken import rewritable
-
     # a fused Attention stays QAttention: unfused for per-token QKV (export/pertoken.py unfuse_attention) it ran
     # slower and moved the outputs no less (docs/export.md, "int8: per-token activations")
     ops = {n.name: n.op_type for n in model.graph.node}
@@ -541,8 +539,6 @@ def search(
     groups = groups_of(model, budget)
     schemes = scheme_of_nodes(model, [n for g in groups for n in g.nodes], scheme)
     ops = {n.name: n.op_type for n in model.graph.node}
-    from .pertoken import rewritable
-
     per_token_able = set(rewritable(model))
     del model
     names = list(judged)
@@ -608,11 +604,12 @@ def search(
         while low < high and len(trials) < budget - 2:
             middle = high if high == len(candidates) else (low + high + 1) // 2
             labels = ", ".join(g.label for g in candidates[:middle])
+            trying = moved(middle)
             trial = measure(
                 f"per token with outlier channels fp32 in {labels}",
-                exclude=[n for n in fp32 if n not in moved(middle)],
-                how=schemes | moved(middle),
-                channels={n: channels[n] for n in moved(middle)},
+                exclude=[n for n in fp32 if n not in trying],
+                how=schemes | trying,
+                channels={n: channels[n] for n in trying},
             )
             if meets(trial):
                 low, chosen = middle, trial
