@@ -89,7 +89,9 @@ class OnnxOptions:
             "with --precision int8 or auto: which MatMuls to quantise. auto: measured on the calibration inputs, the "
             "fewest groups (one layer's attention, attention output, FFN input or FFN output; embeddings; heads) kept "
             "fp32 that bring agreement with fp32 to --int8-agreement, the layers' MatMuls with one activation scale "
-            "per token, the fused attention per tensor; skip-ffn-output keeps each layer's feed-forward output "
+            "per token, the fused attention per tensor; of the groups kept, those that still agree are int8 with their "
+            "loudest input channels fp32, and of the attentions still kept the query and key where they agree; "
+            "skip-ffn-output keeps each layer's feed-forward output "
             "projection fp32; all quantises every one (both: one activation scale per tensor)"
         ),
     )
