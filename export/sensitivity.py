@@ -398,8 +398,6 @@ def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outlie
 def outlier_channels(fused_path: Path, calibration: Calibration, nodes) -> dict[str, list[int]]:
     """Node -> the input channels (one in OUTLIER_SHARE, at least one) whose peak |x| over the calibration tokens
     (padding left out) is highest, in the fp32 graph."""
-    from onnx import TensorProto, helper
-
     from .variants import save
 
     model = onnx.load(str(fused_path))
@@ -408,7 +406,7 @@ def outlier_channels(fused_path: Path, calibration: Calibration, nodes) -> dict[
     read = list(dict.fromkeys(inputs.values()))
     outputs = {o.name for o in model.graph.output}
     model.graph.output.extend(
-        helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in read if name not in outputs
+        onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in read if name not in outputs
     )
     with tempfile.TemporaryDirectory(dir=fused_path.parent) as scratch:
         results = run_graph(save(model, Path(scratch) / "peaks.onnx"), calibration, read)
@@ -586,6 +584,19 @@ def search(
             result.per_tensor = measure("the same groups, every one per-tensor", how=per_tensor, channels={})
         return result
 
+    def most_that_meet(count: int, trial_of: Callable[[int], Trial], chosen: Trial, reserve: int) -> tuple[int, Trial]:
+        """The most of `count` candidates (the first n, in their order) whose graph meets the target, and its trial
+        (`chosen` when none does): all of them tried first, then a binary search, leaving `reserve` trials."""
+        low, high = 0, count
+        while low < high and len(trials) < budget - reserve:
+            middle = high if high == count else (low + high + 1) // 2
+            trial = trial_of(middle)
+            if meets(trial):
+                low, chosen = middle, trial
+            else:
+                high = middle - 1
+        return low, chosen
+
     def with_outliers(kept, chosen, sensitivity) -> tuple[list[Group], Trial]:
         """Of the layers' groups kept fp32, the most that meet the target per token with their outlier input
         channels fp32 (outlier_channels), least sensitive first; adds them to `schemes` and `outliers` and returns
@@ -600,21 +611,16 @@ def search(
         def moved(count: int) -> dict[str, str]:
             return {n: "per-token" for g in candidates[:count] for n in g.nodes}
 
-        low, high = 0, len(candidates)  # as in query_and_key: all of them tried first
-        while low < high and len(trials) < budget - 2:
-            middle = high if high == len(candidates) else (low + high + 1) // 2
-            labels = ", ".join(g.label for g in candidates[:middle])
-            trying = moved(middle)
-            trial = measure(
-                f"per token with outlier channels fp32 in {labels}",
+        def trial_of(count: int) -> Trial:
+            trying = moved(count)
+            return measure(
+                f"per token with outlier channels fp32 in {', '.join(g.label for g in candidates[:count])}",
                 exclude=[n for n in fp32 if n not in trying],
                 how=schemes | trying,
                 channels={n: channels[n] for n in trying},
             )
-            if meets(trial):
-                low, chosen = middle, trial
-            else:
-                high = middle - 1
+
+        low, chosen = most_that_meet(len(candidates), trial_of, chosen, reserve=2)
         schemes.update(moved(low))
         outliers.update({n: channels[n] for n in moved(low)})
         return [g for g in kept if g not in candidates[:low]], chosen
@@ -630,17 +636,14 @@ def search(
         def query_keys(count: int) -> dict[str, str]:
             return {f"{n}{QK}": "per-token" for g in attention[:count] for n in g.nodes if ops.get(n) == "Attention"}
 
-        low, high = 0, len(attention)  # the most that meet the target: between low and high, all of them tried first
-        while low < high and len(trials) < budget - 1:  # one trial left for the per-tensor alternative
-            middle = high if high == len(attention) else (low + high + 1) // 2
-            labels = ", ".join(g.label for g in attention[:middle])
-            trial = measure(
-                f"query and key per token, value fp32, in {labels}", exclude=fp32, how=schemes | query_keys(middle)
+        def trial_of(count: int) -> Trial:
+            labels = ", ".join(g.label for g in attention[:count])
+            return measure(
+                f"query and key per token, value fp32, in {labels}", exclude=fp32, how=schemes | query_keys(count)
             )
-            if meets(trial):
-                low, chosen = middle, trial
-            else:
-                high = middle - 1
+
+        # one trial left for the per-tensor alternative
+        low, chosen = most_that_meet(len(attention), trial_of, chosen, reserve=1)
         schemes.update(query_keys(low))
         return chosen
 
