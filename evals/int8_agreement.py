@@ -10,7 +10,8 @@ Per graph output, on data the calibration never saw:
 - qa: questions of the 10 held-out SQuAD train articles (the demo model's), the share of best answer spans
   (start <= end, at most 30 tokens, in the context) equal to fp32's;
 - embeddings: SST-2 dev sentences, the share with cosine >= 0.99, and the lowest cosine;
-- rerank: SQuAD held-out questions against their paragraph's sentences, the share with fp32's top sentence.
+- rerank: SQuAD held-out questions against their paragraph's sentences, and against 20 sentences of their article
+  (their paragraph's first, as bench.peers' /rerank requests), the share with fp32's top sentence.
 
 --time adds each graph's model-level time (fp32's too): seconds per batch of SST-2 dev sentences at batch 1, 8 and
 32, the median of passes taken in turn over the graphs, so a busy moment of a shared machine falls on each alike.
@@ -170,17 +171,40 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
             "min_cosine": float(cos.min()),
         }
     if manifest["task"] == "rerank":
-        same = total = 0
-        for question, context in squad_heldout(data, qa_limit or limit):
-            sentences = [context[a:b] for a, b in sentence_spans(context)]
-            if len(sentences) < 2:
-                continue
-            batch = batched(tokenizer, [question] * len(sentences), sentences, size=64)
-            r, c = both(batch, [names[0]])
-            same += int(np.concatenate(r[names[0]])[:, 0].argmax() == np.concatenate(c[names[0]])[:, 0].argmax())
-            total += 1
-        figures["rerank (SQuAD held-out top-1 sentence)"] = {"n": total, "agreement": same / max(total, 1)}
+        for what, queries in (
+            ("rerank (SQuAD held-out top-1 sentence)", paragraph_queries(data, qa_limit or limit)),
+            ("rerank (SQuAD held-out top-1 of 20 article sentences)", article_queries(data, qa_limit or limit)),
+        ):
+            same = 0
+            for question, texts in queries:
+                r, c = both(batched(tokenizer, [question] * len(texts), texts, size=64), [names[0]])
+                same += int(np.concatenate(r[names[0]])[:, 0].argmax() == np.concatenate(c[names[0]])[:, 0].argmax())
+            figures[what] = {"n": len(queries), "agreement": same / max(len(queries), 1)}
     return figures
+
+
+def paragraph_queries(data: Path, limit: int | None) -> list[tuple[str, list[str]]]:
+    """Each held-out question against its paragraph's sentences (those of two or more)."""
+    queries = []
+    for question, context in squad_heldout(data, limit):
+        sentences = [context[a:b] for a, b in sentence_spans(context)]
+        if len(sentences) >= 2:
+            queries.append((question, sentences))
+    return queries
+
+
+def article_queries(data: Path, limit: int | None, texts: int = 20) -> list[tuple[str, list[str]]]:
+    """Each held-out question against `texts` sentences of its article, its paragraph's first, then the other
+    paragraphs' in order (a /rerank request as bench.peers sends it: more candidates, closer to one another)."""
+    articles = read_squad_articles(sorted((data / "squad-train").glob("train-v1.1.part-*.json.gz")))
+    _, heldout = split_heldout(articles, 10)
+    queries = []
+    for article in heldout:
+        paragraphs = [[p["context"][a:b] for a, b in sentence_spans(p["context"])] for p in article["paragraphs"]]
+        for i, paragraph in enumerate(article["paragraphs"]):
+            candidates = (paragraphs[i] + [s for j, ss in enumerate(paragraphs) if j != i for s in ss])[:texts]
+            queries += [(qa["question"], candidates) for qa in paragraph["qas"] if len(candidates) == texts]
+    return queries[:limit]
 
 
 def timings(graphs: dict[str, Path], data: Path, sizes=(1, 8, 32), passes: int = 5) -> dict[str, dict[str, float]]:
