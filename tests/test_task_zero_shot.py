@@ -20,6 +20,9 @@ from test_serving_support import PYTHON, REPO, Server, export_artifact, minilm_d
 sys.path.insert(0, str(REPO / "clients"))  # this checkout's SDK, whatever copy is installed
 from bertserve_client import AsyncClient, Client, ValidationError, ZeroShotResult  # noqa: E402
 
+# each request waits up to this long: a hang guard, not a speed bar (a 2-core machine running the suite's
+# parallel workers has taken over httpx's default 5 s to answer one)
+TIMEOUT = 60.0
 NLI_LABELS = {0: "entailment", 1: "neutral", 2: "contradiction"}
 MAX_POSITIONS = 128
 TEXTS = [
@@ -105,7 +108,9 @@ def _pipeline_answers(model_dir) -> list:
 def _served_answers(url: str) -> list:
     answers = []
     for inputs, labels, template, multi_label in CASES:
-        response = httpx.post(url + "/zero-shot", json=_body(inputs, labels, template, multi_label, truncate=True))
+        response = httpx.post(
+            url + "/zero-shot", json=_body(inputs, labels, template, multi_label, truncate=True), timeout=TIMEOUT
+        )
         assert response.status_code == 200, response.text
         answers.append(response.json())
     return answers
@@ -129,7 +134,7 @@ def reference(nli_model) -> list:
 
 
 def test_zero_shot_equals_the_pipeline_torch(server, reference):
-    info = httpx.get(server.url + "/info").json()
+    info = httpx.get(server.url + "/info", timeout=TIMEOUT).json()
     assert info["tasks"] == ["zero_shot"] and info["labels"]["zero_shot"] == list(NLI_LABELS.values())
     worst = _largest_difference(_served_answers(server.url), reference)
     print(f"bar 2, zero-shot torch: max |bertserve - pipeline| {worst:.2e}")
@@ -142,7 +147,7 @@ def test_zero_shot_equals_the_pipeline_onnx(nli_model, reference, tmp_path):
     artifact = export_artifact(nli_model, tmp_path / "artifact")
     assert json.loads((artifact / "config.json").read_text())["id2label"]  # the labels travel with the export
     with Server("--model", str(artifact)) as onnx:
-        info = httpx.get(onnx.url + "/info").json()
+        info = httpx.get(onnx.url + "/info", timeout=TIMEOUT).json()
         assert info["backend"] == "onnxruntime" and "zero_shot" in info["tasks"] and "classify" in info["tasks"]
         served = _served_answers(onnx.url)
     worst = _largest_difference(served, reference)
@@ -151,7 +156,7 @@ def test_zero_shot_equals_the_pipeline_onnx(nli_model, reference, tmp_path):
 
 
 def test_zero_shot_refusals_are_json_and_the_server_stays_ready(server):
-    post = lambda body: httpx.post(server.url + "/zero-shot", json=body)  # noqa: E731
+    post = lambda body: httpx.post(server.url + "/zero-shot", json=body, timeout=TIMEOUT)  # noqa: E731
     ok = {"inputs": "a text", "candidate_labels": ["a", "b"]}
     for body, status in [
         ({**ok, "inputs": []}, 400),
@@ -181,8 +186,8 @@ def test_zero_shot_refusals_are_json_and_the_server_stays_ready(server):
         assert response.status_code == status, (body, response.text)
         assert set(response.json()) == {"error", "error_type"}, response.text
     assert "12 (max_request_sequences)" in post({**ok, "candidate_labels": [str(i) for i in range(13)]}).json()["error"]
-    assert httpx.post(server.url + "/zero-shot", json=[ok]).status_code == 422
-    assert httpx.get(server.url + "/ready").status_code == 200
+    assert httpx.post(server.url + "/zero-shot", json=[ok], timeout=TIMEOUT).status_code == 422
+    assert httpx.get(server.url + "/ready", timeout=TIMEOUT).status_code == 200
     assert post({**ok, "candidate_labels": ["a", "b", "c", "d"]}).status_code == 200
     assert post({**ok, "inputs": ["x"] * 3, "candidate_labels": list("abcd")}).status_code == 200  # 12: at the limit
 
@@ -201,14 +206,16 @@ def test_a_model_without_an_entailment_label_is_refused(tmp_path):
     assert len(lines) == 1 and "entail" in lines[0] and "negative, positive" in lines[0], run.stderr
     # served with --model it classifies, and /zero-shot is the JSON 404 of a task not served
     with Server("--model", str(sentiment)) as s:
-        assert "zero_shot" not in httpx.get(s.url + "/info").json()["tasks"]
-        response = httpx.post(s.url + "/zero-shot", json={"inputs": "x", "candidate_labels": ["a"]})
+        assert "zero_shot" not in httpx.get(s.url + "/info", timeout=TIMEOUT).json()["tasks"]
+        response = httpx.post(s.url + "/zero-shot", json={"inputs": "x", "candidate_labels": ["a"]}, timeout=TIMEOUT)
         assert response.status_code == 404 and set(response.json()) == {"error", "error_type"}
 
 
 def test_sdk_zero_shot_sync_and_async(server):
-    raw = httpx.post(server.url + "/zero-shot", json=_body(TEXTS, LABELS[:3], None, False)).json()
-    raw_one = httpx.post(server.url + "/zero-shot", json=_body(TEXTS[0], "a, b", "It is {}.", True)).json()
+    raw = httpx.post(server.url + "/zero-shot", json=_body(TEXTS, LABELS[:3], None, False), timeout=TIMEOUT).json()
+    raw_one = httpx.post(
+        server.url + "/zero-shot", json=_body(TEXTS[0], "a, b", "It is {}.", True), timeout=TIMEOUT
+    ).json()
     with Client(server.url, batch_size=2) as client:  # three texts: two requests, answers in order
         many = client.zero_shot(TEXTS, LABELS[:3])
         one = client.zero_shot(TEXTS[0], "a, b", hypothesis_template="It is {}.", multi_label=True)
