@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import gzip
+import itertools
 import json
 import os
 import shlex
@@ -75,23 +76,12 @@ RERANK_TEXTS = 20
 def rerank_items(n: int, texts: int = RERANK_TEXTS) -> list[dict]:
     """Per SQuAD question of the last articles of part-04 (never trained on: bert.tasks.qa.split_heldout), the
     question and `texts` sentences of its article: its paragraph's, then the other paragraphs' in order."""
-    from bert.tasks.rerank import sentence_spans
+    from bert.tasks.rerank import article_requests
 
-    out = []
     with gzip.open(DATA_DIR / "squad-train" / "train-v1.1.part-04.json.gz", "rt") as f:
         articles = json.load(f)["data"]
-    for article in reversed(articles):
-        paragraphs = [[p["context"][a:b] for a, b in sentence_spans(p["context"])] for p in article["paragraphs"]]
-        for i, para in enumerate(article["paragraphs"]):
-            others = [s for j, sentences in enumerate(paragraphs) if j != i for s in sentences]
-            candidates = (paragraphs[i] + others)[:texts]
-            if len(candidates) < texts:
-                continue
-            for qa in para["qas"]:
-                out.append({"query": qa["question"], "texts": candidates})
-                if len(out) >= n:
-                    return out
-    return out
+    requests = (r for article in reversed(articles) for r in article_requests(article, texts))
+    return [{"query": query, "texts": candidates} for query, candidates in itertools.islice(requests, n)]
 
 
 class ServerFailed(RuntimeError):

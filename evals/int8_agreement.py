@@ -20,6 +20,7 @@ Per graph output, on data the calibration never saw:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 
 from bert.tasks.ner import read_conll
 from bert.tasks.qa import read_squad_articles, split_heldout
-from bert.tasks.rerank import sentence_spans
+from bert.tasks.rerank import article_requests, sentence_spans
 from export import bf16
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -45,16 +46,18 @@ def conll(data: Path, limit: int | None) -> list[str]:
     return [" ".join(sentence.words) for sentence in read_conll(data / "conll2003" / "valid.txt")][:limit]
 
 
-def squad_heldout(data: Path, limit: int | None) -> list[tuple[str, str]]:
+def heldout_articles(data: Path) -> list[dict]:
+    """The 10 SQuAD train articles the demo model held out."""
     articles = read_squad_articles(sorted((data / "squad-train").glob("train-v1.1.part-*.json.gz")))
-    _, heldout = split_heldout(articles, 10)
-    pairs = [
-        (qa["question"], paragraph["context"])
-        for article in heldout
-        for paragraph in article["paragraphs"]
-        for qa in paragraph["qas"]
-    ]
-    return pairs[:limit]
+    return split_heldout(articles, 10)[1]
+
+
+def question_contexts(heldout: list[dict]) -> list[tuple[str, str]]:
+    return [(qa["question"], p["context"]) for article in heldout for p in article["paragraphs"] for qa in p["qas"]]
+
+
+def squad_heldout(data: Path, limit: int | None) -> list[tuple[str, str]]:
+    return question_contexts(heldout_articles(data))[:limit]
 
 
 def run(session, names, batches):
@@ -171,9 +174,10 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
             "min_cosine": float(cos.min()),
         }
     if manifest["task"] == "rerank":
+        heldout = heldout_articles(data)
         for what, queries in (
-            ("rerank (SQuAD held-out top-1 sentence)", paragraph_queries(data, qa_limit or limit)),
-            ("rerank (SQuAD held-out top-1 of 20 article sentences)", article_queries(data, qa_limit or limit)),
+            ("rerank (SQuAD held-out top-1 sentence)", paragraph_queries(heldout, qa_limit or limit)),
+            ("rerank (SQuAD held-out top-1 of 20 article sentences)", article_queries(heldout, qa_limit or limit)),
         ):
             same = 0
             for question, texts in queries:
@@ -183,28 +187,20 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
     return figures
 
 
-def paragraph_queries(data: Path, limit: int | None) -> list[tuple[str, list[str]]]:
-    """Each held-out question against its paragraph's sentences (those of two or more)."""
+def paragraph_queries(heldout: list[dict], limit: int | None) -> list[tuple[str, list[str]]]:
+    """Each held-out question (of the first `limit`) against its paragraph's sentences (those of two or more)."""
     queries = []
-    for question, context in squad_heldout(data, limit):
+    for question, context in question_contexts(heldout)[:limit]:
         sentences = [context[a:b] for a, b in sentence_spans(context)]
         if len(sentences) >= 2:
             queries.append((question, sentences))
     return queries
 
 
-def article_queries(data: Path, limit: int | None, texts: int = 20) -> list[tuple[str, list[str]]]:
-    """Each held-out question against `texts` sentences of its article, its paragraph's first, then the other
-    paragraphs' in order (a /rerank request as bench.peers sends it: more candidates, closer to one another)."""
-    articles = read_squad_articles(sorted((data / "squad-train").glob("train-v1.1.part-*.json.gz")))
-    _, heldout = split_heldout(articles, 10)
-    queries = []
-    for article in heldout:
-        paragraphs = [[p["context"][a:b] for a, b in sentence_spans(p["context"])] for p in article["paragraphs"]]
-        for i, paragraph in enumerate(article["paragraphs"]):
-            candidates = (paragraphs[i] + [s for j, ss in enumerate(paragraphs) if j != i for s in ss])[:texts]
-            queries += [(qa["question"], candidates) for qa in paragraph["qas"] if len(candidates) == texts]
-    return queries[:limit]
+def article_queries(heldout: list[dict], limit: int | None, texts: int = 20) -> list[tuple[str, list[str]]]:
+    """Each held-out question against `texts` sentences of its article, its paragraph's first (a /rerank request as
+    bench.peers sends it: more candidates, closer to one another)."""
+    return list(itertools.islice((q for article in heldout for q in article_requests(article, texts)), limit))
 
 
 def timings(graphs: dict[str, Path], data: Path, sizes=(1, 8, 32), passes: int = 5) -> dict[str, dict[str, float]]:

@@ -141,6 +141,17 @@ def _words(text: str) -> set[str]:
     return set(WORD.findall(text.lower()))
 
 
+def article_requests(article: dict, texts: int):
+    """(question, `texts` sentences of its article: its paragraph's first, then the other paragraphs' in order) for
+    each SQuAD question of `article` whose article has that many: a /rerank request with candidates close to one
+    another (bench.server_bench's load, evals.int8_agreement's held-out set)."""
+    paragraphs = [[p["context"][a:b] for a, b in sentence_spans(p["context"])] for p in article["paragraphs"]]
+    for i, paragraph in enumerate(article["paragraphs"]):
+        candidates = (paragraphs[i] + [s for j, ss in enumerate(paragraphs) if j != i for s in ss])[:texts]
+        if len(candidates) == texts:
+            yield from ((qa["question"], candidates) for qa in paragraph["qas"])
+
+
 def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGATIVES) -> list[RerankQuery]:
     """Per answerable SQuAD question: its paragraph's sentences (1 for the one holding the first answer's start)
     and `article_negatives` word-overlap-nearest sentences of its article's other paragraphs (0). Questions come
