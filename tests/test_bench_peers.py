@@ -223,3 +223,20 @@ def test_a_preparation_step_that_does_not_end_makes_the_peer_unavailable():
 
     with pytest.raises(PeerUnavailable, match="a slow export did not finish in 1 s"):
         run_step([sys.executable, "-c", "import time; time.sleep(600)"], "a slow export", timeout=1)
+
+
+def test_deberta_bench_without_its_tokenizer_text_is_one_line_and_exit_2(tmp_path):
+    """Its --help needs no data; a run without the WikiText-2 text the tokenizer is trained on stops before any
+    work, with the path it looked for."""
+    import os
+
+    env = {**os.environ, "BERTSERVE_TEST_DATA": str(tmp_path)}
+    command = [sys.executable, "-m", "bench.peers.deberta_xsmall"]
+    shown = subprocess.run([*command, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0 and "--concurrency" in shown.stdout, shown.stderr
+    run = subprocess.run(
+        [*command, "--work-dir", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert run.returncode == 2 and not (tmp_path / "work").exists()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / "wikitext-2-raw" / "wiki.test.raw") in lines[0], run.stderr

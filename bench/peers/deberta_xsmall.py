@@ -23,6 +23,8 @@ from bench.common import DATA_DIR
 from bench.peers import WORK
 from bench.peers.catalog import cached, fingerprint
 
+WIKITEXT = Path("wikitext-2-raw") / "wiki.test.raw"  # under DATA_DIR: what the tokenizer is trained on
+SST2_TRAIN = Path("SST-2") / "train.tsv"
 SHAPE = dict(
     vocab_size=128100,
     hidden_size=384,
@@ -55,9 +57,9 @@ def make_model(out: Path) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "wikitext.txt"
-        wikitext_to_corpus(DATA_DIR / "wikitext-2-raw" / "wiki.test.raw", corpus)
+        wikitext_to_corpus(DATA_DIR / WIKITEXT, corpus)
         sst2 = Path(tmp) / "sst2.txt"
-        rows = (DATA_DIR / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+        rows = (DATA_DIR / SST2_TRAIN).read_text(encoding="utf-8").splitlines()[1:]
         sst2.write_text("\n".join(row.split("\t")[0] for row in rows) + "\n", encoding="utf-8")
         tokenizer = train_unigram([corpus, sst2], vocab_size=32000, model_max_length=512)
     tokenizer.save(out)
@@ -84,6 +86,15 @@ def main(argv=None) -> int:
     from bench.peers.__main__ import main as peers_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:  # the options are bench.peers': its help needs no model made
+        return peers_main(["--task", "classify", *argv])
+    missing = [p for p in (WIKITEXT, SST2_TRAIN) if not (DATA_DIR / p).is_file()]
+    if missing:
+        print(
+            f"bench.peers.deberta_xsmall: {DATA_DIR / missing[0]} not found: the tokenizer is trained on it",
+            file=sys.stderr,
+        )
+        return 2
     work = Path(argv[argv.index("--work-dir") + 1]) if "--work-dir" in argv else WORK
     return peers_main(["--task", "classify", "--classify-model", str(model_dir(work)), *argv])
 
