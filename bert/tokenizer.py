@@ -38,17 +38,19 @@ TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
 class InputTooLong(ValueError):
     """An input has more tokens than the model accepts and the caller did not ask to truncate it."""
 
-    def __init__(self, index: int, length: int | None, limit: int):
+    def __init__(self, index: int, length: int | None, limit: int, what: str | None = None):
         self.index = index
         self.length = length  # None: more than `limit`, not counted further (a huge input is never tokenised whole)
         self.limit = limit
+        self.what = what  # what is too long, when not the input itself ("the query")
         has = f"more than {limit}" if length is None else str(length)
         super().__init__(
-            f'input {index} has {has} tokens; the model accepts at most {limit} (send "truncate": true to cut it)'
+            f"{what or f'input {index}'} has {has} tokens; the model accepts at most {limit} "
+            '(send "truncate": true to cut it)'
         )
 
     def __reduce__(self):  # keep the exception picklable across process pools
-        return (type(self), (self.index, self.length, self.limit))
+        return (type(self), (self.index, self.length, self.limit, self.what))
 
 
 class TokenizerError(BadInput, ValueError):

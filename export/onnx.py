@@ -26,7 +26,7 @@ from bert.tasks import TASKS, registry
 from bert.tasks.embed import POOLINGS
 
 from .cli import Progress, ResultError, UsageError, run
-from .manifest import MANIFEST_FILE, MODEL_FILE, PLAN_FILE, PORTABLE_FILE, artifact_files, write_manifest
+from .manifest import MANIFEST_FILE, MODEL_FILE, PORTABLE_FILE, artifact_files, write_manifest
 from .source import LAYOUTS, pools
 
 PRECISIONS = ("auto", "fp32", "fp16", "int8", "bf16")
@@ -183,15 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args, config) -> dict:
     """Validate flag relationships before any long work; returns the shape range."""
-    max_seq = args.max_seq or config.max_position_embeddings
+    max_seq = config.max_position_embeddings if args.max_seq is None else args.max_seq  # 0 is refused, not "all"
     if not 1 <= max_seq <= config.max_position_embeddings:
         raise UsageError(
             f"--max-seq {max_seq} is outside 1..{config.max_position_embeddings} (the model's max_position_embeddings)"
         )
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}")
-    opt_batch = args.opt_batch or min(8, args.max_batch)
-    opt_seq = args.opt_seq or min(128, max_seq)
+    opt_batch = min(8, args.max_batch) if args.opt_batch is None else args.opt_batch
+    opt_seq = min(128, max_seq) if args.opt_seq is None else args.opt_seq
     if not 1 <= opt_batch <= args.max_batch:
         raise UsageError(f"--opt-batch {opt_batch} is outside 1..{args.max_batch}")
     if not 1 <= opt_seq <= max_seq:
@@ -207,13 +207,25 @@ def check_args(args, config) -> dict:
 
 
 def check_out(out: Path) -> None:
-    """--out is replaced whole when the new artifact is published: refuse a directory that holds other things."""
+    """--out is replaced whole when the new artifact is published: refuse a directory that holds other things. An
+    artifact's directory is one whose manifest reads as an artifact's and that holds only the files it lists."""
+    from .manifest import ArtifactError, read_manifest
+
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a directory")
-    artifact = any((out / name).is_file() for name in (MANIFEST_FILE, MODEL_FILE, PLAN_FILE))
-    if out.is_dir() and not artifact and any(out.iterdir()):
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        manifest = read_manifest(out)
+    except ArtifactError:
+        manifest = None
+    files = manifest.get("files") if manifest else None
+    listed = {MANIFEST_FILE} | {e.get("path") for e in (files or {}).values() if isinstance(e, dict)}
+    others = sorted(p.name for p in out.iterdir() if p.name not in listed)
+    if manifest is None or not isinstance(files, dict) or others:
+        held = f" (it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if manifest and others else ""
         raise UsageError(
-            f"--out {out} is not empty and not an artifact directory; the export replaces --out "
+            f"--out {out} is not empty and not an artifact directory{held}; the export replaces --out "
             "whole, so give a new directory or an artifact's"
         )
 
@@ -390,6 +402,9 @@ def main(argv=None) -> None:
             calibration = sensitivity.build_calibration(
                 tokenizer, {on for _, _, on in judged.values()}, min(shape_range["max_seq"], 256), extra_calibration
             )
+            unused = sensitivity.unused_calibration(extra_calibration, set(calibration.batches))
+            if unused:
+                progress.note(f"--calibration: {unused} not used (no output of this model is judged on such inputs)")
         if searching:
             with progress(
                 f"choosing what stays fp32 in int8 (target agreement {args.int8_agreement:.1%}, "

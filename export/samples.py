@@ -93,7 +93,11 @@ def read_calibration(path, limit: int = 512) -> dict[str, list]:
             continue
         try:
             item = json.loads(line)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as e:
+            if line[0] == "{":  # a request body gone wrong, not text: calibrating on its characters would mislead
+                raise CalibrationError(
+                    f"{where}: not valid JSON ({e.msg}); a line starting with '{{' is read as a request body"
+                ) from None
             found["sentences"].append(line)  # text that happens to start with a bracket or a quote
             continue
         if not isinstance(item, dict):
@@ -102,7 +106,9 @@ def read_calibration(path, limit: int = 512) -> dict[str, list]:
             found["pairs"].append((str(item["question"]), str(item["context"])))
         elif "query" in item and ("texts" in item or "documents" in item):
             texts = item.get("texts", item.get("documents"))
-            found["groups"].append([(str(item["query"]), str(t)) for t in texts])
+            if not isinstance(texts, list) or len(texts) < 2 or not all(isinstance(t, str) for t in texts):
+                raise CalibrationError(f"{where}: 'texts' must be a list of at least 2 texts to rank")
+            found["groups"].append([(str(item["query"]), t) for t in texts])
         elif "inputs" in item:
             inputs = item["inputs"]
             if item.get("candidate_labels"):

@@ -129,6 +129,20 @@ def build_calibration(
     return calibration
 
 
+def unused_calibration(extra: dict[str, list] | None, built: set[str]) -> str:
+    """What of a --calibration file's inputs no calibration set `built` takes (build_calibration's rules), in
+    words ("3 texts, 2 ranked groups"), or ""."""
+    extra = extra or {}
+    takes = {"sentences": {"sentences"}, "pairs": {"sentences", "qa"}, "groups": {"rerank", "zero_shot"}}
+    words = {"sentences": "text", "pairs": "text pair", "groups": "ranked group"}
+    left = [
+        f"{len(extra[k])} {words[k]}{'s' if len(extra[k]) != 1 else ''}"
+        for k in takes
+        if extra.get(k) and not takes[k] & built
+    ]
+    return ", ".join(left)
+
+
 # ------------------------------------------------------------------------------------------------ agreement
 @dataclass
 class OutputAgreement:

@@ -1,6 +1,7 @@
 """One error type, mapped to HTTP in one place: every failure leaves the server as
 `{"error": message, "error_type": kind}` with its status and headers from the table below (one class a row)
-— never HTML, never a stack trace."""
+— never HTML, never a stack trace. On OpenAI's paths (/v1/...) "error" is OpenAI's error object instead,
+`{"message", "type", "param", "code"}`, so that OpenAI's clients show the message; "error_type" stays."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ class ServingError(Exception):
         retry = retry_after_s if retry_after_s is not None else self.retry_after_s
         self.headers = {**({"Retry-After": str(retry)} if retry is not None else {}), **(headers or {})} or None
 
-    def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.error_type, self.headers)
+    def response(self, path: str | None = None) -> JSONResponse:
+        """The JSON answer; `path`, the request's, picks OpenAI's error object on its paths (error_body)."""
+        return error_response(self.status, self.message, self.error_type, self.headers, path)
 
 
 class BadRequest(ServingError):
@@ -158,12 +160,28 @@ def for_status(status: int, message: str, headers: dict | None = None) -> Servin
     return kind(message, headers=headers)
 
 
-def error_body(message: str, error_type: str) -> dict:
+OPENAI_PREFIX = "/v1/"  # OpenAI's paths: their errors in OpenAI's shape
+
+
+def error_body(message: str, error_type: str, path: str | None = None) -> dict:
+    if path is not None and path.startswith(OPENAI_PREFIX):
+        return {
+            "error": {"message": message, "type": error_type, "param": None, "code": None},
+            "error_type": error_type,
+        }
     return {"error": message, "error_type": error_type}
 
 
-def error_response(status: int, message: str, error_type: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, error_type), status_code=status, headers=headers)
+def error_message(body: dict) -> str:
+    """The message of an error body of either shape."""
+    error = body.get("error")
+    return error.get("message", "") if isinstance(error, dict) else str(error)
+
+
+def error_response(
+    status: int, message: str, error_type: str, headers: dict | None = None, path: str | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(message, error_type, path), status_code=status, headers=headers)
 
 
 # Union members show up in pydantic's error locations ("str", "list[QARequest]", "QARequest"): not fields.
@@ -218,11 +236,11 @@ def validation_message(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServingError)
     async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
-        return exc.response()
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return ValidationFailed(validation_message(exc)).response()
+        return ValidationFailed(validation_message(exc)).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -235,9 +253,9 @@ def install_error_handlers(app: FastAPI) -> None:
                 detail += f" (did you mean {stripped}?)"
         elif exc.status_code == 405:
             detail = f"method {request.method} not allowed on {request.url.path}"
-        return for_status(exc.status_code, detail, getattr(exc, "headers", None)).response()
+        return for_status(exc.status_code, detail, getattr(exc, "headers", None)).response(request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return Internal("internal server error").response()
+        return Internal("internal server error").response(request.url.path)

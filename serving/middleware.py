@@ -147,7 +147,7 @@ class RequestMiddleware:
                 if self.state.in_flight >= self.settings.max_concurrent_requests:
                     await Overloaded(
                         f"overloaded: {self.settings.max_concurrent_requests} requests in flight; retry later"
-                    ).response()(scope, receive, send_with_headers)
+                    ).response(path)(scope, receive, send_with_headers)
                     return
                 admitted = True
                 self.state.in_flight += 1
@@ -155,7 +155,7 @@ class RequestMiddleware:
                 await self.app(scope, self._limited(scope, receive), send_with_headers)
             except (_BodyTooLarge, _BodyTooSlow) as e:
                 if not response_started[0]:
-                    await for_status(e.status_code, e.detail).response()(scope, receive, send_with_headers)
+                    await for_status(e.status_code, e.detail).response(path)(scope, receive, send_with_headers)
         finally:
             if admitted:
                 self.state.in_flight -= 1
@@ -190,14 +190,14 @@ class RequestMiddleware:
             given = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = given.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._api_key):
-                return Unauthorized().response()
+                return Unauthorized().response(path)
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
-            return PayloadTooLarge(f"request body larger than {self.settings.max_body_bytes} bytes").response()
+            return PayloadTooLarge(f"request body larger than {self.settings.max_body_bytes} bytes").response(path)
         if path in INFERENCE_PATHS or path == "/info":
             refusal = self.state.unavailable(warming=path != "/info", leaving=False)
             if refusal is not None:
-                return refusal.response()
+                return refusal.response(path)
         return None
 
     def _limited(self, scope, receive):

@@ -264,6 +264,16 @@ def test_export_refuses_to_replace_a_directory_that_is_not_an_artifact(sources, 
         "so give a new directory or an artifact's"
     ]
     assert [p.name for p in precious.iterdir()] == ["notes.txt"]
+    # a file named manifest.json does not make a directory an artifact's: it must read as one
+    (precious / "manifest.json").write_text("{}")
+    run = export(sources["new_ckpt"], precious)
+    assert run.returncode == 2 and "is not empty and not an artifact directory" in run.stderr, run.stderr
+    assert sorted(p.name for p in precious.iterdir()) == ["manifest.json", "notes.txt"]
+    # nor does a real artifact's manifest next to files the artifact does not list
+    shutil.copytree(sources["old_artifact"], precious, dirs_exist_ok=True)
+    run = export(sources["new_ckpt"], precious)
+    assert run.returncode == 2 and "(it holds notes.txt)" in run.stderr, run.stderr
+    assert (precious / "notes.txt").read_text() == "keep me"
 
 
 def test_an_export_that_fails_its_parity_check_publishes_nothing(sources, tmp_path):

@@ -76,6 +76,27 @@ def test_calibration_file_takes_every_task_input_format(tmp_path):
     path.write_text(json.dumps({"label": 1}) + "\n", encoding="utf-8")
     with pytest.raises(CalibrationError, match="calibration.jsonl:1"):
         read_calibration(path)
+    # a request body gone wrong is refused, not calibrated on as text; so is a group that cannot be ranked
+    for bad, why in [
+        ('{"inputs": "hello world"', "not valid JSON"),
+        (json.dumps({"query": "q", "texts": "not a list"}), "at least 2 texts"),
+        (json.dumps({"query": "q", "texts": ["alone"]}), "at least 2 texts"),
+    ]:
+        path.write_text("fine text\n" + bad + "\n", encoding="utf-8")
+        with pytest.raises(CalibrationError, match=f"calibration.jsonl:2: .*{why}"):
+            read_calibration(path)
+    path.write_text('[Verse 1] a lyric\n"Hello," she said.\n', encoding="utf-8")  # text may start with [ or "
+    assert read_calibration(path)["sentences"] == ["[Verse 1] a lyric", '"Hello," she said.']
+
+
+def test_calibration_inputs_no_output_is_judged_on_are_named():
+    from export.sensitivity import unused_calibration
+
+    extra = {"sentences": ["a", "b"], "pairs": [("q", "c")], "groups": [[("q", "a"), ("q", "b")]]}
+    assert unused_calibration(extra, {"sentences"}) == "1 ranked group"
+    assert unused_calibration(extra, {"qa"}) == "2 texts, 1 ranked group"
+    assert unused_calibration(extra, {"sentences", "rerank"}) == ""
+    assert unused_calibration(None, {"qa"}) == ""
 
 
 @pytest.fixture(scope="module")

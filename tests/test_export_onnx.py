@@ -174,6 +174,9 @@ def test_unknown_checkpoint_is_one_clean_line(tmp_path):
 
 def test_bad_flags_exit_2(tmp_path):
     assert cli(["--ckpt", "tiny", "--random-init", "--max-seq", "4096", "--out", str(tmp_path)]) == 2
+    for zero in ("--max-seq", "--opt-seq", "--opt-batch"):  # 0 is refused, not taken as "the default"
+        assert cli(["--ckpt", "tiny", "--random-init", zero, "0", "--out", str(tmp_path / "zero")]) == 2, zero
+    assert not (tmp_path / "zero").exists()
     assert cli(["--ckpt", "notapreset", "--random-init", "--out", str(tmp_path)]) == 2
     assert cli(["--ckpt", "tiny", "--opset", "9"]) == 2
 

@@ -22,6 +22,7 @@ import pytest
 from test_serving_support import Server, build_checkpoint, minilm_dir
 
 from bert.tasks.ner import read_conll
+from serving.errors import error_message
 
 WINDOW = 64  # tokens per model input: the server's --max-input-length and the pipeline's model_max_length
 FULL = os.environ.get("BERTSERVE_TEST_FULL") == "1"
@@ -61,6 +62,11 @@ def post(server, path, body, status=200):
     assert response.status_code == status, (path, response.text)
     if status != 200:
         assert set(response.json()) == {"error", "error_type"}
+        body = response.json()
+        if path.startswith("/v1/"):  # OpenAI's error object there, so that OpenAI's clients show the message
+            assert set(body["error"]) == {"message", "type", "param", "code"}, body
+            assert body["error"]["type"] == body["error_type"], body
+        return {"error": error_message(body), "error_type": body["error_type"]}
     return response.json()
 
 
@@ -237,7 +243,8 @@ def test_dimensions_are_the_renormalised_prefix(server):
         result = client.embeddings.create(model="m", input=texts, dimensions=128, **wire)
         vectors = np.asarray([d.embedding for d in sorted(result.data, key=lambda d: d.index)])
         assert vectors.shape == (2, 128) and np.abs(vectors - prefix).max() <= 1e-6
-    with pytest.raises(openai.UnprocessableEntityError):
+    # OpenAI's client shows the server's reason, which it reads from OpenAI's error object
+    with pytest.raises(openai.UnprocessableEntityError, match="dimensions: 385 is more than this model's 384"):
         client.embeddings.create(model="m", input=texts, dimensions=385)
 
 
@@ -261,11 +268,16 @@ def test_windows_are_bounded_and_contradictions_refused(server):
         ("/ner", {"inputs": long, "aggregation": "none"}, "aggregation"),
         ("/embed", {"inputs": long, "chunking": "mean", "truncate": True}, "chunking"),
         ("/embed", {"inputs": long, "chunking": "max"}, "chunking"),
-        ("/rerank", {"query": "why " * 70, "texts": ["a"]}, "64"),
+        ("/rerank", {"query": "why " * 70, "texts": ["a"]}, "the query has 73 tokens; the model accepts at most 64"),
+        ("/v1/embeddings", {"input": long}, '"truncate": true'),
     ]:
         error = post(server, path, body, 422)
         assert mention in error["error"], error
     assert len(post(server, "/ner", {"inputs": long, "aggregation": "none", "truncate": True})) > 0
+    # the advice /v1/embeddings gives is taken there: truncate cuts the text to the window, as /embed does
+    cut = post(server, "/v1/embeddings", {"input": long, "truncate": True, "encoding_format": "float"})
+    plain = post(server, "/embed", {"inputs": long, "truncate": True})
+    assert np.abs(np.asarray(cut["data"][0]["embedding"]) - np.asarray(plain[0])).max() <= 1e-6
 
 
 def test_the_sdk_sends_the_new_fields(server):
@@ -282,3 +294,15 @@ def test_the_sdk_sends_the_new_fields(server):
     # The same answer up to float rounding: the token-budget batcher may group the long text's windows differently
     # for the two requests (a busy machine changes when a batch closes), and a window's sums depend on its batch.
     assert np.abs(np.asarray(vectors) - np.asarray(expected)).max() < 1e-6 and len(vectors[1]) == 64
+
+
+def test_openai_shaped_answers_name_the_model_that_ran(server):
+    """A server of several models given without names: an OpenAI-shaped answer to a request that names no model
+    carries the name of the one that ran (as /info lists it), not the server's list of every model."""
+    info = httpx.get(server.url + "/info", headers={"authorization": "Bearer sk-test"}, timeout=60).json()
+    names = {task: models[0]["name"] for task, models in info["models"].items()}
+    embedded = post(server, "/v1/embeddings", {"input": "fine"})
+    reranked = post(server, "/v1/rerank", {"query": QUERY, "documents": ["a", "b"]})
+    assert embedded["model"] == names["embed"] and "," not in embedded["model"], embedded["model"]
+    assert reranked["model"] == names["rerank"] and "," not in reranked["model"], reranked["model"]
+    assert names["embed"] != names["rerank"]

@@ -226,6 +226,27 @@ def test_hostile_body(server, route, body, kind):
         _check(response, client)
 
 
+def test_a_lone_surrogate_is_refused_naming_the_field(server):
+    """JSON can escape half a surrogate pair ("\\ud83d"): not text a tokenizer reads. The refusal names the field
+    and what is wrong with it, not the tokenizer's internals."""
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for route, body, field in [
+            ("/classify", '{"inputs": "Berlin \\ud83d x"}', "inputs is not valid Unicode"),
+            ("/embed", '{"inputs": ["fine", "a \\udc00"]}', "inputs[1] is not valid Unicode"),
+            ("/v1/embeddings", '{"input": "\\ud83d"}', "input is not valid Unicode"),
+            ("/qa", '{"question": "who \\ud83d?", "context": "Ann did."}', "question"),
+        ]:
+            response = client.post(route, content=body, headers={**AUTH, "content-type": "application/json"})
+            assert response.status_code == 422, (route, response.text)
+            assert field in response.text and "TextInputSequence" not in response.text, (route, response.text)
+            _check(response, client)
+        # a whole pair is one character, and fine
+        whole = client.post(
+            "/classify", content='{"inputs": "ok \\ud83d\\ude00"}', headers={**AUTH, "content-type": "application/json"}
+        )
+        assert whole.status_code == 200, whole.text
+
+
 # ---- methods, paths, headers --------------------------------------------------------------------------
 REQUEST_CASES = [
     ("GET", "/classify", {}, None, 405),

@@ -352,7 +352,11 @@ def test_decode_equals_question_answering_pipeline(
             max_answer_len=max_answer_len,
             handle_impossible_answer=handle_impossible_answer,
         )
-        assert got == expected, question
+        # the pipeline pads a short list with score-0 filler ([CLS] spans, pairs longer than max_answer_len); we
+        # return only real answers
+        real = [a for a in expected if a["score"] > 0]
+        assert got == real, question
+        assert all(a["end"] - a["start"] <= len(context) and a["answer"] == context[a["start"] : a["end"]] for a in got)
     assert windows_seen > 20  # long contexts really were split into many windows
 
 

@@ -105,6 +105,14 @@ def check_texts(texts: list, field: str = "inputs[{}]") -> None:
         parts = [text] if isinstance(text, str) else text
         if any(not part.strip() for part in parts):
             raise EmptyInput(f"{field.format(index)} is empty")
+        for part in parts:
+            try:
+                part.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate ("\ud83d" in JSON): not text a tokenizer can read
+                raise ValueError(
+                    f"{field.format(index)} is not valid Unicode: a lone surrogate {part[e.start]!r} at character "
+                    f"{e.start} (send a whole surrogate pair, or the character itself)"
+                ) from None
 
 
 def check_inputs(body, info=None) -> None:

@@ -218,7 +218,12 @@ def _check_embed(body, info=None) -> None:
 
 def _openai_items(body) -> tuple[list, dict]:
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
-    return texts, {"normalize": True, "dimensions": body.dimensions, "chunking": body.chunking}
+    return texts, {
+        "normalize": True,
+        "dimensions": body.dimensions,
+        "chunking": body.chunking,
+        "truncate": body.truncate,
+    }
 
 
 def _check_openai(body, info=None) -> None:

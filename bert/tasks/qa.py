@@ -359,6 +359,8 @@ def decode(
             null_score = min(null_score, (start_probs[0] * end_probs[0]).item())
         start_probs[0] = end_probs[0] = 0.0
         for s, e, score in zip(*best_spans(start_probs, end_probs, candidates_per_window, max_answer_len, allowed)):
+            if not score > 0:  # [CLS] or a pair outside the band: the pipeline's filler when too few spans exist
+                continue
             char_start, char_end = span_to_chars(window, int(s), int(e))
             text = context[char_start:char_end]
             same = by_text.get(text.lower())

@@ -69,7 +69,9 @@ def encode_windows(tokenizer, pairs: list, limits: Limits) -> list[list[Features
             cut, was_cut = bounded_text(tokenizer, query, room)
             ids = [] if was_cut else list(tokenizer.encode_batch([cut], add_special_tokens=False)[0].ids)
             if was_cut or len(ids) >= room:
-                raise InputTooLong(index, None if was_cut else len(ids) + limits.max_length - room, limits.max_length)
+                raise InputTooLong(
+                    index, None if was_cut else len(ids) + limits.max_length - room, limits.max_length, "the query"
+                )
             queries[query] = ids
     capacities = {
         q: limits.max_length - len(before) - len(ids) - len(between) - len(after) for q, ids in queries.items()

@@ -121,7 +121,7 @@ async def _answer(request: Request, work) -> Response:
     except asyncio.CancelledError:
         if not stopped or route.uncancel() > 0:
             raise  # cancelled from outside, not by stop()
-        return stopped[0].response()  # a ClientClosed response nobody reads, or the 503
+        return stopped[0].response(request.url.path)  # a ClientClosed response nobody reads, or the 503
     finally:
         stopped.append(None)  # a stop() from now on does nothing
         forget_disconnect()
@@ -147,8 +147,10 @@ class RouteInfo:
     @property
     def model_name(self) -> str:
         unit = self._engine.model_unit(self._task.name, self._model)
-        # A task of several models, or of a named one, answers with the name of the model that ran.
-        return unit.name if len(self._engine.models[self._task.name]) > 1 or unit.named else self._engine.model_name
+        # A task of several models, or of a named one, or a server of several models, answers with the name of the
+        # model that ran (the server's name joins all of its models' names)
+        several = len(self._engine.models[self._task.name]) > 1 or len(self._engine.units) > 1
+        return unit.name if several or unit.named else self._engine.model_name
 
     @property
     def embedding_dimensions(self) -> int | None:

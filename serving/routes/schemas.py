@@ -147,6 +147,9 @@ class OpenAIEmbeddingRequest(BaseModel):
     chunking: Optional[Literal["mean"]] = Field(
         None, description="not OpenAI's: \"mean\" embeds a text longer than the model's window as /embed does"
     )
+    truncate: bool = Field(
+        False, description="not OpenAI's: cut inputs longer than the model's limit instead of refusing them"
+    )
     user: Optional[str] = Field(None, description="accepted and ignored")
 
 
