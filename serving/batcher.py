@@ -4,7 +4,9 @@ Requests are tokenised before they get here; every model input sequence (a text,
 window of a QA context) is one queue entry with its own future. Each inference worker (a thread;
 `workers` of them when the backend allows concurrent runs: on CPU two single-threaded runs do more than
 one two-threaded run) takes its own next batch from the queue the moment it is free: it starts from the
-oldest sequence, adds the queued sequences closest to it in length while the padded batch stays within
+oldest sequence of the requests least served so far (the oldest, when every request is one sequence; a request of
+many windows or pairs takes turns with those behind it), adds the queued sequences closest to it in length while
+the padded batch stays within
 `max_batch_tokens` (padded length x count), `max_batch_requests` and `max_padding` (the share of padding
 in the batch: on CPU a pad token costs as much as a real one), and hands the backend its sequences as they
 are (padding or packing them is the backend's business: serving/backends/base.py) to get each one's outputs. It waits at most
@@ -42,12 +44,14 @@ log = logging.getLogger("bertserve")
 
 
 class Ticket:
-    """Shared by the sequences of one request: lets the batcher skip a caller that has gone."""
+    """Shared by the sequences of one request: lets the batcher skip a caller that has gone, and counts how many
+    of them batches have taken (a request of many sequences waits its turn behind requests of fewer)."""
 
-    __slots__ = ("cancelled",)
+    __slots__ = ("cancelled", "taken")
 
     def __init__(self) -> None:
         self.cancelled = False
+        self.taken = 0
 
 
 @dataclass(eq=False)
@@ -361,14 +365,20 @@ class Batcher:
         return gone
 
     def _take(self, small: bool = False) -> list[Entry]:
-        """The oldest sequence plus those nearest to it in length that fit the budget (contended_budget when
-        `small`)."""
+        """The anchor plus the sequences nearest to it in length that fit the budget (contended_budget when
+        `small`). The anchor is the oldest sequence of the requests of which batches have taken the fewest: with
+        requests of one sequence each that is the oldest, and a request of many sequences (the windows of a long
+        text, a /rerank's pairs) shares the batches with the requests that arrive behind it instead of holding
+        them until its last sequence has run."""
         max_tokens, max_requests = (
             self.contended_budget() if small else (self.max_batch_tokens, self.max_batch_requests)
         )
-        anchor = self.queue[0]
+        anchor = min(self.queue, key=lambda e: (e.ticket.taken, e.enqueued))
         window = self.queue[: max(4 * self.max_batch_requests, 64)]  # bounded search keeps order roughly FIFO
-        candidates = sorted(window, key=lambda e: (abs(e.length - anchor.length), e.enqueued))
+        others = sorted(
+            (e for e in window if e is not anchor), key=lambda e: (abs(e.length - anchor.length), e.enqueued)
+        )
+        candidates = [anchor, *others]
         picked = fill_batch(
             [e.length for e in candidates],
             max_batch_tokens=max_tokens,
@@ -377,6 +387,8 @@ class Batcher:
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
         chosen = [candidates[i] for i in picked]
+        for entry in chosen:
+            entry.ticket.taken += 1
         taken = set(map(id, chosen))
         self.queue = [e for e in self.queue if id(e) not in taken]
         self._set_depth()

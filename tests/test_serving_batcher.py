@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -370,3 +371,30 @@ def test_one_future_is_awaited_as_gather_would():
         return future.cancelled()
 
     assert asyncio.run(cancelled_waiter())
+
+
+def test_a_request_of_many_sequences_takes_turns_with_the_requests_behind_it():
+    """A long text's 40 windows queued first, then a one-sequence request: the short one runs in one of the next
+    batches, not after every window (the windows' request has had batches; the short one none)."""
+
+    class SlowBackend(RecordingBackend):
+        def run(self, batch):
+            time.sleep(0.02)  # a batch takes a while, as a model's does
+            return super().run(batch)
+
+    backend = SlowBackend()
+    order = []
+
+    async def scenario(batcher):
+        long_ticket = Ticket()
+        windows = batcher.submit([seq(12, 5) for _ in range(40)], long_ticket)
+        await asyncio.sleep(0.05)  # the first batches are under way
+        short = batcher.submit([seq(3, 9)], Ticket())[0]
+        for future in windows:
+            future.add_done_callback(lambda _: order.append("window"))
+        short.add_done_callback(lambda _: order.append("short"))
+        await asyncio.gather(short, *windows)
+
+    run(scenario, backend, max_wait_ms=0, max_batch_requests=4, workers=1)
+    assert len(order) == 41 and sum(rows for rows, _ in backend.shapes) == 41
+    assert order.index("short") <= 16, order  # at most a few batches of windows ran before it (was: all 40)
