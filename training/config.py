@@ -19,6 +19,73 @@ from bert.options import option
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
+# Settings a --resume must keep: they decide the data, the schedule, the optimizer's maths or the RNG streams of
+# the steps already taken. (Logging, evaluation and save cadence, device, threads and the progress bar may change.)
+RESUME_FIXED = (
+    "task",
+    "seed",
+    "data_seed",
+    "learning_rate",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "warmup_ratio",
+    "warmup_steps",
+    "num_epochs",
+    "max_steps",
+    "batch_size",
+    "grad_accum_steps",
+    "max_grad_norm",
+    "precision",
+    "group_by_length",
+    "max_seq_length",
+    "max_train_examples",
+    "masked_lm_prob",
+    "max_predictions_per_seq",
+    "whole_word_mask",
+    "nsp",
+    # the tasks' data and target options (training.finetune)
+    "labels",
+    "regression",
+    "text_column",
+    "pair_column",
+    "label_column",
+    "header",
+    "scheme",
+    "label_all_subtokens",
+    "doc_stride",
+    "max_query_length",
+    "heldout_articles",
+    "rerank_negatives",
+    "rerank_loss",
+)
+
+
+def saved_run_config(resume: str) -> dict:
+    """The `config` a last/ directory's trainer_state.json recorded (also from last.old, where a killed save left
+    only that); {} when there is none or it cannot be read."""
+    import json
+
+    for directory in (resume, resume + ".old"):
+        path = Path(directory) / "trainer_state.json"
+        if path.is_file():
+            try:
+                config = json.loads(path.read_text(encoding="utf-8")).get("config")
+            except (OSError, ValueError, AttributeError):
+                return {}
+            return config if isinstance(config, dict) else {}
+    return {}
+
+
+def _same_setting(mine, saved) -> bool:
+    if isinstance(mine, float) or isinstance(saved, float):
+        try:
+            return float(mine) == float(saved)
+        except (TypeError, ValueError):
+            return False
+    return mine == saved
+
 
 @dataclass
 class TrainConfig:
@@ -76,6 +143,8 @@ class TrainConfig:
             (Path(d) / "trainer_state.json").is_file() for d in (self.resume, self.resume + ".old")
         ):
             problems.append(f"--resume {self.resume}: no trainer_state.json there (pass a last/ directory)")
+        elif self.resume:
+            problems += self.resume_problems()
         for name in ("eval_every", "save_every", "log_every", "max_steps", "warmup_steps", "torch_threads"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
@@ -85,6 +154,30 @@ class TrainConfig:
 
     def task_problems(self) -> list[str]:
         return []
+
+    def resume_problems(self) -> list[str]:
+        """Options that --resume must not change: the resumed run continues bit for bit only with the settings
+        that shaped the steps already taken (the saved run's config in trainer_state.json). One problem naming
+        every option that differs; none when the saved state has no config (older runs) or cannot be read (the
+        resume itself then says why)."""
+        saved = saved_run_config(self.resume)
+        mine = self.to_dict()
+        changed = [
+            f"--{name.replace('_', '-')} {mine[name]!r} (that run: {saved[name]!r})"
+            for name in RESUME_FIXED
+            if name in saved
+            and name in mine
+            and not _same_setting(mine[name], saved[name])
+            # the planned length is max_steps when both runs set it; then num_epochs does not count
+            and not (name == "num_epochs" and mine.get("max_steps") and saved.get("max_steps"))
+        ]
+        if not changed:
+            return []
+        return [
+            f"--resume {self.resume}: {', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} from the "
+            "run being resumed; "
+            "resume with the same options (or start a new run)"
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -109,8 +202,12 @@ def run(main, argv=None) -> int:
     or options found contradictory once work began is one line on stderr and exit 2, never a traceback."""
     from bert.errors import EXIT_BAD_INPUT, run_cli
     from bert.tasks.base import UnknownTask
+    from bert.tasks.common import DataError
 
-    return run_cli(main, argv, lambda e: EXIT_BAD_INPUT if isinstance(e, (ConfigError, UnknownTask)) else None)
+    # DataError: a data file that is not the format it claims to be (its message names the file and line)
+    return run_cli(
+        main, argv, lambda e: EXIT_BAD_INPUT if isinstance(e, (ConfigError, UnknownTask, DataError)) else None
+    )
 
 
 def model_config(preset_or_path: str, **overrides):

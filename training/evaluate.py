@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from bert import options
 from bert.options import like, option
 from bert.tasks import registry
+from training import data_checks
 from training.config import ConfigError, run
 from training.finetune import FinetuneConfig, trainable_task
 
@@ -39,7 +40,13 @@ class EvaluateOptions:
     data: str = option("", "evaluation file(s): TSV, CoNLL, or SQuAD JSON / .gz / comma-separated parts / directory")
     max_seq_length: int | None = _from_run("max_seq_length")
     eval_batch_size: int | None = _from_run("eval_batch_size")
-    max_examples: int = option(0, "evaluate only the first N examples (0 = all)")
+    max_examples: int = option(0, "evaluate only the first N examples (0 = all); the same as --max-eval-examples")
+    max_eval_examples: int = like(
+        FinetuneConfig,
+        "max_eval_examples",
+        help="evaluate on only the first N examples (0 = all): training.finetune's option, to reproduce a run's "
+        "best/metrics.json that used it (the run's value is not applied unless given)",
+    )
     labels: list[str] = option([], "classify: label values as in the data, in head order")
     heldout_articles: int | None = like(
         FinetuneConfig,
@@ -67,21 +74,35 @@ class EvaluateOptions:
         shared = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name in {g.name for g in dataclasses.fields(FinetuneConfig)} and getattr(self, f.name) is not None
+            if f.name in {g.name for g in dataclasses.fields(FinetuneConfig)}
+            and getattr(self, f.name) is not None
+            and f.name != "max_eval_examples"  # below: --max-examples or --max-eval-examples
         }
         held_out = bool(self.heldout_articles)
         return FinetuneConfig(
             **shared,
             train_data=self.data if held_out else "",
             eval_data="" if held_out else self.data,
-            max_eval_examples=self.max_examples,
+            max_eval_examples=self.limit,
         )
+
+    @property
+    def limit(self) -> int:
+        """--max-examples or --max-eval-examples (one meaning, two names; validate refuses two values)."""
+        return self.max_eval_examples or self.max_examples
 
     def validate(self) -> None:
         task = trainable_task(self.task)
         problems = []
         if not self.ckpt:
             problems.append("--ckpt is required")
+        if self.max_examples < 0 or self.max_eval_examples < 0:
+            problems.append("--max-eval-examples must be >= 0")
+        if self.max_examples and self.max_eval_examples and self.max_examples != self.max_eval_examples:
+            problems.append(
+                f"--max-examples {self.max_examples} and --max-eval-examples {self.max_eval_examples} "
+                "are one option: give one"
+            )
         if not self.data:
             problems.append("--data is required")
         else:
@@ -115,7 +136,7 @@ def _run_settings(path) -> dict:
 def evaluate(cfg: EvaluateConfig) -> dict:
     import torch
 
-    from bert.checkpoint import load_checkpoint, resolve_checkpoint
+    from bert.checkpoint import check_checkpoint, load_checkpoint, resolve_checkpoint
     from bert.tasks import registry
     from bert.tokenizer import BertTokenizer
 
@@ -127,13 +148,19 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     cfg.validate()
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    tokenizer = BertTokenizer.from_dir(directory)
-    model, _ = load_checkpoint(directory, task=cfg.task, device=cfg.device)
     task = registry.get(cfg.task)
     settings = cfg.finetune_config()
+    plan = check_checkpoint(directory, task=cfg.task)  # config and weight files, before the data: cheap
+    tokenizer = BertTokenizer.from_dir(directory)
+    # The data is read and checked before the model is loaded or run: an empty file, a label the checkpoint does
+    # not know or a file of another task's format is one line at once (training/data_checks.py).
     _, examples = task.read_examples(settings, train=False)
-    if cfg.max_examples:
-        examples = examples[: cfg.max_examples]
+    if cfg.limit:
+        examples = examples[: cfg.limit]
+    data_checks.check_not_empty(cfg.data, examples, "evaluation")
+    whose = "--labels" if cfg.labels else f"the labels of {directory}"
+    data_checks.check_labels(cfg.data, examples, task.saved_labels(settings, plan.config, saved), whose)
+    model, _ = load_checkpoint(directory, task=cfg.task, device=cfg.device)
     return task.evaluate(model, tokenizer, examples, task.saved_labels(settings, model.config, saved), settings)
 
 

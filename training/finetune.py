@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 from bert.options import flag, option
 from bert.tasks import registry
+from training import data_checks
 from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
 
 TASKS = registry.names(trainable=True)
@@ -134,6 +135,16 @@ def read_data(cfg: FinetuneConfig):
     return _limit(train, cfg.max_train_examples), _limit(evaluation, cfg.max_eval_examples)
 
 
+def check_data(cfg: FinetuneConfig, train: list, evaluation: list) -> None:
+    """Data that cannot be trained on, refused in one line before the model is built (training/data_checks.py):
+    no training examples, no evaluation examples where evaluation data was given, tags that are not IOB."""
+    data_checks.check_not_empty(cfg.train_data, train, "training")
+    if cfg.eval_data:
+        data_checks.check_not_empty(cfg.eval_data, evaluation, "evaluation")
+    data_checks.check_labels(cfg.train_data, train, None, "")  # the format (CoNLL tags) before labels are made
+    data_checks.check_labels(cfg.eval_data or cfg.train_data, evaluation, None, "")
+
+
 def _limit(items: list, n: int) -> list:
     return items[:n] if n else items
 
@@ -145,7 +156,11 @@ def prepare(cfg: FinetuneConfig, tokenizer):
 
     task = registry.get(cfg.task)
     train, evaluation = read_data(cfg)
+    check_data(cfg, train, evaluation)
     labels = task.train_labels(cfg, train, evaluation)
+    whose = f"{flag(cfg, 'labels')}" if getattr(cfg, "labels", None) else "the training data's labels"
+    data_checks.check_labels(cfg.train_data, train, labels, whose)
+    data_checks.check_labels(cfg.eval_data or cfg.train_data, evaluation, labels, whose)
     features, targets = task.encode_train(tokenizer, train, labels, cfg)
     data = FeatureData(
         features,
@@ -157,6 +172,7 @@ def prepare(cfg: FinetuneConfig, tokenizer):
         tokenizer.pad_token_id,
         task.train_group_size(cfg),
     )
+    data_checks.check_full_batch(cfg.train_data, len(train), len(features), cfg.batch_size, len(data.batches(0)))
 
     def evaluate(model):
         return task.evaluate(model, tokenizer, evaluation, labels, cfg)
@@ -303,11 +319,12 @@ def _from_multitask(cfg: FinetuneConfig, labels, overrides):
 def main(argv=None) -> int:
     cfg = parse_config(FinetuneConfig, argv, description=__doc__.split("\n")[0])
     from bert.checkpoint import save_checkpoint
-    from training.loop import finish_run, start_run, train
+    from training.loop import check_resume_plan, finish_run, start_run, train
 
     dist, device, tokenizer = start_run(cfg)
     task = registry.get(cfg.task)
     data, evaluate, labels, _ = prepare(cfg, tokenizer)
+    check_resume_plan(cfg, len(data.batches(0)))
     model = build_model(cfg, labels)
     if dist.main:
         print(
@@ -345,7 +362,7 @@ def main(argv=None) -> int:
         "best": result["best"],
         "last_eval": result["last_eval"],
     }
-    return finish_run(dist, cfg.output_dir, summary)
+    return finish_run(dist, cfg.output_dir, summary, interrupted=result["interrupted"])
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ import torch
 
 from bert.atomic import old_copy, pause_point, publish_dir, recover, remove_stale_temporaries, write_file_atomic
 from bert.checkpoint import CheckpointError, read_state_dict, save_torch_file, verify_manifest, write_manifest
-from bert.errors import one_line
-from training.config import resolve_device
+from bert.errors import EXIT_INTERRUPTED, one_line
+from training.config import ConfigError, resolve_device
 
 if TYPE_CHECKING:
     from bert.tokenizer import BertTokenizer
@@ -150,16 +150,21 @@ def start_run(cfg) -> tuple["Dist", torch.device, "BertTokenizer"]:
     return dist, device, BertTokenizer.from_dir(cfg.tokenizer or resolve_checkpoint(cfg.ckpt))
 
 
-def finish_run(dist: "Dist", output_dir: str | Path, summary: dict | None, printed: dict | None = None) -> int:
+def finish_run(
+    dist: "Dist", output_dir: str | Path, summary: dict | None, printed: dict | None = None, *, interrupted=False
+) -> int:
     """The last step of every training CLI: metrics.json and one JSON line on stdout from the main
-    process (`printed`, default the summary itself), then leave the process group. Returns exit code 0."""
+    process (`printed`, default the summary itself), then leave the process group. Returns exit code 0, or
+    130 for a run stopped by Ctrl-C (`interrupted`: its last/ is saved and the note on stderr says how to
+    resume; stdout stays empty, so `finetune && export` stops there)."""
     if dist.main and summary is not None:
         write_file_atomic(Path(output_dir) / "metrics.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        print(json.dumps(summary if printed is None else printed, sort_keys=True))
+        if not interrupted:
+            print(json.dumps(summary if printed is None else printed, sort_keys=True))
     if dist.world_size > 1:
         _barrier(dist)  # no process tears its connections down while another still writes or talks
         torch.distributed.destroy_process_group()
-    return 0
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def save_trainer_state(directory: Path, *, optimizer, scaler, state: dict, rank_rngs: list | None = None) -> None:
@@ -276,6 +281,37 @@ def load_trainer_state(directory: Path, *, model, optimizer, scaler, device) -> 
     return state
 
 
+def planned_steps(cfg, steps_per_epoch: int) -> int:
+    """The run's length in optimizer steps: --max-steps, else --num-epochs of the data's steps per epoch."""
+    return cfg.max_steps or math.ceil(cfg.num_epochs * steps_per_epoch)
+
+
+def resumed_plan_problem(cfg, saved_total, total_steps: int) -> None:
+    """A resumed run must plan the steps the saved one planned (the schedule and data order depend on it)."""
+    if saved_total != total_steps:
+        raise ConfigError(
+            f"--resume {cfg.resume}: that run planned {saved_total} steps, "
+            f"this config plans {total_steps}; resume with the same options"
+        )
+
+
+def check_resume_plan(cfg, steps_per_epoch: int) -> None:
+    """What train() checks once it has loaded the model, checked by the CLIs as soon as the data is read:
+    --resume of a run whose planned length differs (e.g. other training data under the same options) is one
+    line before the model is built. No-op without --resume or when the saved state cannot be read (train()'s
+    resume then says why)."""
+    if not cfg.resume or steps_per_epoch == 0:
+        return
+    for directory in (Path(cfg.resume), old_copy(Path(cfg.resume))):
+        try:
+            state = json.loads((directory / TRAINER_STATE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and "total_steps" in state:
+            resumed_plan_problem(cfg, state["total_steps"], planned_steps(cfg, steps_per_epoch))
+        return
+
+
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -326,8 +362,8 @@ def train(
 
     steps_per_epoch = len(data.batches(0))
     if steps_per_epoch == 0:
-        raise ValueError(f"no full batch of {cfg.batch_size} examples in the training data")
-    total_steps = cfg.max_steps or math.ceil(cfg.num_epochs * steps_per_epoch)
+        raise ConfigError(f"no full batch of {cfg.batch_size} examples in the training data")
+    total_steps = planned_steps(cfg, steps_per_epoch)
     warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_steps)
 
     step, epoch, position = 0, 0, 0
@@ -348,11 +384,7 @@ def train(
             torch.set_rng_state(blob["torch_rng"])
             if blob.get("cuda_rng") is not None and device.type == "cuda":
                 torch.cuda.set_rng_state(blob["cuda_rng"], device)
-        if state.get("total_steps") != total_steps:
-            raise ValueError(
-                f"--resume {cfg.resume}: that run planned {state.get('total_steps')} steps, "
-                f"this config plans {total_steps}; resume with the same options"
-            )
+        resumed_plan_problem(cfg, state.get("total_steps"), total_steps)
 
     train_model = model
     if dist.world_size > 1:
@@ -527,6 +559,12 @@ def train(
         save_last("interrupted")
     if bar is not None:
         bar.close()
-    if interrupted:
-        print(f"interrupted after step {step}; continue with --resume {out / 'last'}")
-    return {"step": step, "total_steps": total_steps, "best": best, "last_eval": last_eval}
+    if interrupted and dist.main:  # a note, not the result: stderr (the CLIs then exit 130)
+        print(f"interrupted after step {step}; continue with --resume {out / 'last'}", file=sys.stderr)
+    return {
+        "step": step,
+        "total_steps": total_steps,
+        "best": best,
+        "last_eval": last_eval,
+        "interrupted": interrupted,
+    }

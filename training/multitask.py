@@ -689,7 +689,7 @@ def main(argv=None) -> int:
         "best": result["best"],
         "scores": {t: main_score(t, final[t]) for t in parts} if final else {},
     }
-    return finish_run(dist, cfg.output_dir, summary, printed)
+    return finish_run(dist, cfg.output_dir, summary, printed, interrupted=result["interrupted"])
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bert.errors import one_line
 from bert.options import option
-from training.config import TrainConfig, is_model_spec, model_config, parse_config, run
+from training.config import ConfigError, TrainConfig, is_model_spec, model_config, parse_config, run
 
 VOCAB_MODELS = ("wordpiece", "unigram")
 
@@ -67,6 +68,8 @@ class PretrainConfig(TrainConfig):
         for path in self.corpus:
             if not Path(path).is_file():
                 problems.append(f"corpus file {path} does not exist")
+        if self.corpus and all(Path(path).is_file() for path in self.corpus) and not has_data:
+            problems += corpus_problems(self.corpus)
         if self.tokenizer and self.vocab_size:
             problems.append("--tokenizer and --vocab-size contradict each other (use a vocabulary, or train one)")
         if self.ckpt and self.vocab_size:
@@ -109,6 +112,26 @@ class PretrainConfig(TrainConfig):
         if not 0 < self.heldout_percent < 100:
             problems.append("heldout_percent must be in (0, 100): evaluation needs held-out documents")
         return problems
+
+
+def corpus_problems(paths: list[str]) -> list[str]:
+    """A corpus without one line of text (empty files, blank lines only) gives no instances to train or hold out:
+    refused before anything is written. Reading stops at the first line of text."""
+    from bert.tasks.common import open_text
+
+    for path in paths:
+        try:
+            with open_text(path) as f:
+                if any(line.strip() for line in f):
+                    return []
+        except (OSError, ValueError) as e:  # ValueError: not UTF-8 (or a broken .gz)
+            return [f"corpus file {path} cannot be read as UTF-8 text: {one_line(e, 200)}"]
+    named = (
+        paths[0]
+        if len(paths) == 1
+        else f"{len(paths)} files ({', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''})"
+    )
+    return [f"--corpus {named}: no text in it (empty, or blank lines only); give one sentence per line"]
 
 
 def train_unigram(files, *, vocab_size: int, model_max_length: int):
@@ -250,7 +273,14 @@ def main(argv=None) -> int:
     from bert.model import BertForMaskedLM, BertForPreTraining
     from bert.tokenizer import BertTokenizer
     from training.data.pretraining import MaskingConfig, PretrainingShards, continuation_flags, create_pretraining_data
-    from training.loop import _barrier, check_init_checkpoint, finish_run, setup_distributed, train
+    from training.loop import (
+        _barrier,
+        check_init_checkpoint,
+        check_resume_plan,
+        finish_run,
+        setup_distributed,
+        train,
+    )
 
     check_init_checkpoint(cfg.ckpt)
     if cfg.torch_threads:
@@ -303,7 +333,7 @@ def main(argv=None) -> int:
     _barrier(dist)
     train_shards, heldout_shards = PretrainingShards(data_dir, "train"), PretrainingShards(data_dir, "heldout")
     if len(heldout_shards) == 0:
-        raise SystemExit(f"no held-out instances: raise --heldout-percent (now {cfg.heldout_percent})")
+        raise ConfigError(f"no held-out instances: raise --heldout-percent (now {cfg.heldout_percent})")
 
     masking = MaskingConfig(
         mask_token_id=tokenizer.mask_token_id,
@@ -314,6 +344,10 @@ def main(argv=None) -> int:
         whole_word_mask=cfg.whole_word_mask,
         continuation=continuation_flags(tokenizer) if cfg.whole_word_mask else None,
     )
+    data = PretrainData(
+        train_shards, masking, cfg.batch_size, cfg.seed, tokenizer.pad_token_id, cfg.group_by_length, cfg.nsp
+    )
+    check_resume_plan(cfg, len(data.batches(0)))  # a --resume that plans other steps: one line, no model built
     model_cls = BertForPreTraining if cfg.nsp else BertForMaskedLM
     torch.manual_seed(cfg.seed)
     if cfg.ckpt:
@@ -322,9 +356,6 @@ def main(argv=None) -> int:
         config = model_config(cfg.preset, vocab_size=tokenizer.vocab_size)
         model = model_cls(config)
     model.train()
-    data = PretrainData(
-        train_shards, masking, cfg.batch_size, cfg.seed, tokenizer.pad_token_id, cfg.group_by_length, cfg.nsp
-    )
     if dist.main:
         n_params = sum(p.numel() for p in model.parameters())
         print(
@@ -370,7 +401,7 @@ def main(argv=None) -> int:
         "best": result["best"],
         "last_eval": result["last_eval"],
     }
-    return finish_run(dist, out, summary)
+    return finish_run(dist, out, summary, interrupted=result["interrupted"])
 
 
 if __name__ == "__main__":
