@@ -1,6 +1,6 @@
 """Reading a job's input: Parquet, JSONL or CSV/TSV files (a file, a directory of them, or a glob), their rows
 numbered across the files in sorted order, read a window at a time and never whole. A value that is not valid
-UTF-8, a line that is not JSON: that row's error, never the file's."""
+UTF-8, a line that is not JSON: that row's error, never the file's (in a kept column: U+FFFD for the bytes)."""
 
 from __future__ import annotations
 
@@ -173,7 +173,79 @@ def _chunk(rows: list[dict], columns: list[str], keep: list[str]) -> Chunk:
     errors = [r.get(ROW_ERROR) for r in rows]
     if any(errors):
         values[ROW_ERROR] = errors
-    return Chunk(0, values, {c: arrow_column([r.get(c) for r in rows]) for c in keep})
+    return Chunk(0, values, {c: arrow_column([valid_utf8(r.get(c)) for r in rows]) for c in keep})
+
+
+def valid_utf8(value):
+    """A kept value as Arrow can write it: undecodable bytes (read as lone surrogates) become U+FFFD, in its
+    strings and in those nested in it; a kept value never fails the job."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            pass
+        try:  # the bytes a text read with surrogateescape could not decode: one U+FFFD each
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        except UnicodeEncodeError:  # a lone surrogate JSON spelled out (\ud800)
+            return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in value)
+    if isinstance(value, dict):
+        return {valid_utf8(k): valid_utf8(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [valid_utf8(v) for v in value]
+    return value
+
+
+def kept_types(files: list[InputFile], keep: list[str], chunk_rows: int) -> dict[str, pa.DataType]:
+    """Each kept column's type in every part of the job, decided from the whole input before any work: a Parquet
+    file's schema, text for CSV/TSV, and a JSONL file's values read in the chunks the job reads them in (the types
+    its chunks will have); where these disagree, the common number type, else text (common_type)."""
+    seen: dict[str, list] = {c: [] for c in keep}
+    for file in files if keep else ():
+        if file.format == "parquet":
+            schema = pq.ParquetFile(file.path).schema_arrow
+            for c in keep:
+                seen[c].append(schema.field(c).type)
+        elif file.format == "jsonl":
+            for chunk in _read_file(file, [], keep, chunk_rows):
+                for c in keep:
+                    seen[c].append(chunk.keep[c].type)
+        else:
+            for c in keep:
+                seen[c].append(pa.string())
+    return {c: common_type(types) for c, types in seen.items()}
+
+
+def common_type(types: list[pa.DataType]) -> pa.DataType:
+    """One type for values of these types: theirs when they agree (nulls agree with any), int64 for integers of
+    several widths, float64 for integers and floats, else text."""
+    kinds = {t for t in types if not pa.types.is_null(t)}
+    if not kinds:
+        return pa.null()
+    if len(kinds) == 1:
+        return kinds.pop()
+    if all(pa.types.is_integer(t) for t in kinds):
+        return pa.int64()
+    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in kinds):
+        return pa.float64()
+    return pa.string()
+
+
+def conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
+    """`array` as type `kind` (common_type's): a cast, or as text, JSON for what is not a string."""
+    if array.type == kind:
+        return array
+    if not pa.types.is_string(kind):
+        return array.cast(kind)
+    return pa.array([_as_text(v) for v in array.to_pylist()], pa.string())
+
+
+def _as_text(value) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def arrow_column(values: list) -> pa.Array:

@@ -11,6 +11,7 @@ import collections
 import json
 import os
 import queue
+import signal
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -20,7 +21,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batch.inputs import ROW_ERROR, InputError, InputFile, check_columns, count_rows, expand, read_rows
+from batch.inputs import (
+    ROW_ERROR,
+    InputError,
+    InputFile,
+    check_columns,
+    conform,
+    count_rows,
+    expand,
+    kept_types,
+    read_rows,
+)
 from batch.options import RESULT_OPTIONS
 from batch.predict import JobError, Predictor, Result, check_task_options, load, settle_precision
 from batch.progress import Progress
@@ -29,6 +40,7 @@ from bert.digest import sha256_files
 from serving.backends.model_dir import ModelError, resolve_model_path
 
 MANIFEST = "_manifest.json"
+RAY_STAGING = ".ray-parts"  # batch/ray_job.py's RAY_TMP
 PART = "part-{:05d}.parquet"
 FORMAT = 1
 
@@ -55,7 +67,11 @@ def job_identity(options: dict, files: list[InputFile], model_path: Path, digest
         "task": options["task"],
         "input": {
             "spec": options["input"],
-            "files": [{"path": str(f.path), "format": f.format, "bytes": f.bytes} for f in files],
+            # sha256: a file rewritten in place with as many bytes is another input (its rows, other results)
+            "files": [
+                {"path": str(f.path), "format": f.format, "bytes": f.bytes, "sha256": file_sha256(f.path)}
+                for f in files
+            ],
         },
         "model": {"path": str(model_path), "digest": digest},
         "options": {name: options[name] for name in RESULT_OPTIONS if name != "task"},
@@ -84,12 +100,25 @@ def difference(old: dict, new: dict) -> str | None:
             f"another model ({old.get('model', {}).get('path')}, digest {str(old.get('model', {}).get('digest'))[:12]})"
         )
     if old.get("input") != new["input"]:
-        return f"another input ({old.get('input', {}).get('spec')}, or its files changed)"
+        return _input_difference(old.get("input") or {}, new["input"])
     changed = [k for k, v in new["options"].items() if old.get("options", {}).get(k) != v]
     if changed:
         name = changed[0]
         return f"--{name.replace('_', '-')} {old.get('options', {}).get(name)!r} (now {new['options'][name]!r})"
     return None
+
+
+def _input_difference(old: dict, new: dict) -> str:
+    before = {f.get("path"): f for f in old.get("files") or []}
+    if old.get("spec") != new["spec"] or list(before) != [f["path"] for f in new["files"]]:
+        return f"another input ({old.get('spec')}, or its files changed)"
+    for file in new["files"]:
+        was = before[file["path"]]
+        if "sha256" not in was:  # a manifest of a version that recorded only the sizes: the content is unknown
+            return f"an input whose content it did not record (no sha256 for {file['path']}: an older version)"
+        if was != file:
+            return f"{file['path']} as it was then (sha256 {str(was['sha256'])[:12]}; it changed: now {file['sha256'][:12]})"
+    return f"another input ({old.get('spec')}, or its files changed)"
 
 
 def write_manifest(output: Path, manifest: dict) -> None:
@@ -108,10 +137,49 @@ def verified_parts(output: Path, parts: list[dict]) -> list[dict]:
 
 
 def clear_output(output: Path) -> None:
-    """--overwrite: the parts, temporaries and manifest a job writes (nothing else in the directory)."""
+    """--overwrite: the parts, temporaries and manifest a job writes (nothing else in the directory); the manifest
+    last, so that a job killed meanwhile leaves a directory that is still its own."""
     for path in output.iterdir():
-        if path.name == MANIFEST or (path.name.startswith(("part-", ".part-")) and ".parquet" in path.name):
+        if path.name.startswith(("part-", ".part-")) and ".parquet" in path.name:
             path.unlink()
+    (output / MANIFEST).unlink(missing_ok=True)
+
+
+def check_output(output: Path, spec: str) -> None:
+    """JobError unless `output` can be a job's directory: new, empty, or holding a job's manifest (a directory of
+    other files is never written into, --overwrite or not); not under a file; not inside the input's directory."""
+    above = output.absolute()
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        what = "is a file" if above == output.absolute() else f"is under {above}, a file"
+        raise JobError(f"--output {output} {what}, not a directory")
+    if output.is_dir() and not (output / MANIFEST).is_file():
+        names = sorted(p.name for p in output.iterdir())
+        if names and RAY_STAGING not in names:  # a Ray job writes its manifest last: its staging marks its own
+            raise JobError(
+                f"--output {output} holds files ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) but no "
+                f"{MANIFEST}: not a job's output; give a new or empty directory"
+            )
+    if _inside_input(output, spec):
+        raise JobError(f"--output {output} is inside --input {spec}: a rerun would read the parts as input")
+
+
+def _inside_input(output: Path, spec: str) -> bool:
+    """Whether the job's parts would be among the input files `spec` names (batch/inputs.expand)."""
+    given = Path(spec).expanduser()
+    if given.is_dir():
+        base = given.resolve()
+        return output.resolve() == base or base in output.resolve().parents
+    if given.is_file() or not any(c in spec for c in "*?["):
+        return False
+    pattern = Path(os.path.abspath(given))
+    magic = [i for i, part in enumerate(pattern.parts) if "**" in part]
+    part = Path(os.path.abspath(output)) / PART.format(0)
+    if magic:  # recursive: anything under the directory before the first **
+        base = Path(*pattern.parts[: magic[0]])
+        return base in part.parents
+    return part.match(str(pattern))
 
 
 # ---- windows: fixed row ranges within each part -------------------------------------------------------
@@ -180,12 +248,10 @@ def windows(chunks, columns: list[str], keep: list[str], first_row: int, part_ro
         yield cut(min(count, window_rows, part_end - start))
 
 
-def _concat(arrays: list) -> pa.Array:
+def _concat(arrays: list, kind: pa.DataType) -> pa.Array:
+    """A kept column's arrays as one of type `kind`: the same in every part (batch/inputs.kept_types)."""
     chunks = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
-    try:
-        return pa.concat_arrays(chunks)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column typed differently by two files: carried as text
-        return pa.concat_arrays([a.cast(pa.string()) if a.type != pa.string() else a for a in chunks])
+    return pa.concat_arrays([conform(a, kind) for a in chunks]) if chunks else pa.array([], kind)
 
 
 # ---- the work of one window (in this process or a worker) ---------------------------------------------
@@ -194,6 +260,9 @@ _WORKER: Predictor | None = None
 
 def _start_worker(options: dict, threads: int | None) -> None:
     global _WORKER
+    # Ctrl-C reaches every process of the terminal's group: the job's process stops the job (one line, exit 130:
+    # batch/__main__.py); a worker finishes the window it runs and goes with the pool, without a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER = Predictor(options["task"], options["model"], **_predictor_options({**options, "threads": threads}))
 
 
@@ -228,8 +297,7 @@ def plan_job(options: dict, columns: list[str]) -> tuple:
     except (InputError, ModelError) as e:
         raise JobError(str(e)) from None
     output = Path(options["output"])
-    if output.exists() and not output.is_dir():
-        raise JobError(f"--output {output} is a file, not a directory")
+    check_output(output, options["input"])
     identity = job_identity(options, files, model_path, model_digest(model_path))
     previous = None if options["overwrite"] else (read_manifest(output) if output.is_dir() else None)
     if previous is not None:
@@ -252,6 +320,7 @@ def run(options: dict, log=print) -> int:
     threads = options["threads"] or max(1, (os.cpu_count() or 1) // workers)
     model = load(str(model_path), options, threads)  # before any work: a model without the task is refused here
     predictor = Predictor(options["task"], model, **_predictor_options({**options, "threads": threads}))
+    types = kept_types(files, keep, options["window_rows"])  # each kept column's, the same in every part
     output.mkdir(parents=True, exist_ok=True)
     if options["overwrite"]:
         clear_output(output)
@@ -279,7 +348,7 @@ def run(options: dict, log=print) -> int:
     progress = Progress(total, done, options["progress_interval"])
     chunks = read_rows(files, columns, keep, options["window_rows"], skip=done)
     source = _prefetch(windows(chunks, columns, keep, done, options["part_rows"], options["window_rows"]))
-    writer = _PartWriter(output, manifest, predictor, keep)
+    writer = _PartWriter(output, manifest, predictor, types)
     try:
         if workers == 1:
             for window in source:
@@ -333,16 +402,20 @@ def _run_pool(source, workers: int, threads: int, options: dict, writer, progres
             writer.add(done, result)
             progress.update(len(done), writer.last_tokens)
 
-        for window in source:
-            if window.start >= tail:
-                futures = [pool.submit(_run_share, window.values, k, workers) for k in range(workers)]
-            else:
-                futures = [pool.submit(_run_window, window.values)]
-            flight.append((window, futures))
-            if len(flight) >= 2 * workers:
+        try:
+            for window in source:
+                if window.start >= tail:
+                    futures = [pool.submit(_run_share, window.values, k, workers) for k in range(workers)]
+                else:
+                    futures = [pool.submit(_run_window, window.values)]
+                flight.append((window, futures))
+                if len(flight) >= 2 * workers:
+                    write_first()
+            while flight:
                 write_first()
-        while flight:
-            write_first()
+        except BaseException:  # Ctrl-C, a failure: the windows not started are not waited for
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def _prefetch(iterator, depth: int = 2):
@@ -369,7 +442,7 @@ class _PartWriter:
     """Collects each part's windows; a complete part is written aside, fsync'd, renamed, then recorded in the
     manifest (in a thread: writing overlaps computing the next windows)."""
 
-    def __init__(self, output: Path, manifest: dict, predictor: Predictor, keep: list[str]):
+    def __init__(self, output: Path, manifest: dict, predictor: Predictor, keep: dict[str, pa.DataType]):
         self.output, self.manifest, self.predictor, self.keep = output, manifest, predictor, keep
         self.part: int | None = None
         self.start = 0
@@ -403,7 +476,7 @@ class _PartWriter:
 
     def _flush(self) -> None:
         results = pa.concat_tables(self.tables)
-        columns = {c: _concat(self.kept[c]) for c in self.keep}
+        columns = {c: _concat(self.kept[c], kind) for c, kind in self.keep.items()}
         table = pa.table({**columns, **{n: results[n] for n in results.column_names}})
         entry = {"part": self.part, "start": self.start, "errors": self.errors}
         if self.pending is not None:

@@ -95,14 +95,61 @@ def default_options(**given) -> dict:
     return values
 
 
+# The numeric options' least values (None, where allowed, is the default): a batch of -1 sequences never fills.
+AT_LEAST = {
+    "max_batch_size": 1,
+    "max_input_length": 1,
+    "max_batch_tokens": 1,
+    "max_row_sequences": 1,
+    "top_k": 1,
+    "max_answer_len": 1,
+    "doc_stride": 0,
+    "window_rows": 1,
+    "part_rows": 1,
+    "workers": 0,
+    "threads": 0,
+    "progress_interval": 0,
+    "max_padding": 0,
+}
+
+
+def check_numbers(options: dict) -> None:
+    """JobError (one line) for a numeric option out of its range."""
+    for name, least in AT_LEAST.items():
+        value = options.get(name)
+        if value is not None and value < least:
+            raise JobError(f"--{name.replace('_', '-')} must be at least {least} (got {value})")
+    if options.get("max_padding") is not None and options["max_padding"] > 1:
+        raise JobError(f"--max-padding is a share of a batch's tokens, at most 1 (got {options['max_padding']})")
+
+
+def _names(values) -> list[str]:
+    """A list option's names with the spaces around them gone ('question, context'), empty ones dropped."""
+    values = values.split(",") if isinstance(values, str) else values
+    return [v.strip() for v in values if v.strip()]
+
+
 def check_task_options(options: dict) -> list[str]:
     """The job's columns, as the task reads them (defaults filled in); JobError for a contradiction. A task given in
     its route's spelling (fill-mask) is set to its registry name (fill_mask) in `options`."""
     task = options["task"] = canonical(options["task"])
     if task not in TASKS:
         raise JobError(f"--task {task!r} is not one of {', '.join(TASKS)}")
+    check_numbers(options)
+    options["column"], options["keep"] = _names(options["column"]), _names(options["keep"])
     spec = COLUMNS[task]
     columns = list(options["column"]) or list(spec.inputs)
+    keep = options["keep"]
+    twice = sorted({c for c in keep if keep.count(c) > 1})
+    if twice:
+        raise JobError(f"--keep names {', '.join(map(repr, twice))} more than once")
+    results = result_schema(task, 1).names  # the names, whatever the width
+    clash = [c for c in keep if c in results]
+    if clash:
+        raise JobError(
+            f"--keep {', '.join(map(repr, clash))}: a result column's name (a {task} job writes "
+            f"{', '.join(results)}); rename it in the input"
+        )
     if len(columns) not in spec.arity:
         want = " or ".join(str(n) for n in spec.arity)
         raise JobError(f"--column: {task} reads {want} column(s), got {len(columns)} ({','.join(columns)})")
@@ -121,13 +168,23 @@ def check_task_options(options: dict) -> list[str]:
 def settle_precision(options: dict, flags: frozenset[str] | None = None) -> tuple[dict, Choice]:
     """The options with --precision auto replaced by what this job runs in (batch/precision.py), and why: the
     manifest records the precision itself, so a rerun on a machine that would choose otherwise is refused."""
-    if options["precision"] != AUTO:  # given, or None: the backend's own default
-        return options, Choice(options["precision"], f"--precision {options['precision'] or 'default'}")
+    if options["precision"] is None:  # the backend's own default
+        return options, Choice(None, "--precision default")
     try:
         path = resolve_model_path(options["model"])
         spec = read_model_spec(Path(path))
     except ModelError as e:
         raise JobError(str(e)) from None
+    if options["precision"] != AUTO:
+        if spec.kind in ("onnx", "tensorrt"):  # its precision is fixed at export: the backend runs that one
+            fixed = str(spec.manifest.get("precision", "fp32"))
+            if options["precision"] != fixed:
+                raise JobError(
+                    f"--precision {options['precision']}: {path} is a {spec.kind} export in {fixed}, a precision "
+                    f"is fixed at export time; leave --precision out (auto) or export the model in "
+                    f"{options['precision']}"
+                )
+        return options, Choice(options["precision"], f"--precision {options['precision']}")
     # a bf16 export is a checkpoint directory whose manifest fixes its precision, as an ONNX export's does
     kind = "artifact" if (spec.manifest or {}).get("runtime") == "torch" else spec.kind
     choice = choose_precision(

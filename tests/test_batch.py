@@ -505,3 +505,212 @@ def test_a_ray_job_gives_its_actors_an_environment_only_where_they_need_one(tmp_
     assert _actor_env() == {"PYTHONPATH": f"{tmp_path}{os.pathsep}{root}", "OMP_NUM_THREADS": "1"}
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     assert _actor_env() == {}  # bertserve comes from elsewhere (installed): nothing to give
+
+
+def _refused(capsys, out: Path, *argv) -> str:
+    """The job's one `error:` line, asserting exit 2 and nothing written."""
+    existed = out.exists()
+    code, lines = _run(capsys, *argv, "--output", out)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv, code, lines)
+    assert out.exists() == existed  # refused before any work
+    return lines[0]
+
+
+def test_undecodable_bytes_in_a_kept_column_become_u_fffd_and_never_stop_the_job(tiny, tmp_path, capsys):
+    csv_file = tmp_path / "bad.csv"
+    csv_file.write_bytes(b"id,text\n\xff1,good movie\n2,bad film\n3,caf\xe9\n")
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_bytes(
+        b'{"id": "\xff1", "n": {"k": "a\xfeb"}, "text": "good movie"}\n{"id": "2", "n": null, "text": "x"}\n'
+    )
+    for source, keep in ((csv_file, "id,text"), (jsonl, "id,n")):
+        out = tmp_path / source.suffix[1:]
+        code, lines = _run(
+            capsys, "--task", "classify", "--model", tiny, "--input", source, "--output", out, "--keep", keep
+        )
+        assert code == 0 and "errors" in lines[-1], lines
+        rows = pq.read_table(out).to_pylist()
+        assert rows[0]["id"] == "\ufffd1" and rows[1]["id"] == "2" and rows[0]["error"] is None
+        if source == csv_file:  # the text column itself: that row's error, its kept copy readable
+            assert rows[2]["error"] == "invalid UTF-8" and rows[2]["text"] == "caf\ufffd"
+        else:
+            assert rows[0]["n"] == {"k": "a\ufffdb"} and rows[1]["n"] is None
+
+
+def test_a_rerun_on_an_input_changed_in_place_is_refused_even_at_the_same_size(tiny, tmp_path, capsys):
+    source = _jsonl(tmp_path / "in.jsonl", _rows(6))
+    out = tmp_path / "out"
+    argv = ["--task", "classify", "--model", tiny, "--input", source]
+    code, lines = _run(capsys, *argv, "--output", out)
+    assert code == 0, lines
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["input"]["files"][0]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    size = source.stat().st_size
+    source.write_bytes(source.read_bytes().replace(b"loved", b"hated"))
+    assert source.stat().st_size == size
+    line = _refused(capsys, out, *argv)
+    assert f"{source} as it was then" in line and "--overwrite" in line, line
+    code, lines = _run(capsys, *argv, "--output", out, "--overwrite")
+    assert code == 0, lines
+    # a manifest of the version that recorded only sizes: its input cannot be checked, so it is refused
+    manifest = json.loads((out / "_manifest.json").read_text())
+    del manifest["input"]["files"][0]["sha256"]
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    assert "no sha256 for" in _refused(capsys, out, *argv)
+
+
+def test_kept_columns_that_clash_are_refused_and_lists_lose_their_spaces(tiny, tmp_path, capsys):
+    from batch.predict import JobError
+
+    source = _jsonl(tmp_path / "in.jsonl", [{"id": i, "label": "x", "error": "y", **r} for i, r in enumerate(_rows(4))])
+    out = tmp_path / "out"
+    argv = ["--task", "classify", "--model", tiny, "--input", source]
+    assert "a result column's name" in _refused(capsys, out, *argv, "--keep", "id,label")
+    assert "'error'" in _refused(capsys, out, *argv, "--keep", "error")
+    assert "'id' more than once" in _refused(capsys, out, *argv, "--keep", "id, id")
+    with pytest.raises(JobError, match="result column"):
+        Predictor("classify", tiny, keep="label")
+    code, lines = _run(capsys, *argv, "--output", out, "--keep", " id , text", "--column", " text ")
+    assert code == 0, lines
+    assert pq.read_table(out).column_names == ["id", "text", "label", "score", "error"]
+    qa = _jsonl(tmp_path / "qa.jsonl", [{"question": "Who?", "context": TEXTS[3]}])
+    code, lines = _run(
+        capsys,
+        "--task",
+        "qa",
+        "--model",
+        tiny,
+        "--input",
+        qa,
+        "--column",
+        "question, context",
+        "--output",
+        tmp_path / "qa",
+    )
+    assert code == 0, lines
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--max-batch-size", -1),
+        ("--max-batch-size", 0),
+        ("--workers", -1),
+        ("--threads", -2),
+        ("--max-input-length", -5),
+        ("--max-batch-tokens", 0),
+        ("--window-rows", 0),
+        ("--part-rows", -3),
+        ("--max-padding", 1.5),
+        ("--top-k", 0),
+    ],
+)
+def test_a_numeric_option_out_of_range_is_one_line_before_any_work(tiny, tmp_path, capsys, option, value):
+    source = _jsonl(tmp_path / "in.jsonl", _rows(2))
+    line = _refused(capsys, tmp_path / "out", "--task", "classify", "--model", tiny, "--input", source, option, value)
+    assert line.startswith(f"error: {option} ") and str(value) in line, line
+
+
+def test_an_output_that_is_no_jobs_directory_is_refused_and_left_alone(tiny, tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    _jsonl(data / "a.jsonl", _rows(3))
+    argv = ["--task", "classify", "--model", tiny, "--input", data]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "part-00000.parquet").write_bytes(b"someone else's")
+    for extra in ([], ["--overwrite"]):
+        assert "no _manifest.json" in _refused(capsys, other, *argv, *extra)
+    assert (other / "part-00000.parquet").read_bytes() == b"someone else's"
+    assert "is inside --input" in _refused(capsys, data / "out", *argv)
+    assert "no _manifest.json" in _refused(capsys, data, *argv)  # the input directory itself: it holds files
+    assert "a file, not a directory" in _refused(capsys, data / "a.jsonl" / "out", *argv)
+    assert "is a file" in _refused(capsys, data / "a.jsonl", *argv)
+    pattern = str(tmp_path / "d*" / "*.parquet")  # parts written to dout/ would be read by a rerun
+    pq.write_table(pa.table({"text": TEXTS}), data / "t.parquet")
+    assert "is inside --input" in _refused(
+        capsys, tmp_path / "dout", "--task", "classify", "--model", tiny, "--input", pattern
+    )
+    assert "is inside --input" in _refused(
+        capsys, data / "out", "--task", "classify", "--model", tiny, "--input", str(data / "**" / "*.parquet")
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, lines = _run(capsys, *argv, "--output", empty)
+    assert code == 0, lines
+    code, lines = _run(
+        capsys, "--task", "classify", "--model", tiny, "--input", str(data / "*.parquet"), "--output", tmp_path / "x"
+    )
+    assert code == 0, lines
+
+
+def test_the_ray_jobs_staging_directory_is_the_one_the_local_job_knows():
+    from batch.job import RAY_STAGING
+    from batch.ray_job import RAY_TMP
+
+    assert RAY_STAGING == RAY_TMP
+
+
+def test_ctrl_c_is_one_line_exit_130_and_the_same_command_resumes(tiny, tmp_path):
+    source = _jsonl(tmp_path / "in.jsonl", _rows(40))
+    command = [sys.executable, "-m", "batch", "--task", "classify", "--model", str(tiny), "--input", str(source)]
+    command += ["--output", str(tmp_path / "out"), "--part-rows", "16", "--window-rows", "4", "--workers", "2"]
+    command += ["--threads", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "BERTSERVE_PAUSE_AT": "batch:window-20"}
+    # its own process group, as a terminal's Ctrl-C reaches the job and its workers
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    for line in process.stderr:
+        if "paused at" in line:
+            break
+    os.killpg(process.pid, signal.SIGINT)
+    rest = process.stderr.read()
+    assert process.wait(60) == 130, rest
+    lines = [line for line in rest.splitlines() if line.strip() and "rows/s" not in line]
+    assert lines == ["interrupted; run the same command again to resume"], rest
+    env.pop("BERTSERVE_PAUSE_AT")
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0 and "done: 40 rows" in rerun.stderr, rerun.stderr
+    assert pq.read_table(tmp_path / "out")["error"].null_count == 40
+
+
+def test_a_precision_an_onnx_export_does_not_have_is_refused(tiny, tmp_path, capsys):
+    from test_serving_support import export_onnx
+
+    onnx = export_onnx(tiny, tmp_path / "onnx")
+    source = _jsonl(tmp_path / "in.jsonl", _rows(2))
+    argv = ["--task", "classify", "--model", onnx, "--input", source]
+    line = _refused(capsys, tmp_path / "out", *argv, "--precision", "bf16")
+    assert "onnx export in fp32" in line, line
+    code, lines = _run(capsys, *argv, "--precision", "fp32", "--output", tmp_path / "out")
+    assert code == 0, lines
+
+
+def test_a_kept_column_has_one_type_in_every_part_so_the_parts_read_as_one_table(tiny, tmp_path, capsys):
+    rows = _rows(12)
+    mixed = _jsonl(  # ids ints in the first part, strings in the second; nulls first, then ints
+        tmp_path / "mixed.jsonl",
+        [{"id": i if i < 6 else f"s{i}", "n": None if i < 6 else i, "text": r["text"]} for i, r in enumerate(rows)],
+    )
+    parquet = tmp_path / "pq"
+    parquet.mkdir()
+    pq.write_table(pa.table({"id": pa.array([0, 1], pa.int32()), "text": TEXTS[:2]}), parquet / "a.parquet")
+    pq.write_table(pa.table({"id": ["x", "y"], "text": TEXTS[2:4]}), parquet / "b.parquet")
+    pq.write_table(pa.table({"id": pa.array([5, 6], pa.int64()), "text": TEXTS[4:6]}), parquet / "c.parquet")
+    small = ["--part-rows", 2, "--window-rows", 2]
+    for source, ids in ((mixed, [*map(str, range(6)), *(f"s{i}" for i in range(6, 12))]), (parquet, None)):
+        out = tmp_path / f"out-{source.name}"
+        keep = "id,n" if ids else "id"
+        argv = ["--task", "classify", "--model", tiny, "--input", source, "--output", out, "--keep", keep, *small]
+        code, lines = _run(capsys, *argv)
+        assert code == 0, lines
+        table = pq.read_table(out)  # every part: one schema
+        assert table.schema.field("id").type == pa.string()
+        if ids:
+            assert table["id"].to_pylist() == ids
+            assert table.schema.field("n").type == pa.int64() and table["n"].to_pylist() == [None] * 6 + [*range(6, 12)]
+        else:
+            assert table["id"].to_pylist() == ["0", "1", "x", "y", "5", "6"]
+    from batch.inputs import common_type
+
+    assert common_type([pa.int32(), pa.int64(), pa.null()]) == pa.int64()
+    assert common_type([pa.int64(), pa.float64()]) == pa.float64() and common_type([pa.null()]) == pa.null()
