@@ -168,6 +168,16 @@ def http_protocol(header_timeout_s: float):
                 extensions[ON_DISCONNECT] = functools.partial(_on_disconnect, cycle)
                 extensions[BODY_RECEIVED] = functools.partial(_body_received, cycle)
 
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            # uvicorn stops reading while more than 64 KiB of body waits for the app, and reads again only at the
+            # app's next receive(); a route that has its whole body and listens for the hang-up through
+            # ON_DISCONNECT calls none, so the client's FIN went unread until the response was written and the
+            # work for a caller that had gone ran to the end. Nothing is left to hold back once the body is in (a
+            # pipelined request behind it is held back by uvicorn itself).
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.flow.resume_reading()
+
         def connection_lost(self, exc) -> None:
             self._disarm()
             super().connection_lost(exc)

@@ -283,6 +283,20 @@ def test_a_caller_that_hangs_up_is_answered_499(server):
     while closed_499s() == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert closed_499s() == before + 1
+    # a body over 64 KiB too: uvicorn stops reading while such a body waits for the app, and the hang-up behind
+    # it was read only once the response had been written (the work ran for nobody, counted 200)
+    big = json.dumps({"inputs": ["word " * 1000] * 16, "truncate": True}).encode()
+    assert len(big) > 64 * 1024
+    head = f"POST /classify HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(big)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head.encode())
+        time.sleep(0.3)  # the route waits for its body (as a client that sends the head first, like httpx, has it)
+        sock.sendall(big)
+        time.sleep(0.02)
+    deadline = time.monotonic() + 30
+    while closed_499s() == before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert closed_499s() == before + 2
 
 
 # --------------------------------------------------------------------------- bar 2
