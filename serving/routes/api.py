@@ -20,11 +20,11 @@ from bert.tasks import registry
 from bert.tasks.base import EmptyInput, Route, Task, TooManyInputs
 from serving.batcher import Ticket
 from serving.engine import Timing, version
-from serving.errors import ClientClosed, Unavailable, refusal
+from serving.errors import OPENAI_PREFIX, ClientClosed, Unavailable, refusal
 from serving.health import ALIVE, HEALTH_PATH
 from serving.protocol import ON_DISCONNECT
 from serving.routes import schemas
-from serving.routes.schemas import ErrorBody, Info, Status
+from serving.routes.schemas import ErrorBody, Info, OpenAIErrorBody, Status
 
 
 class AnswerResponse(Response):
@@ -73,6 +73,9 @@ _ERRORS = {
     500: {"model": ErrorBody, "description": "inference failed"},
     503: {"model": ErrorBody, "description": "warming up or shutting down"},
 }
+
+
+_OPENAI_ERRORS = {status: {**about, "model": OpenAIErrorBody} for status, about in _ERRORS.items()}
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -256,7 +259,7 @@ def task_routes() -> APIRouter:
                 methods=["POST"],
                 name=endpoint.__name__,
                 response_model=schema_class(route.response),
-                responses=_ERRORS,
+                responses=_OPENAI_ERRORS if route.path.startswith(OPENAI_PREFIX) else _ERRORS,
                 tags=["inference"],
                 summary=route.summary,
             )

@@ -198,6 +198,20 @@ class ErrorBody(BaseModel):
     error_type: str
 
 
+class OpenAIError(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class OpenAIErrorBody(BaseModel):
+    """An error on OpenAI's paths (/v1/...): OpenAI's error object, so that its clients show the message."""
+
+    error: OpenAIError
+    error_type: str
+
+
 ClassifyResponse = Union[list[Label], list[list[Label]]]
 EmbedResponse = list[list[float]]
 NerResponse = Union[list[Entity], list[list[Entity]]]
