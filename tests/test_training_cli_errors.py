@@ -109,44 +109,30 @@ def test_resume_with_only_cadence_changed_still_works(assets, stopped_run, tmp_p
 # ----------------------------------------------------------------------------- Ctrl-C
 
 
-def test_ctrl_c_in_finetune_exits_130_with_the_note_on_stderr(assets, tmp_path, capsys, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("command", ["finetune", "pretrain"])
+def test_ctrl_c_exits_130_with_the_note_on_stderr(command, assets, tmp_path, capsys, monkeypatch):  # noqa: F811
     from training import task_data
 
-    original, calls = task_data.FeatureData.collate, {"n": 0}
+    data, main, make_args = {
+        "finetune": (task_data.FeatureData, finetune.main, classify_args),
+        "pretrain": (pretrain.PretrainData, pretrain.main, pretrain_args),
+    }[command]
+    original, calls = data.collate, {"n": 0}
 
-    def interrupting(self, indices, rng=None):
+    def interrupting(self, *args, **kwargs):  # Ctrl-C while the third batch is being made
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return original(self, indices, rng)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(task_data.FeatureData, "collate", interrupting)
+    monkeypatch.setattr(data, "collate", interrupting)
     out = tmp_path / "run"
-    code, stdout, err = cli(
-        finetune.main, classify_args(assets, out, "--max-steps", "6", "--eval-every", "100"), capsys
-    )
+    code, stdout, err = cli(main, make_args(assets, out, "--max-steps", "6", "--eval-every", "100"), capsys)
     assert code == 130 and stdout == ""
     assert f"interrupted after step 2; continue with --resume {out / 'last'}" in err
     assert json.loads((out / "last" / "trainer_state.json").read_text())["step"] == 2
-
-
-def test_ctrl_c_in_pretrain_exits_130_with_the_note_on_stderr(assets, tmp_path, capsys, monkeypatch):  # noqa: F811
-    original, calls = pretrain.PretrainData.collate, {"n": 0}
-
-    def interrupting(self, indices, rng):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return original(self, indices, rng)
-
-    monkeypatch.setattr(pretrain.PretrainData, "collate", interrupting)
-    out = tmp_path / "run"
-    code, stdout, err = cli(
-        pretrain.main, pretrain_args(assets, out, "--max-steps", "6", "--eval-every", "100"), capsys
-    )
-    assert code == 130 and stdout == ""
-    assert f"interrupted after step 2; continue with --resume {out / 'last'}" in err
-    assert max(losses(out)) == 2
+    if command == "pretrain":
+        assert max(losses(out)) == 2
 
 
 # ----------------------------------------------------------------------------- bad data: finetune
