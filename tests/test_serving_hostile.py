@@ -247,6 +247,23 @@ def test_a_lone_surrogate_is_refused_naming_the_field(server):
         assert whole.status_code == 200, whole.text
 
 
+def test_a_text_of_only_invisible_characters_is_empty(server):
+    """A zero-width space, a byte-order mark or a NUL is dropped by the tokenizer: no tokens, nothing to answer
+    about, so 400 empty as a blank text is (not a confident answer about nothing)."""
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for route, body, field in [
+            ("/classify", {"inputs": "\u200b"}, "inputs is empty"),
+            ("/classify", {"inputs": ["fine", "\ufeff \u0000"]}, "inputs[1] is empty"),
+            ("/embed", {"inputs": "\u200b\u200d"}, "inputs is empty"),
+            ("/qa", {"question": "\u200b", "context": "Ann did."}, "question is empty"),
+        ]:
+            response = client.post(route, json=body, headers=AUTH)
+            assert response.status_code == 400, (route, response.text)
+            assert response.json()["error_type"] == "empty" and field in response.text, (route, response.text)
+        # visible text around them is text
+        assert client.post("/classify", json={"inputs": "\u200bfine"}, headers=AUTH).status_code == 200
+
+
 # ---- methods, paths, headers --------------------------------------------------------------------------
 REQUEST_CASES = [
     ("GET", "/classify", {}, None, 405),

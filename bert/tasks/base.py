@@ -18,6 +18,7 @@ is imported inside the training hooks only, so a server with an ONNX backend imp
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -103,7 +104,7 @@ def check_texts(texts: list, field: str = "inputs[{}]") -> None:
     about nothing. `field` names the text in the message ("{}" takes its index)."""
     for index, text in enumerate(texts):
         parts = [text] if isinstance(text, str) else text
-        if any(not part.strip() for part in parts):
+        if any(not part.strip() or _invisible(part) for part in parts):
             raise EmptyInput(f"{field.format(index)} is empty")
         for part in parts:
             try:
@@ -113,6 +114,12 @@ def check_texts(texts: list, field: str = "inputs[{}]") -> None:
                     f"{field.format(index)} is not valid Unicode: a lone surrogate {part[e.start]!r} at character "
                     f"{e.start} (send a whole surrogate pair, or the character itself)"
                 ) from None
+
+
+def _invisible(text: str) -> bool:
+    """A text of only spaces, controls and format characters (a zero-width space, a byte-order mark, NUL), which a
+    BERT tokenizer drops: no tokens, so nothing to answer about. Decided at the first visible character."""
+    return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf") for c in text)
 
 
 def check_inputs(body, info=None) -> None:
