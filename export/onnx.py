@@ -209,6 +209,8 @@ def check_args(args, config) -> dict:
 def check_out(out: Path) -> None:
     """--out is replaced whole when the new artifact is published: refuse a directory that holds other things. An
     artifact's directory is one whose manifest reads as an artifact's and that holds only the files it lists."""
+    from bert.digest import listed_entries
+
     from .manifest import ArtifactError, read_manifest
 
     if out.exists() and not out.is_dir():
@@ -219,10 +221,10 @@ def check_out(out: Path) -> None:
         manifest = read_manifest(out)
     except ArtifactError:
         manifest = None
-    files = manifest.get("files") if manifest else None
-    listed = {MANIFEST_FILE} | {e.get("path") for e in (files or {}).values() if isinstance(e, dict)}
+    entries = listed_entries(manifest.get("files")) if manifest else {}
+    listed = {MANIFEST_FILE, *entries, *(f"{name}.data" for name in entries)}  # an entry covers its .data sidecar
     others = sorted(p.name for p in out.iterdir() if p.name not in listed)
-    if manifest is None or not isinstance(files, dict) or others:
+    if manifest is None or not entries or others:
         held = f" (it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if manifest and others else ""
         raise UsageError(
             f"--out {out} is not empty and not an artifact directory{held}; the export replaces --out "

@@ -373,7 +373,9 @@ class Batcher:
         max_tokens, max_requests = (
             self.contended_budget() if small else (self.max_batch_tokens, self.max_batch_requests)
         )
-        anchor = min(self.queue, key=lambda e: (e.ticket.taken, e.enqueued))
+        anchor = self.queue[0]  # the oldest: the anchor unless its request has had batches already
+        if anchor.ticket.taken:
+            anchor = min(self.queue, key=lambda e: (e.ticket.taken, e.enqueued))
         window = self.queue[: max(4 * self.max_batch_requests, 64)]  # bounded search keeps order roughly FIFO
         others = sorted(
             (e for e in window if e is not anchor), key=lambda e: (abs(e.length - anchor.length), e.enqueued)

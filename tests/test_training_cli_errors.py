@@ -71,6 +71,8 @@ def no_model(monkeypatch):
         (["--max-steps", "6", "--learning-rate", "1e-3"], "--learning-rate 0.001 (that run: 0.003)"),
         (["--max-steps", "6", "--seed", "4"], "--seed 4 (that run: 3)"),
         (["--max-steps", "6", "--max-seq-length", "24"], "--max-seq-length 24 (that run: 32)"),
+        # an option no list names is held too: only the reporting, saving and device options may change
+        (["--max-steps", "6", "--train-data", "dev.tsv"], "dev.tsv' (that run: "),
     ],
 )
 def test_resume_with_other_options_is_one_line_exit_2(assets, stopped_run, tmp_path, capsys, flags, named):  # noqa: F811
@@ -78,7 +80,15 @@ def test_resume_with_other_options_is_one_line_exit_2(assets, stopped_run, tmp_p
     shutil.copytree(stopped_run, run_dir)
     before = (run_dir / "log.jsonl").read_text()
     code, out, err = cli(
-        finetune.main, classify_args(assets, run_dir, *flags, "--resume", str(run_dir / "last")), capsys
+        finetune.main,
+        classify_args(
+            assets,
+            run_dir,
+            *[str(assets / f) if f.endswith(".tsv") else f for f in flags],
+            "--resume",
+            str(run_dir / "last"),
+        ),
+        capsys,
     )
     line = one_error_line(err)
     assert code == 2 and out == "" and named in line and "resume with the same options" in line
@@ -86,14 +96,21 @@ def test_resume_with_other_options_is_one_line_exit_2(assets, stopped_run, tmp_p
 
 
 def test_resume_with_another_planned_length_from_the_data_is_one_line_exit_2(assets, tmp_path, capsys):  # noqa: F811
-    """Same options, but the epochs now span fewer steps (a smaller training file): refused in one line."""
-    small = tmp_path / "small.tsv"
-    small.write_text("".join((assets / "train.tsv").read_text().splitlines(keepends=True)[:129]))
+    """Same options, but the epochs now span fewer steps (the training file, at the same path, now smaller): refused
+    in one line."""
+    data = tmp_path / "train.tsv"
+    lines = (assets / "train.tsv").read_text().splitlines(keepends=True)
+    data.write_text("".join(lines))
     out = tmp_path / "run"
-    finetune.main(classify_args(assets, out, "--num-epochs", "1", "--stop-at-step", "1", "--eval-every", "100"))
-    argv = classify_args(assets, out, "--num-epochs", "1", "--resume", str(out / "last"))
-    argv[argv.index("--train-data") + 1] = str(small)
-    code, stdout, err = cli(finetune.main, argv, capsys)
+
+    def args(*extra):
+        argv = classify_args(assets, out, "--num-epochs", "1", *extra)
+        argv[argv.index("--train-data") + 1] = str(data)
+        return argv
+
+    finetune.main(args("--stop-at-step", "1", "--eval-every", "100"))
+    data.write_text("".join(lines[:129]))
+    code, stdout, err = cli(finetune.main, args("--resume", str(out / "last")), capsys)
     line = one_error_line(err)
     assert code == 2 and stdout == "" and "that run planned 16 steps, this config plans 8" in line
 

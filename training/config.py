@@ -19,46 +19,32 @@ from bert.options import option
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
-# Settings a --resume must keep: they decide the data, the schedule, the optimizer's maths or the RNG streams of
-# the steps already taken. (Logging, evaluation and save cadence, device, threads and the progress bar may change.)
-RESUME_FIXED = (
-    "task",
-    "seed",
-    "data_seed",
-    "learning_rate",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "warmup_ratio",
-    "warmup_steps",
-    "num_epochs",
-    "max_steps",
-    "batch_size",
-    "grad_accum_steps",
-    "max_grad_norm",
-    "precision",
-    "group_by_length",
-    "max_seq_length",
-    "max_train_examples",
-    "masked_lm_prob",
-    "max_predictions_per_seq",
-    "whole_word_mask",
-    "nsp",
-    # the tasks' data and target options (training.finetune)
-    "labels",
-    "regression",
-    "text_column",
-    "pair_column",
-    "label_column",
-    "header",
-    "scheme",
-    "label_all_subtokens",
-    "doc_stride",
-    "max_query_length",
-    "heldout_articles",
-    "rerank_negatives",
-    "rerank_loss",
+# Settings a --resume may change: where and how often it reports, evaluates and saves, and where it runs. Every
+# other option decided the data, the schedule, the optimizer's maths or the RNG streams of the steps already taken
+# and must be as the saved run had it (an option added later is held to that too, unless named here).
+RESUME_FREE = frozenset(
+    {
+        "resume",
+        "output_dir",
+        "stop_at_step",
+        "device",
+        "torch_threads",
+        "progress",
+        "log_every",
+        "eval_every",
+        "save_every",
+        "save_dtype",
+        "eval_batch_size",
+        "eval_data",
+        "max_eval_examples",
+        "max_eval_instances",
+        "max_answer_length",
+        "gradient_checkpointing",
+        "classify_eval",
+        "ner_eval",
+        "qa_eval",
+        "rerank_eval",
+    }
 )
 
 
@@ -164,9 +150,9 @@ class TrainConfig:
         mine = self.to_dict()
         changed = [
             f"--{name.replace('_', '-')} {mine[name]!r} (that run: {saved[name]!r})"
-            for name in RESUME_FIXED
-            if name in saved
-            and name in mine
+            for name in mine
+            if name not in RESUME_FREE
+            and name in saved
             and not _same_setting(mine[name], saved[name])
             # the planned length is max_steps when both runs set it; then num_epochs does not count
             and not (name == "num_epochs" and mine.get("max_steps") and saved.get("max_steps"))

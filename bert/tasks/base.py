@@ -107,6 +107,8 @@ def check_texts(texts: list, field: str = "inputs[{}]") -> None:
         if any(not part.strip() or _invisible(part) for part in parts):
             raise EmptyInput(f"{field.format(index)} is empty")
         for part in parts:
+            if part.isascii():  # no surrogate: nothing to encode
+                continue
             try:
                 part.encode("utf-8")
             except UnicodeEncodeError as e:  # a lone surrogate ("\ud83d" in JSON): not text a tokenizer can read
