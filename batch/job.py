@@ -313,8 +313,6 @@ def run(options: dict, log=print) -> int:
     columns = check_task_options(options)
     options, choice = settle_precision(options)
     keep = list(options["keep"])
-    if options["part_rows"] < 1 or options["window_rows"] < 1:
-        raise JobError("--part-rows and --window-rows must be at least 1")
     files, model_path, output, identity, previous = plan_job(options, [*columns, *keep])
     workers = options["workers"] or os.cpu_count() or 1
     threads = options["threads"] or max(1, (os.cpu_count() or 1) // workers)

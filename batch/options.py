@@ -72,11 +72,11 @@ class BatchOptions:
     hypothesis_template: str = option(DEFAULT_TEMPLATE, help="zero_shot: the hypothesis a label is put in")
     multi_label: bool = option(False, help="zero_shot: score each label on its own (sigmoid) rather than softmax")
     aggregation: str = option("first", choices=AGGREGATIONS, help="ner: how word pieces are merged into entities")
-    top_k: int = option(5, help="fill_mask: candidates kept per mask token")
+    top_k: int = option(5, help="fill_mask: candidates kept per mask token", minimum=1)
     normalize: bool = option(True, help="embed: scale each embedding to unit length")
     raw_scores: bool = option(False, help="rerank: the logits rather than their sigmoid")
-    max_answer_len: int = option(30, help="qa: longest answer in tokens")
-    doc_stride: int | None = option(None, help="qa: tokens shared by neighbouring windows of a long context")
+    max_answer_len: int = option(30, help="qa: longest answer in tokens", minimum=1)
+    doc_stride: int | None = option(None, help="qa: tokens shared by neighbouring windows of a long context", minimum=0)
     truncate: bool = option(
         False,
         help="cut inputs longer than the model takes; without it such a row gets an error and the job goes on",
@@ -94,30 +94,40 @@ class BatchOptions:
         None, choices=("cls", "mean", "max"), help="embed: pooling for a model directory that does not say"
     )
     allow_unverified: bool = option(False, help="run an artifact directory whose manifest.json does not match it")
-    max_input_length: int | None = option(None, help="longest input in tokens (default: the model's)")
-    max_batch_tokens: int = option(16384, help="token budget of one batch: padded length x sequences")
+    max_input_length: int | None = option(None, help="longest input in tokens (default: the model's)", minimum=1)
+    max_batch_tokens: int = option(16384, help="token budget of one batch: padded length x sequences", minimum=1)
     max_batch_size: int | None = option(
         None,
         help="most sequences in one batch (default on cpu: 8 with onnxruntime, where a bigger batch mostly adds "
         "padding, 32 with torch, whose per-operator cost is paid once a batch; 64 on cuda)",
+        minimum=1,
     )
-    max_padding: float = option(0.25, help="most padding a batch may carry, as a share of its padded tokens")
+    max_padding: float = option(
+        0.25, help="most padding a batch may carry, as a share of its padded tokens", minimum=0, maximum=1
+    )
     max_row_sequences: int = option(
-        64, help="qa, zero_shot: most model inputs one row may fan out to (windows, labels); more is the row's error"
+        64,
+        help="qa, zero_shot: most model inputs one row may fan out to (windows, labels); more is the row's error",
+        minimum=1,
     )
     window_rows: int = option(
-        2048, help="rows whose sequences are sorted by length together, so that batches carry little padding"
+        2048, help="rows whose sequences are sorted by length together, so that batches carry little padding", minimum=1
     )
-    part_rows: int = option(20000, help="rows per output part file (the unit a rerun resumes at)")
+    part_rows: int = option(20000, help="rows per output part file (the unit a rerun resumes at)", minimum=1)
     workers: int = option(
         1,
         help="worker processes, each holding the model (0: as many as CPU cores); with --ray, model-holding actors "
         "(0: one per CPU of the cluster but one per node, left to reading and writing)",
+        minimum=0,
     )
-    threads: int | None = option(None, help="CPU threads per worker (default: the cores shared by the workers)")
+    threads: int | None = option(
+        None, help="CPU threads per worker (default: the cores shared by the workers)", minimum=0
+    )
     overwrite: bool = option(False, help="start over: remove the output directory's parts and manifest first")
     progress_interval: float = option(
-        10.0, help="seconds between progress lines when stderr is not a terminal (a terminal gets a live bar)"
+        10.0,
+        help="seconds between progress lines when stderr is not a terminal (a terminal gets a live bar)",
+        minimum=0,
     )
     ray: str | None = option(
         None,

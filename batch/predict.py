@@ -21,6 +21,7 @@ import pyarrow as pa
 from batch.columns import COLUMNS, result_schema, result_table
 from batch.options import BatchOptions
 from batch.precision import AUTO, Choice, choose_precision
+from bert.options import check_bounds
 from bert.precision import cpu_flags
 from bert.tasks import TASKS
 from bert.tasks.common import Limits
@@ -95,32 +96,12 @@ def default_options(**given) -> dict:
     return values
 
 
-# The numeric options' least values (None, where allowed, is the default): a batch of -1 sequences never fills.
-AT_LEAST = {
-    "max_batch_size": 1,
-    "max_input_length": 1,
-    "max_batch_tokens": 1,
-    "max_row_sequences": 1,
-    "top_k": 1,
-    "max_answer_len": 1,
-    "doc_stride": 0,
-    "window_rows": 1,
-    "part_rows": 1,
-    "workers": 0,
-    "threads": 0,
-    "progress_interval": 0,
-    "max_padding": 0,
-}
-
-
 def check_numbers(options: dict) -> None:
-    """JobError (one line) for a numeric option out of its range."""
-    for name, least in AT_LEAST.items():
-        value = options.get(name)
-        if value is not None and value < least:
-            raise JobError(f"--{name.replace('_', '-')} must be at least {least} (got {value})")
-    if options.get("max_padding") is not None and options["max_padding"] > 1:
-        raise JobError(f"--max-padding is a share of a batch's tokens, at most 1 (got {options['max_padding']})")
+    """JobError (one line) for a numeric option out of the bounds BatchOptions declares."""
+    try:
+        check_bounds(BatchOptions, options)
+    except ValueError as e:
+        raise JobError(str(e)) from None
 
 
 def _names(values) -> list[str]:

@@ -68,6 +68,10 @@ def run_cli(
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SystemExit as e:  # the option parser's refusal (its line is out) or --help: its code, as a return
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        raise
     except Exception as e:
         code = exit_code_for(e) if exit_code_for is not None else None
         if code is None and isinstance(e, (*bad_input_errors(), OSError)):

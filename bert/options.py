@@ -63,10 +63,22 @@ def option(
     metavar: str | None = None,
     required: bool = False,
     one_of: str | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
 ) -> Any:
     """A dataclass field that is a command-line option. `one_of`: options sharing this group name exclude each
-    other (and `required` on them means one of the group is needed)."""
-    metadata = {"help": help, "choices": choices, "metavar": metavar, "required": required, "one_of": one_of}
+    other (and `required` on them means one of the group is needed). `minimum` / `maximum`: a number's bounds,
+    checked wherever a value comes in (flag, env var, or `check_bounds` for values given in code); None, where
+    the option allows it, is never out of bounds."""
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "metavar": metavar,
+        "required": required,
+        "one_of": one_of,
+        "minimum": minimum,
+        "maximum": maximum,
+    }
     if isinstance(default, (list, dict, set)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata)
@@ -88,7 +100,7 @@ def like(
     return option(
         default,
         prefix + (meta["help"] if help is None else help) + suffix,
-        **{k: meta.get(k) for k in ("choices", "metavar", "one_of")},
+        **{k: meta.get(k) for k in ("choices", "metavar", "one_of", "minimum", "maximum")},
     )
 
 
@@ -109,6 +121,8 @@ class Option:
     required: bool = False
     one_of: str | None = None
     prefix: str = ENV_PREFIX
+    minimum: float | None = None
+    maximum: float | None = None
 
     @property
     def flag(self) -> str:
@@ -133,7 +147,21 @@ class Option:
             raise ValueError(f"expected {'an integer' if self.kind is int else 'a number'}, got {text!r}") from None
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"invalid choice {text!r} (choose from {', '.join(map(str, self.choices))})")
+        self.check(value)
         return value
+
+    def check(self, value) -> None:
+        """ValueError when a number is outside the declared bounds ("must be at least 1, got 0")."""
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"must be at least {_number(self.minimum)}, got {_number(value)}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"must be at most {_number(self.maximum)}, got {_number(value)}")
+
+
+def _number(value) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _kind(hint) -> tuple[type, tuple | None]:
@@ -179,6 +207,8 @@ def options_of(cls) -> list[Option]:
                     bool(meta.get("required")),
                     meta.get("one_of"),
                     prefix,
+                    meta.get("minimum"),
+                    meta.get("maximum"),
                 )
             )
         return out
@@ -187,8 +217,45 @@ def options_of(cls) -> list[Option]:
         kind, choices = _kind(f.annotation)
         required = f.is_required()
         default = None if required else f.default
-        out.append(Option(name, kind, default, f.description or "", choices, required=required, prefix=prefix))
+        low = high = None
+        for rule in f.metadata:  # annotated_types' Ge / Le / Gt / Lt, from Field(ge=..., le=...)
+            low = getattr(rule, "ge", low)
+            high = getattr(rule, "le", high)
+        out.append(
+            Option(
+                name,
+                kind,
+                default,
+                f.description or "",
+                choices,
+                required=required,
+                prefix=prefix,
+                minimum=low,
+                maximum=high,
+            )
+        )
     return out
+
+
+def bounds_problems(cls, values: Mapping[str, Any], flag_of: Callable[[str], str] | None = None) -> list[str]:
+    """One line per value of `values` outside its option's declared bounds ("--workers must be at least 0, got
+    -1"): for values that come in from code (a Python API's keyword arguments, a config built by hand) rather
+    than through `read`. `flag_of(name)`: how the command spells the option (default: its flag)."""
+    problems = []
+    for o in options_of(cls):
+        if o.name in values:
+            try:
+                o.check(values[o.name])
+            except ValueError as e:
+                problems.append(f"{flag_of(o.name) if flag_of else o.flag} {e}")
+    return problems
+
+
+def check_bounds(cls, values: Mapping[str, Any]) -> None:
+    """ValueError naming the flag of the first of `values` outside its declared bounds."""
+    problems = bounds_problems(cls, values)
+    if problems:
+        raise ValueError(problems[0])
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -240,6 +307,14 @@ class _No(argparse.Action):
         setattr(namespace, self.dest, False)
 
 
+def _bounds_text(o: Option) -> str:
+    if o.minimum is not None and o.maximum is not None:
+        return f" ({_number(o.minimum)} to {_number(o.maximum)})"
+    if o.minimum is not None:
+        return f" (at least {_number(o.minimum)})"
+    return f" (at most {_number(o.maximum)})" if o.maximum is not None else ""
+
+
 def _default_text(o: Option) -> str:
     if o.kind is bool and o.default is not None:  # None: the help says what decides
         return f" (default: {str(bool(o.default)).lower()})"
@@ -278,7 +353,7 @@ def build_parser(
             text += " (comma-separated, or the flag repeated)"
         if o.kind is bool and not o.name.startswith("no_"):  # --no-verify stays one flag, never --no-no-verify
             text += f"; --no-{o.flag[2:]}: false"
-        text = (text + _default_text(o) + f" [env {o.env}]").replace("%", "%%")
+        text = (text + _bounds_text(o) + _default_text(o) + f" [env {o.env}]").replace("%", "%%")
         if o.required and not o.one_of:
             text += " (required)"
         if o.kind is bool:

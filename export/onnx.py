@@ -111,6 +111,7 @@ class OnnxOptions:
             "with --int8-scope auto: at most this many quantised graphs are built and run while searching (coarser "
             "groups when one per layer and kind would need more)"
         ),
+        minimum=1,
     )
     calibration: str | None = option(
         None,
@@ -136,17 +137,27 @@ class OnnxOptions:
             "largest batch the artifact is built for (recorded in the manifest; TensorRT builds its optimisation "
             "profile from it)"
         ),
+        minimum=1,
     )
     max_seq: int | None = option(
         None,
         metavar="N",
         help=("longest sequence in tokens, at most the model's max_position_embeddings (the default)"),
+        minimum=1,
     )
-    opt_batch: int | None = option(None, metavar="N", help="batch size TensorRT tunes for (default: min(8, max batch))")
+    opt_batch: int | None = option(
+        None, metavar="N", help="batch size TensorRT tunes for (default: min(8, max batch))", minimum=1
+    )
     opt_seq: int | None = option(
-        None, metavar="N", help="sequence length TensorRT tunes for (default: min(128, max seq))"
+        None, metavar="N", help="sequence length TensorRT tunes for (default: min(128, max seq))", minimum=1
     )
-    opset: int = option(17, metavar="N", help="ONNX opset, 14 to 20 (17: the first with a standard LayerNormalization)")
+    opset: int = option(
+        17,
+        metavar="N",
+        help="ONNX opset (17: the first with a standard LayerNormalization)",
+        minimum=14,
+        maximum=20,
+    )
     random_init: bool = option(
         False,
         help=(
@@ -188,8 +199,6 @@ def check_args(args, config) -> dict:
         raise UsageError(
             f"--max-seq {max_seq} is outside 1..{config.max_position_embeddings} (the model's max_position_embeddings)"
         )
-    if args.max_batch < 1:
-        raise UsageError(f"--max-batch must be at least 1, got {args.max_batch}")
     opt_batch = min(8, args.max_batch) if args.opt_batch is None else args.opt_batch
     opt_seq = min(128, max_seq) if args.opt_seq is None else args.opt_seq
     if not 1 <= opt_batch <= args.max_batch:
@@ -238,14 +247,10 @@ def main(argv=None) -> None:
     args.task = registry.canonical(args.task)  # fill-mask, the route's spelling, is fill_mask
     if args.task not in TASK_CHOICES:  # one line, not argparse's usage block
         raise UsageError(f"unknown task {args.task!r} for --task; it takes {', '.join(TASK_CHOICES)}")
-    if not 14 <= args.opset <= 20:
-        raise UsageError(f"--opset must be between 14 and 20, got {args.opset}")
     if args.atol is not None and args.atol <= 0:
         raise UsageError(f"--atol must be positive, got {args.atol}")
     if not 0 < args.int8_agreement <= 1:
         raise UsageError(f"--int8-agreement must be in (0, 1], got {args.int8_agreement}")
-    if args.int8_trials < 1:
-        raise UsageError(f"--int8-trials must be at least 1, got {args.int8_trials}")
     extra_calibration = None
     if args.calibration:
         from .samples import CalibrationError, read_calibration

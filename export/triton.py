@@ -52,6 +52,7 @@ class TritonOptions:
             "max_batch_size in config.pbtxt (default: the manifest's max batch; for tensorrt at most the engine "
             "profile's max batch)"
         ),
+        minimum=1,
     )
     backend: str = option(
         "onnxruntime",
@@ -146,8 +147,8 @@ def write_repository(
     limit = manifest["shape_range"]["max_batch"]
     if backend == "tensorrt" and "tensorrt" in manifest:
         limit = manifest["tensorrt"]["profile"]["max"][0]
-    max_batch = max_batch or limit
-    if not 1 <= max_batch:
+    max_batch = limit if max_batch is None else max_batch  # 0 is refused, not taken as the default
+    if max_batch < 1:
         raise UsageError(f"--max-batch must be at least 1, got {max_batch}")
     if backend == "tensorrt" and max_batch > limit:
         raise UsageError(f"--max-batch {max_batch} exceeds the engine's profile (max batch {limit})")

@@ -608,7 +608,7 @@ def test_kept_columns_that_clash_are_refused_and_lists_lose_their_spaces(tiny, t
 def test_a_numeric_option_out_of_range_is_one_line_before_any_work(tiny, tmp_path, capsys, option, value):
     source = _jsonl(tmp_path / "in.jsonl", _rows(2))
     line = _refused(capsys, tmp_path / "out", "--task", "classify", "--model", tiny, "--input", source, option, value)
-    assert line.startswith(f"error: {option} ") and str(value) in line, line
+    assert line.startswith(f"error: argument {option}: must be at ") and str(value) in line, line
 
 
 def test_an_output_that_is_no_jobs_directory_is_refused_and_left_alone(tiny, tmp_path, capsys):

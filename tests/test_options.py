@@ -58,7 +58,7 @@ COMMANDS = {
         _serving,
         ["--model", "no-such-model", "--port", "0"],
         {"BERTSERVE_MAX_BATCH_TOKENS": "0"},
-        "BERTSERVE_MAX_BATCH_TOKENS: Input should be greater than or equal to 1",
+        "BERTSERVE_MAX_BATCH_TOKENS: must be at least 1, got 0",
     ),
     "training.finetune": (
         _training("training.finetune"),
@@ -88,7 +88,7 @@ COMMANDS = {
         _export("export.onnx"),
         ["--ckpt", "no-such-checkpoint"],
         {"BERTSERVE_ONNX_OPSET": "9"},
-        "--opset must be between 14 and 20, got 9",
+        "BERTSERVE_ONNX_OPSET: must be at least 14, got 9",
     ),
     "export.tensorrt": (
         _export("export.tensorrt"),
@@ -213,7 +213,7 @@ def test_an_export_setting_in_the_environment_leaves_the_server_alone(monkeypatc
 class Example:
     name: str = option("x", "a name")
     count: int = option(3, "how many")
-    ratio: float | None = option(None, "a ratio")
+    ratio: float | None = option(None, "a ratio", minimum=0, maximum=1)
     fast: bool = option(True, "go fast")
     no_check: bool = option(False, "skip the check")
     tags: list[str] = option([], "tags")
@@ -275,6 +275,8 @@ def test_a_no_option_has_no_double_negative():
             "error: BERTSERVE_LEFT and BERTSERVE_RIGHT exclude each other",
         ),
         (["--name"], {}, "error: argument --name: expected one argument"),
+        (["--ratio", "-0.5"], {}, "error: argument --ratio: must be at least 0, got -0.5"),
+        ([], {"BERTSERVE_RATIO": "1.5"}, "error: BERTSERVE_RATIO: must be at most 1, got 1.5"),
     ],
 )
 def test_bad_values_are_one_line_naming_their_source(argv, env, message, capsys):
@@ -285,6 +287,27 @@ def test_bad_values_are_one_line_naming_their_source(argv, env, message, capsys)
         options.read(Example, argv, environ=env)
     lines = capsys.readouterr().err.splitlines()
     assert e.value.code == 2 and len(lines) == 1 and lines[0].startswith(message), lines
+
+
+def test_bounds_are_declared_once_and_hold_for_flags_env_and_code():
+    assert options.read(Example, ["--ratio", "0"], environ={"BERTSERVE_RATIO": "0.5"})["ratio"] == 0
+    assert options.read(Example, [], environ={"BERTSERVE_RATIO": "1"})["ratio"] == 1
+    assert "a ratio (0 to 1) [env BERTSERVE_RATIO]" in " ".join(options.build_parser(Example).format_help().split())
+    options.check_bounds(Example, {"ratio": None, "count": -3})  # None is the default's, count has no bounds
+    with pytest.raises(ValueError, match="^--ratio must be at most 1, got 2$"):
+        options.check_bounds(Example, {"ratio": 2})
+    # a config built in code is held to the same declaration, every problem at once
+    from training.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match="--eval-every must be at least 0, got -1; --log-every must be at least 0"):
+        TrainConfig(eval_every=-1, log_every=-2, max_steps=1).validate()
+    # a pydantic model's Field(ge=..., le=...) are the server's bounds, read the same way
+    from serving.settings import Settings
+
+    port = next(o for o in options.options_of(Settings) if o.name == "port")
+    assert (port.minimum, port.maximum) == (0, 65535)
+    with pytest.raises(SystemExit):
+        options.read(Settings, ["--port", "70000"], environ={})
 
 
 def test_help_is_read_from_the_declaration_not_the_source():
@@ -468,8 +491,8 @@ def test_a_task_named_as_its_route_is_its_registry_name(tmp_path, capsys):
     assert "no-such-model" in error and "is not one of" not in error
     assert _batch(["--task", "fill--mask", *argv]) == 2
     assert "--task 'fill--mask' is not one of" in capsys.readouterr().err
-    # the exporter: past the task check, to the next refusal (the opset)
-    with pytest.raises(UsageError, match="--opset must be between"):
-        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill-mask", "--opset", "99"])
+    # the exporter: past the task check, to the next refusal (the tolerance)
+    with pytest.raises(UsageError, match="--atol must be positive"):
+        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill-mask", "--atol", "-1"])
     with pytest.raises(UsageError, match="unknown task 'fill--mask'"):
-        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill--mask", "--opset", "99"])
+        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill--mask", "--atol", "-1"])

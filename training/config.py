@@ -15,7 +15,7 @@ from typing import Any
 
 from bert import options
 from bert.config import ConfigError  # options that cannot work together: the core's one ConfigError
-from bert.options import option
+from bert.options import bounds_problems, flag, option
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -85,20 +85,20 @@ class TrainConfig:
     adam_beta2: float = option(0.999, "AdamW beta2")
     adam_epsilon: float = option(1e-6, "AdamW epsilon")
     warmup_ratio: float = option(0.1, "fraction of total steps spent warming up (ignored if warmup_steps > 0)")
-    warmup_steps: int = option(0, "warmup length in optimizer steps; 0 = use warmup_ratio")
+    warmup_steps: int = option(0, "warmup length in optimizer steps; 0 = use warmup_ratio", minimum=0)
     num_epochs: float = option(3.0, "passes over the training data (fractions allowed)")
     max_steps: int = option(
-        0, "stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length"
+        0, "stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length", minimum=0
     )
     batch_size: int = option(32, "examples per optimizer step (across accumulation and processes)")
     grad_accum_steps: int = option(1, "micro-batches per optimizer step (per process); batch_size must divide by it")
     max_grad_norm: float = option(1.0, "gradient clipping (0 = off)")
-    eval_every: int = option(0, "evaluate every N optimizer steps (0 = at the end of each epoch)")
-    save_every: int = option(0, "write last/ (resumable) every N steps (0 = with each evaluation)")
-    log_every: int = option(10, "write a log.jsonl line every N steps")
+    eval_every: int = option(0, "evaluate every N optimizer steps (0 = at the end of each epoch)", minimum=0)
+    save_every: int = option(0, "write last/ (resumable) every N steps (0 = with each evaluation)", minimum=0)
+    log_every: int = option(10, "write a log.jsonl line every N steps", minimum=0)
     precision: str = option("fp32", "fp32 | bf16 | fp16 autocast (fp16: GPU only, with a GradScaler)")
     device: str = option("auto", "auto | cpu | cuda | cuda:N")
-    torch_threads: int = option(0, "torch.set_num_threads (0 = torch's default)")
+    torch_threads: int = option(0, "torch.set_num_threads (0 = torch's default)", minimum=0)
     group_by_length: bool = option(True, "batches of similar length (less padding, same examples per epoch)")
     resume: str = option("", "a last/ checkpoint directory written by an earlier run of the same config")
     progress: bool = option(True, "tqdm progress bar (rank 0)")
@@ -131,9 +131,7 @@ class TrainConfig:
             problems.append(f"--resume {self.resume}: no trainer_state.json there (pass a last/ directory)")
         elif self.resume:
             problems += self.resume_problems()
-        for name in ("eval_every", "save_every", "log_every", "max_steps", "warmup_steps", "torch_threads"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must be >= 0")
+        problems += bounds_problems(type(self), vars(self), lambda name: flag(self, name))
         problems += self.task_problems()
         if problems:
             raise ConfigError("; ".join(problems))
