@@ -272,6 +272,8 @@ class Engine:
 
     @property
     def max_input_length(self) -> int:
+        """The longest input every served model takes (/info's top-level field; each model's own limit is in
+        models_info): in a server of one model, that model's."""
         return min(u.max_length for u in self.units)
 
     def dimensions(self, task: str, model: str | None = None) -> int | None:
@@ -281,13 +283,14 @@ class Engine:
         return unit.dimensions if unit else None
 
     def models_info(self) -> dict[str, list[dict]]:
-        """Per task, its models in order (the first is the default): name, directory, and labels where the task
-        has them."""
+        """Per task, its models in order (the first is the default): name, directory, its own longest input in
+        tokens, and labels where the task has them."""
         return {
             task: [
                 {
                     "name": name,
                     "path": str(unit.spec.path),
+                    "max_input_length": unit.max_length,
                     **({"labels": self._labels_of(unit, task)} if TASKS[task].labelled else {}),
                 }
                 for name, unit in models.items()

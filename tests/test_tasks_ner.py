@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bert.tasks import ner, pad_batch
+from bert.tasks.common import Limits, ModelFacts, whole_span
 from bert.tokenizer import BertTokenizer, InputTooLong
 
 LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
@@ -165,3 +166,58 @@ def test_decode_with_no_ignored_labels_equals_pipeline(tokenizer, tiny_ner):
     # Nothing ignored: the groups cover the sentence from its first to its last character, in order.
     assert got[0]["start"] == 0 and got[-1]["end"] == len(text)
     assert all(left["end"] <= right["start"] for left, right in zip(got, got[1:]))
+
+
+# ---- spans keep a letter with its combining marks -------------------------------------------------
+def _entity_logits(features, labels: dict[int, str]) -> np.ndarray:
+    """Logits that give token i the label labels[i] (decisively) and every other token O."""
+    logits = np.full((len(features), len(LABELS)), -10.0, np.float32)
+    logits[:, LABELS.index("O")] = 10.0
+    for index, label in labels.items():
+        logits[index] = -10.0
+        logits[index, LABELS.index(label)] = 10.0
+    return logits
+
+
+@pytest.mark.parametrize("aggregation", ["none", "simple", "first", "average", "max"])
+def test_served_entity_ends_after_the_combining_marks_of_its_last_letter(tokenizer, aggregation):
+    """José in NFD ("e" then U+0301): the uncased tokenizer strips the accent, so its piece "jose" ends before the
+    mark; the served entity (decode_request: words as written) takes the mark in."""
+    text = "Jose\u0301 lives in Paris"
+    (windows,) = ner.encode_request(tokenizer, [text], Limits(max_length=64, max_sequences=8))
+    (features,) = windows
+    assert features.tokens[1] == "jose" and features.offsets[1] == (0, 4)  # the tokenizer's offsets stop short
+    paris = features.tokens.index("paris")
+    logits = _entity_logits(features, {1: "B-PER", paris: "B-LOC"})
+    (entities,) = ner.decode_request(
+        [text], [windows], [[{"ner": logits}]], ModelFacts(labels=ID2LABEL), aggregation=aggregation
+    )
+    assert [(e["word"], e["start"], e["end"]) for e in entities] == [("Jose\u0301", 0, 5), ("Paris", 15, 20)]
+    assert all(text[e["start"] : e["end"]] == e["word"] for e in entities)
+
+
+def test_a_span_never_starts_on_a_combining_mark_and_ascii_spans_are_untouched():
+    """A tokenizer that gives the mark a piece of its own ("e" + "##\u0301"): an entity of that piece alone starts
+    at its letter; marks after a whole entity join it, a ZWJ and a variation selector too."""
+    text = "Jose\u0301 lives \u2764\ufe0f"
+    features = ner.NerFeatures(
+        input_ids=[0] * 6,
+        token_type_ids=[0] * 6,
+        offsets=[(0, 0), (0, 4), (4, 5), (6, 11), (12, 13), (0, 0)],
+        word_ids=[None, 0, 0, 1, 2, None],
+        special_tokens_mask=[1, 0, 0, 0, 0, 1],
+        text=text,
+        tokens=["[CLS]", "jose", "##\u0301", "lives", "\u2764", "[SEP]"],
+    )
+    logits = _entity_logits(features, {2: "B-MISC", 4: "B-LOC"})
+    entities = ner.decode(features, logits, ID2LABEL, aggregation="none", word_from_text=True)
+    assert [(e["word"], e["start"], e["end"]) for e in entities] == [("e\u0301", 3, 5), ("\u2764\ufe0f", 12, 14)]
+    # The pipeline's own words (word_from_text off) keep its offsets, as transformers gives them.
+    assert [(e["start"], e["end"]) for e in ner.decode(features, logits, ID2LABEL, aggregation="none")] == [
+        (4, 5),
+        (12, 13),
+    ]
+    assert whole_span("Paris, France", 0, 5) == (0, 5)  # ASCII: nothing moves
+    assert whole_span("a\u0301\u0327b", 0, 1) == (0, 3)  # every mark that follows
+    assert whole_span("\U0001f468\u200d\U0001f469", 0, 1) == (0, 2)  # a zero-width joiner
+    assert whole_span("\u0301x", 0, 2) == (0, 2)  # a mark at the very start has nothing to go back to

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +102,34 @@ def _cut_after(text: str, at: int) -> int:
         return len(text)
     found = _WHITESPACE.search(text, at, min(len(text), at + 4 * CHUNK_CHARS))
     return found.end() if found else at
+
+
+# ---- character spans that keep a character whole -------------------------------------------------
+def _extends(ch: str) -> bool:
+    """Whether `ch` belongs to the character before it: a combining mark (e.g. U+0301 in NFD "é"), a zero-width
+    joiner, a variation selector or an emoji skin-tone modifier."""
+    return (
+        unicodedata.combining(ch) != 0
+        or unicodedata.category(ch)[0] == "M"
+        or ch == "\u200d"
+        or "\ufe00" <= ch <= "\ufe0f"
+        or "\U000e0100" <= ch <= "\U000e01ef"
+        or "\U0001f3fb" <= ch <= "\U0001f3ff"
+    )
+
+
+def whole_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """`text[start:end]` widened so as not to split a character from its marks: `end` goes past the marks that
+    follow it (a tokenizer that strips accents, or gives a mark a piece of its own, ends a word before them) and
+    `start`, on a mark, goes back to the character the mark belongs to. An ASCII neighbour costs one comparison."""
+    size = len(text)
+    if end < size and text[end] >= "\x80":
+        while end < size and _extends(text[end]):
+            end += 1
+    if 0 < start < size and text[start] >= "\x80":
+        while start > 0 and _extends(text[start]):
+            start -= 1
+    return start, end
 
 
 # ---- what the server's one inference path gives every task (bert.tasks.base.Task) -----------------

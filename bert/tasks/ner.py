@@ -25,6 +25,7 @@ from bert.tasks.common import (
     check_length,
     open_text,
     softmax,
+    whole_span,
 )
 from bert.tasks.windows import LongInputs, max_text_tokens, single_template, too_much_work, window_count
 from bert.tokenizer import UNK, InputTooLong
@@ -293,7 +294,9 @@ def decode(
     """Logits (T, num_labels) of one sequence -> entities, exactly as transformers' pipeline returns them.
 
     With `word_from_text`, each `word` is the text as written (`text[start:end]`: casing and accents kept)
-    instead of the pipeline's word pieces joined back (lower-cased by an uncased tokenizer).
+    instead of the pipeline's word pieces joined back (lower-cased by an uncased tokenizer), and no span splits a
+    character from its combining marks: one ending right before marks (an accent-stripping tokenizer drops them
+    from its offsets) takes them in, one starting on a mark starts at its letter (`whole_span`).
 
     aggregation "none": [{"entity", "score", "index", "word", "start", "end"}] per token;
     otherwise [{"entity_group", "score", "word", "start", "end"}]. Rows beyond len(features) (padding) are ignored.
@@ -320,7 +323,9 @@ def decode(
     for entity in kept:
         entity["score"] = float(entity["score"])
         if word_from_text:
-            entity["word"] = features.text[entity["start"] : entity["end"]]
+            text = features.text
+            start, end = whole_span(text, entity["start"], entity["end"])  # an accent's mark stays with its letter
+            entity["start"], entity["end"], entity["word"] = start, end, text[start:end]
     return kept
 
 

@@ -284,8 +284,8 @@ async def ready(request: Request):
 
 @router.get("/info", response_model=Info, tags=["status"], responses={401: {"model": ErrorBody}})
 async def info(request: Request):
-    """The model, its tasks and labels, each task's models (the first is the default), the backend and the batching
-    limits."""
+    """The model, its tasks and labels, each task's models (the first is the default) with each one's longest
+    input, the backend and the batching limits (`max_input_length`: the longest input every model takes)."""
     engine, settings = request.app.state.engine, request.app.state.settings
     return Info(
         model=engine.model_name,

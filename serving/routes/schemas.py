@@ -350,6 +350,21 @@ class Status(BaseModel):
     status: str
 
 
+class ServedModel(BaseModel):
+    """One of a task's models in /info's `models`; a task with labels (classify, ner) lists them too, as `labels`."""
+
+    model_config = ConfigDict(extra="allow")  # `labels`, where the task has them
+
+    name: str = Field(..., description='what a request\'s "model" picks it by')
+    path: str = Field(..., description="the model's directory")
+    max_input_length: int = Field(
+        ...,
+        description="longest input in tokens this model takes (its max_position_embeddings, or less where "
+        "--max-input-length or the model's own limit says); longer ones get 422 unless the request sends "
+        '"truncate": true',
+    )
+
+
 class Info(BaseModel):
     model: str
     tasks: list[str]
@@ -358,7 +373,11 @@ class Info(BaseModel):
     device: str
     max_batch_requests: int
     max_batch_tokens: int
-    max_input_length: int
+    max_input_length: int = Field(
+        ...,
+        description="longest input in tokens that every served model takes: the smallest of `models`' "
+        "max_input_length (a server of one model: that model's)",
+    )
     max_client_batch_size: int
     max_concurrent_requests: int
     version: str
@@ -371,10 +390,10 @@ class Info(BaseModel):
         default_factory=dict,
         description="per task, the exact model that answers its unsure items again, and the margin",
     )
-    models: dict[str, list[dict]] = Field(
+    models: dict[str, list[ServedModel]] = Field(
         default_factory=dict,
-        description='per task, its models in order, the first the default: {name, path, labels?}; a request\'s "model" '
-        "picks one by name",
+        description="per task, its models in order, the first the default: {name, path, max_input_length, labels?} "
+        "(max_input_length: that model's own limit); a request's \"model\" picks one by name",
     )
 
 
