@@ -129,32 +129,11 @@ def test_info_the_sdk_and_metrics_name_each_model(servers, checkpoints):
     assert 'bertserve_model_queue_depth{model="tiny",task="embed"}' in metrics
 
 
-def _short_classifier(directory, max_position_embeddings: int):
-    """A tiny random classifier (as build_checkpoint's) that takes at most `max_position_embeddings` tokens."""
-    from test_serving_support import CLS_LABELS, minilm_dir
-
-    from bert.checkpoint import init_model, save_checkpoint
-    from bert.config import BertConfig
-
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=max_position_embeddings,
-        task="classify",
-        id2label=dict(enumerate(CLS_LABELS)),
-    )
-    save_checkpoint(init_model(config, seed=7), directory, tokenizer=minilm_dir())
-    return directory
-
-
 def test_info_gives_each_model_its_own_max_input_length(checkpoints, tmp_path):
     """Two classifiers of 512 and 128 positions in one server: /info's models say 512 and 128 (each enforced as
     said: an input of 200 tokens is answered by the one, refused by the other); the top-level max_input_length
     is the one every model takes."""
-    short = _short_classifier(tmp_path / "short", 128)
+    short = build_checkpoint(tmp_path / "short", "classify", seed=7, max_position_embeddings=128)
     server = Server("--classify-model", f"long={checkpoints['sentiment']}", "--classify-model", f"short={short}")
     try:
         server.wait_ready(120)

