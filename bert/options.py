@@ -65,11 +65,12 @@ def option(
     one_of: str | None = None,
     minimum: float | None = None,
     maximum: float | None = None,
+    above: float | None = None,
 ) -> Any:
     """A dataclass field that is a command-line option. `one_of`: options sharing this group name exclude each
     other (and `required` on them means one of the group is needed). `minimum` / `maximum`: a number's bounds,
-    checked wherever a value comes in (flag, env var, or `check_bounds` for values given in code); None, where
-    the option allows it, is never out of bounds."""
+    `above`: a lower bound it may not equal (a learning rate above 0); checked wherever a value comes in (flag, env
+    var, or `bounds_problems` for values given in code); None, where the option allows it, is never out of bounds."""
     metadata = {
         "help": help,
         "choices": choices,
@@ -78,6 +79,7 @@ def option(
         "one_of": one_of,
         "minimum": minimum,
         "maximum": maximum,
+        "above": above,
     }
     if isinstance(default, (list, dict, set)):
         value = default
@@ -100,7 +102,7 @@ def like(
     return option(
         default,
         prefix + (meta["help"] if help is None else help) + suffix,
-        **{k: meta.get(k) for k in ("choices", "metavar", "one_of", "minimum", "maximum")},
+        **{k: meta.get(k) for k in ("choices", "metavar", "one_of", "minimum", "maximum", "above")},
     )
 
 
@@ -123,6 +125,7 @@ class Option:
     prefix: str = ENV_PREFIX
     minimum: float | None = None
     maximum: float | None = None
+    above: float | None = None
 
     @property
     def flag(self) -> str:
@@ -154,6 +157,8 @@ class Option:
         """ValueError when a number is outside the declared bounds ("must be at least 1, got 0")."""
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             return
+        if self.above is not None and value <= self.above:
+            raise ValueError(f"must be more than {_number(self.above)}, got {_number(value)}")
         if self.minimum is not None and value < self.minimum:
             raise ValueError(f"must be at least {_number(self.minimum)}, got {_number(value)}")
         if self.maximum is not None and value > self.maximum:
@@ -209,6 +214,7 @@ def options_of(cls) -> list[Option]:
                     prefix,
                     meta.get("minimum"),
                     meta.get("maximum"),
+                    meta.get("above"),
                 )
             )
         return out
@@ -216,11 +222,12 @@ def options_of(cls) -> list[Option]:
     for name, f in cls.model_fields.items():  # a pydantic (settings) model
         kind, choices = _kind(f.annotation)
         required = f.is_required()
-        default = None if required else f.default
-        low = high = None
-        for rule in f.metadata:  # annotated_types' Ge / Le / Gt / Lt, from Field(ge=..., le=...)
+        default = None if required else f.get_default(call_default_factory=True)
+        low = high = above = None
+        for rule in f.metadata:  # annotated_types' Ge / Le / Gt, from Field(ge=..., le=..., gt=...)
             low = getattr(rule, "ge", low)
             high = getattr(rule, "le", high)
+            above = getattr(rule, "gt", above)
         out.append(
             Option(
                 name,
@@ -232,6 +239,7 @@ def options_of(cls) -> list[Option]:
                 prefix=prefix,
                 minimum=low,
                 maximum=high,
+                above=above,
             )
         )
     return out
@@ -310,9 +318,11 @@ class _No(argparse.Action):
 def _bounds_text(o: Option) -> str:
     if o.minimum is not None and o.maximum is not None:
         return f" ({_number(o.minimum)} to {_number(o.maximum)})"
-    if o.minimum is not None:
-        return f" (at least {_number(o.minimum)})"
-    return f" (at most {_number(o.maximum)})" if o.maximum is not None else ""
+    low = f"at least {_number(o.minimum)}" if o.minimum is not None else None
+    if o.above is not None:
+        low = f"more than {_number(o.above)}"
+    bounds = [b for b in (low, f"at most {_number(o.maximum)}" if o.maximum is not None else None) if b]
+    return f" ({', '.join(bounds)})" if bounds else ""
 
 
 def _default_text(o: Option) -> str:
@@ -321,6 +331,14 @@ def _default_text(o: Option) -> str:
     if o.default is None or o.default == "" or o.default == []:
         return ""
     return f" (default: {','.join(o.default) if isinstance(o.default, list) else o.default})"
+
+
+def _module_name(cls) -> str:
+    """The module `cls` is declared in, as `python -m` names it (a class of the module run with -m is __main__'s)."""
+    if cls.__module__ == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        return spec.name if spec is not None else "__main__"
+    return cls.__module__
 
 
 def build_parser(
@@ -334,7 +352,7 @@ def build_parser(
     """The argparse parser of `cls`'s options (what `--help` shows). Its defaults are left out of the namespace:
     `read` fills what the command line did not give from the env, then the declaration."""
     parser = _OneLineParser(
-        prog=prog or f"python -m {cls.__module__}",
+        prog=prog or f"python -m {_module_name(cls)}",
         description=description,
         epilog=epilog,
         allow_abbrev=False,

@@ -103,6 +103,8 @@ class OnnxOptions:
             "inputs (labels for classify/ner/zero-shot, the top position or text for qa/rerank, the first token for "
             "fill-mask, cosine >= 0.99 for embeddings), observed and estimated from fp32's margins"
         ),
+        above=0,
+        maximum=1,
     )
     int8_trials: int = option(
         40,
@@ -173,6 +175,7 @@ class OnnxOptions:
         None,
         metavar="X",
         help=("largest allowed absolute difference between fp32 ONNX outputs and torch (default 1e-4)"),
+        above=0,
     )
     no_verify: bool = option(
         False, help=("skip the parity check against torch (the manifest then records parity as skipped)")
@@ -247,10 +250,6 @@ def main(argv=None) -> None:
     args.task = registry.canonical(args.task)  # fill-mask, the route's spelling, is fill_mask
     if args.task not in TASK_CHOICES:  # one line, not argparse's usage block
         raise UsageError(f"unknown task {args.task!r} for --task; it takes {', '.join(TASK_CHOICES)}")
-    if args.atol is not None and args.atol <= 0:
-        raise UsageError(f"--atol must be positive, got {args.atol}")
-    if not 0 < args.int8_agreement <= 1:
-        raise UsageError(f"--int8-agreement must be in (0, 1], got {args.int8_agreement}")
     extra_calibration = None
     if args.calibration:
         from .samples import CalibrationError, read_calibration

@@ -73,12 +73,20 @@ class TensorRTOptions:
             "manifest is updated only when the plan lands in the artifact)"
         ),
     )
-    max_batch: int | None = option(None, metavar="N", help="profile max batch (default: the manifest's, else 32)")
-    max_seq: int | None = option(None, metavar="N", help="profile max sequence (default: the manifest's, else 512)")
-    opt_batch: int | None = option(None, metavar="N", help="profile opt batch (default: the manifest's, else 8)")
-    opt_seq: int | None = option(None, metavar="N", help="profile opt sequence (default: the manifest's, else 128)")
+    max_batch: int | None = option(
+        None, metavar="N", help="profile max batch (default: the manifest's, else 32)", minimum=1
+    )
+    max_seq: int | None = option(
+        None, metavar="N", help="profile max sequence (default: the manifest's, else 512)", minimum=1
+    )
+    opt_batch: int | None = option(
+        None, metavar="N", help="profile opt batch (default: the manifest's, else 8)", minimum=1
+    )
+    opt_seq: int | None = option(
+        None, metavar="N", help="profile opt sequence (default: the manifest's, else 128)", minimum=1
+    )
     workspace_gb: float = option(
-        4.0, metavar="GB", help=("largest GPU scratch memory TensorRT may use while building and running")
+        4.0, metavar="GB", help=("largest GPU scratch memory TensorRT may use while building and running"), above=0
     )
     timing_cache: str | None = option(
         None,
@@ -269,8 +277,6 @@ def resolve_request(args) -> tuple[Path, Path, dict, bool]:
 
 def main(argv=None) -> None:
     args = TensorRTOptions(**options.read(TensorRTOptions, argv, parser=build_parser()))
-    if args.workspace_gb <= 0:
-        raise UsageError(f"--workspace-gb must be positive, got {args.workspace_gb}")
     onnx_path, artifact, manifest, has_manifest = resolve_request(args)
     trt = import_tensorrt()
     plan = Path(args.out) if args.out else artifact / PLAN_FILE

@@ -62,7 +62,10 @@ class TritonOptions:
         ),
     )
     queue_delay_us: int = option(
-        1000, metavar="US", help=("dynamic batching: longest time a request waits for others to join its batch")
+        1000,
+        metavar="US",
+        help=("dynamic batching: longest time a request waits for others to join its batch"),
+        minimum=0,
     )
 
 

@@ -157,10 +157,12 @@ class _Settings(BaseSettings):
         5.0,
         ge=0,
         description="on SIGTERM, how long /ready answers 503 while requests are still served, so load "
-        'balancers stop sending before admission closes (docs/serving.md, "Stopping"); the '
+        'balancers stop sending before admission closes (docs/serving.md, "Shutdown"); the '
         "default leaves half of docker stop's 10 s grace for the requests then in flight",
     )
-    log_level: str = Field("info", description="uvicorn log level (debug, info, warning, error)")
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
+        "info", description="uvicorn's and the server's log level"
+    )
     log_format: Literal["text", "json"] = Field(
         "text",
         description="text | json (one JSON object per line: time, level, request id, route, task, status, "

@@ -94,7 +94,7 @@ COMMANDS = {
         _export("export.tensorrt"),
         ["--artifact", "no-such-artifact"],
         {"BERTSERVE_TENSORRT_WORKSPACE_GB": "-2"},
-        "--workspace-gb must be positive, got -2.0",
+        "BERTSERVE_TENSORRT_WORKSPACE_GB: must be more than 0, got -2",
     ),
     "batch": (
         _batch,
@@ -491,8 +491,9 @@ def test_a_task_named_as_its_route_is_its_registry_name(tmp_path, capsys):
     assert "no-such-model" in error and "is not one of" not in error
     assert _batch(["--task", "fill--mask", *argv]) == 2
     assert "--task 'fill--mask' is not one of" in capsys.readouterr().err
-    # the exporter: past the task check, to the next refusal (the tolerance)
-    with pytest.raises(UsageError, match="--atol must be positive"):
-        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill-mask", "--atol", "-1"])
+    # the exporter: past the task check, to the next refusal (the calibration file)
+    missing = str(tmp_path / "no-such-calibration.txt")
+    with pytest.raises(UsageError, match="no-such-calibration"):
+        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill-mask", "--calibration", missing])
     with pytest.raises(UsageError, match="unknown task 'fill--mask'"):
-        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill--mask", "--atol", "-1"])
+        export_main(["--ckpt", "tiny", "--random-init", "--task", "fill--mask", "--calibration", missing])

@@ -79,7 +79,7 @@ class TrainConfig:
 
     output_dir: str = option("runs/out", "checkpoints (best/, last/), log.jsonl and metrics go here")
     seed: int = option(42, "one seed for data order, masking, dropout and head initialisation")
-    learning_rate: float = option(5e-5, "peak learning rate (after warmup)")
+    learning_rate: float = option(5e-5, "peak learning rate (after warmup)", above=0)
     weight_decay: float = option(0.01, "AdamW decay; never applied to biases or LayerNorm weights")
     adam_beta1: float = option(0.9, "AdamW beta1")
     adam_beta2: float = option(0.999, "AdamW beta2")
@@ -90,8 +90,10 @@ class TrainConfig:
     max_steps: int = option(
         0, "stop after this many optimizer steps (0 = run num_epochs); also sets the schedule length", minimum=0
     )
-    batch_size: int = option(32, "examples per optimizer step (across accumulation and processes)")
-    grad_accum_steps: int = option(1, "micro-batches per optimizer step (per process); batch_size must divide by it")
+    batch_size: int = option(32, "examples per optimizer step (across accumulation and processes)", minimum=1)
+    grad_accum_steps: int = option(
+        1, "micro-batches per optimizer step (per process); batch_size must divide by it", minimum=1
+    )
     max_grad_norm: float = option(1.0, "gradient clipping (0 = off)")
     eval_every: int = option(0, "evaluate every N optimizer steps (0 = at the end of each epoch)", minimum=0)
     save_every: int = option(0, "write last/ (resumable) every N steps (0 = with each evaluation)", minimum=0)
@@ -106,15 +108,11 @@ class TrainConfig:
 
     def validate(self) -> None:
         problems = []
-        if self.learning_rate <= 0:
-            problems.append(f"learning_rate must be positive, got {self.learning_rate}")
         if not 0 <= self.warmup_ratio < 1:
             problems.append(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.num_epochs <= 0 and self.max_steps <= 0:
             problems.append("set num_epochs > 0 or max_steps > 0")
-        if self.batch_size <= 0 or self.grad_accum_steps <= 0:
-            problems.append("batch_size and grad_accum_steps must be positive")
-        elif self.batch_size % self.grad_accum_steps:
+        if self.batch_size > 0 and self.grad_accum_steps > 0 and self.batch_size % self.grad_accum_steps:
             problems.append(
                 f"batch_size {self.batch_size} is not divisible by grad_accum_steps {self.grad_accum_steps}"
             )

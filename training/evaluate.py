@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass
 
 from bert import options
-from bert.options import like, option
+from bert.options import bounds_problems, like, option
 from bert.tasks import registry
 from training import data_checks
 from training.config import ConfigError, run
@@ -40,7 +40,9 @@ class EvaluateOptions:
     data: str = option("", "evaluation file(s): TSV, CoNLL, or SQuAD JSON / .gz / comma-separated parts / directory")
     max_seq_length: int | None = _from_run("max_seq_length")
     eval_batch_size: int | None = _from_run("eval_batch_size")
-    max_examples: int = option(0, "evaluate only the first N examples (0 = all); the same as --max-eval-examples")
+    max_examples: int = option(
+        0, "evaluate only the first N examples (0 = all); the same as --max-eval-examples", minimum=0
+    )
     max_eval_examples: int = like(
         FinetuneConfig,
         "max_eval_examples",
@@ -96,8 +98,7 @@ class EvaluateOptions:
         problems = []
         if not self.ckpt:
             problems.append("--ckpt is required")
-        if self.max_examples < 0 or self.max_eval_examples < 0:
-            problems.append("--max-eval-examples must be >= 0")
+        problems += bounds_problems(type(self), vars(self))
         if self.max_examples and self.max_eval_examples and self.max_examples != self.max_eval_examples:
             problems.append(
                 f"--max-examples {self.max_examples} and --max-eval-examples {self.max_eval_examples} "

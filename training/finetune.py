@@ -50,11 +50,15 @@ class FinetuneOptions(TrainConfig):
     tokenizer: str = option("", "tokenizer directory (default: the checkpoint's)")
     train_data: str = option("", "TSV (classify), CoNLL (ner), SQuAD JSON / .gz / comma-separated parts (qa)")
     eval_data: str = option("", "same format; for qa it may be empty when --heldout-articles > 0")
-    max_seq_length: int = option(128, "longest encoded input (longer inputs are truncated; qa: windowed)")
-    eval_batch_size: int = option(64, "examples per evaluation batch")
-    max_train_examples: int = option(0, "use only the first N training examples (0 = all)")
-    max_eval_examples: int = option(0, "evaluate on only the first N examples (0 = all)")
-    stop_at_step: int = option(0, "stop as if interrupted after this step (schedule unchanged; then --resume)")
+    max_seq_length: int = option(
+        128, "longest encoded input (longer inputs are truncated; qa: windowed)", minimum=8, maximum=512
+    )
+    eval_batch_size: int = option(64, "examples per evaluation batch", minimum=1)
+    max_train_examples: int = option(0, "use only the first N training examples (0 = all)", minimum=0)
+    max_eval_examples: int = option(0, "evaluate on only the first N examples (0 = all)", minimum=0)
+    stop_at_step: int = option(
+        0, "stop as if interrupted after this step (schedule unchanged; then --resume)", minimum=0
+    )
 
     def task_problems(self) -> list[str]:
         task = trainable_task(self.task)
@@ -69,12 +73,8 @@ class FinetuneOptions(TrainConfig):
             problems.append("--init-preset needs --tokenizer (a directory with vocab.txt or tokenizer.json)")
         if not self.train_data:
             problems.append(f"{flag(self, 'train_data')} is required")
-        if self.max_seq_length < 8 or self.max_seq_length > 512:
-            problems.append(f"{flag(self, 'max_seq_length')} must be in [8, 512], got {self.max_seq_length}")
         problems += foreign_options(self, task)
         problems += task.train_problems(self)
-        if self.stop_at_step < 0:
-            problems.append("stop_at_step must be >= 0")
         if self.ckpt and not problems:
             from bert.checkpoint import resolve_checkpoint
             from bert.config import BertConfig
@@ -102,7 +102,11 @@ def task_option_fields() -> list[tuple]:
             if declared.setdefault(o.name, o) != o:
                 raise TypeError(f"training option {o.name!r} is declared two ways (task {task.name} and another)")
     return [
-        (o.name, list[str] if isinstance(o.default, list) else o.kind or type(o.default), option(o.default, o.help))
+        (
+            o.name,
+            list[str] if isinstance(o.default, list) else o.kind or type(o.default),
+            option(o.default, o.help, minimum=o.minimum, maximum=o.maximum),
+        )
         for o in declared.values()
     ]
 

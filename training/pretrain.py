@@ -41,22 +41,24 @@ class PretrainConfig(TrainConfig):
         "mini", "architecture, randomly initialised: tiny | mini | small | medium | base | large, or a config.json"
     )
     ckpt: str = option("", "instead of --preset: continue pretraining this checkpoint")
-    max_seq_length: int = option(128, "tokens per instance, [CLS] A [SEP] B [SEP] included")
-    short_seq_prob: float = option(0.1, "probability of a shorter target length for an instance")
+    max_seq_length: int = option(128, "tokens per instance, [CLS] A [SEP] B [SEP] included", minimum=8, maximum=512)
+    short_seq_prob: float = option(0.1, "probability of a shorter target length for an instance", minimum=0, maximum=1)
     masked_lm_prob: float = option(0.15, "fraction of tokens chosen for prediction")
-    max_predictions_per_seq: int = option(20, "cap on predicted tokens per sequence")
+    max_predictions_per_seq: int = option(20, "cap on predicted tokens per sequence", minimum=1)
     whole_word_mask: bool = option(False, "choose whole words (a word piece and its ## continuations)")
-    dupe_factor: int = option(5, "copies of the corpus with different pairings and truncations")
+    dupe_factor: int = option(5, "copies of the corpus with different pairings and truncations", minimum=1)
     nsp: bool = option(True, "next-sentence prediction (off: MLM only, B is always the real continuation)")
     heldout_percent: float = option(5.0, "percent of documents (stable hash of the first line) held out for evaluation")
     data_seed: int = option(12345, "seed of instance creation and of the fixed evaluation masks")
-    max_eval_instances: int = option(2000, "held-out instances scored per evaluation")
-    eval_batch_size: int = option(64, "instances per evaluation batch")
-    instances_per_shard: int = option(20000, "instances per shard file")
+    max_eval_instances: int = option(2000, "held-out instances scored per evaluation", minimum=0)
+    eval_batch_size: int = option(64, "instances per evaluation batch", minimum=1)
+    instances_per_shard: int = option(20000, "instances per shard file", minimum=1)
     documents_per_buffer: int = option(
-        2000, "documents tokenized together (NotNext partners come from the same buffer)"
+        2000, "documents tokenized together (NotNext partners come from the same buffer)", minimum=1
     )
-    stop_at_step: int = option(0, "stop as if interrupted after this step (schedule unchanged; then --resume)")
+    stop_at_step: int = option(
+        0, "stop as if interrupted after this step (schedule unchanged; then --resume)", minimum=0
+    )
 
     def task_problems(self) -> list[str]:
         from bert.config import PRESETS, BertConfig
@@ -94,21 +96,13 @@ class PretrainConfig(TrainConfig):
             )
             if self.nsp and config and config.family.name != "bert":  # the one layout with a next-sentence head
                 problems.append(f"{config.family.name} pretrains masked LM only (no next-sentence head): add --no-nsp")
-        if not 8 <= self.max_seq_length <= 512:
-            problems.append(f"max_seq_length must be in [8, 512], got {self.max_seq_length}")
         if not 0 < self.masked_lm_prob < 1:
             problems.append(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
-        if self.max_predictions_per_seq < 1:
-            problems.append("max_predictions_per_seq must be >= 1")
-        elif self.max_predictions_per_seq > self.max_seq_length - 3:
+        if 1 <= self.max_predictions_per_seq and self.max_predictions_per_seq > self.max_seq_length - 3:
             problems.append(
                 f"max_predictions_per_seq ({self.max_predictions_per_seq}) cannot exceed the "
                 f"maskable tokens of a sequence ({self.max_seq_length - 3})"
             )
-        if not 0 <= self.short_seq_prob <= 1:
-            problems.append(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
-        if self.dupe_factor < 1:
-            problems.append("dupe_factor must be >= 1")
         if not 0 < self.heldout_percent < 100:
             problems.append("heldout_percent must be in (0, 100): evaluation needs held-out documents")
         return problems

@@ -488,6 +488,7 @@ HELDOUT_ARTICLES = TaskOption(
     "heldout_articles",
     0,
     "qa: hold out the last N articles of the training data for evaluation (never trained on)",
+    minimum=0,
     evaluate=False,  # evaluate's own --heldout-articles evaluates on that tail
 )
 
@@ -546,9 +547,9 @@ class QATask(Task):
 
     # ---- training hooks: SQuAD questions (QAExample), windowed --------------------
     train_options = (
-        TaskOption("doc_stride", 128, "qa: tokens between the starts of consecutive context windows"),
-        TaskOption("max_query_length", 64, "qa: questions are cut to this many tokens"),
-        TaskOption("max_answer_length", 30, "qa: longest predicted answer, in tokens"),
+        TaskOption("doc_stride", 128, "qa: context tokens neighbouring windows share", minimum=1),
+        TaskOption("max_query_length", 64, "qa: questions are cut to this many tokens", minimum=1),
+        TaskOption("max_answer_length", 30, "qa: longest predicted answer, in tokens", minimum=1),
         HELDOUT_ARTICLES,
     )
     train_max_seq_length = 384
@@ -568,8 +569,6 @@ class QATask(Task):
                 f"doc_stride ({cfg.doc_stride}) must be smaller than the context room "
                 f"{flag(cfg, 'max_seq_length')} - max_query_length - 3 = {cfg.max_seq_length - cfg.max_query_length - 3}"
             )
-        if cfg.doc_stride <= 0 or cfg.max_answer_length <= 0:
-            problems.append("doc_stride and max_answer_length must be positive")
         return problems
 
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
