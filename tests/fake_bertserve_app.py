@@ -3,10 +3,12 @@
 
 It can be told to misbehave: `POST /_fake/faults {"/classify": [{"status": 429, "retry_after": "1"},
 {"delay": 2.0}]}` queues one scripted answer per coming request to that path (a `delay` alone
-sleeps, then answers normally). Every request is logged with its arrival time and batch size
+sleeps, then answers normally). An entry with a `body` answers that text as it is, with its
+`content_type` and `headers` (a proxy's HTML error page, a cut-off answer, a bad gzip). Every request is logged with its arrival time and batch size
 (`GET /_fake/log`) so tests can count attempts and measure waits; `POST /_fake/reset` clears both.
 
-Run: python tests/fake_bertserve_app.py --port 8123 [--api-key KEY] [--max-client-batch-size 4]
+Run: python tests/fake_bertserve_app.py --port 8123 [--api-key KEY] [--max-client-batch-size 4] [--prefix /p]
+(`--prefix`: served under that path, as behind a proxy that forwards /p/... to it)
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from typing import Literal, Union
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
 MAX_INPUT_LENGTH = 512  # "tokens": whitespace-separated words here
 LABELS = ("negative", "positive")
@@ -118,6 +122,9 @@ def create_app(api_key: str | None = None, max_client_batch_size: int = 4) -> Fa
             raise ApiError(400, "inputs is empty", "empty")
         if len(inputs) > max_client_batch_size:
             raise ApiError(413, f"{len(inputs)} inputs, the limit is {max_client_batch_size}", "validation")
+        for i, text in enumerate(inputs):  # as the real server words it: the index within this request
+            if text == "":
+                raise ApiError(400, f"inputs[{i}] is empty", "empty")
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -146,7 +153,10 @@ def create_app(api_key: str | None = None, max_client_batch_size: int = 4) -> Fa
             fault = faults[path].popleft()
             await asyncio.sleep(fault.get("delay", 0))
             if "status" in fault:
-                headers = {"Retry-After": str(fault["retry_after"])} if "retry_after" in fault else None
+                headers = {"Retry-After": str(fault["retry_after"])} if "retry_after" in fault else {}
+                headers.update(fault.get("headers", {}))
+                if "body" in fault:
+                    return Response(fault["body"], fault["status"], headers, media_type=fault.get("content_type"))
                 content = {
                     "error": fault.get("error", "scripted failure"),
                     "error_type": fault.get("error_type", "backend"),
@@ -245,7 +255,9 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--api-key")
     parser.add_argument("--max-client-batch-size", type=int, default=4)
+    parser.add_argument("--prefix", default="")
     args = parser.parse_args()
-    uvicorn.run(
-        create_app(args.api_key, args.max_client_batch_size), host=args.host, port=args.port, log_level="warning"
-    )
+    app = create_app(args.api_key, args.max_client_batch_size)
+    if args.prefix.strip("/"):
+        app = Starlette(routes=[Mount("/" + args.prefix.strip("/"), app=app)])
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

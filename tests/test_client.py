@@ -63,7 +63,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(command: list[str], port: int, env: dict[str, str] | None = None):
+def _start(command: list[str], port: int, env: dict[str, str] | None = None, ready_path: str = "/ready"):
     proc = subprocess.Popen(
         command, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -73,7 +73,7 @@ def _start(command: list[str], port: int, env: dict[str, str] | None = None):
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
         try:
-            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+            if httpx.get(url + ready_path, timeout=1).status_code == 200:
                 return proc, url
         except httpx.TransportError:
             pass
@@ -90,7 +90,7 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def _launch(api_key: str | None = None):
+def _launch(api_key: str | None = None, prefix: str | None = None):
     port = _free_port()
     if SERVER == "real":
         env = {"BERTSERVE_HOST": "127.0.0.1", "BERTSERVE_PORT": str(port)}
@@ -107,7 +107,10 @@ def _launch(api_key: str | None = None):
     ]
     if api_key:
         command += ["--api-key", api_key]
-    return _start(command, port)
+    if prefix:
+        command += ["--prefix", prefix]
+    proc, url = _start(command, port, ready_path=(prefix or "") + "/ready")
+    return proc, url
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +315,40 @@ def test_qa_list_split(use, server_url):
         assert len(request_log(server_url, "/qa")) == 2
 
 
+def test_error_of_a_split_list_names_the_callers_item(use):
+    """The server numbers the items of the one request it got: for a list split in several, the error says which
+    request failed and which of the caller's items it carried, so "inputs[1]" can be traced to item 9."""
+    texts = REVIEWS[:9] + ["", "fine"]  # the empty text is item 9: request 3 of 3 carries items [8:11]
+    with pytest.raises(ValidationError) as e:
+        use(lambda c: c.classify(texts), batch_size=4, max_retries=0)
+    err = e.value
+    assert err.status_code == 400 and "inputs[1] is empty" in err.message
+    assert "request 3 of 3" in err.message and "items [8:11] of the 11" in err.message and "8+i" in str(err)
+    with pytest.raises(ValidationError) as whole:  # a list sent in one request: the server's index is the caller's
+        use(lambda c: c.classify(["good", ""]), batch_size=4, max_retries=0)
+    assert whole.value.message == "inputs[1] is empty"
+
+
+def test_bad_list_items_fail_before_any_request_naming_the_item(use, server_url):
+    """A wrong item is a TypeError that names it, raised before anything is sent (not a server 422 naming the
+    item's index within one of the requests a long list was split into, nor "'int' object is not iterable")."""
+    texts = [f"text {i}" for i in range(9)]
+    with pytest.raises(TypeError, match=r"inputs\[0\] must be a str or a \(text, text_pair\) pair"):
+        use(lambda c: c.classify([1, 2]))
+    with pytest.raises(TypeError, match=r"inputs\[1\].*a tuple of 3 items"):
+        use(lambda c: c.classify(["ok", ("a", "b", "c")]))
+    with pytest.raises(TypeError, match=r"inputs\[9\] must be a str, not NoneType"):
+        use(lambda c: c.ner([*texts, None]))
+    with pytest.raises(TypeError, match=r"inputs\[1\] must be a str, not bytes"):
+        use(lambda c: c.embed(["ok", b"bytes"]))
+    with pytest.raises(TypeError, match=r"items\[1\] must be a QAInput.*keys \['question'\]"):
+        use(lambda c: c.qa([("q", "c"), {"question": "no context"}]))
+    with pytest.raises(TypeError, match=r"items\[0\]: question and context must be str"):
+        use(lambda c: c.qa([("q", None)]))
+    if FAKE:
+        assert request_log(server_url) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors: one class per kind; what is and isn't retried
 
@@ -425,6 +462,163 @@ def test_connection_refused(use, fast_backoff):
         use(lambda c: c.health(), url=url)
 
 
+def test_connection_errors_read_the_same_in_sync_and_async(use):
+    """No answer at all: the message names the request and the system's reason, the same from both clients (the
+    async one's transport says only "All connection attempts failed")."""
+    port = _free_port()  # nothing listens there
+    with pytest.raises(APIConnectionError) as refused:
+        use(lambda c: c.classify("good"), url=f"http://127.0.0.1:{port}", max_retries=0)
+    assert str(refused.value) == (
+        f"could not connect to the server (POST http://127.0.0.1:{port}/classify): [Errno 111] Connection refused"
+    )
+    with pytest.raises(APIConnectionError) as unknown_host:  # .invalid never resolves (RFC 2606)
+        use(lambda c: c.health(), url="http://bertserve.invalid:8000", max_retries=0)
+    assert str(unknown_host.value).startswith(
+        "could not connect to the server (GET http://bertserve.invalid:8000/health): [Errno "
+    )
+
+
+@needs_fake
+def test_timeout_says_what_timed_out_and_after_how_long(use, server_url):
+    script(server_url, "/classify", {"delay": 2.5})
+    with pytest.raises(APITimeoutError) as e:
+        use(lambda c: c.classify("good"), timeout=0.3, max_retries=0)
+    assert str(e.value) == (
+        f"read timeout: no answer within 0.3 s (POST {server_url}/classify); a slow request needs a larger timeout="
+    )
+
+
+NGINX_502 = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>"
+    "\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+@needs_fake
+def test_a_proxys_html_error_page_is_a_clear_error(use, server_url, fast_backoff):
+    """An nginx 502 page: a ServerError, retried, whose message is the page's words, not its HTML; a 200 login
+    page is a BertserveError saying it is not JSON, not retried."""
+    page = {"status": 502, "body": NGINX_502, "content_type": "text/html"}
+    script(server_url, "/classify", page, page)
+    with pytest.raises(ServerError) as e:
+        use(lambda c: c.classify("good"), max_retries=1)
+    err = e.value
+    assert err.status_code == 502 and err.error_type is None and len(request_log(server_url, "/classify")) == 2
+    assert "<" not in err.message and "'502 Bad Gateway nginx/1.25.3'" in err.message and "text/html" in err.message
+    assert err.message.endswith("(gave up after 2 attempts)")
+    script(server_url, "/ner", {"status": 200, "body": "<html><body>Please sign in</body></html>"})
+    with pytest.raises(BertserveError) as login:
+        use(lambda c: c.ner("Alice"), max_retries=3)
+    assert login.value.status_code == 200 and "not JSON" in login.value.message
+    assert "'Please sign in'" in login.value.message and len(request_log(server_url, "/ner")) == 1
+
+
+@needs_fake
+def test_other_json_error_shapes_give_their_message(use, server_url):
+    """FastAPI's own {"detail": [...]} (an app in front of bertserve) and OpenAI's error object (the server's /v1/
+    paths): their message, not a dict's repr."""
+    detail = '{"detail": [{"loc": ["body", "inputs", 0], "msg": "field required", "type": "missing"}]}'
+    openai = '{"error": {"message": "no such model", "type": "not_found", "param": null, "code": null}}'
+    script(
+        server_url,
+        "/classify",
+        {"status": 422, "body": detail, "content_type": "application/json"},
+        {"status": 404, "body": openai, "content_type": "application/json"},
+    )
+    with pytest.raises(ValidationError) as e:
+        use(lambda c: c.classify("good"))
+    assert e.value.message == "inputs.0: field required"
+    with pytest.raises(NotFoundError) as e:
+        use(lambda c: c.classify("good"))
+    assert (e.value.message, e.value.error_type) == ("no such model", "not_found")
+
+
+@needs_fake
+def test_redirect_names_where_it_goes(use, server_url):
+    script(server_url, "/classify", {"status": 307, "body": "", "headers": {"Location": "https://bertserve.example/"}})
+    with pytest.raises(BertserveError) as e:
+        use(lambda c: c.classify("good"), max_retries=3)
+    assert e.value.status_code == 307 and "'https://bertserve.example/'" in e.value.message
+    assert len(request_log(server_url, "/classify")) == 1
+
+
+@needs_fake
+def test_cut_off_answer_is_a_connection_error_and_retried(use, server_url, fast_backoff):
+    """A body shorter than its Content-Length (a connection dropped mid-answer) is APIConnectionError, retried."""
+    cut = {
+        "status": 200,
+        "body": '[{"label": "pos',
+        "content_type": "application/json",
+        "headers": {"Content-Length": "60"},
+    }
+    script(server_url, "/classify", cut, cut)
+    with pytest.raises(APIConnectionError) as e:
+        use(lambda c: c.classify("good"), max_retries=0)
+    assert not isinstance(e.value, APITimeoutError)
+    assert str(e.value).startswith(f"the connection to the server failed (POST {server_url}/classify): ")
+    assert use(lambda c: c.classify("good"), max_retries=1)  # the second cut answer, then a whole one
+    assert len(request_log(server_url, "/classify")) == 3
+
+
+@needs_fake
+def test_undecodable_answer_is_a_bertserve_error(use, server_url):
+    """A body that says gzip and is not (a broken proxy): BertserveError, not httpx's DecodingError."""
+    script(server_url, "/classify", {"status": 200, "body": "not gzip", "headers": {"Content-Encoding": "gzip"}})
+    with pytest.raises(BertserveError, match="could not be decoded"):
+        use(lambda c: c.classify("good"), max_retries=3)
+    assert len(request_log(server_url, "/classify")) == 1
+
+
+@needs_fake
+def test_503_carries_retry_after_and_a_too_long_one_says_why_not_retried(use, server_url):
+    script(
+        server_url, "/embed", {"status": 503, "retry_after": "3600", "error": "warming up", "error_type": "unavailable"}
+    )
+    with pytest.raises(ServerError) as e:
+        use(lambda c: c.embed("good"), max_retries=3)
+    assert e.value.retry_after == 3600 and len(request_log(server_url, "/embed")) == 1
+    assert e.value.message == (
+        "warming up (not retried: the server asks for 3600 s (Retry-After), more than the 60 s this client waits)"
+    )
+
+
+@needs_fake
+def test_failing_info_of_a_list_call_says_how_to_skip_it(use, server_url):
+    script(server_url, "/info", {"status": 404, "error": "no route GET /info", "error_type": "not_found"})
+    with pytest.raises(NotFoundError, match="batch_size=N skips it"):
+        use(lambda c: c.classify(["good", "bad"]))
+
+
+def test_unusable_base_url_is_refused_at_construction(monkeypatch):
+    """No scheme ("localhost:8000"): every request would fail (and be retried); say so at once, naming the source."""
+    for flavour in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="base_url must be an http:// or https:// URL.*'localhost:8000'"):
+            flavour("localhost:8000")
+        monkeypatch.setenv("BERTSERVE_BASE_URL", "bertserve:8000")
+        with pytest.raises(ValueError, match=r"\$BERTSERVE_BASE_URL must be an http"):
+            flavour()
+        monkeypatch.delenv("BERTSERVE_BASE_URL")
+
+
+def test_base_url_forms(server_url, monkeypatch):
+    """A trailing slash, an httpx.URL and $BERTSERVE_BASE_URL all reach the same server."""
+    monkeypatch.setenv("BERTSERVE_BASE_URL", server_url + "/")
+    for base_url in (server_url + "/", httpx.URL(server_url), None):
+        with Client(base_url) as client:
+            assert client.base_url == server_url and client.health()
+
+
+@pytest.mark.skipif(not FAKE, reason="starts the stand-in server under a path prefix")
+def test_base_url_with_a_path_prefix():
+    """Behind a proxy at /bertserve/: every call, /info included, goes under the prefix."""
+    proc, url = _launch(prefix="/bertserve")
+    try:
+        with Client(url + "/bertserve/") as client:
+            assert len(client.classify(REVIEWS[:6])) == 6 and client.info().model and client.ready()
+    finally:
+        _stop(proc)
+
+
 @needs_fake
 def test_api_key_sent_as_bearer(use, server_url):
     use(lambda c: c.classify("good"), api_key="abc")
@@ -462,6 +656,35 @@ def test_own_http_client_left_open(server_url):
         with Client(server_url, http_client=http) as client:
             assert client.health()
         assert not http.is_closed
+
+
+def test_async_client_reused_in_a_new_event_loop(server_url):
+    """One AsyncClient, several asyncio.run()s (a script's or a notebook's cells): the pool of a closed loop is
+    replaced, not used to fail with "Event loop is closed"; a given http_client gets a clear error instead."""
+    client = AsyncClient(server_url)
+    first = asyncio.run(client.classify("good"))
+    assert asyncio.run(client.classify("good")) == first
+    assert len(asyncio.run(client.classify(REVIEWS))) == len(REVIEWS)
+    asyncio.run(client.close())
+    assert client.is_closed
+
+    http = httpx.AsyncClient()
+    own = AsyncClient(server_url, http_client=http)
+    asyncio.run(own.classify("good"))
+    with pytest.raises(RuntimeError, match="one AsyncClient per event loop|made in this loop"):
+        asyncio.run(own.classify("good"))
+
+
+def test_sync_client_shared_by_threads(server_url):
+    """httpx.Client is thread-safe, and so is Client: lists split and reassembled in order from 8 threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Client(server_url) as client:
+        expected = [client.classify(t) for t in REVIEWS]
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: client.classify(REVIEWS[i:] + REVIEWS[:i]), range(8)))
+    for i, result in enumerate(results):
+        assert same(result, expected[i:] + expected[:i])
 
 
 def test_async_calls_run_concurrently(server_url):

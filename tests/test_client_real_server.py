@@ -113,3 +113,24 @@ def test_the_real_servers_errors_map_to_sdk_exceptions(server):
         with pytest.raises(ValidationError) as e:
             client.classify([])
         assert e.value.status_code == 400
+
+
+def test_a_split_lists_error_names_the_callers_item(server):
+    """The real server numbers the items of the request it got ("inputs[1]"); with a limit of two per request,
+    the SDK's error says which request that was and which of the caller's items it carried, in both clients."""
+    texts = ["good", "bad", "fine", ""]  # the empty one is item 3: request 2 of 2, items [2:4]
+
+    async def run_async():
+        async with AsyncClient(server.url, api_key=KEY, max_retries=0) as client:
+            with pytest.raises(ValidationError) as e:
+                await client.ner(texts)
+            return e.value
+
+    with Client(server.url, api_key=KEY, max_retries=0) as client:
+        with pytest.raises(ValidationError) as e:
+            client.ner(texts)
+    for err in (e.value, asyncio.run(run_async())):
+        assert err.status_code == 400 and err.error_type == "empty"
+        assert err.message == (
+            "inputs[1] is empty (request 2 of 2, carrying items [2:4] of the 4 given: the server's index i is item 2+i)"
+        )

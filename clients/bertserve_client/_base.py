@@ -14,8 +14,10 @@ is a plan function and a method here, and its result types in types.py.
 from __future__ import annotations
 
 import email.utils
+import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,11 +55,14 @@ ZeroShotInput = Union[str, Sequence[str]]
 
 @dataclass(frozen=True)
 class Call:
-    """One HTTP request of a plan."""
+    """One HTTP request of a plan. `items`, for one request of a list split into several: (first, end, total),
+    the caller's list items [first:end] of `total` that it carries, named in its errors (the server's indices
+    count from the request's first item)."""
 
     method: str
     path: str
     json: Any = None
+    items: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,50 @@ def _chunks(items: list, size: int | None) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def _split_calls(path: str, bodies: list[Any], sizes: list[int]) -> list[Call]:
+    """One POST per body; when there are several, each knows which of the caller's items it carries."""
+    if len(bodies) == 1:
+        return [Call("POST", path, bodies[0])]
+    total, first, calls = sum(sizes), 0, []
+    for body, size in zip(bodies, sizes):
+        calls.append(Call("POST", path, body, items=(first, first + size, total)))
+        first += size
+    return calls
+
+
+def note_request(error: BertserveError, call: Call, index: int, count: int) -> None:
+    """Say which request of a split list failed: the server numbers the items of that request only."""
+    if call.items is not None:
+        first, end, total = call.items
+        error._add_note(
+            f"request {index + 1} of {count}, carrying items [{first}:{end}] of the {total} given: "
+            f"the server's index i is item {first}+i"
+        )
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def _texts(inputs: Sequence[Any], what: str = "inputs") -> list[str]:
+    """A list of texts, each checked to be a str before anything is sent."""
+    items = list(inputs)
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(f"{what}[{i}] must be a str, not {_kind(item)}")
+    return items
+
+
+def _classify_item(i: int, item: Any) -> str | list[str]:
+    """A text, or a [text, text_pair] pair (sent as a two-item list whatever sequence the caller used)."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item):
+        return list(item)
+    shape = f"a {_kind(item)} of {len(item)} items" if isinstance(item, (list, tuple)) else _kind(item)
+    raise TypeError(f"inputs[{i}] must be a str or a (text, text_pair) pair of two str, not {shape}")
+
+
 def _parse(model: type[pydantic.BaseModel], data: Any) -> Any:
     try:
         return model.model_validate(data)
@@ -102,6 +151,7 @@ def _parse_list(model: type[pydantic.BaseModel], data: Any) -> list:
 
 def _batched(path: str, bodies: list[dict], parse_one: Callable[[Any], Any]) -> Plan:
     """Several requests whose answers are each a list with one entry per input, concatenated."""
+    sizes = [len(body["inputs"] if isinstance(body, dict) else body) for body in bodies]
 
     def assemble(answers: list[Any]) -> list:
         results = []
@@ -113,7 +163,7 @@ def _batched(path: str, bodies: list[dict], parse_one: Callable[[Any], Any]) -> 
             results.extend(parse_one(item) for item in answer)
         return results
 
-    return Plan([Call("POST", path, body) for body in bodies], assemble)
+    return Plan(_split_calls(path, bodies, sizes), assemble)
 
 
 def _model(model: str | None) -> dict:
@@ -137,8 +187,7 @@ def plan_classify(
     options = {"top_k": top_k, "truncate": truncate, **_model(model)}
     if not is_many(inputs):
         return Plan([Call("POST", "/classify", {"inputs": inputs, **options})], lambda a: _parse_list(Label, a[0]))
-    # A text pair is sent as a two-item list, whatever sequence the caller used.
-    items = [item if isinstance(item, str) else list(item) for item in inputs]
+    items = [_classify_item(i, item) for i, item in enumerate(inputs)]
     bodies = [{"inputs": chunk, **options} for chunk in _chunks(items, batch_limit)]
     return _batched("/classify", bodies, lambda labels: _parse_list(Label, labels))
 
@@ -162,7 +211,7 @@ def plan_ner(
     options = {"aggregation": aggregation, "truncate": truncate, **_set(stride=stride), **_model(model)}
     if not is_many(inputs):
         return Plan([Call("POST", "/ner", {"inputs": inputs, **options})], lambda a: _parse_list(Entity, a[0]))
-    bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(_texts(inputs), batch_limit)]
     return _batched("/ner", bodies, lambda entities: _parse_list(Entity, entities))
 
 
@@ -197,18 +246,25 @@ def plan_embed(
             return _vector(answers[0][0])
 
         return Plan([Call("POST", "/embed", {"inputs": inputs, **options})], one)
-    bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(_texts(inputs), batch_limit)]
     return _batched("/embed", bodies, _vector)
 
 
-def _qa_item(item: QAItem) -> dict:
+def _qa_item(i: int, item: QAItem) -> dict:
     if isinstance(item, QAInput):
         return item.model_dump()
-    if isinstance(item, Mapping):
-        return {"question": item["question"], "context": item["context"]}
-    if isinstance(item, (list, tuple)) and len(item) == 2:
-        return {"question": item[0], "context": item[1]}
-    raise TypeError("each QA item must be a QAInput, a {'question', 'context'} dict or a (question, context) pair")
+    if isinstance(item, Mapping) and "question" in item and "context" in item:
+        pair = (item["question"], item["context"])
+    elif isinstance(item, (list, tuple)) and len(item) == 2:
+        pair = (item[0], item[1])
+    else:
+        raise TypeError(
+            f"items[{i}] must be a QAInput, a {{'question', 'context'}} dict or a (question, context) pair, "
+            f"not {'a dict with keys ' + str(sorted(map(str, item))) if isinstance(item, Mapping) else _kind(item)}"
+        )
+    if not all(isinstance(x, str) for x in pair):
+        raise TypeError(f"items[{i}]: question and context must be str, not {_kind(pair[0])} and {_kind(pair[1])}")
+    return {"question": pair[0], "context": pair[1]}
 
 
 def _answers(data: Any, top_k: int) -> Answer | list[Answer]:
@@ -246,7 +302,7 @@ def plan_qa(
         raise TypeError("qa(items): pass the contexts inside the items, not as `context`")
     if not isinstance(question, (list, tuple)):
         raise TypeError(f"qa() takes a question str or a list of items, not {type(question).__name__}")
-    items = [{**_qa_item(item), **options} for item in question]
+    items = [{**_qa_item(i, item), **options} for i, item in enumerate(question)]
     return _batched("/qa", _chunks(items, batch_limit), lambda data: _answers(data, top_k))
 
 
@@ -266,7 +322,7 @@ def plan_rerank(
         raise TypeError(f"query must be a str, not {type(query).__name__}")
     if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
         raise TypeError("texts must be a list of str")
-    texts = list(texts)
+    texts = _texts(texts, "texts")
     chunks = _chunks(texts, batch_limit)
     bodies = [
         {
@@ -290,7 +346,7 @@ def plan_rerank(
             offset += len(body["texts"])
         return sorted(ranked, key=lambda r: (-r.score, r.index))
 
-    return Plan([Call("POST", "/rerank", body) for body in bodies], assemble)
+    return Plan(_split_calls("/rerank", bodies, [len(chunk) for chunk in chunks]), assemble)
 
 
 def _candidates(data: Any) -> list[list[MaskCandidate]]:
@@ -305,7 +361,7 @@ def plan_fill_mask(
     options = {"top_k": top_k, "truncate": truncate, **_model(model)}
     if not is_many(inputs):
         return Plan([Call("POST", "/fill-mask", {"inputs": inputs, **options})], lambda a: _candidates(a[0]))
-    bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(_texts(inputs), batch_limit)]
     return _batched("/fill-mask", bodies, _candidates)
 
 
@@ -330,7 +386,7 @@ def plan_zero_shot(
     parse = lambda data: _parse(ZeroShotResult, data)  # noqa: E731
     if not is_many(inputs):
         return Plan([Call("POST", "/zero-shot", {"inputs": inputs, **options})], lambda a: parse(a[0]))
-    bodies = [{"inputs": chunk, **options} for chunk in _chunks(list(inputs), batch_limit)]
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(_texts(inputs), batch_limit)]
     return _batched("/zero-shot", bodies, parse)
 
 
@@ -518,14 +574,50 @@ def parse_retry_after(headers: httpx.Headers) -> float | None:
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return None if math.isnan(seconds) else max(0.0, seconds)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def _reason(response: httpx.Response) -> str:
+    return response.reason_phrase or httpx.codes.get_reason_phrase(response.status_code) or "no reason given"
+
+
+def _not_json(response: httpx.Response) -> str:
+    """A body that is not bertserve's JSON (a proxy's HTML error page, a login page, a cut-off answer), said in
+    a line: its content type and the start of its text, an HTML page reduced to its title and words."""
+    try:
+        text = response.text
+    except Exception:  # an undecodable body: say what it is, not its bytes
+        text = ""
+    content_type = response.headers.get("content-type", "").split(";")[0].strip() or "untyped"
+    if not text.strip():
+        return f"empty {content_type} body"
+    if "html" in content_type or text.lstrip().startswith("<"):
+        title = re.search(r"(?is)<title[^>]*>(.*?)</title\s*>", text)
+        text = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>", " ", text)
+        text = " ".join(re.sub(r"<[^>]*>", " ", text).split())
+        title = " ".join(title.group(1).split()) if title else ""
+        if title and title not in text:
+            text = f"{title}: {text}" if text else title
+    text = " ".join(text.split())
+    return f"{content_type} body {text[:200]!r}{'...' if len(text) > 200 else ''}"
+
+
+def _detail_message(detail: Any) -> str:
+    """FastAPI's own `{"detail": ...}` (an app in front of bertserve): a str, or a list of {loc, msg}."""
+    if isinstance(detail, list) and all(isinstance(d, dict) and "msg" in d for d in detail):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', ()) if p != 'body') or 'body'}: {d['msg']}" for d in detail
+        )
+    return str(detail)
 
 
 def error_from_response(response: httpx.Response) -> BertserveError:
@@ -534,17 +626,29 @@ def error_from_response(response: httpx.Response) -> BertserveError:
     except ValueError:
         body = None
     error_type = None
-    if isinstance(body, dict) and "error" in body:
-        message, error_type = str(body["error"]), body.get("error_type")
+    if isinstance(body, dict) and body.get("error") is not None:
+        error = body["error"]
+        error_type = body.get("error_type")
+        if isinstance(error, dict):  # OpenAI's error object, as on the server's /v1/ paths
+            message, error_type = str(error.get("message") or error), error_type or error.get("type")
+        else:
+            message = str(error)
     elif isinstance(body, dict) and "detail" in body:  # a plain FastAPI error, e.g. from a proxy app
-        message = str(body["detail"])
+        message = _detail_message(body["detail"])
+    elif response.is_redirect:
+        message = (
+            f"{_reason(response)}: redirected to {response.headers.get('location')!r}, which the client does not"
+            " follow: use that URL as base_url"
+        )
     else:
-        message = response.text[:500] or response.reason_phrase
-    cls = error_class_for(response.status_code)
-    kwargs = dict(status_code=response.status_code, error_type=error_type, response=response)
-    if cls is OverloadedError:
-        return OverloadedError(message, retry_after=parse_retry_after(response.headers), **kwargs)
-    return cls(message, **kwargs)
+        message = f"{_reason(response)}; not an answer of bertserve's (a proxy in front of it?): {_not_json(response)}"
+    return error_class_for(response.status_code)(
+        message,
+        status_code=response.status_code,
+        error_type=error_type,
+        response=response,
+        retry_after=parse_retry_after(response.headers),
+    )
 
 
 def json_or_raise(response: httpx.Response) -> Any:
@@ -554,16 +658,63 @@ def json_or_raise(response: httpx.Response) -> Any:
         return response.json()
     except ValueError as e:
         raise BertserveError(
-            f"server answered {response.status_code} with a body that is not JSON",
+            f"the server answered {response.status_code} with what is not JSON (a proxy or login page in front of"
+            f" bertserve?): {_not_json(response)}",
             status_code=response.status_code,
             response=response,
         ) from e
 
 
-def transport_error(exc: httpx.TransportError) -> APIConnectionError:
+_TIMEOUT_PHASES = (  # httpx's timeout classes: what was being waited for, and which of httpx.Timeout's limits
+    (httpx.ConnectTimeout, "connect timeout: no connection", "connect"),
+    (httpx.ReadTimeout, "read timeout: no answer", "read"),
+    (httpx.WriteTimeout, "write timeout: the request not sent", "write"),
+    (httpx.PoolTimeout, "pool timeout: no free connection in the pool", "pool"),
+)
+
+
+def _os_reason(exc: BaseException) -> str:
+    """The operating system's reason under an httpx error, the same for Client and AsyncClient (whose own
+    message, anyio's "All connection attempts failed", hides it): "[Errno 111] Connection refused"."""
+    found, seen, cause = None, set(), exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno is not None:
+            found = cause  # the deepest one is the system call's
+        cause = cause.__cause__ or cause.__context__
+    if found is None:
+        return str(exc) or type(exc).__name__
+    if found.errno > 0:
+        return f"[Errno {found.errno}] {os.strerror(found.errno)}"
+    return f"[Errno {found.errno}] {found.strerror}"  # a resolver error (socket.gaierror): its own text
+
+
+def transport_error(
+    exc: httpx.TransportError, call: Call | None = None, url: str | None = None, timeout: Any = None
+) -> APIConnectionError:
+    """No HTTP answer, said the same way by both clients: what failed, on which request, and why."""
+    where = f" ({call.method} {url})" if call is not None and url is not None else ""
     if isinstance(exc, httpx.TimeoutException):
-        return APITimeoutError(f"request timed out: {exc!r}")
-    return APIConnectionError(f"could not reach the server: {exc!r}")
+        limits = httpx.Timeout(timeout) if timeout is not None else None
+        for cls, what, limit in _TIMEOUT_PHASES:
+            if isinstance(exc, cls):
+                seconds = getattr(limits, limit, None) if limits is not None else None
+                within = f" within {seconds:g} s" if isinstance(seconds, (int, float)) else ""
+                hint = "; a slow request needs a larger timeout=" if limit == "read" else ""
+                return APITimeoutError(f"{what}{within}{where}{hint}")
+        return APITimeoutError(f"timed out{where}: {_os_reason(exc)}")
+    if isinstance(exc, httpx.ConnectError):
+        return APIConnectionError(f"could not connect to the server{where}: {_os_reason(exc)}")
+    return APIConnectionError(f"the connection to the server failed{where}: {type(exc).__name__}: {_os_reason(exc)}")
+
+
+def decoding_error(exc: httpx.DecodingError, call: Call, url: str) -> BertserveError:
+    """An answer whose body could not be decoded (a bad gzip from a proxy): no JSON to read. Not retried."""
+    return BertserveError(f"the answer to {call.method} {url} could not be decoded: {exc}")
+
+
+def _retried(error: BertserveError) -> bool:
+    return isinstance(error, (OverloadedError, ServerError, APIConnectionError))
 
 
 def retry_delay(error: BertserveError, attempt: int, max_retries: int) -> float | None:
@@ -573,7 +724,7 @@ def retry_delay(error: BertserveError, attempt: int, max_retries: int) -> float 
     at least that long (plus up to 25 % jitter so that clients told the same number spread out).
     Otherwise the wait doubles from INITIAL_RETRY_DELAY up to MAX_RETRY_DELAY, less up to 25 %.
     """
-    if attempt >= max_retries or not isinstance(error, (OverloadedError, ServerError, APIConnectionError)):
+    if attempt >= max_retries or not _retried(error):
         return None
     retry_after = parse_retry_after(error.response.headers) if error.response is not None else None
     if retry_after is not None:
@@ -584,8 +735,48 @@ def retry_delay(error: BertserveError, attempt: int, max_retries: int) -> float 
     return delay * (1 - 0.25 * random.random())
 
 
+def note_info(error: BertserveError) -> None:
+    """An error of the /info request a list call makes to learn how many inputs one request may carry."""
+    error._add_note(
+        "while reading the server's max_client_batch_size from /info to split the list; batch_size=N skips it"
+    )
+
+
+def note_giving_up(error: BertserveError, attempt: int, max_retries: int) -> None:
+    """Say why a retriable error is raised: the retries ran out, or the server asks for too long a wait."""
+    if not _retried(error):
+        return
+    if attempt < max_retries and error.retry_after is not None and error.retry_after > MAX_RETRY_AFTER:
+        error._add_note(
+            f"not retried: the server asks for {error.retry_after:g} s (Retry-After), more than the"
+            f" {MAX_RETRY_AFTER:g} s this client waits"
+        )
+    elif attempt > 0:
+        error._add_note(f"gave up after {attempt + 1} attempts")
+
+
 # ---------------------------------------------------------------------------------------------
 # Configuration shared by both clients
+
+
+def check_base_url(base_url: str | httpx.URL | None) -> str:
+    """The server's URL without its trailing slash: `base_url`, else $BERTSERVE_BASE_URL, else the default. A URL
+    no request could go to ("localhost:8000", no scheme) is refused here, not retried on every call."""
+    source = "base_url"
+    if not base_url:
+        base_url, source = os.environ.get("BERTSERVE_BASE_URL", "").strip(), "$BERTSERVE_BASE_URL"
+    if not base_url:
+        base_url, source = DEFAULT_BASE_URL, "the default base_url"
+    text = str(base_url).strip()
+    try:
+        url = httpx.URL(text)
+    except (httpx.InvalidURL, TypeError) as e:
+        raise ValueError(f"{source} {text!r} is not a URL: {e}") from e
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(
+            f"{source} must be an http:// or https:// URL with a host, like {DEFAULT_BASE_URL}; got {text!r}"
+        )
+    return text.rstrip("/")
 
 
 class BaseClient:
@@ -601,7 +792,7 @@ class BaseClient:
     ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
-        self.base_url = (base_url or os.environ.get("BERTSERVE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.base_url = check_base_url(base_url)
         self.api_key = api_key if api_key is not None else os.environ.get("BERTSERVE_API_KEY")
         self.timeout = timeout
         self.max_retries = max_retries

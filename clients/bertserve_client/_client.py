@@ -13,8 +13,12 @@ from ._base import (
     Endpoints,
     Planned,
     _parse,
+    decoding_error,
     is_many,
     json_or_raise,
+    note_giving_up,
+    note_info,
+    note_request,
     probe_result,
     retry_delay,
     transport_error,
@@ -31,7 +35,7 @@ class Client(Endpoints, BaseClient):
             client.classify(["great", "awful"])        # one list of labels per input
 
     `http_client` lets you bring your own `httpx.Client` (proxies, TLS, transports); the client
-    closes only the connection pool it created itself.
+    closes only the connection pool it created itself. One Client may be shared by several threads.
     """
 
     def __init__(self, base_url: str | None = None, *, http_client: httpx.Client | None = None, **options: Any) -> None:
@@ -73,23 +77,39 @@ class Client(Endpoints, BaseClient):
 
     # -- transport ---------------------------------------------------------------------------
 
-    def _batch_limit(self, inputs: Any) -> int | None:
+    def _batch_limit(self, planned: Planned) -> int | None:
+        inputs = planned.inputs
         if not is_many(inputs) or len(inputs) <= 1:
             return None
         if self.batch_size is None:
-            self.info()
+            planned.build(None)  # wrong arguments fail before any request, /info's included
+            try:
+                self.info()
+            except BertserveError as error:
+                note_info(error)
+                raise
         return self.batch_size
 
     def _run(self, planned: Planned) -> Any:
-        limit = None if planned.inputs is None else self._batch_limit(planned.inputs)
+        limit = None if planned.inputs is None else self._batch_limit(planned)
         plan = planned.build(limit)
-        return plan.assemble([self._request(call) for call in plan.calls])
+        answers = []
+        for index, call in enumerate(plan.calls):
+            try:
+                answers.append(self._request(call))
+            except BertserveError as error:
+                note_request(error, call, index, len(plan.calls))
+                raise
+        return plan.assemble(answers)
 
     def _send(self, call: Call) -> httpx.Response:
+        url = self._url(call.path)
         try:
-            return self._http.request(call.method, self._url(call.path), **self._request_kwargs(call))
+            return self._http.request(call.method, url, **self._request_kwargs(call))
         except httpx.TransportError as e:
-            raise transport_error(e) from e
+            raise transport_error(e, call, url, self.timeout) from e
+        except httpx.DecodingError as e:
+            raise decoding_error(e, call, url) from e
 
     def _request(self, call: Call) -> Any:
         attempt = 0
@@ -99,6 +119,7 @@ class Client(Endpoints, BaseClient):
             except BertserveError as error:
                 delay = retry_delay(error, attempt, self.max_retries)
                 if delay is None:
+                    note_giving_up(error, attempt, self.max_retries)
                     raise
             time.sleep(delay)
             attempt += 1

@@ -13,7 +13,8 @@ import httpx
 
 
 class BertserveError(Exception):
-    """Base class. `status_code`, `error_type` and `response` are None when no HTTP answer came."""
+    """Base class. `status_code`, `error_type` and `response` are None when no HTTP answer came;
+    `retry_after` is the answer's Retry-After in seconds (a 429 or a 503 says it), else None."""
 
     def __init__(
         self,
@@ -22,12 +23,19 @@ class BertserveError(Exception):
         status_code: int | None = None,
         error_type: str | None = None,
         response: httpx.Response | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status_code = status_code
         self.error_type = error_type
         self.response = response
+        self.retry_after = retry_after
+
+    def _add_note(self, note: str) -> None:
+        """Append context the SDK knows and the server did not say (which request of a split list, the attempts)."""
+        self.message = f"{self.message} ({note})"
+        self.args = (self.message, *self.args[1:])
 
     def __str__(self) -> str:
         if self.status_code is None:
@@ -52,12 +60,11 @@ class OverloadedError(BertserveError):
     """429: the server's queue is full. Retried, waiting `retry_after` seconds when it says so."""
 
     def __init__(self, message: str, *, retry_after: float | None = None, **kwargs) -> None:
-        super().__init__(message, **kwargs)
-        self.retry_after = retry_after
+        super().__init__(message, retry_after=retry_after, **kwargs)
 
 
 class ServerError(BertserveError):
-    """5xx: the backend failed or is not ready. Retried."""
+    """5xx: the backend failed or is not ready (503, with `retry_after` when the server says). Retried."""
 
 
 class APIConnectionError(BertserveError):
