@@ -143,6 +143,10 @@ def test_info_gives_each_model_its_own_max_input_length(checkpoints, tmp_path):
         assert models["long"]["max_input_length"] == 512 and models["short"]["max_input_length"] == 128, models
         assert models["short"]["labels"] == ["negative", "positive"]
         assert info["max_input_length"] == 128
+        from bertserve_client import Client
+
+        with Client(server.url, max_retries=0) as client:
+            assert [m.max_input_length for m in client.info().models["classify"]] == [512, 128]
         text = "word " * 200
         assert _post(server.url, "/classify", {"inputs": text, "model": "long"}).status_code == 200
         refused = _post(server.url, "/classify", {"inputs": text, "model": "short"})

@@ -84,10 +84,12 @@ class QAInput(BaseModel):
 
 
 class ServedModel(_Result):
-    """One of a task's models in /info: the name a call's `model=` picks it by, its directory, its labels."""
+    """One of a task's models in /info: the name a call's `model=` picks it by, its directory, its longest input in
+    tokens, its labels."""
 
     name: str
     path: str | None = None
+    max_input_length: int | None = None
     labels: list[str] | None = None
 
 
