@@ -49,6 +49,7 @@ def _declaration(name: str):
         "export.tensorrt": ("export.tensorrt", "TensorRTOptions"),
         "export.triton": ("export.triton", "TritonOptions"),
         "batch": ("batch.options", "BatchOptions"),
+        "training.mine_rerank": ("training.mine_rerank", "MineOptions"),
     }[name]
 
 
@@ -59,6 +60,12 @@ COMMANDS = {
         ["--model", "no-such-model", "--port", "0"],
         {"BERTSERVE_MAX_BATCH_TOKENS": "0"},
         "BERTSERVE_MAX_BATCH_TOKENS: must be at least 1, got 0",
+    ),
+    "training.mine_rerank": (
+        _training("training.mine_rerank"),
+        ["--squad", "no-such-squad", "--out", "mined.json"],
+        {"BERTSERVE_MINE_RERANK_DEPTH": "0"},
+        "BERTSERVE_MINE_RERANK_DEPTH: must be at least 1, got 0",
     ),
     "training.finetune": (
         _training("training.finetune"),

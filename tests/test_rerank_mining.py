@@ -153,9 +153,9 @@ def test_the_mining_command_uses_minilm_never_reads_held_out_articles_and_keeps_
 @pytest.mark.parametrize(
     "device, line",
     [
-        ("cuda", "mine: --device cuda: no CUDA device here (use cpu)"),
-        ("cuda:1", "mine: --device cuda:1: no CUDA device here (use cpu)"),
-        ("gpu", "mine: --device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+        ("cuda", "error: --device cuda: no CUDA device here (use cpu)"),
+        ("cuda:1", "error: --device cuda:1: no CUDA device here (use cpu)"),
+        ("gpu", "error: --device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
     ],
 )
 def test_mining_on_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path, device, line):

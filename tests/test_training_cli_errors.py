@@ -279,3 +279,20 @@ def test_pretrain_without_held_out_documents_is_one_line_exit_2(assets, tmp_path
     lines = err.strip().splitlines()  # the notes of the shards built, then the one error line
     assert lines[-1].startswith("error: no held-out instances: raise --heldout-percent")
     assert sum(line.startswith("error: ") for line in lines) == 1 and "Traceback" not in err
+
+
+def test_wikitext_conversion_refuses_in_one_line_and_publishes_only_a_whole_corpus(tmp_path, capsys):
+    from bert.errors import run_cli
+    from training.data import wikitext
+
+    out = tmp_path / "corpus.txt"
+    assert run_cli(wikitext.main, [str(tmp_path / "missing.raw"), str(out)]) == 2
+    assert "missing.raw" in one_error_line(capsys.readouterr().err) and not out.exists()
+    with pytest.raises(SystemExit) as e:
+        wikitext.main([str(out)])
+    assert e.value.code == 2 and "usage:" in one_error_line(capsys.readouterr().err)
+    raw = tmp_path / "wiki.raw"
+    raw.write_text(" = Rivers = \n The Nile flows north . It is long .\n", encoding="utf-8")
+    assert run_cli(wikitext.main, [str(raw), str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == "The Nile flows north .\nIt is long .\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("corpus")] == ["corpus.txt"]  # no .partial left

@@ -15,15 +15,18 @@ with `training.finetune --task rerank --rerank-mined FILE` (bert/tasks/rerank.py
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from bert import options
+from bert.options import option
 
 FORMAT = 1
 # The held-out retrieval eval (evals.embed_quality) cuts sentences with this too, so the mined candidates are
@@ -137,17 +140,22 @@ def bi_encoder(
     return encode
 
 
+@dataclass
+class MineOptions:
+    env_prefix = "BERTSERVE_MINE_RERANK_"  # bert/options.py: an env var belongs to one command
+
+    squad: str = option(metavar="PATH", help="SQuAD train JSON / .gz / directory / comma-separated parts")
+    out: str = option(metavar="FILE", help="the mined JSON file (kept when it exists with these settings)")
+    heldout_articles: int = option(10, "the last N articles: never mined", minimum=0)
+    articles: int = option(0, "mine N training articles spread evenly (0 = all)", minimum=0)
+    depth: int = option(19, "negatives kept per question (the eval reranks 20)", minimum=1)
+    model: str = option("", "bi-encoder directory (default: all-MiniLM-L6-v2 from its package)")
+    threads: int = option(0, "torch threads (0 = torch's default)", minimum=0)
+    device: str = option("auto", "auto (cuda where there is one, else cpu) | cpu | cuda | cuda:N")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--squad", required=True, help="SQuAD train JSON / .gz / directory / comma-separated parts")
-    p.add_argument("--heldout-articles", type=int, default=10, help="the last N articles: never mined")
-    p.add_argument("--articles", type=int, default=0, help="mine N training articles spread evenly (0 = all)")
-    p.add_argument("--depth", type=int, default=19, help="negatives kept per question (the eval reranks 20)")
-    p.add_argument("--model", default="", help="bi-encoder directory (default: all-MiniLM-L6-v2 from its package)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--device", default="auto", help="auto (cuda where there is one, else cpu) | cpu | cuda | cuda:N")
-    p.add_argument("--out", required=True, help="the mined JSON file (kept when it exists with these settings)")
-    args = p.parse_args(argv)
+    args = MineOptions(**options.read(MineOptions, argv, description=__doc__.splitlines()[0]))
 
     from bert.atomic import write_file_atomic
     from bert.tasks.qa import read_squad_articles, split_heldout
@@ -180,8 +188,7 @@ def main(argv=None) -> int:
 
         torch.set_num_threads(args.threads)
     if problem := device_problem(args.device):
-        print(f"mine: --{problem}", file=sys.stderr)
-        return 2
+        options.fail(f"--{problem}")
     device = resolve_device(args.device)
     training, held = split_heldout(read_squad_articles(args.squad), args.heldout_articles)
     chosen = [training[i] for i in pick_articles(len(training), args.articles)]
@@ -219,4 +226,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from training.config import run
+
+    sys.exit(run(main))

@@ -20,8 +20,14 @@ SENTENCE_END = re.compile(r"(?<= [.?!]) (?=[^ ])")
 
 
 def wikitext_to_corpus(source, target) -> dict:
+    """Write `target` from WikiText `source`: aside first, renamed into place once whole (a killed run leaves no
+    corpus that looks complete)."""
+    import os
+
     articles = sentences = 0
-    with open_text(source) as f, open(target, "w", encoding="utf-8", newline="\n") as out:
+    target = Path(target)
+    partial = target.with_name(target.name + ".partial")
+    with open_text(source) as f, open(partial, "w", encoding="utf-8", newline="\n") as out:
         started = False
         for line in f:
             line = line.rstrip("\r\n")
@@ -40,10 +46,20 @@ def wikitext_to_corpus(source, target) -> dict:
                 if sentence.strip():
                     out.write(sentence.strip() + "\n")
                     sentences += 1
+    os.replace(partial, target)
     return {"articles": articles, "sentences": sentences}
 
 
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        from bert.options import fail
+
+        fail("usage: python -m training.data.wikitext RAW_FILE OUT_CORPUS")
+    print(wikitext_to_corpus(Path(argv[0]), Path(argv[1])))
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m training.data.wikitext RAW_FILE OUT_CORPUS")
-    print(wikitext_to_corpus(Path(sys.argv[1]), Path(sys.argv[2])))
+    from bert.errors import run_cli
+
+    sys.exit(run_cli(main, sys.argv[1:]))
