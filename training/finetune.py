@@ -48,7 +48,12 @@ class FinetuneOptions(TrainConfig):
         "", "instead of --ckpt: random weights of a preset or a config.json (tests; needs --tokenizer)"
     )
     tokenizer: str = option("", "tokenizer directory (default: the checkpoint's)")
-    train_data: str = option("", "TSV (classify), CoNLL (ner), SQuAD JSON / .gz / comma-separated parts (qa)")
+    train_data: str = option(
+        "",
+        "; ".join(
+            f"{name}: {registry.get(name).train_data_help}" for name in TASKS if registry.get(name).train_data_help
+        ),
+    )
     eval_data: str = option("", "same format; for qa it may be empty when --heldout-articles > 0")
     max_seq_length: int = option(
         128, "longest encoded input (longer inputs are truncated; qa: windowed)", minimum=8, maximum=512

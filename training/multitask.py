@@ -54,7 +54,9 @@ class MultiTaskOptions(TrainConfig):
 
     env_prefix = "BERTSERVE_MULTITASK_"  # bert/options.py: an env var belongs to one command
 
-    ckpt: str = option("", "checkpoint path or store name whose encoder all heads share (heads start fresh if absent)")
+    ckpt: str = option(
+        "", "checkpoint path, store name or Hub id whose encoder all heads share (heads start fresh if absent)"
+    )
     init_preset: str = like(FinetuneConfig, "init_preset")
     tokenizer: str = like(FinetuneConfig, "tokenizer")
     task_weights: list[str] = option(
