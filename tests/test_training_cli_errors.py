@@ -296,3 +296,22 @@ def test_wikitext_conversion_refuses_in_one_line_and_publishes_only_a_whole_corp
     assert run_cli(wikitext.main, [str(raw), str(out)]) == 0
     assert out.read_text(encoding="utf-8") == "The Nile flows north .\nIt is long .\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("corpus")] == ["corpus.txt"]  # no .partial left
+
+
+def test_max_seq_length_is_bounded_by_the_models_positions_not_by_512(assets, tmp_path, capsys):  # noqa: F811
+    """A model of 1024 positions (ModernBERT has 8192) fine-tunes and pretrains on 1024-token inputs; more than
+    the model's positions is one line naming them, for --init-preset, --preset and --ckpt alike."""
+    from test_training_loop import TINY
+
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps({**TINY, "max_position_embeddings": 1024}))
+    accepted = classify_args(assets, tmp_path / "a", "--max-seq-length", "1024")
+    accepted[accepted.index(str(assets / "tiny.json"))] = str(long)
+    from training.config import parse_config
+
+    assert parse_config(finetune.FinetuneConfig, accepted).max_seq_length == 1024  # validated: no exit 2
+    code, _, err = cli(finetune.main, [*accepted, "--max-seq-length", "2048"], capsys)
+    assert code == 2 and "--max-seq-length 2048 exceeds the model's max_position_embeddings 1024" in one_error_line(err)
+    short = [*pretrain_args(assets, tmp_path / "p"), "--max-seq-length", str(TINY["max_position_embeddings"] + 1)]
+    code, _, err = cli(pretrain.main, short, capsys)
+    assert code == 2 and "exceeds the model's max_position_embeddings" in one_error_line(err), err

@@ -56,7 +56,10 @@ class FinetuneOptions(TrainConfig):
     )
     eval_data: str = option("", "same format; for qa it may be empty when --heldout-articles > 0")
     max_seq_length: int = option(
-        128, "longest encoded input (longer inputs are truncated; qa: windowed)", minimum=8, maximum=512
+        128,
+        "longest encoded input (longer inputs are truncated; qa: windowed); at most the model's "
+        "max_position_embeddings",
+        minimum=8,
     )
     eval_batch_size: int = option(64, "examples per evaluation batch", minimum=1)
     max_train_examples: int = option(0, "use only the first N training examples (0 = all)", minimum=0)
@@ -73,7 +76,13 @@ class FinetuneOptions(TrainConfig):
         if self.init_preset and not is_model_spec(self.init_preset):
             problems.append(f"--init-preset {self.init_preset!r} is neither a preset nor a config.json")
         elif self.init_preset:
-            model_config(self.init_preset)  # a config.json that is not a BERT config: its one-line error, now
+            # a config.json that is not a BERT config: its one-line error, now
+            positions = model_config(self.init_preset).max_position_embeddings
+            if self.max_seq_length > positions:
+                problems.append(
+                    f"{flag(self, 'max_seq_length')} {self.max_seq_length} exceeds the model's "
+                    f"max_position_embeddings {positions}"
+                )
         if self.init_preset and not self.tokenizer:
             problems.append("--init-preset needs --tokenizer (a directory with vocab.txt or tokenizer.json)")
         if not self.train_data:

@@ -41,7 +41,11 @@ class PretrainConfig(TrainConfig):
         "mini", "architecture, randomly initialised: tiny | mini | small | medium | base | large, or a config.json"
     )
     ckpt: str = option("", "instead of --preset: continue pretraining this checkpoint")
-    max_seq_length: int = option(128, "tokens per instance, [CLS] A [SEP] B [SEP] included", minimum=8, maximum=512)
+    max_seq_length: int = option(
+        128,
+        "tokens per instance, [CLS] A [SEP] B [SEP] included; at most the model's max_position_embeddings",
+        minimum=8,
+    )
     short_seq_prob: float = option(0.1, "probability of a shorter target length for an instance", minimum=0, maximum=1)
     masked_lm_prob: float = option(0.15, "fraction of tokens chosen for prediction")
     max_predictions_per_seq: int = option(20, "cap on predicted tokens per sequence", minimum=1)
@@ -94,6 +98,11 @@ class PretrainConfig(TrainConfig):
             config = (
                 model_config(self.preset) if not self.ckpt else local.is_file() and BertConfig.from_json_file(local)
             )
+            if config and self.max_seq_length > config.max_position_embeddings:
+                problems.append(
+                    f"--max-seq-length {self.max_seq_length} exceeds the model's max_position_embeddings "
+                    f"{config.max_position_embeddings}"
+                )
             if self.nsp and config and config.family.name != "bert":  # the one layout with a next-sentence head
                 problems.append(f"{config.family.name} pretrains masked LM only (no next-sentence head): add --no-nsp")
         if not 0 < self.masked_lm_prob < 1:
