@@ -349,6 +349,70 @@ def test_bad_list_items_fail_before_any_request_naming_the_item(use, server_url)
         assert request_log(server_url) == []
 
 
+def test_numpy_scalars_as_options_are_sent_as_numbers(use, server_url):
+    """top_k=np.int64(2) (a value from numpy code) is sent as the number it holds, not refused by the JSON encoder
+    ("Object of type int64 is not JSON serializable"); a numpy array as `inputs` stays a TypeError."""
+    np = pytest.importorskip("numpy")
+    many = use(lambda c: c.classify(REVIEWS[:2], top_k=np.int64(2), truncate=np.bool_(False)))
+    assert len(many) == 2 and all(len(labels) == 2 for labels in many)
+    assert len(use(lambda c: c.classify(np.str_(REVIEWS[0]), top_k=np.int32(2)))) == 2
+    use(lambda c: c.embed([np.str_("good"), "bad"], dimensions=np.int32(8)))
+    use(lambda c: c.ner("Alice met Bob", stride=np.int64(16)))
+    answers = use(lambda c: c.qa("who?", "Alice and Bob", top_k=np.int64(2), max_answer_len=np.int16(10)))
+    assert isinstance(answers, list) and len(answers) == 2
+    if FAKE:
+        sent = [json.loads(r["body"]) for r in request_log(server_url) if r["path"] != "/info"]
+        assert sent[0] == {"inputs": REVIEWS[:2], "top_k": 2, "truncate": False}
+        assert sent[2] == {"inputs": ["good", "bad"], "normalize": True, "truncate": False, "dimensions": 8}
+        assert sent[3]["stride"] == 16 and (sent[4]["top_k"], sent[4]["max_answer_len"]) == (2, 10)
+    with pytest.raises(TypeError, match="not ndarray"):
+        use(lambda c: c.embed(np.array(["good", "bad"])))
+
+
+def test_a_lone_surrogate_fails_before_any_request_naming_the_text(use, server_url):
+    """A str holding a lone surrogate ("abc\\ud800": half of a cut UTF-16 pair, or bytes decoded with
+    errors="surrogateescape") cannot be sent as JSON: a ValueError names the text (its index in the caller's list, however the list is split), before any
+    request, instead of a UnicodeEncodeError whose position is in the request body. Every endpoint's texts."""
+    texts = [f"text {i}" for i in range(9)] + ["abc\ud800"]
+    lone = r"holds a lone surrogate \(U\+D800 at character 3\), which is not valid text"
+    for options in ({}, {"batch_size": 4}):  # learning the limit from /info, or split by a known one
+        with pytest.raises(ValueError, match=r"^inputs\[9\] " + lone):
+            use(lambda c: c.ner(texts), **options)
+        with pytest.raises(ValueError, match=r"^inputs\[9\] " + lone):
+            use(lambda c: c.embed(texts), **options)
+        with pytest.raises(ValueError, match=r"^inputs\[9\] " + lone):
+            use(lambda c: c.classify(texts), **options)
+        with pytest.raises(ValueError, match=r"^inputs\[5\]\[1\] " + lone):
+            use(lambda c: c.classify([("a", "b")] * 5 + [("a", "abc\ud800")]), **options)
+        with pytest.raises(ValueError, match=r"^items\[5\]\.context " + lone):
+            use(lambda c: c.qa([("q", "c")] * 5 + [("q", "abc\ud800")]), **options)
+        with pytest.raises(ValueError, match=r"^texts\[9\] " + lone):
+            use(lambda c: c.rerank("query", texts), **options)
+        with pytest.raises(ValueError, match=r"^inputs\[9\] " + lone):
+            use(lambda c: c.fill_mask(texts), **options)
+        with pytest.raises(ValueError, match=r"^inputs\[9\] " + lone):
+            use(lambda c: c.zero_shot(texts, ["a", "b"]), **options)
+        with pytest.raises(ValueError, match=r"^candidate_labels\[1\] " + lone):
+            use(lambda c: c.zero_shot(texts[:5], ["a", "abc\ud800"]), **options)
+    with pytest.raises(ValueError, match=r"^inputs " + lone):
+        use(lambda c: c.classify("abc\ud800"))
+    with pytest.raises(ValueError, match=r"^inputs " + lone):
+        use(lambda c: c.embed("abc\ud800"))
+    with pytest.raises(ValueError, match=r"^question " + lone):
+        use(lambda c: c.qa("abc\ud800", "context"))
+    with pytest.raises(ValueError, match=r"^context holds a lone surrogate \(U\+DC80 at character 1\)"):
+        use(lambda c: c.qa("question", "é\udc80"))
+    with pytest.raises(ValueError, match=r"^query " + lone):
+        use(lambda c: c.rerank("abc\ud800", ["a"]))
+    with pytest.raises(ValueError, match=r"^candidate_labels " + lone):
+        use(lambda c: c.zero_shot("text", "abc\ud800"))
+    with pytest.raises(ValueError, match=r"^inputs holds a UTF-16 surrogate pair \(U\+D83D U\+DE00 at character 2\)"):
+        use(lambda c: c.ner("é \ud83d\ude00"))
+    if FAKE:
+        assert request_log(server_url) == []
+    assert use(lambda c: c.ner(["Ålice in Zürich 😀", "plain"]))  # other non-ASCII text is sent as it is
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors: one class per kind; what is and isn't retried
 
@@ -385,6 +449,7 @@ def test_unauthorized(use, secured_server_url):
         (400, ValidationError),
         (401, UnauthorizedError),
         (404, NotFoundError),
+        (408, BertserveError),
         (413, ValidationError),
         (422, ValidationError),
         (429, OverloadedError),
@@ -439,6 +504,28 @@ def test_5xx_retried_then_succeeds_or_raises(use, server_url, fast_backoff):
     with pytest.raises(ServerError, match="backend failed"):
         use(lambda c: c.qa("who?", "Alice"), max_retries=1)
     assert len(request_log(server_url, "/qa")) == 3 + 2
+
+
+@needs_fake
+def test_408_is_retried_like_429_and_5xx(use, server_url, fast_backoff):
+    """The server answers 408 when a request's body arrives too slowly, before any work: safe to send again, so
+    retried under the same max_retries and Retry-After rules as 429 and 5xx."""
+    slow = {"status": 408, "error": "the request body did not arrive within 30 s", "error_type": "timeout"}
+    script(server_url, "/embed", slow)
+    assert len(use(lambda c: c.embed("good"), max_retries=1)) == 4
+    assert len(request_log(server_url, "/embed")) == 2
+    script(server_url, "/embed", slow, slow)
+    with pytest.raises(BertserveError) as e:
+        use(lambda c: c.embed("good"), max_retries=1)
+    assert e.value.status_code == 408 and "gave up after 2 attempts" in e.value.message
+    assert len(request_log(server_url, "/embed")) == 2 + 2
+    script(server_url, "/embed", slow)
+    with pytest.raises(BertserveError):
+        use(lambda c: c.embed("good"), max_retries=0)
+    script(server_url, "/embed", {**slow, "retry_after": "3600"})
+    with pytest.raises(BertserveError, match="not retried: the server asks for 3600 s"):
+        use(lambda c: c.embed("good"), max_retries=3)
+    assert len(request_log(server_url, "/embed")) == 4 + 1 + 1
 
 
 @needs_fake

@@ -100,6 +100,18 @@ def test_every_async_method_matches_the_sync_client(server):
         assert np.abs(np.asarray(vectors) - np.asarray(client.embed(TEXTS))).max() < 1e-5
 
 
+def test_numpy_scalars_as_options_give_what_plain_numbers_give(server):
+    """Options computed with numpy (np.int64, np.int32, np.bool_) reach the real server as the numbers they hold."""
+    with Client(server.url, api_key=KEY) as client:
+        assert client.embed(TEXTS, dimensions=np.int32(8), normalize=np.bool_(True)) == raw(
+            server, "/embed", {"inputs": TEXTS[:2], "dimensions": 8}
+        ) + raw(server, "/embed", {"inputs": TEXTS[2:], "dimensions": 8})
+        assert close(
+            dumped(client.classify(TEXTS[0], top_k=np.int64(2))),
+            raw(server, "/classify", {"inputs": TEXTS[0], "top_k": 2}),
+        )
+
+
 def test_the_real_servers_errors_map_to_sdk_exceptions(server):
     with Client(server.url, api_key="wrong", max_retries=0) as client:
         with pytest.raises(UnauthorizedError) as e:

@@ -56,13 +56,21 @@ ZeroShotInput = Union[str, Sequence[str]]
 @dataclass(frozen=True)
 class Call:
     """One HTTP request of a plan. `items`, for one request of a list split into several: (first, end, total),
-    the caller's list items [first:end] of `total` that it carries, named in its errors (the server's indices
-    count from the request's first item)."""
+    the caller's list items [first:end] of `total` that it carries (in the body's `split` list, or the body itself
+    when that is a list), named in its errors (the server's indices count from the request's first item).
+
+    `json` is made plain when the Call is made, so while the call is planned, before any request is sent: numpy
+    scalars become Python numbers, and a text JSON cannot carry raises ValueError naming it (see `_plain`)."""
 
     method: str
     path: str
     json: Any = None
     items: tuple[int, int, int] | None = None
+    split: str = "inputs"
+
+    def __post_init__(self) -> None:
+        if self.json is not None:
+            object.__setattr__(self, "json", _plain_body(self.json, self.items[0] if self.items else 0, self.split))
 
 
 @dataclass(frozen=True)
@@ -92,15 +100,84 @@ def _chunks(items: list, size: int | None) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _split_calls(path: str, bodies: list[Any], sizes: list[int]) -> list[Call]:
-    """One POST per body; when there are several, each knows which of the caller's items it carries."""
+def _split_calls(path: str, bodies: list[Any], sizes: list[int], split: str = "inputs") -> list[Call]:
+    """One POST per body; when there are several, each knows which of the caller's items it carries (in the
+    body's `split` list)."""
     if len(bodies) == 1:
-        return [Call("POST", path, bodies[0])]
+        return [Call("POST", path, bodies[0], split=split)]
     total, first, calls = sum(sizes), 0, []
     for body, size in zip(bodies, sizes):
-        calls.append(Call("POST", path, body, items=(first, first + size, total)))
+        calls.append(Call("POST", path, body, items=(first, first + size, total), split=split))
         first += size
     return calls
+
+
+def _is_numpy_scalar(value: Any) -> bool:
+    """np.int64(2), np.float32(0.5), np.bool_(True)...: an instance of numpy.generic, told without importing numpy.
+    A numpy array is not one (as `inputs` it is refused; as an option JSON refuses it)."""
+    return any(cls.__name__ == "generic" and cls.__module__ == "numpy" for cls in type(value).__mro__)
+
+
+def _check_text(text: str, name: str) -> None:
+    """A str that UTF-8 cannot encode holds a surrogate code point (U+D800-U+DFFF: bytes decoded with
+    errors="surrogateescape", half of a cut UTF-16 pair), on which sending would fail with a UnicodeEncodeError
+    whose position is in the JSON body. Said here naming the text instead. Called for non-ASCII texts only."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        at, code = e.start, ord(text[e.start])
+        after = ord(text[at + 1]) if at + 1 < len(text) else 0
+        if 0xD800 <= code <= 0xDBFF and 0xDC00 <= after <= 0xDFFF:
+            raise ValueError(
+                f"{name} holds a UTF-16 surrogate pair (U+{code:04X} U+{after:04X} at character {at}) in place of"
+                " the character it encodes, which is not valid text"
+            ) from None
+        raise ValueError(
+            f"{name} holds a lone surrogate (U+{code:04X} at character {at}), which is not valid text"
+        ) from None
+
+
+def _plain(value: Any, name: str) -> Any:
+    """`value` as JSON carries it: numpy scalars as the Python values they hold, texts checked (`_check_text`)
+    under `name` (`inputs[3]`, `inputs[3][1]`, `items[2].context`), lists and dicts walked."""
+    if value is None or type(value) in (bool, int, float):
+        return value
+    if isinstance(value, str):  # np.str_ included
+        if not value.isascii():
+            _check_text(value, name)
+        return value
+    if isinstance(value, Mapping):
+        return {key: _plain(item, f"{name}.{key}") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return _plain_items(value, name)
+    if _is_numpy_scalar(value):
+        return _plain(value.item(), name)
+    return value  # anything else as it is: httpx's JSON encoder says what it cannot carry
+
+
+def _plain_items(values: Sequence[Any], name: str, first: int = 0) -> list:
+    """A list made plain, its items named `name[first + i]` (an ASCII str, the usual item, passes at once)."""
+    return [
+        item if type(item) is str and item.isascii() else _plain(item, f"{name}[{first + i}]")
+        for i, item in enumerate(values)
+    ]
+
+
+def _plain_body(body: Any, first: int, split: str) -> Any:
+    """A request body made plain (`_plain`), its texts named as the caller knows them: a list's items counted from
+    `first`, the index of the request's first item in the caller's list (`split` in the body, or the body itself:
+    /qa's list of items)."""
+    if isinstance(body, list):
+        return _plain_items(body, "items", first)
+    if not isinstance(body, Mapping):
+        return _plain(body, "body")
+    plain = {}
+    for key, value in body.items():
+        if key == split and isinstance(value, (list, tuple)):
+            plain[key] = _plain_items(value, key, first)
+        else:
+            plain[key] = _plain(value, key)
+    return plain
 
 
 def note_request(error: BertserveError, call: Call, index: int, count: int) -> None:
@@ -346,7 +423,7 @@ def plan_rerank(
             offset += len(body["texts"])
         return sorted(ranked, key=lambda r: (-r.score, r.index))
 
-    return Plan(_split_calls("/rerank", bodies, [len(chunk) for chunk in chunks]), assemble)
+    return Plan(_split_calls("/rerank", bodies, [len(chunk) for chunk in chunks], split="texts"), assemble)
 
 
 def _candidates(data: Any) -> list[list[MaskCandidate]]:
@@ -713,14 +790,19 @@ def decoding_error(exc: httpx.DecodingError, call: Call, url: str) -> BertserveE
     return BertserveError(f"the answer to {call.method} {url} could not be decoded: {exc}")
 
 
+RETRIED_STATUSES = (408,)  # besides 429 and 5xx: the server's "your body arrived too slowly", sent before any work
+
+
 def _retried(error: BertserveError) -> bool:
-    return isinstance(error, (OverloadedError, ServerError, APIConnectionError))
+    return isinstance(error, (OverloadedError, ServerError, APIConnectionError)) or (
+        error.status_code in RETRIED_STATUSES
+    )
 
 
 def retry_delay(error: BertserveError, attempt: int, max_retries: int) -> float | None:
     """Seconds to wait before retry number `attempt + 1`, or None to give up and raise `error`.
 
-    Retried: 429, 5xx, timeouts and connection errors. A Retry-After header is a floor: we wait
+    Retried: 408, 429, 5xx, timeouts and connection errors. A Retry-After header is a floor: we wait
     at least that long (plus up to 25 % jitter so that clients told the same number spread out).
     Otherwise the wait doubles from INITIAL_RETRY_DELAY up to MAX_RETRY_DELAY, less up to 25 %.
     """
