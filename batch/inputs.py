@@ -1,15 +1,18 @@
 """Reading a job's input: Parquet, JSONL or CSV/TSV files (a file, a directory of them, or a glob), their rows
 numbered across the files in sorted order, read a window at a time and never whole. A value that is not valid
-UTF-8, a line that is not JSON: that row's error, never the file's (in a kept column: U+FFFD for the bytes)."""
+UTF-8, a line that is not JSON: that row's error, never the file's (in a kept column: U+FFFD for the bytes). A file
+without a row (0 bytes, a JSONL file of blank lines, a CSV/TSV file without a header) is a file of 0 rows."""
 
 from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import io
+import itertools
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +22,8 @@ import pyarrow.parquet as pq
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 SUFFIXES.update({".csv": "csv", ".tsv": "tsv", ".tab": "tsv"})
 ROW_ERROR = "\0row-error"  # a row the reader could not read: its error, in place of its values
-JSONL_HEAD_LINES = 100  # a column must show in one of a JSONL file's first lines
+JSONL_HEAD_LINES = 100  # a column must show in one of a JSONL file's first lines that are not blank
+READ_BLOCK = 1 << 16  # bytes a read of a whole file takes at a time (cut into lines while in the CPU cache)
 
 
 class InputError(Exception):
@@ -31,7 +35,8 @@ class InputFile:
     path: Path
     format: str
     bytes: int
-    rows: int | None = None  # known up front for Parquet; counted for the others while they are read
+    rows: int | None = None  # known up front for Parquet and for an empty file; counted for the others as read
+    schema: pa.Schema | None = None  # a Parquet file's, from its footer (columns_of)
 
 
 def expand(spec: str, format: str = "auto") -> list[InputFile]:
@@ -57,22 +62,24 @@ def expand(spec: str, format: str = "auto") -> list[InputFile]:
     return files
 
 
-def columns_of(file: InputFile) -> list[str]:
-    """The columns a file offers (read from its head), or InputError naming why it cannot be read."""
+def columns_of(file: InputFile) -> list[str] | None:
+    """The columns a file offers (read from its head); None for a text file without a row, which offers none
+    (its rows are then known: 0); or InputError naming why it cannot be read."""
     try:
         if file.format == "parquet":
             reader = pq.ParquetFile(file.path)
-            file.rows = reader.metadata.num_rows
+            file.rows, file.schema = reader.metadata.num_rows, reader.schema_arrow
             return list(reader.schema_arrow.names)
         if file.format == "jsonl":
             names: dict[str, None] = {}
-            parsed, problem = 0, "no line"
+            parsed, lines, problem = 0, 0, "no line"
             with open(file.path, "rb") as f:
                 for n, line in enumerate(f):
-                    if n >= JSONL_HEAD_LINES:
-                        break
                     if not line.strip():
                         continue
+                    if lines >= JSONL_HEAD_LINES:
+                        break
+                    lines += 1
                     try:
                         record = _json_record(line)
                     except ValueError as e:  # a bad line is its row's error; a file of them is no JSONL
@@ -81,13 +88,16 @@ def columns_of(file: InputFile) -> list[str]:
                     if isinstance(record, dict):
                         parsed += 1
                         names.update(dict.fromkeys(record))
+            if not lines:  # 0 bytes, or blank lines only
+                file.rows = 0
+                return None
             if not parsed:
                 raise ValueError(f"no JSON object in its first {JSONL_HEAD_LINES} lines ({problem})")
             return list(names)
         with _text(file.path) as f:
-            header = next(csv.reader(f, delimiter="\t" if file.format == "tsv" else ","), None)
-        if header is None:
-            raise InputError(f"{file.path}: empty, no header row")
+            header = _header(csv.reader(f, delimiter="\t" if file.format == "tsv" else ","))
+        if header is None:  # 0 bytes, or blank lines only
+            file.rows = 0
         return header
     except InputError:
         raise
@@ -98,6 +108,8 @@ def columns_of(file: InputFile) -> list[str]:
 def check_columns(files: list[InputFile], needed: list[str]) -> None:
     for file in files:
         have = columns_of(file)
+        if have is None:  # no row: nothing to read from it
+            continue
         missing = [c for c in needed if c not in have]
         if missing:
             raise InputError(
@@ -158,14 +170,22 @@ def _read_file(file: InputFile, columns: list[str], keep: list[str], chunk_rows:
             del table
         return
     rows = _jsonl_rows(file.path) if file.format == "jsonl" else _csv_rows(file.path, file.format)
+    for buffer in _batched(rows, chunk_rows):
+        chunk = _chunk(buffer, columns, keep)
+        del buffer  # its rows are garbage while the next are read (more live rows: more for the GC to walk)
+        yield chunk
+
+
+def _batched(rows: Iterable[dict], size: int) -> Iterator[list[dict]]:
+    """Rows in lists of `size` (the last one shorter): the chunks a text file is read in."""
     buffer: list[dict] = []
     for row in rows:
         buffer.append(row)
-        if len(buffer) == chunk_rows:
-            yield _chunk(buffer, columns, keep)
+        if len(buffer) == size:
+            yield buffer
             buffer = []
     if buffer:
-        yield _chunk(buffer, columns, keep)
+        yield buffer
 
 
 def _chunk(rows: list[dict], columns: list[str], keep: list[str]) -> Chunk:
@@ -173,7 +193,20 @@ def _chunk(rows: list[dict], columns: list[str], keep: list[str]) -> Chunk:
     errors = [r.get(ROW_ERROR) for r in rows]
     if any(errors):
         values[ROW_ERROR] = errors
-    return Chunk(0, values, {c: arrow_column([valid_utf8(r.get(c)) for r in rows]) for c in keep})
+    return Chunk(0, values, {c: _kept_column(rows, c) for c in keep})
+
+
+def _kept_column(rows: list[dict], column: str) -> pa.Array:
+    return arrow_column([valid_utf8(r.get(column)) for r in rows])
+
+
+def _kept_type(rows: list[dict], column: str) -> pa.DataType:
+    """_kept_column(rows, column).type, sooner: values Arrow takes as they are hold no undecodable bytes (it
+    encodes every string, a key too, as UTF-8), so valid_utf8 would leave them as they are."""
+    try:
+        return pa.array([r.get(column) for r in rows]).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeEncodeError):
+        return _kept_column(rows, column).type
 
 
 def valid_utf8(value):
@@ -196,24 +229,77 @@ def valid_utf8(value):
     return value
 
 
-def kept_types(files: list[InputFile], keep: list[str], chunk_rows: int) -> dict[str, pa.DataType]:
-    """Each kept column's type in every part of the job, decided from the whole input before any work: a Parquet
-    file's schema, text for CSV/TSV, and a JSONL file's values read in the chunks the job reads them in (the types
-    its chunks will have); where these disagree, the common number type, else text (common_type)."""
+@dataclass
+class Survey:
+    """What one read of each input file, before the job's own pass, tells of the input: each file's sha256 (the
+    manifest records it), the rows (a close guess for text files, their lines: the progress line's ETA, the Ray
+    job's blocks) and each kept column's type in every part of the job."""
+
+    sha256: list[str]
+    rows: int
+    kept: dict[str, pa.DataType]
+
+
+def survey(files: list[InputFile], keep: list[str], chunk_rows: int) -> Survey:
+    """One read of each file: its bytes hashed and their lines counted as they go by, and for a JSONL file with
+    kept columns the same bytes parsed, in the chunks the job reads them in, for the types its chunks will have.
+    A kept column's type is decided from the whole input before any work: a Parquet file's schema, text for
+    CSV/TSV, a JSONL file's chunks' types (a file without a row has none); where these disagree, the common
+    number type, else text (common_type)."""
     seen: dict[str, list] = {c: [] for c in keep}
-    for file in files if keep else ():
-        if file.format == "parquet":
-            schema = pq.ParquetFile(file.path).schema_arrow
-            for c in keep:
-                seen[c].append(schema.field(c).type)
-        elif file.format == "jsonl":
-            for chunk in _read_file(file, [], keep, chunk_rows):
+    digests, total = [], 0
+    for file in files:
+        read = _Read(file.path)
+        if file.format == "jsonl" and keep and file.rows != 0:
+            for rows in _batched(_jsonl_records(read.lines()), chunk_rows):
                 for c in keep:
-                    seen[c].append(chunk.keep[c].type)
+                    seen[c].append(_kept_type(rows, c))
+                del rows  # garbage while the next are read (_read_file)
         else:
-            for c in keep:
-                seen[c].append(pa.string())
-    return {c: common_type(types) for c, types in seen.items()}
+            for _ in read.blocks():
+                pass
+            if file.format == "parquet" and keep:
+                schema = file.schema if file.schema is not None else pq.ParquetFile(file.path).schema_arrow
+                for c in keep:
+                    seen[c].append(schema.field(c).type)
+            elif file.format in ("csv", "tsv") and file.rows != 0:
+                for c in keep:
+                    seen[c].append(pa.string())
+        digests.append(read.digest.hexdigest())
+        if file.rows is not None:
+            total += file.rows
+        else:
+            total += max(0, read.newlines - (1 if file.format in ("csv", "tsv") else 0))
+    return Survey(digests, total, {c: common_type(types) for c, types in seen.items()})
+
+
+class _Read:
+    """A file read once, a block at a time, its bytes hashed and their newlines counted on the way."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.digest = hashlib.sha256()
+        self.newlines = 0
+
+    def blocks(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            while block := f.read(READ_BLOCK):
+                self.digest.update(block)
+                self.newlines += block.count(b"\n")
+                yield block
+
+    def lines(self) -> Iterator[bytes]:
+        """The file's lines, as iterating over it in binary gives them, without their newline."""
+        return itertools.chain.from_iterable(self._line_lists())
+
+    def _line_lists(self) -> Iterator[list[bytes]]:
+        rest = b""
+        for block in self.blocks():
+            lines = (rest + block).split(b"\n")
+            rest = lines.pop()
+            yield lines
+        if rest:
+            yield [rest]
 
 
 def common_type(types: list[pa.DataType]) -> pa.DataType:
@@ -235,7 +321,9 @@ def conform(array: pa.Array, kind: pa.DataType) -> pa.Array:
     """`array` as type `kind` (common_type's): a cast, or as text, JSON for what is not a string."""
     if array.type == kind:
         return array
-    if not pa.types.is_string(kind):
+    if pa.types.is_null(kind):  # a column of nulls only
+        return pa.nulls(len(array))
+    if not pa.types.is_string(kind) or pa.types.is_large_string(array.type) or pa.types.is_null(array.type):
         return array.cast(kind)
     return pa.array([_as_text(v) for v in array.to_pylist()], pa.string())
 
@@ -258,25 +346,42 @@ def arrow_column(values: list) -> pa.Array:
         )
 
 
+_DECODE = json.JSONDecoder().raw_decode  # json.loads's own (C) scanner, without json.loads's per-call wrapping
+
+
 def _json_record(line: bytes):
+    """json.loads of the line, in about half its time: one value between JSON whitespace is what json.loads
+    returns for it; anything else goes to json.loads, for its value or its ValueError."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         text = line.decode("utf-8", "surrogateescape")  # the bad bytes stay in the row's values, as its error
+    body = text.strip(" \t\n\r")
+    try:
+        value, end = _DECODE(body)
+        if end == len(body):
+            return value
+    except ValueError:
+        pass
     return json.loads(text)
 
 
 def _jsonl_rows(path: Path) -> Iterator[dict]:
     with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = _json_record(line)
-            except ValueError as e:
-                yield {ROW_ERROR: f"line {number} is not JSON: {str(e)[:100]}"}
-                continue
-            yield record if isinstance(record, dict) else {ROW_ERROR: f"line {number} is not a JSON object"}
+        yield from _jsonl_records(f)
+
+
+def _jsonl_records(lines: Iterable[bytes]) -> Iterator[dict]:
+    """A JSONL file's rows from its lines: a blank line is none, a line that is no JSON object its row's error."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = _json_record(line)
+        except ValueError as e:
+            yield {ROW_ERROR: f"line {number} is not JSON: {str(e)[:100]}"}
+            continue
+        yield record if isinstance(record, dict) else {ROW_ERROR: f"line {number} is not a JSON object"}
 
 
 def _text(path: Path):
@@ -287,21 +392,13 @@ def _csv_rows(path: Path, format: str) -> Iterator[dict]:
     csv.field_size_limit(sys.maxsize)
     with _text(path) as f:
         reader = csv.reader(f, delimiter="\t" if format == "tsv" else ",")
-        header = next(reader, None) or []
+        header = _header(reader) or []
         for row in reader:
             if not row:
                 continue
             yield dict(zip(header, row))
 
 
-def count_rows(files: list[InputFile]) -> int | None:
-    """Rows in all files (text files by their lines, a close guess): for the progress line's ETA."""
-    total = 0
-    for file in files:
-        if file.rows is None:
-            with open(file.path, "rb") as f:
-                lines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
-            total += lines - (1 if file.format in ("csv", "tsv") else 0)
-        else:
-            total += file.rows
-    return total
+def _header(reader) -> list[str] | None:
+    """A CSV/TSV file's header: its first row that is not blank (None: the file has none, and no rows)."""
+    return next((row for row in reader if row), None)

@@ -21,17 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batch.inputs import (
-    ROW_ERROR,
-    InputError,
-    InputFile,
-    check_columns,
-    conform,
-    count_rows,
-    expand,
-    kept_types,
-    read_rows,
-)
+from batch.inputs import ROW_ERROR, InputError, InputFile, Survey, check_columns, conform, expand, read_rows, survey
 from batch.options import RESULT_OPTIONS
 from batch.predict import JobError, Predictor, Result, check_task_options, load, settle_precision
 from batch.progress import Progress
@@ -61,7 +51,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def job_identity(options: dict, files: list[InputFile], model_path: Path, digest: str) -> dict:
+def job_identity(options: dict, files: list[InputFile], sha256: list[str], model_path: Path, digest: str) -> dict:
     """What the parts are a function of: a rerun must match it to continue."""
     return {
         "task": options["task"],
@@ -69,8 +59,8 @@ def job_identity(options: dict, files: list[InputFile], model_path: Path, digest
             "spec": options["input"],
             # sha256: a file rewritten in place with as many bytes is another input (its rows, other results)
             "files": [
-                {"path": str(f.path), "format": f.format, "bytes": f.bytes, "sha256": file_sha256(f.path)}
-                for f in files
+                {"path": str(f.path), "format": f.format, "bytes": f.bytes, "sha256": sha}
+                for f, sha in zip(files, sha256, strict=True)
             ],
         },
         "model": {"path": str(model_path), "digest": digest},
@@ -249,7 +239,7 @@ def windows(chunks, columns: list[str], keep: list[str], first_row: int, part_ro
 
 
 def _concat(arrays: list, kind: pa.DataType) -> pa.Array:
-    """A kept column's arrays as one of type `kind`: the same in every part (batch/inputs.kept_types)."""
+    """A kept column's arrays as one of type `kind`: the same in every part (batch/inputs.survey)."""
     chunks = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
     return pa.concat_arrays([conform(a, kind) for a in chunks]) if chunks else pa.array([], kind)
 
@@ -288,8 +278,10 @@ def _run_share(values: dict[str, list], share: int, shares: int) -> tuple:
 
 def plan_job(options: dict, columns: list[str]) -> tuple:
     """What a job reads and writes, checked before any work (JobError: one line): its input files (holding
-    `columns`), the model's directory, the output directory, the job's identity, and the manifest of an earlier
-    run of the same job to continue (None: start afresh; a different job's manifest is refused)."""
+    `columns`; a file without a row holds none and is read as 0 rows), the model's directory, the output
+    directory, the job's identity, the manifest of an earlier run of the same job to continue (None: start
+    afresh; a different job's manifest is refused), and the input's Survey (one read of each file: the sha256s
+    the identity records, the rows, the --keep columns' types)."""
     try:
         files = expand(options["input"], options["format"])
         check_columns(files, columns)
@@ -298,13 +290,14 @@ def plan_job(options: dict, columns: list[str]) -> tuple:
         raise JobError(str(e)) from None
     output = Path(options["output"])
     check_output(output, options["input"])
-    identity = job_identity(options, files, model_path, model_digest(model_path))
+    surveyed: Survey = survey(files, list(options["keep"]), options["window_rows"])
+    identity = job_identity(options, files, surveyed.sha256, model_path, model_digest(model_path))
     previous = None if options["overwrite"] else (read_manifest(output) if output.is_dir() else None)
     if previous is not None:
         changed = difference(previous, identity)
         if changed:
             raise JobError(f"{output} was written by a job with {changed}; pass --overwrite to start over")
-    return files, model_path, output, identity, previous
+    return files, model_path, output, identity, previous, surveyed
 
 
 def run(options: dict, log=print) -> int:
@@ -313,12 +306,12 @@ def run(options: dict, log=print) -> int:
     columns = check_task_options(options)
     options, choice = settle_precision(options)
     keep = list(options["keep"])
-    files, model_path, output, identity, previous = plan_job(options, [*columns, *keep])
+    files, model_path, output, identity, previous, surveyed = plan_job(options, [*columns, *keep])
     workers = options["workers"] or os.cpu_count() or 1
     threads = options["threads"] or max(1, (os.cpu_count() or 1) // workers)
     model = load(str(model_path), options, threads)  # before any work: a model without the task is refused here
     predictor = Predictor(options["task"], model, **_predictor_options({**options, "threads": threads}))
-    types = kept_types(files, keep, options["window_rows"])  # each kept column's, the same in every part
+    types = surveyed.kept  # each kept column's, the same in every part
     output.mkdir(parents=True, exist_ok=True)
     if options["overwrite"]:
         clear_output(output)
@@ -340,7 +333,7 @@ def run(options: dict, log=print) -> int:
         log(f"{output}: already complete ({done} rows, {manifest['errors']} errors); --overwrite starts over")
         return 0
     write_manifest(output, manifest)
-    total = count_rows(files)
+    total = surveyed.rows
     if done:
         log(f"continuing after row {done} ({len(parts)} parts done)")
     progress = Progress(total, done, options["progress_interval"])

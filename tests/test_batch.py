@@ -714,3 +714,112 @@ def test_a_kept_column_has_one_type_in_every_part_so_the_parts_read_as_one_table
 
     assert common_type([pa.int32(), pa.int64(), pa.null()]) == pa.int64()
     assert common_type([pa.int64(), pa.float64()]) == pa.float64() and common_type([pa.null()]) == pa.null()
+
+
+def _empty_files(directory: Path) -> list[str]:
+    """Inputs without a row: 0 bytes (JSONL, CSV, TSV) and a JSONL file of blank lines."""
+    directory.mkdir(exist_ok=True)
+    for name in ("b-empty.jsonl", "d-empty.csv", "e-empty.tsv"):
+        (directory / name).write_bytes(b"")
+    (directory / "c-blank.jsonl").write_bytes(b"\n  \n\r\n")
+    return ["b-empty.jsonl", "c-blank.jsonl", "d-empty.csv", "e-empty.tsv"]
+
+
+def test_an_empty_input_file_is_a_file_of_no_rows_and_the_job_goes_on_and_resumes(tiny, tmp_path, capsys):
+    data = tmp_path / "data"
+    empty = _empty_files(data)
+    _jsonl(data / "a.jsonl", _rows(5))
+    _jsonl(data / "f.jsonl", _rows(12)[5:])
+    argv = ["--task", "classify", "--model", tiny, "--keep", "id", "--part-rows", 4, "--window-rows", 2]
+    for spec, out in ((data, tmp_path / "dir"), (str(data / "*"), tmp_path / "glob")):
+        code, lines = _run(capsys, *argv, "--input", spec, "--output", out)
+        assert code == 0 and lines[-1].startswith("done: 12 rows in 3 parts"), lines
+        table = pq.read_table(out)
+        assert table["id"].to_pylist() == list(range(12)) and table["error"].null_count == 12
+        assert table.schema.field("id").type == pa.int64()  # an empty CSV lends a kept column no type (text)
+        manifest = json.loads((out / "_manifest.json").read_text())
+        files = {Path(f["path"]).name: f for f in manifest["input"]["files"]}
+        assert sorted(files) == sorted(["a.jsonl", "f.jsonl", *empty])
+        assert files["b-empty.jsonl"]["sha256"] == hashlib.sha256(b"").hexdigest()
+        assert files["c-blank.jsonl"] == {**files["c-blank.jsonl"], "format": "jsonl", "bytes": 6}
+    # A job killed after its first part: the same command continues after it and writes the same bytes.
+    expected = _digests(out)
+    manifest["parts"], manifest["rows_done"], manifest["complete"] = manifest["parts"][:1], 4, False
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    for name in list(expected)[1:]:
+        (out / name).unlink()
+    code, lines = _run(capsys, *argv, "--input", str(data / "*"), "--output", out)
+    assert code == 0 and lines[0] == "continuing after row 4 (1 parts done)", lines
+    assert _digests(out) == expected
+
+
+def test_inputs_that_are_all_empty_give_a_complete_output_of_no_parts_not_an_error(tiny, tmp_path, capsys):
+    """No rows is a job of no rows (as a Parquet file of none): a manifest of no parts, exit 0, as a daily run over
+    an empty day's files wants it; never a traceback."""
+    data = tmp_path / "data"
+    empty = _empty_files(data)
+    for spec in (data, data / empty[0], data / empty[1]):
+        out = tmp_path / f"out-{spec.name}"
+        argv = ["--task", "classify", "--model", tiny, "--input", spec, "--output", out, "--keep", "id"]
+        code, lines = _run(capsys, *argv)
+        assert code == 0 and len(lines) == 1 and lines[0].startswith("done: 0 rows in 0 parts, 0 errors"), lines
+        manifest = json.loads((out / "_manifest.json").read_text())
+        assert manifest["complete"] and manifest["parts"] == [] and manifest["rows_done"] == 0
+        assert len(manifest["input"]["files"]) == (len(empty) if spec == data else 1)
+        assert not list(out.glob("part-*"))
+        code, lines = _run(capsys, *argv)
+        assert code == 0 and lines == [f"{out}: already complete (0 rows, 0 errors); --overwrite starts over"], lines
+
+
+def test_each_input_is_read_once_before_the_jobs_own_pass(tiny, tmp_path, capsys, monkeypatch):
+    """The manifest's sha256, the row count (the progress line's ETA) and the kept columns' types come from one
+    read of each file: a JSONL file is opened three times, for its head (its columns), that read and the job's
+    own pass, and the manifest and the parts are what they were."""
+    import builtins
+
+    source = _jsonl(tmp_path / "in.jsonl", [{**r, "id": r["id"] if r["id"] % 3 else f"s{r['id']}"} for r in _rows(30)])
+    opened = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file) == source:
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    out = tmp_path / "out"
+    argv = ["--task", "classify", "--model", tiny, "--input", source, "--output", out, "--keep", "id,text"]
+    code, lines = _run(capsys, *argv, "--window-rows", 4, "--part-rows", 8)
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert code == 0, lines
+    assert len(opened) == 3, f"{source} opened {len(opened)} times"
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["input"]["files"][0]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    table = pq.read_table(out)
+    assert table.schema.field("id").type == pa.string() and table.schema.field("text").type == pa.string()
+    assert table["id"].to_pylist() == [f"s{i}" if i % 3 == 0 else str(i) for i in range(30)]
+
+
+def test_a_jsonl_line_reads_as_json_loads_reads_it():
+    """batch/inputs._json_record runs json's scanner itself (half the time of json.loads): the same value, or the
+    same ValueError, for every line."""
+    from batch.inputs import _json_record
+
+    lines = [b'{"a": 1}', b'  {"a": [1, {"b": null}]}  \r\n', b'{"a": 1} x', b'{"a": 1}{"b": 2}', b"1, 2", b"NaN"]
+    lines += [b'\xef\xbb\xbf{"a": 1}', b'\x0c{"a": 1}', b'{"a": 1}\x00', b'{"a": "caf\xe9"}', b'"\\ud800"', b"", b"{"]
+    lines += [b'{"a": 1, "a": 2}', b"12345678901234567890123", b"1e400", b'\t"x"\t', b"tru"]
+
+    def outcome(read, line):
+        try:
+            return repr(read(line))
+        except ValueError as e:
+            return f"{type(e).__name__}: {e}"
+
+    def loads(line):
+        try:
+            return json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            return json.loads(line.decode("utf-8", "surrogateescape"))
+
+    for line in lines:
+        assert outcome(_json_record, line) == outcome(loads, line), line

@@ -142,6 +142,61 @@ def test_a_ray_job_writes_what_the_local_job_writes(cluster, tmp_path):
     assert manifest["schema"] == local_manifest["schema"] and manifest["options"] == local_manifest["options"]
 
 
+def test_a_ray_job_gives_a_kept_column_the_local_jobs_one_type_in_every_part(cluster, tmp_path):
+    """Ray Data types each JSONL block on its own: ids ints in one block, strings in another, both in a third (Ray's
+    pickled Python objects), a column null in a whole block or float where ints meet nulls. The parts share the
+    local job's types, so that the output reads as one table; files without a row are in the manifest, in no read."""
+    address, env, _ = cluster
+    model = build_checkpoint(tmp_path / "multi")
+    data = tmp_path / "data"
+    data.mkdir()
+    text = "I loved this film."
+    rows = [{"id": i, "n": None, "text": text} for i in range(10)]  # a.jsonl
+    rows += [{"id": f"s{i}", "n": i, "text": text} for i in range(10, 20)]  # b.jsonl
+    rows += [{"id": i if i % 2 else f"s{i}", "n": None if i % 3 else i, "text": text} for i in range(20, 30)]
+    for name, part in (("a", rows[:10]), ("b", rows[10:20]), ("c", rows[20:])):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    (data / "d-empty.jsonl").write_bytes(b"")
+    (data / "e-blank.jsonl").write_bytes(b"\n\n")
+    common = [sys.executable, "-m", "batch", "--task", "classify", "--model", str(model), "--input", str(data)]
+    common += ["--keep", "id,n", "--part-rows", "5", "--window-rows", "5", "--workers", "2", "--threads", "1"]
+    local = subprocess.run([*common, "--output", str(tmp_path / "local")], env=env, capture_output=True, text=True)
+    assert local.returncode == 0, local.stderr
+    on_ray = subprocess.run(
+        [*common, "--output", str(tmp_path / "ray"), "--ray", address], env=env, capture_output=True, text=True
+    )
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    ours, theirs = pq.read_table(tmp_path / "ray"), pq.read_table(tmp_path / "local")  # every part: one schema
+    assert ours.schema.field("id").type == theirs.schema.field("id").type == pa.string()
+    assert ours.schema.field("n").type == theirs.schema.field("n").type == pa.int64()
+    assert ours.select(["id", "n"]).to_pylist() == theirs.select(["id", "n"]).to_pylist()
+    assert ours["id"].to_pylist() == [str(r["id"]) for r in rows] and ours["error"].null_count == 30
+    manifest = json.loads((tmp_path / "ray" / "_manifest.json").read_text())
+    local_manifest = json.loads((tmp_path / "local" / "_manifest.json").read_text())
+    assert manifest["input"] == local_manifest["input"] and len(manifest["input"]["files"]) == 5
+    assert manifest["rows_done"] == 30 and manifest["complete"]
+
+
+def test_a_ray_job_over_inputs_all_empty_writes_the_local_jobs_manifest_of_no_parts(tmp_path, capsys):
+    """No row to read: the manifest of no parts the local job writes, and no cluster asked (the address is
+    never dialled)."""
+    from batch.__main__ import main
+
+    model = build_checkpoint(tmp_path / "multi")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(b"")
+    (data / "b.jsonl").write_bytes(b"\n \n")
+    (data / "c.csv").write_bytes(b"")
+    argv = ["--task", "classify", "--model", str(model), "--input", str(data), "--keep", "id"]
+    assert main([*argv, "--output", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--output", str(tmp_path / "ray"), "--ray", f"127.0.0.1:{free_port()}"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith("done on Ray: 0 rows in 0 parts, 0 errors"), lines
+    ours, theirs = (json.loads((tmp_path / d / "_manifest.json").read_text()) for d in ("ray", "local"))
+    assert ours["complete"] and ours["parts"] == theirs["parts"] == [] and ours["input"] == theirs["input"]
+
+
 def _kill_tree(pid: int) -> None:
     from bench.cpu import process_tree
 
