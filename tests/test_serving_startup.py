@@ -153,5 +153,7 @@ def test_the_settings_validate_the_new_flags():
     run = _serve("--log-format", "xml")
     assert run.returncode == 2 and "invalid choice" in run.stderr
     run = _serve("--drain-delay-s", "-1", "--port", "0")
-    assert run.returncode == 2 and run.stderr.startswith("error: argument --drain-delay-s: must be at least 0"), run.stderr
+    assert run.returncode == 2 and run.stderr.startswith("error: argument --drain-delay-s: must be at least 0"), (
+        run.stderr
+    )
     assert "BERTSERVE_DRAIN_DELAY_S" in _serve("--help").stdout
