@@ -143,7 +143,9 @@ class TorchBackend(Backend):
         except TypeError as e:
             notes.append(f"packed path off: {e}")
             return None
-        probe = probe_batch(self.model.config.vocab_size, encoder.max_positions)
+        config = self.model.config
+        windows = [w for w in map(config.attention_window, range(config.num_hidden_layers)) if w is not None]
+        probe = probe_batch(config.vocab_size, encoder.max_positions, max(windows, default=None))
         reference = self.run_padded(probe)
         attentions = CUDA_ATTENTIONS if self.device.type == "cuda" else [attention_reference]
         # Most preferred first: each piece that fails here is dropped, the others kept.
@@ -184,12 +186,16 @@ def _choice(explicit: bool | None, from_settings: bool | None, default: bool) ->
     return bool(explicit if explicit is not None else from_settings if from_settings is not None else default)
 
 
-def probe_batch(vocab_size: int, max_positions: int) -> dict[str, np.ndarray]:
-    """Three right-padded rows of different lengths (one unpadded), seeded: what the packed path must match."""
+def probe_batch(vocab_size: int, max_positions: int, window: int | None = None) -> dict[str, np.ndarray]:
+    """Three right-padded rows of different lengths (the longest unpadded), seeded: what the packed path must match.
+    A model with windowed layers (window: the widest, in tokens each way) gets a fourth row long enough that the
+    window bounds its middle tokens on both sides: the packed kernels bound windows themselves (FlashAttention's
+    window_size), and a kernel that ignored or misread it would otherwise pass on rows no longer than 64 tokens
+    (ModernBERT's window is 64 each way)."""
     rng = np.random.default_rng(0)
-    lengths = [min(n, max_positions) for n in (61, 64, 5)]
+    lengths = [min(n, max_positions) for n in (61, 64, 5, *([2 * window + 2] if window else []))]
     width = max(lengths)
-    ids = rng.integers(min(1000, vocab_size // 2), min(vocab_size, 30000), size=(3, width), dtype=np.int64)
+    ids = rng.integers(min(1000, vocab_size // 2), min(vocab_size, 30000), size=(len(lengths), width), dtype=np.int64)
     mask = (np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
     types = (np.arange(width)[None, :] >= np.array(lengths)[:, None] // 2).astype(np.int64) * mask
     ids = ids * mask
