@@ -10,18 +10,20 @@ gets its `error` and the others their answers: one row never fails the rest.
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
+import numpy as np
 import pyarrow as pa
 
 from batch.columns import COLUMNS, result_schema, result_table
 from batch.options import BatchOptions
 from batch.precision import AUTO, Choice, choose_precision
-from bert.options import check_bounds
+from bert.options import Option, check_bounds, options_of
 from bert.precision import cpu_flags
 from bert.tasks import TASKS
 from bert.tasks.common import Limits
@@ -84,16 +86,62 @@ def concurrent_runs(options: dict, threads: int | None) -> int:
 
 
 def default_options(**given) -> dict:
-    """Every option a Predictor reads: BatchOptions' defaults, with `given` in their place."""
+    """Every option a Predictor reads: BatchOptions' defaults, with `given` in their place (each checked for its
+    declared kind and choices: JobError, as for a number out of its bounds)."""
     values = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(BatchOptions)}
     unknown = set(given) - set(values)
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    values.update(given)
+    values.update({name: _checked(name, value) for name, value in given.items()})
     for name in ("column", "keep", "candidate_labels"):
         if isinstance(values[name], str):
             values[name] = [x for x in values[name].split(",") if x]
     return values
+
+
+# Options that take None although BatchOptions' flag does not offer it: Batches' max_padding (no padding limit).
+_NONE_TOO = ("max_padding",)
+
+
+@functools.cache
+def _declared() -> dict[str, tuple[Option, bool]]:
+    """Each option as BatchOptions declares it, and whether it takes None."""
+    hints = get_type_hints(BatchOptions)
+    return {o.name: (o, type(None) in get_args(hints[o.name]) or o.name in _NONE_TOO) for o in options_of(BatchOptions)}
+
+
+def _checked(name: str, value):
+    """`value` as option `name` takes it, given in code rather than on a command line: a wrong kind (top_k="3",
+    truncate="false", which is true) or a value outside its choices (aggregation="bogus") is refused here, before
+    the model loads, not in every row's error or not at all. The task and model are checked where they are read."""
+    if name in ("task", "model"):
+        return value
+    declared, optional = _declared()[name]
+    if value is None and optional:
+        return None
+    kind = declared.kind
+    if kind is bool and isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if kind is int and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if kind is float and isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return float(value)
+    if kind is str and isinstance(value, str):
+        if declared.choices is not None and value not in declared.choices:
+            raise JobError(f"{name} must be one of {', '.join(map(str, declared.choices))}, got {value!r}")
+        return value
+    if kind is list and (
+        isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
+    ):
+        return value if isinstance(value, str) else list(value)
+    want = {
+        bool: "True or False",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a name or a list of names",
+    }[kind]
+    raise JobError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
 
 
 def check_numbers(options: dict) -> None:
@@ -222,8 +270,10 @@ class _Prepared:
 class Predictor:
     """`task` on `model` over rows: `Predictor("embed", "DIR")(batch)` -> the batch's rows with the result columns
     and `error`. A batch is a dict of columns (lists or numpy arrays: Ray Data's default), a pyarrow Table or
-    RecordBatch, or a pandas DataFrame (answered as a DataFrame). Options are python -m batch's by their names
-    (column, keep, truncate, backend, ...). Built once per Ray actor, it loads the model once:
+    RecordBatch, or a pandas DataFrame (answered as a DataFrame on its own index, its columns untouched; anything
+    else as a pyarrow Table). A missing value (None, NaN, pd.NA) is a `null` row. Options are python -m batch's by
+    their names (column, keep, truncate, backend, ...), checked for kind, choice and bounds here (JobError). Calls
+    from several threads at once are safe. Built once per Ray actor, it loads the model once:
 
         ds.map_batches(Predictor, fn_constructor_kwargs={"task": "embed", "model": DIR},
                        compute=ray.data.ActorPoolStrategy(size=2))
@@ -251,7 +301,8 @@ class Predictor:
         )
         # Batches run at once in this process: as many as the model was loaded for, if its backend allows.
         self.runs = concurrent_runs(self.options, self.options["threads"]) if self.model.backend.concurrent_runs else 1
-        self._pool: ThreadPoolExecutor | None = None
+        # made here, not at the first call, so that calls from two threads at once share one pool
+        self._pool = ThreadPoolExecutor(self.runs, thread_name_prefix="batch-run") if self.runs > 1 else None
         serve_defaults = {o.name: o.default for o in self.codec.serve_options}
         self.limit_options = {
             f"{task}_{name}": value
@@ -270,14 +321,30 @@ class Predictor:
 
     # ---- the API ---------------------------------------------------------------------------------
     def __call__(self, batch):
-        columns, kind = _columns_of(batch)
+        columns, kind = _columns_of(batch, self.columns)
         missing = [c for c in [*self.columns, *self.options["keep"]] if c not in columns]
         if missing:
-            raise KeyError(f"the batch has no column {', '.join(map(repr, missing))}; it has {', '.join(columns)}")
-        result = self.predict({c: columns[c] for c in self.columns}).table
-        keep = self.options["keep"] or [c for c in columns if c not in result.column_names and self.carry]
-        out = pa.table({**{c: _arrow(columns[c]) for c in keep}, **{n: result[n] for n in result.column_names}})
-        return out.to_pandas() if kind == "pandas" else out
+            have = ", ".join(map(repr, columns)) or "no columns"
+            raise KeyError(f"the batch has no column {', '.join(map(repr, missing))}; it has {have}")
+        results = self.schema.names
+        keep = self.options["keep"] or (list(columns) if self.carry else [])
+        clash = [c for c in keep if c in results]
+        if clash:  # only where carried without `keep` (check_task_options refuses a kept result name)
+            raise ValueError(
+                f"the batch's column(s) {', '.join(map(repr, clash))} have a result column's name (a {self.task} "
+                f"Predictor writes {', '.join(results)}): rename them, or name the columns to carry with keep=[...] "
+                "(carry=False: none)"
+            )
+        lengths = {c: len(columns[c]) for c in dict.fromkeys([*self.columns, *keep])}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                "the batch's columns differ in length: " + ", ".join(f"{c!r} {n}" for c, n in lengths.items())
+            )
+        texts = {c: _texts(columns[c]) for c in self.columns}
+        result = self.predict(texts).table
+        if kind == "pandas":
+            return _pandas_answer(batch, keep, result)
+        return pa.table({**{c: _arrow(columns[c]) for c in keep}, **{n: result[n] for n in result.column_names}})
 
     def predict(self, columns: dict[str, list], row_errors: list | None = None) -> Result:
         """Rows given as {column: values} (the task's columns) -> their results in order. `row_errors`: rows
@@ -430,8 +497,6 @@ class Predictor:
         return outputs, stats
 
     def _runner(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.runs, thread_name_prefix="batch-run")
         return self._pool
 
     def _decode(self, items: list, features: list, outputs: list, rows: list[int], errors: list) -> list:
@@ -476,15 +541,44 @@ def _refusal(error: Exception) -> str:
     return text[:500] or type(error).__name__
 
 
-def _columns_of(batch) -> tuple[dict[str, Any], str]:
-    """A batch's columns by name, and what kind of batch it was."""
+def _columns_of(batch, reads: list[str]) -> tuple[dict[str, Any], str]:
+    """A batch's columns by name, and what kind of batch it was (`reads`: the task's columns, for the hint a batch
+    of another shape gets)."""
     if isinstance(batch, (pa.Table, pa.RecordBatch)):
-        return {name: batch.column(name) for name in batch.column_names}, "arrow"
+        names = batch.column_names
+        _refuse_twice(names)
+        return {name: batch.column(i) for i, name in enumerate(names)}, "arrow"
     if hasattr(batch, "to_dict") and hasattr(batch, "columns") and hasattr(batch, "iloc"):  # pandas, duck-typed
-        return {name: batch[name] for name in batch.columns}, "pandas"
+        names = list(batch.columns)
+        _refuse_twice(names)
+        return {name: batch.iloc[:, i] for i, name in enumerate(names)}, "pandas"
     if isinstance(batch, dict):
-        return dict(batch), "dict"
-    raise TypeError(f"a batch is a dict of columns, a pyarrow Table or a pandas DataFrame, not {type(batch).__name__}")
+        columns = {}
+        for name, column in batch.items():
+            if isinstance(column, (str, bytes)) or not hasattr(column, "__iter__"):
+                raise TypeError(
+                    f"column {name!r} is a {type(column).__name__}, not a column of values: give a list, "
+                    f"{{{name!r}: [{column!r}]}} for one row"
+                )
+            # one pass over a generator: it is read for the task and again to be carried
+            columns[name] = column if hasattr(column, "__len__") else list(column)
+        return columns, "dict"
+    like = f"{{{', '.join(f'{c!r}: [...]' for c in reads)}}}"
+    if hasattr(batch, "to_frame") and hasattr(batch, "name"):  # a pandas Series
+        hint = f"give it by its column's name, {like}, or series.to_frame({reads[0]!r})"
+    elif isinstance(batch, (list, tuple)) and batch and all(isinstance(row, dict) for row in batch):
+        hint = "a list of rows is pyarrow.Table.from_pylist(rows) or pandas.DataFrame(rows)"
+    elif isinstance(batch, (list, tuple, str)):
+        hint = f"give the values by their column's name, {like}"
+    else:
+        hint = "a batch is a dict of columns, a pyarrow Table or RecordBatch, or a pandas DataFrame"
+    raise TypeError(f"a {type(batch).__name__} is not a batch: {hint}")
+
+
+def _refuse_twice(names: list) -> None:
+    twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+    if twice:
+        raise ValueError(f"the batch has column(s) {', '.join(map(repr, twice))} more than once")
 
 
 def _values(column) -> list:
@@ -495,10 +589,51 @@ def _values(column) -> list:
     return list(column)
 
 
+def _missing(value) -> bool:
+    """None, or what pandas and numpy hold for a missing value: NaN, pd.NA, NaT."""
+    return (
+        value is None
+        or (isinstance(value, (float, np.floating)) and value != value)
+        or type(value).__name__ in ("NAType", "NaTType")
+    )
+
+
+def _texts(column) -> list:
+    """A task column's values, a missing value (NaN in a pandas or numpy column, pd.NA) as None: the row's error
+    is `null`. An Arrow column's nulls are None already (and a NaN in it is a float, as the job reads it)."""
+    values = _values(column)
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return values
+    return [None if _missing(v) else v for v in values]
+
+
 def _arrow(column) -> pa.Array | pa.ChunkedArray:
+    """A carried column as Arrow: a numpy array in its own type (datetime64, float32, a 2-D array as fixed-size
+    lists), a pandas Series as pyarrow converts one (NaN is null), other values as pyarrow infers them."""
     if isinstance(column, (pa.Array, pa.ChunkedArray)):
         return column
     try:
+        if isinstance(column, np.ndarray) and column.dtype != object and column.ndim in (1, 2):
+            if column.ndim == 1:
+                return pa.array(column)
+            return pa.FixedSizeListArray.from_arrays(pa.array(column.reshape(-1)), column.shape[1])
+        if hasattr(column, "isna") and hasattr(column, "dtype"):  # a pandas Series
+            return pa.Array.from_pandas(column)
         return pa.array(_values(column))
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed kinds of values: carried as their text
-        return pa.array([None if v is None else str(v) for v in _values(column)], pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        # mixed kinds of values: carried as their text, a missing one as null
+        return pa.array([None if _missing(v) else str(v) for v in _values(column)], pa.string())
+
+
+def _pandas_answer(frame, keep: list, result: pa.Table):
+    """A DataFrame's answer: its `keep` columns as they were (dtypes, names) and the results, on its own index; an
+    integer result (qa start/end) a nullable integer, so that a failed row does not make the column float."""
+    import pandas as pd
+
+    mapping = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
+    answers = result.to_pandas(types_mapper=mapping.get)
+    if keep:
+        carried = frame.iloc[:, [frame.columns.get_loc(c) for c in keep]].reset_index(drop=True)
+        answers = pd.concat([carried, answers], axis=1)
+    answers.index = frame.index
+    return answers
