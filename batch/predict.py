@@ -185,6 +185,7 @@ def check_task_options(options: dict) -> list[str]:
     if task == "zero_shot":
         from bert.tasks.zero_shot import check_template
 
+        options["candidate_labels"] = _names(options["candidate_labels"])  # "sports, food": no label " food"
         if not options["candidate_labels"]:
             raise JobError("--candidate-labels is required for zero_shot")
         try:

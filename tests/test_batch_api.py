@@ -220,3 +220,14 @@ def test_the_real_minilm_embeds_a_messy_dataframe_as_it_embeds_the_clean_rows():
     reference = np.array(clean["embedding"].to_pylist(), dtype=np.float32)
     assert np.allclose(np.stack(vectors), reference, atol=1e-5)
     assert np.allclose(np.linalg.norm(reference, axis=1), 1, atol=1e-5)
+
+
+def test_candidate_labels_lose_the_spaces_around_them_as_column_names_do():
+    from batch.predict import check_task_options, default_options
+
+    given = default_options(task="zero-shot", model="m", candidate_labels="sports, food ,, travel")
+    check_task_options(given)
+    assert given["candidate_labels"] == ["sports", "food", "travel"]
+    given = default_options(task="zero_shot", model="m", candidate_labels=[" sports", "food "])
+    check_task_options(given)
+    assert given["candidate_labels"] == ["sports", "food"]
