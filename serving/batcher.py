@@ -437,6 +437,10 @@ class Batcher:
             entry.future.set_result(SequenceResult(rows_of_entry, queue_s, elapsed, rows))
 
 
+# The row length up to which a batch is bounded by its tokens alone (fill_batch): BERT's 512 positions.
+QUADRATIC_WIDTH = 512
+
+
 def fill_batch(
     lengths: list[int],
     *,
@@ -447,10 +451,16 @@ def fill_batch(
 ) -> list[int]:
     """One batch from sequences of these `lengths`, in order of preference (the first always joins): the
     positions of those that join while the padded batch (padded length x count) stays within
-    `max_batch_tokens`, `max_batch_requests` and `max_padding`. The server's batcher and offline batch jobs
-    (python -m batch, over length-sorted windows of rows) batch by this one rule."""
+    `max_batch_tokens`, `max_batch_requests` and `max_padding`, and its attention scores (count x padded
+    length squared, per head) within what `max_batch_tokens` of QUADRATIC_WIDTH-token rows hold: rows of a
+    long-context model (ModernBERT: 8,192 positions, whose exported attention is not fused) join fewer to a
+    batch, and one longer than sqrt(QUADRATIC_WIDTH x max_batch_tokens) runs alone, so a batch of them needs
+    no more memory than one such row; models of at most QUADRATIC_WIDTH positions batch as by tokens alone.
+    The server's batcher and offline batch jobs (python -m batch, over length-sorted windows of rows) batch by
+    this one rule."""
     chosen: list[int] = []
     width = real = 0
+    cells = max_batch_tokens * QUADRATIC_WIDTH
     for position, length in enumerate(lengths):
         if len(chosen) >= max_batch_requests:
             break
@@ -458,7 +468,7 @@ def fill_batch(
         if pad_to_multiple_of:
             new_width = -(-new_width // pad_to_multiple_of) * pad_to_multiple_of
         padded = new_width * (len(chosen) + 1)
-        if chosen and padded > max_batch_tokens:
+        if chosen and (padded > max_batch_tokens or padded * new_width > cells):
             continue
         if chosen and max_padding is not None and real + length < (1 - max_padding) * padded:
             continue  # too different in length: it waits for a batch of its own size

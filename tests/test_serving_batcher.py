@@ -398,3 +398,21 @@ def test_a_request_of_many_sequences_takes_turns_with_the_requests_behind_it():
     run(scenario, backend, max_wait_ms=0, max_batch_requests=4, workers=1)
     assert len(order) == 41 and sum(rows for rows, _ in backend.shapes) == 41
     assert order.index("short") <= 16, order  # at most a few batches of windows ran before it (was: all 40)
+
+
+def test_long_rows_batch_by_their_attention_scores_not_by_tokens_alone():
+    """A batch's attention (rows x width^2) stays within what max_batch_tokens of 512-token rows hold: two
+    8,192-token rows of a long-context model (15 GB of scores in an unfused ONNX graph at 12 heads) no longer
+    share a batch; rows of at most 512 tokens batch as before."""
+    from serving.batcher import QUADRATIC_WIDTH, fill_batch
+
+    def size(length: int, count: int = 300, budget: int = 16384) -> int:
+        return len(fill_batch([length] * count, max_batch_tokens=budget, max_batch_requests=256))
+
+    assert QUADRATIC_WIDTH == 512
+    assert size(128) == 128 and size(512) == 32  # by tokens, as before
+    assert size(1024) == 8 and size(2048) == 2  # 16 and 8 by tokens alone
+    assert size(2896) == 1 and size(8192) == 1 and size(8192, budget=65536) == 1 and size(8192, budget=262144) == 2
+    # the first row always joins, however long; a short row after a long one is bounded by the long width
+    assert fill_batch([8192, 16], max_batch_tokens=16384, max_batch_requests=256) == [0]
+    assert fill_batch([300, 2000], max_batch_tokens=16384, max_batch_requests=256) == [0, 1]
