@@ -40,7 +40,9 @@ def sample_batches(tokenizer, max_seq: int, batch_size: int = 8) -> list[dict[st
     contexts = [c for _, c in QUESTION_CONTEXTS]
     encoded = tokenizer(questions, contexts, max_length=max_seq, truncation="only_second")
     batches.append({k: encoded[k] for k in keys})
-    long_text = " ".join(sentences * (1 + max_seq // 8))
+    once = " ".join(sentences)
+    pieces = max(1, len(tokenizer([once], max_length=None, truncation=False)["input_ids"][0]) - 2)
+    long_text = " ".join([once] * (1 + max_seq // pieces))  # just past max_seq: cut there, as before
     encoded = tokenizer([long_text, sentences[3]], max_length=max_seq, truncation=True)
     batches.append({k: encoded[k] for k in keys})
     return batches
