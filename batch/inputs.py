@@ -366,6 +366,34 @@ def _json_record(line: bytes):
     return json.loads(text)
 
 
+def jsonl_chunks(blocks: Iterable[bytes], columns: list[str], keep: list[str], chunk_rows: int) -> Iterator[Chunk]:
+    """The chunks the local job reads a JSONL file in (read_rows), from its bytes read as `blocks` by another
+    reader (the Ray job's read tasks): the same parser (_jsonl_records), the same rows and values, the same cuts."""
+    for buffer in _batched(_jsonl_records(_file_lines(blocks)), chunk_rows):
+        chunk = _chunk(buffer, columns, keep)
+        del buffer  # as _read_file
+        yield chunk
+
+
+def _file_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of bytes read as `blocks`, each as iterating over a binary file gives it: with its newline (a
+    line's error names where json.loads stopped in it), the last one without where the bytes end without one."""
+    pending: list[bytes] = []  # the start of a line that goes on in the next block
+    for block in blocks:
+        if b"\n" not in block:
+            pending.append(block)
+            continue
+        if pending:
+            block = b"".join([*pending, block])
+            pending = []
+        lines = io.BytesIO(block).readlines()
+        if not lines[-1].endswith(b"\n"):
+            pending.append(lines.pop())
+        yield from lines
+    if pending:
+        yield b"".join(pending)
+
+
 def _jsonl_rows(path: Path) -> Iterator[dict]:
     with open(path, "rb") as f:
         yield from _jsonl_records(f)

@@ -177,6 +177,101 @@ def test_a_ray_job_gives_a_kept_column_the_local_jobs_one_type_in_every_part(clu
     assert manifest["rows_done"] == 30 and manifest["complete"]
 
 
+def test_a_ray_job_reads_jsonl_values_as_the_local_job_reads_them(cluster, tmp_path):
+    """A JSONL line's values are what the local job's parser gives (json.loads), not pandas' guesses (Ray Data's
+    read_json): ids "007" stay text, texts that look numeric ("5") are answered, date-like names (created_at) stay
+    text, an integer above 2**53 beside nulls keeps its digits, a text that is a number or null is its row's
+    error, and a line that is not JSON is its row's error, not the read's. From a directory without bertserve:
+    the read tasks, which parse the lines, find it on the job's PYTHONPATH as the model-holding actors do."""
+    address, env, _ = cluster
+    model = build_checkpoint(tmp_path / "multi")
+    data = tmp_path / "data"
+    data.mkdir()
+    big = 2**53 + 1
+    a = [  # texts that all look numeric: pandas makes the column numbers
+        {"id": "007", "text": "5", "created_at": "2024-01-02T03:04:05Z", "big": big},
+        {"id": "010", "text": "12", "created_at": "2024-02-03", "big": None},
+        {"id": "011", "text": "3.5", "created_at": "2024-03-04 05:06:07", "big": big + 2},
+    ]
+    b = [
+        {"id": "012", "text": "I loved this film.", "created_at": "2024-04-05", "big": None},
+        {"id": "013", "text": None, "created_at": None, "big": 2**62 + 3},
+        {"id": "014", "text": 7, "created_at": "1700000000", "big": None},
+        {"id": "015", "text": "Terrible.", "created_at": "2024-06-07T08:09:10+02:00", "big": big},
+    ]
+    (data / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in a))
+    lines = [json.dumps(r) for r in b]
+    lines.insert(2, '{"id": "bad", "text": ')  # not JSON: that row's error
+    lines.insert(1, "")  # a blank line: no row, but counted in the next lines' numbers
+    (data / "b.jsonl").write_text("\n".join(lines) + "\n")
+    common = [sys.executable, "-m", "batch", "--task", "classify", "--model", str(model), "--input", str(data)]
+    common += ["--keep", "id,created_at,big,text", "--part-rows", "4", "--window-rows", "3"]
+    common += ["--workers", "2", "--threads", "1"]
+    local = subprocess.run([*common, "--output", str(tmp_path / "local")], env=env, capture_output=True, text=True)
+    assert local.returncode == 0, local.stderr
+    started = time.monotonic()
+    on_ray = subprocess.run(
+        [*common, "--output", str(tmp_path / "ray"), "--ray", address],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    print(f"ray job: {time.monotonic() - started:.1f}s")
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    ours, theirs = pq.read_table(tmp_path / "ray"), pq.read_table(tmp_path / "local")  # parts in input order
+    assert ours.schema == theirs.schema and ours.num_rows == theirs.num_rows == 8
+    for name in theirs.column_names:
+        mine, local_values = ours[name].to_pylist(), theirs[name].to_pylist()
+        if name == "score":
+            assert [m is None for m in mine] == [t is None for t in local_values]
+            assert all(abs(m - t) < 1e-5 for m, t in zip(mine, local_values) if t is not None)
+        else:
+            assert mine == local_values, name
+    # What the local job gives, spelled out: Ray's own read_json gave 7 for "007", numbers for the texts, ...
+    assert theirs["id"].to_pylist() == ["007", "010", "011", "012", "013", None, "014", "015"]
+    assert theirs["big"].to_pylist() == [big, None, big + 2, None, 2**62 + 3, None, None, big]
+    assert theirs["created_at"].to_pylist()[:2] == ["2024-01-02T03:04:05Z", "2024-02-03"]
+    errors = theirs["error"].to_pylist()
+    assert errors[:4] == [None] * 4 and errors[4] == "null" and errors[6] == "not a string (int)"
+    assert errors[5].startswith("line 4 is not JSON") and errors[7] is None
+    manifest = json.loads((tmp_path / "ray" / "_manifest.json").read_text())
+    local_manifest = json.loads((tmp_path / "local" / "_manifest.json").read_text())
+    assert manifest["rows_done"] == local_manifest["rows_done"] == 8
+    assert manifest["errors"] == local_manifest["errors"] == 3
+
+
+def test_the_jsonl_read_tasks_give_the_local_readers_values_wherever_the_bytes_are_cut(tmp_path):
+    """No cluster: the tables a JSONL read task makes (batch/ray_job._jsonl_tables, the file's bytes in blocks of any
+    size) hold the local reader's chunks (batch/inputs.read_rows): each text value itself (a number, an object,
+    undecodable bytes), the row errors in the local job's words, the kept columns in their types, one schema."""
+    from batch.inputs import ROW_ERROR, InputFile, conform, read_rows, survey
+    from batch.ray_job import KEPT, _jsonl_tables, _jsonl_values
+
+    data = (
+        b'{"id": "007", "text": "5", "n": 9007199254740993}\n\r\n{"id": 7, "text": 7.0, "n": null}\n'
+        b'{"id": "x", "text": \n[1, 2]\n{"id": "y", "text": "caf\xc3\xa9 \xff", "n": 1}\n'
+        b'{"text": {"a": "\xc3\xa9"}, "n": 2}\n{"id": "010", "text": null}'
+    )
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    file = InputFile(path, "jsonl", len(data))
+    keep = ["id", "n", "text"]
+    kept = pa.schema(list(survey([file], keep, 3).kept.items()))
+    local = list(read_rows([file], ["text"], keep, 3))
+    assert [len(c) for c in local] == [3, 3, 1] and "line 4 is not JSON" in local[0].values[ROW_ERROR][2]
+    for size in (1, 2, 7, 64, len(data)):
+        tables = list(_jsonl_tables((data[i : i + size] for i in range(0, len(data), size)), ["text"], kept, 3))
+        assert len({t.schema for t in tables}) == 1 and [t.num_rows for t in tables] == [3, 3, 1]
+        for table, chunk in zip(tables, local):
+            assert _jsonl_values(table, "text") == chunk.values["text"]
+            assert table[ROW_ERROR].to_pylist() == (chunk.values.get(ROW_ERROR) or [None] * len(chunk))
+            for field in kept:
+                column = table[KEPT + field.name if field.name == "text" else field.name]
+                assert column.type == field.type
+                assert column.to_pylist() == conform(chunk.keep[field.name], field.type).to_pylist()
+
+
 def test_a_ray_job_over_inputs_all_empty_writes_the_local_jobs_manifest_of_no_parts(tmp_path, capsys):
     """No row to read: the manifest of no parts the local job writes, and no cluster asked (the address is
     never dialled)."""
