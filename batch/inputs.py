@@ -247,13 +247,17 @@ def survey(files: list[InputFile], keep: list[str], chunk_rows: int) -> Survey:
     CSV/TSV, a JSONL file's chunks' types (a file without a row has none); where these disagree, the common
     number type, else text (common_type)."""
     seen: dict[str, list] = {c: [] for c in keep}
+    wide: set[str] = set()  # kept columns holding an integer a float64 cannot hold exactly
     digests, total = [], 0
     for file in files:
         read = _Read(file.path)
         if file.format == "jsonl" and keep and file.rows != 0:
             for rows in _batched(_jsonl_records(read.lines()), chunk_rows):
                 for c in keep:
-                    seen[c].append(_kept_type(rows, c))
+                    kind = _kept_type(rows, c)
+                    seen[c].append(kind)
+                    if pa.types.is_integer(kind) and c not in wide and _beyond_float(rows, c):
+                        wide.add(c)
                 del rows  # garbage while the next are read (_read_file)
         else:
             for _ in read.blocks():
@@ -270,7 +274,16 @@ def survey(files: list[InputFile], keep: list[str], chunk_rows: int) -> Survey:
             total += file.rows
         else:
             total += max(0, read.newlines - (1 if file.format in ("csv", "tsv") else 0))
-    return Survey(digests, total, {c: common_type(types) for c, types in seen.items()})
+    return Survey(digests, total, {c: common_type(types, exact=c in wide) for c, types in seen.items()})
+
+
+def _beyond_float(rows: list[dict], column: str) -> bool:
+    """Whether an integer of `column` is one float64 would round (beyond 2**53): such a column beside floats is
+    text, so that an id of 9007199254740993 is not written as ...992 (nor fails the job's cast)."""
+    return any(type(v) is int and abs(v) > FLOAT_EXACT for v in (r.get(column) for r in rows))
+
+
+FLOAT_EXACT = 2**53
 
 
 class _Read:
@@ -302,9 +315,10 @@ class _Read:
             yield [rest]
 
 
-def common_type(types: list[pa.DataType]) -> pa.DataType:
+def common_type(types: list[pa.DataType], exact: bool = False) -> pa.DataType:
     """One type for values of these types: theirs when they agree (nulls agree with any), int64 for integers of
-    several widths, float64 for integers and floats, else text."""
+    several widths, float64 for integers and floats (text, with `exact`: integers float64 would round), else
+    text."""
     kinds = {t for t in types if not pa.types.is_null(t)}
     if not kinds:
         return pa.null()
@@ -312,7 +326,7 @@ def common_type(types: list[pa.DataType]) -> pa.DataType:
         return kinds.pop()
     if all(pa.types.is_integer(t) for t in kinds):
         return pa.int64()
-    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in kinds):
+    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in kinds) and not exact:
         return pa.float64()
     return pa.string()
 

@@ -716,6 +716,24 @@ def test_a_kept_column_has_one_type_in_every_part_so_the_parts_read_as_one_table
     assert common_type([pa.int64(), pa.float64()]) == pa.float64() and common_type([pa.null()]) == pa.null()
 
 
+def test_an_integer_a_float_would_round_keeps_its_digits_beside_floats(tiny, tmp_path, capsys):
+    """A kept id of 2**53+1 in one window and a float in another: float64 would round the id (and the cast of
+    its window failed the job with a traceback); the column is text, every value as written."""
+    rows = [{"id": 2**53 + 1, "text": TEXTS[0]}, {"id": 2.5, "text": TEXTS[1]}, {"id": 7, "text": TEXTS[2]}]
+    source = _jsonl(tmp_path / "ids.jsonl", rows)
+    out = tmp_path / "out"
+    argv = ["--task", "classify", "--model", tiny, "--input", source, "--output", out, "--keep", "id"]
+    code, lines = _run(capsys, *argv, "--window-rows", 1, "--part-rows", 1)
+    assert code == 0, lines
+    assert pq.read_table(out)["id"].to_pylist() == ["9007199254740993", "2.5", "7"]
+    # an integer float64 holds, beside floats, is a float as before
+    source = _jsonl(tmp_path / "small.jsonl", [{**rows[0], "id": 2**53}, *rows[1:]])
+    argv = ["--task", "classify", "--model", tiny, "--input", source, "--output", tmp_path / "out2", "--keep", "id"]
+    code, lines = _run(capsys, *argv, "--window-rows", 1)
+    assert code == 0, lines
+    assert pq.read_table(tmp_path / "out2")["id"].to_pylist() == [float(2**53), 2.5, 7.0]
+
+
 def _empty_files(directory: Path) -> list[str]:
     """Inputs without a row: 0 bytes (JSONL, CSV, TSV) and a JSONL file of blank lines."""
     directory.mkdir(exist_ok=True)
