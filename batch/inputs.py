@@ -9,7 +9,6 @@ import csv
 import glob
 import hashlib
 import io
-import itertools
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -302,17 +301,9 @@ class _Read:
                 yield block
 
     def lines(self) -> Iterator[bytes]:
-        """The file's lines, as iterating over it in binary gives them, without their newline."""
-        return itertools.chain.from_iterable(self._line_lists())
-
-    def _line_lists(self) -> Iterator[list[bytes]]:
-        rest = b""
-        for block in self.blocks():
-            lines = (rest + block).split(b"\n")
-            rest = lines.pop()
-            yield lines
-        if rest:
-            yield [rest]
+        """The file's lines, as iterating over it in binary gives them (a line of many blocks is joined once,
+        not block by block: a 100 MB line is not copied 1,600 times)."""
+        return _file_lines(self.blocks())
 
 
 def common_type(types: list[pa.DataType], exact: bool = False) -> pa.DataType:
