@@ -289,6 +289,7 @@ class Predictor:
             self.options, self.precision_choice = settle_precision(self.options)
         self.codec = TASKS[task]
         self.shape = COLUMNS[task]
+        self._owns_model = not isinstance(model, LoadedModel)  # a model given loaded is its caller's to close
         if isinstance(model, LoadedModel):
             self.model = model
         else:
@@ -311,6 +312,27 @@ class Predictor:
             if f"{task}_{name}" in Limits.__dataclass_fields__
         }
 
+    def close(self) -> None:
+        """Stop the batch-run threads and let go of the model (a model loaded here is closed: its memory goes
+        with the last reference); a closed Predictor is not called again. `with Predictor(...) as p:` closes on
+        leaving. Closing twice is harmless."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        model, self.model = getattr(self, "model", None), None
+        if model is not None and self._owns_model:
+            model.backend.close()
+
+    def _check_open(self) -> None:
+        if self.model is None:
+            raise JobError("this Predictor was closed: make a new one")
+
+    def __enter__(self) -> Predictor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ---- what the output looks like ---------------------------------------------------------------
     @property
     def width(self) -> int | None:
@@ -322,6 +344,7 @@ class Predictor:
 
     # ---- the API ---------------------------------------------------------------------------------
     def __call__(self, batch):
+        self._check_open()
         columns, kind = _columns_of(batch, self.columns)
         missing = [c for c in [*self.columns, *self.options["keep"]] if c not in columns]
         if missing:
@@ -350,6 +373,7 @@ class Predictor:
     def predict(self, columns: dict[str, list], row_errors: list | None = None) -> Result:
         """Rows given as {column: values} (the task's columns) -> their results in order. `row_errors`: rows
         already known bad (their error; None for the others)."""
+        self._check_open()
         prepared = self._prepare(columns, row_errors)
         outputs, stats = self._run(prepared.features, prepared.rows, prepared.errors)
         return self._finish(prepared, outputs, stats)

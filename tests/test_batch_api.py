@@ -231,3 +231,16 @@ def test_candidate_labels_lose_the_spaces_around_them_as_column_names_do():
     given = default_options(task="zero_shot", model="m", candidate_labels=[" sports", "food "])
     check_task_options(given)
     assert given["candidate_labels"] == ["sports", "food"]
+
+
+def test_a_predictor_closes_its_threads_and_model_and_says_so_when_called_after(tiny):  # noqa: F811
+    import threading
+
+    before = {t.name for t in threading.enumerate()}
+    with Predictor("classify", tiny, threads=2, workers=1) as predictor:
+        assert predictor({"text": TEXTS[:4]}).num_rows == 4
+    assert predictor.model is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("batch-run") and t.name not in before]
+    with pytest.raises(JobError, match="was closed"):
+        predictor({"text": TEXTS[:1]})
+    predictor.close()  # twice: harmless
