@@ -35,6 +35,23 @@ def _alive_nodes(address: str, env: dict) -> int:
     return int(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 and run.stdout.strip() else 0
 
 
+def _local_then_ray(common: list, env: dict, tmp_path, address: str) -> None:
+    """The job `common` locally into tmp_path/local, then on the cluster into tmp_path/ray, run from tmp_path (a
+    directory without bertserve: the nodes find it only on the PYTHONPATH the job gives them); both must succeed."""
+    local = subprocess.run([*common, "--output", str(tmp_path / "local")], env=env, capture_output=True, text=True)
+    assert local.returncode == 0, local.stderr
+    started = time.monotonic()
+    on_ray = subprocess.run(
+        [*common, "--output", str(tmp_path / "ray"), "--ray", address],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    print(f"ray job: {time.monotonic() - started:.1f}s")
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A head and a worker node, each `ray start --block` (it stops the processes it started when it is
@@ -116,18 +133,9 @@ def test_a_ray_job_writes_what_the_local_job_writes(cluster, tmp_path):
     pq.write_table(pa.table({"id": ids, "text": [texts[i % len(texts)] for i in ids]}), source, row_group_size=10)
     common = [sys.executable, "-m", "batch", "--task", "classify", "--model", str(model), "--input", str(source)]
     common += ["--keep", "id", "--part-rows", "20", "--window-rows", "8", "--workers", "2", "--threads", "1"]
-    local = subprocess.run([*common, "--output", str(tmp_path / "local")], env=env, capture_output=True, text=True)
-    assert local.returncode == 0, local.stderr
     # From a directory without bertserve, which the nodes then find only on the PYTHONPATH the job gives the
     # model-holding actors (the killed-node test below runs from the checkout, whose directory Ray hands over).
-    on_ray = subprocess.run(
-        [*common, "--output", str(tmp_path / "ray"), "--ray", address],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    _local_then_ray(common, env, tmp_path, address)
     ours, theirs = pq.read_table(tmp_path / "ray"), pq.read_table(tmp_path / "local")
     assert ours.schema == theirs.schema
     assert ours["id"].to_pylist() == ids  # every row once, in input order
@@ -207,18 +215,7 @@ def test_a_ray_job_reads_jsonl_values_as_the_local_job_reads_them(cluster, tmp_p
     common = [sys.executable, "-m", "batch", "--task", "classify", "--model", str(model), "--input", str(data)]
     common += ["--keep", "id,created_at,big,text", "--part-rows", "4", "--window-rows", "3"]
     common += ["--workers", "2", "--threads", "1"]
-    local = subprocess.run([*common, "--output", str(tmp_path / "local")], env=env, capture_output=True, text=True)
-    assert local.returncode == 0, local.stderr
-    started = time.monotonic()
-    on_ray = subprocess.run(
-        [*common, "--output", str(tmp_path / "ray"), "--ray", address],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    print(f"ray job: {time.monotonic() - started:.1f}s")
-    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    _local_then_ray(common, env, tmp_path, address)
     ours, theirs = pq.read_table(tmp_path / "ray"), pq.read_table(tmp_path / "local")  # parts in input order
     assert ours.schema == theirs.schema and ours.num_rows == theirs.num_rows == 8
     for name in theirs.column_names:

@@ -10,7 +10,6 @@ transformers on the same weights.
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 import test_deberta as deberta  # noqa: E402
 import test_modernbert as modernbert  # noqa: E402
 from test_modernbert import batch, worst  # noqa: E402
+from test_torch_packed import make_backend  # noqa: E402
 
 from bert.checkpoint import load_for_inference  # noqa: E402
 
@@ -66,23 +66,6 @@ def test_a_short_text_answers_alike_alone_and_beside_a_long_one(family, tmp_path
 
 
 # ---- the packed path's probe reaches past the window ---------------------------------------------------------
-
-
-def make_backend(path, **options):
-    from serving.backends import torch_backend
-    from serving.backends.model_dir import read_model_spec
-
-    settings = SimpleNamespace(
-        device="cpu",
-        precision="fp32",
-        effective_precision="fp32",
-        threads=None,
-        effective_inference_workers=1,
-        torch_packed=None,
-        torch_cuda_graphs=None,
-        torch_gelu_epilogue=None,
-    )
-    return torch_backend.TorchBackend(read_model_spec(path), settings, **options)
 
 
 @pytest.fixture(scope="module")
