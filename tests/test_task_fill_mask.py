@@ -62,11 +62,17 @@ def test_fill_mask_refusals(masked_lm):
             ({"inputs": ""}, 400),
             ({"inputs": []}, 400),
             ({"inputs": "[MASK] " + "word " * 600}, 422),
+            ({"inputs": "word " * 600 + "[MASK]", "truncate": True}, 422),  # truncate cut its only [MASK] off
         ]:
             response = httpx.post(server.url + "/fill-mask", json=body)
             assert response.status_code == status, (body, response.text)
             assert set(response.json()) == {"error", "error_type"}
         assert "no [MASK] token" in httpx.post(server.url + "/fill-mask", json={"inputs": "x"}).json()["error"]
+        # a [MASK] written but cut off by truncate is named as such, not as a text without one
+        cut = httpx.post(
+            server.url + "/fill-mask", json={"inputs": ["[MASK]", "word " * 600 + "[MASK]"], "truncate": True}
+        )
+        assert cut.status_code == 422 and "inputs[1]: its [MASK] tokens lie past" in cut.json()["error"], cut.text
         assert httpx.get(server.url + "/ready").status_code == 200
 
 
@@ -202,3 +208,23 @@ def test_sdk_fill_mask_gives_what_the_http_api_gives(masked_lm):
         ]
         flat = [(a["score"], b["score"]) for t, u in zip(got, want) for m, n in zip(t, u) for a, b in zip(m, n)]
         assert max(abs(a - b) for a, b in flat) <= 1e-6
+
+
+def test_a_special_token_proposed_shows_as_itself_in_token_str(masked_lm):
+    """The pipeline's token_str is decode([token]): a candidate that is a special token ([UNK], [SEP]) reads as
+    "[UNK]", never as an empty string that names no token."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from bert.tasks.fill_mask import decode, encode
+    from bert.tokenizer import BertTokenizer
+
+    ours = BertTokenizer.from_dir(masked_lm)
+    theirs = AutoTokenizer.from_pretrained(str(masked_lm))
+    feature = encode(ours, ["the [MASK] sat ."])[0]
+    ids = np.zeros((len(feature.input_ids), 4), dtype=np.int64)
+    ids[:] = [theirs.unk_token_id, theirs.sep_token_id, theirs.convert_tokens_to_ids("cat"), 6290]  # 6290: ##zer
+    scores = np.tile(np.array([0.4, 0.3, 0.2, 0.1], dtype=np.float32), (len(feature.input_ids), 1))
+    (candidates,) = decode(ours, feature, scores, ids, top_k=4)
+    assert [c["token_str"] for c in candidates] == [theirs.decode([int(t)]) for t in ids[0]]
+    assert [c["token_str"] for c in candidates] == ["[UNK]", "[SEP]", "cat", "##zer"]

@@ -322,3 +322,30 @@ def test_a_checkpoint_naming_the_task_without_an_entailment_label_gets_no_made_u
     nli = ModelFacts({0: "Contradiction", 1: "ENTAILMENT"})  # any case, as the pipeline reads it
     answer = TASK.decode_request(["t"], [[None]], outputs, nli, candidate_labels=["a"])[0]
     assert answer["labels"] == ["a"] and abs(answer["scores"][0] - 1 / (1 + np.exp(1.0))) < 1e-6
+
+
+def test_labels_the_tokenizer_cannot_read_are_refused_naming_them(server):
+    """A label of only invisible characters (a zero-width space, NUL) tokenises to nothing: the model would weigh
+    "This example is ." and the answer would score a label it never read; it is a 400 as such an input is. A lone
+    surrogate in a label or the template is a 422 naming the field, not the tokenizer's own message."""
+    for raw, status, field in [
+        (b'{"inputs": "a text", "candidate_labels": ["\\u200b", "b"]}', 400, "candidate_labels[0]"),
+        (b'{"inputs": "a text", "candidate_labels": ["a", "\\u0000"]}', 400, "candidate_labels[1]"),
+        (b'{"inputs": "a text", "candidate_labels": "a, \\ufeff"}', 400, "candidate_labels[1]"),
+        (b'{"inputs": "a text", "candidate_labels": ["\\ud800", "b"]}', 422, "candidate_labels[0]"),
+        (
+            b'{"inputs": "a text", "candidate_labels": ["a", "b"], "hypothesis_template": "\\ud800 {}"}',
+            422,
+            "hypothesis_template",
+        ),
+    ]:
+        response = httpx.post(
+            server.url + "/zero-shot", content=raw, headers={"content-type": "application/json"}, timeout=TIMEOUT
+        )
+        assert response.status_code == status, (raw, response.text)
+        assert set(response.json()) == {"error", "error_type"} and field in response.json()["error"], response.text
+    # a label with visible text beside a format character is a label
+    ok = httpx.post(
+        server.url + "/zero-shot", json={"inputs": "a text", "candidate_labels": ["\u200bsports", "b"]}, timeout=TIMEOUT
+    )
+    assert ok.status_code == 200 and abs(sum(ok.json()["scores"]) - 1) < 1e-5, ok.text

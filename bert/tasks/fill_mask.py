@@ -28,7 +28,13 @@ def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool
     for index, feature in enumerate(features):
         if mask not in feature.input_ids:
             where = "inputs" if len(features) == 1 else f"inputs[{index}]"
-            raise NoMaskToken(f"{where} has no {tokenizer.convert_ids_to_tokens(mask)[0]} token to fill")
+            token = tokenizer.convert_ids_to_tokens(mask)[0]
+            if len(feature.input_ids) >= max_length and token in texts[index]:  # written, but truncate cut it off
+                raise NoMaskToken(
+                    f"{where}: its {token} tokens lie past the model's {max_length} tokens, and truncate cut them "
+                    f"off: nothing left to fill (put a {token} nearer the start, or send a shorter text)"
+                )
+            raise NoMaskToken(f"{where} has no {token} token to fill")
     return features
 
 
@@ -49,7 +55,9 @@ def decode(tokenizer, feature: Features, scores: np.ndarray, ids: np.ndarray, *,
                 {
                     "score": float(score),
                     "token": int(token),
-                    "token_str": tokenizer.decode([int(token)], skip_special_tokens=True),
+                    # the pipeline's decode([token]): a special token proposed ("[UNK]", "[SEP]") shows as itself,
+                    # never as ""
+                    "token_str": tokenizer.decode([int(token)], skip_special_tokens=False),
                     "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=single),
                 }
             )

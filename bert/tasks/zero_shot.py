@@ -16,7 +16,7 @@ import string
 
 import numpy as np
 
-from bert.tasks.base import EmptyInput, Head, Route, Task, check_inputs, one_or_list, text_chars
+from bert.tasks.base import EmptyInput, Head, Route, Task, check_inputs, check_texts, one_or_list, text_chars
 from bert.tasks.common import Features, Limits, ModelFacts, TooMuchWork, bounded_text, softmax
 from bert.tokenizer import InputTooLong
 
@@ -60,15 +60,22 @@ def _check(body, info=None) -> None:
     labels = parse_labels(body.candidate_labels)
     if not labels:
         raise EmptyInput("candidate_labels is empty")
-    for index, label in enumerate(labels):
-        if not label.strip():
-            raise EmptyInput(f"candidate_labels[{index}] is empty")
+    # a blank or invisible label ("\u200b", NUL: the tokenizer drops it, so the model would weigh "This example is
+    # ." and answer for a label it never read) is a 400; a lone surrogate a 422 naming the label
+    check_texts(labels, "candidate_labels[{}]")
     seen = set()
     for label in labels:
         if label in seen:
             raise ValueError(f"candidate_labels: {label!r} is given twice (each label is one answer)")
         seen.add(label)
     check_template(body.hypothesis_template)
+    try:
+        body.hypothesis_template.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"hypothesis_template is not valid Unicode: a lone surrogate at character {e.start} (send a whole "
+            "surrogate pair, or the character itself)"
+        ) from None
 
 
 def _items(body) -> tuple[list, dict]:
