@@ -244,3 +244,14 @@ def test_a_predictor_closes_its_threads_and_model_and_says_so_when_called_after(
     with pytest.raises(JobError, match="was closed"):
         predictor({"text": TEXTS[:1]})
     predictor.close()  # twice: harmless
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [("sports,sports", "names 'sports' twice"), ("sports,\u200b", "label 1 is empty"), ("a,\ud800", "label 1")],
+)
+def test_candidate_labels_are_checked_as_the_zero_shot_route_checks_them(labels, message):
+    from batch.predict import check_task_options, default_options
+
+    with pytest.raises(JobError, match=message):
+        check_task_options(default_options(task="zero_shot", model="m", candidate_labels=labels))
