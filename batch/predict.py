@@ -26,7 +26,6 @@ from batch.precision import AUTO, Choice, choose_precision
 from bert.options import Option, check_bounds, options_of
 from bert.precision import cpu_flags
 from bert.tasks import TASKS
-from bert.tasks.base import check_texts
 from bert.tasks.common import Limits
 from bert.tasks.registry import canonical
 from serving.backends.loading import LoadedModel, load_model
@@ -184,18 +183,15 @@ def check_task_options(options: dict) -> list[str]:
         want = " or ".join(str(n) for n in spec.arity)
         raise JobError(f"--column: {task} reads {want} column(s), got {len(columns)} ({','.join(columns)})")
     if task == "zero_shot":
-        from bert.tasks.zero_shot import check_template
+        from bert.tasks.zero_shot import check_labels, check_template
 
         options["candidate_labels"] = labels = _names(options["candidate_labels"])  # "sports, food": no " food"
         if not labels:
             raise JobError("--candidate-labels is required for zero_shot")
         try:  # as /zero-shot checks them: a label of only invisible characters is one the model never reads
-            check_texts(labels, "--candidate-labels: label {}")
+            check_labels(labels, "--candidate-labels: label {}")
         except ValueError as e:
             raise JobError(str(e)) from None
-        twice = sorted({label for label in labels if labels.count(label) > 1})
-        if twice:
-            raise JobError(f"--candidate-labels names {', '.join(map(repr, twice))} twice (each label is one answer)")
         try:
             check_template(options["hypothesis_template"])
         except ValueError as e:

@@ -248,7 +248,7 @@ def test_a_predictor_closes_its_threads_and_model_and_says_so_when_called_after(
 
 @pytest.mark.parametrize(
     "labels, message",
-    [("sports,sports", "names 'sports' twice"), ("sports,\u200b", "label 1 is empty"), ("a,\ud800", "label 1")],
+    [("sports,sports", "'sports' is given twice"), ("sports,\u200b", "label 1 is empty"), ("a,\ud800", "label 1")],
 )
 def test_candidate_labels_are_checked_as_the_zero_shot_route_checks_them(labels, message):
     from batch.predict import check_task_options, default_options

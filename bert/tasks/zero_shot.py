@@ -55,19 +55,24 @@ def check_template(template: str) -> None:
         )
 
 
-def _check(body, info=None) -> None:
-    check_inputs(body)
-    labels = parse_labels(body.candidate_labels)
+def check_labels(labels: list[str], field: str = "candidate_labels[{}]") -> None:
+    """The candidate labels as /zero-shot and python -m batch take them. A blank or invisible label ("\u200b",
+    NUL: the tokenizer drops it, so the model would weigh "This example is ." and answer for a label it never
+    read) is EmptyInput; a lone surrogate, or a label given twice, ValueError. `field` names a label ("{}": its
+    index)."""
     if not labels:
         raise EmptyInput("candidate_labels is empty")
-    # a blank or invisible label ("\u200b", NUL: the tokenizer drops it, so the model would weigh "This example is
-    # ." and answer for a label it never read) is a 400; a lone surrogate a 422 naming the label
-    check_texts(labels, "candidate_labels[{}]")
+    check_texts(labels, field)
     seen = set()
     for label in labels:
         if label in seen:
             raise ValueError(f"candidate_labels: {label!r} is given twice (each label is one answer)")
         seen.add(label)
+
+
+def _check(body, info=None) -> None:
+    check_inputs(body)
+    check_labels(parse_labels(body.candidate_labels))
     check_template(body.hypothesis_template)
     try:
         body.hypothesis_template.encode("utf-8")
