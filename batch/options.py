@@ -102,8 +102,11 @@ class BatchOptions:
         "padding, 32 with torch, whose per-operator cost is paid once a batch; 64 on cuda)",
         minimum=1,
     )
-    max_padding: float = option(
-        0.25, help="most padding a batch may carry, as a share of its padded tokens", minimum=0, maximum=1
+    max_padding: float | None = option(
+        0.25,
+        help="most padding a batch may carry, as a share of its padded tokens (None, from Python: no limit)",
+        minimum=0,
+        maximum=1,
     )
     max_row_sequences: int = option(
         64,

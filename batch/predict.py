@@ -10,12 +10,11 @@ gets its `error` and the others their answers: one row never fails the rest.
 
 from __future__ import annotations
 
-import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +22,7 @@ import pyarrow as pa
 from batch.columns import COLUMNS, result_schema, result_table
 from batch.options import BatchOptions
 from batch.precision import AUTO, Choice, choose_precision
-from bert.options import Option, check_bounds, options_of
+from bert.options import take_values
 from bert.precision import cpu_flags
 from bert.tasks import TASKS
 from bert.tasks.common import Limits
@@ -86,70 +85,22 @@ def concurrent_runs(options: dict, threads: int | None) -> int:
 
 
 def default_options(**given) -> dict:
-    """Every option a Predictor reads: BatchOptions' defaults, with `given` in their place (each checked for its
-    declared kind and choices: JobError, as for a number out of its bounds)."""
+    """Every option a Predictor reads: BatchOptions' defaults, with `given` in their place, each as its
+    declaration takes it (bert.options.Option.take: kind, choices, bounds; JobError). The task and the model are
+    checked where they are read."""
     values = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(BatchOptions)}
     unknown = set(given) - set(values)
     if unknown:
         raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-    values.update({name: _checked(name, value) for name, value in given.items()})
+    try:
+        values.update(take_values(BatchOptions, {k: v for k, v in given.items() if k not in ("task", "model")}))
+    except ValueError as e:  # of the wrong kind (top_k="3", truncate="false"), choice or bounds
+        raise JobError(str(e)) from None
+    values.update({k: given[k] for k in ("task", "model") if k in given})
     for name in ("column", "keep", "candidate_labels"):
         if isinstance(values[name], str):
             values[name] = [x for x in values[name].split(",") if x]
     return values
-
-
-# Options that take None although BatchOptions' flag does not offer it: Batches' max_padding (no padding limit).
-_NONE_TOO = ("max_padding",)
-
-
-@functools.cache
-def _declared() -> dict[str, tuple[Option, bool]]:
-    """Each option as BatchOptions declares it, and whether it takes None."""
-    hints = get_type_hints(BatchOptions)
-    return {o.name: (o, type(None) in get_args(hints[o.name]) or o.name in _NONE_TOO) for o in options_of(BatchOptions)}
-
-
-def _checked(name: str, value):
-    """`value` as option `name` takes it, given in code rather than on a command line: a wrong kind (top_k="3",
-    truncate="false", which is true) or a value outside its choices (aggregation="bogus") is refused here, before
-    the model loads, not in every row's error or not at all. The task and model are checked where they are read."""
-    if name in ("task", "model"):
-        return value
-    declared, optional = _declared()[name]
-    if value is None and optional:
-        return None
-    kind = declared.kind
-    if kind is bool and isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if kind is int and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return int(value)
-    if kind is float and isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        return float(value)
-    if kind is str and isinstance(value, str):
-        if declared.choices is not None and value not in declared.choices:
-            raise JobError(f"{name} must be one of {', '.join(map(str, declared.choices))}, got {value!r}")
-        return value
-    if kind is list and (
-        isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
-    ):
-        return value if isinstance(value, str) else list(value)
-    want = {
-        bool: "True or False",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a name or a list of names",
-    }[kind]
-    raise JobError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
-
-
-def check_numbers(options: dict) -> None:
-    """JobError (one line) for a numeric option out of the bounds BatchOptions declares."""
-    try:
-        check_bounds(BatchOptions, options)
-    except ValueError as e:
-        raise JobError(str(e)) from None
 
 
 def _names(values) -> list[str]:
@@ -164,7 +115,6 @@ def check_task_options(options: dict) -> list[str]:
     task = options["task"] = canonical(options["task"])
     if task not in TASKS:
         raise JobError(f"--task {task!r} is not one of {', '.join(TASKS)}")
-    check_numbers(options)
     options["column"], options["keep"] = _names(options["column"]), _names(options["keep"])
     spec = COLUMNS[task]
     columns = list(options["column"]) or list(spec.inputs)

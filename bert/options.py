@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
 import os
 import sys
 import types
@@ -126,6 +127,7 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     above: float | None = None
+    optional: bool = False  # None is a value (Optional[X])
 
     @property
     def flag(self) -> str:
@@ -164,6 +166,39 @@ class Option:
         if self.maximum is not None and value > self.maximum:
             raise ValueError(f"must be at most {_number(self.maximum)}, got {_number(value)}")
 
+    def take(self, value):
+        """A value given in code (a Python API's keyword) as this option holds it: of its kind (numpy's scalars
+        taken as Python's), within its choices and bounds; ValueError naming what was expected. A wrong kind is
+        refused, not coerced: truncate="false" would be true, top_k="3" fail every row later."""
+        if value is None and self.optional:
+            return None
+        kind, name = self.kind, type(value).__name__
+        if kind is bool and name in ("bool", "bool_"):
+            return bool(value)
+        if kind is int and isinstance(value, numbers.Integral) and name not in ("bool", "bool_"):
+            value = int(value)
+        elif kind is float and isinstance(value, numbers.Real) and name not in ("bool", "bool_"):
+            value = float(value)
+        elif kind is str and isinstance(value, str):
+            if self.choices is not None and value not in self.choices:
+                raise ValueError(f"must be one of {', '.join(map(str, self.choices))}, got {value!r}")
+            return value
+        elif kind is list and (
+            isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
+        ):
+            return value if isinstance(value, str) else list(value)
+        else:
+            want = {
+                bool: "True or False",
+                int: "an integer",
+                float: "a number",
+                str: "a string",
+                list: "a name or a list of names",
+            }
+            raise ValueError(f"must be {want[kind]}, got {value!r} ({name})")
+        self.check(value)
+        return value
+
 
 def _number(value) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
@@ -179,6 +214,12 @@ def _kind(hint) -> tuple[type, tuple | None]:
     if typing.get_origin(hint) is list or hint is list:
         return list, None
     return (hint if hint in (str, int, float, bool) else str), None
+
+
+def _optional(hint) -> bool:
+    return (isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union) and type(None) in (
+        typing.get_args(hint)
+    )
 
 
 def env_prefix(cls) -> str:
@@ -215,6 +256,7 @@ def options_of(cls) -> list[Option]:
                     meta.get("minimum"),
                     meta.get("maximum"),
                     meta.get("above"),
+                    _optional(hints[f.name]),
                 )
             )
         return out
@@ -240,6 +282,7 @@ def options_of(cls) -> list[Option]:
                 minimum=low,
                 maximum=high,
                 above=above,
+                optional=_optional(f.annotation),
             )
         )
     return out
@@ -257,6 +300,19 @@ def bounds_problems(cls, values: Mapping[str, Any], flag_of: Callable[[str], str
             except ValueError as e:
                 problems.append(f"{flag_of(o.name) if flag_of else o.flag} {e}")
     return problems
+
+
+def take_values(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` given in code for options of `cls`, each as its option takes it (Option.take): ValueError naming
+    the first that is of the wrong kind, outside its choices or out of its bounds."""
+    declared = {o.name: o for o in options_of(cls)}
+    out = {}
+    for name, value in values.items():
+        try:
+            out[name] = declared[name].take(value)
+        except ValueError as e:
+            raise ValueError(f"{name} {e}") from None
+    return out
 
 
 def check_bounds(cls, values: Mapping[str, Any]) -> None:

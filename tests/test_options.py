@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 
 import pytest
 
@@ -315,6 +316,28 @@ def test_bounds_are_declared_once_and_hold_for_flags_env_and_code():
     assert (port.minimum, port.maximum) == (0, 65535)
     with pytest.raises(SystemExit):
         options.read(Settings, ["--port", "70000"], environ={})
+
+
+def test_values_given_in_code_are_taken_as_declared_or_refused():
+    import numpy as np
+
+    assert options.take_values(Example, {"count": np.int64(4), "ratio": None, "fast": np.bool_(False)}) == {
+        "count": 4,
+        "ratio": None,
+        "fast": False,
+    }
+    assert type(options.take_values(Example, {"ratio": np.float32(0.5)})["ratio"]) is float
+    for given, message in (
+        ({"fast": "false"}, "fast must be True or False, got 'false'"),  # a true string: not coerced
+        ({"count": "3"}, "count must be an integer, got '3'"),
+        ({"count": 2.5}, "count must be an integer, got 2.5"),
+        ({"mode": "c"}, "mode must be one of a, b, got 'c'"),
+        ({"ratio": 2}, "ratio must be at most 1, got 2"),
+        ({"count": None}, "count must be an integer, got None"),  # not Optional
+        ({"tags": [1]}, "tags must be a name or a list of names"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            options.take_values(Example, given)
 
 
 def test_help_is_read_from_the_declaration_not_the_source():
