@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from batch.inputs import ROW_ERROR, InputError, InputFile, Survey, check_columns, conform, expand, read_rows, survey
 from batch.options import RESULT_OPTIONS
-from batch.predict import JobError, Predictor, Result, check_task_options, load, settle_precision
+from batch.predict import JobError, Predictor, Result, check_task_options, load, predictor_options, settle_precision
 from batch.progress import Progress
 from bert.atomic import fsync_dir, pause_point, write_file_atomic
 from bert.digest import sha256_files
@@ -253,11 +253,7 @@ def _start_worker(options: dict, threads: int | None) -> None:
     # Ctrl-C reaches every process of the terminal's group: the job's process stops the job (one line, exit 130:
     # batch/__main__.py); a worker finishes the window it runs and goes with the pool, without a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER = Predictor(options["task"], options["model"], **_predictor_options({**options, "threads": threads}))
-
-
-def _predictor_options(options: dict) -> dict:
-    return {k: v for k, v in options.items() if k not in ("task", "model")}
+    _WORKER = Predictor(options["task"], options["model"], **predictor_options({**options, "threads": threads}))
 
 
 def _row_errors(values: dict[str, list]) -> list | None:
@@ -310,7 +306,7 @@ def run(options: dict, log=print) -> int:
     workers = options["workers"] or os.cpu_count() or 1
     threads = options["threads"] or max(1, (os.cpu_count() or 1) // workers)
     model = load(str(model_path), options, threads)  # before any work: a model without the task is refused here
-    predictor = Predictor(options["task"], model, **_predictor_options({**options, "threads": threads}))
+    predictor = Predictor(options["task"], model, **predictor_options({**options, "threads": threads}))
     types = surveyed.kept  # each kept column's, the same in every part
     output.mkdir(parents=True, exist_ok=True)
     if options["overwrite"]:

@@ -33,6 +33,10 @@ from serving.batcher import fill_batch
 
 # Items encoded by one call of the codec: a row that fails sends only its own chunk through one by one.
 ENCODE_CHUNK = 64
+# python -m batch's options about the job around the model (its files, processes, parts and Ray): a Predictor is
+# one model over the batches it is given, so it takes none of them. Its caller sets those: Ray Data's actors by
+# map_batches' ActorPoolStrategy, the rows of a call by the batch it passes.
+JOB_ONLY = ("input", "output", "format", "workers", "overwrite", "progress_interval", "ray", "window_rows", "part_rows")
 
 
 class JobError(Exception):
@@ -101,6 +105,11 @@ def default_options(**given) -> dict:
         if isinstance(values[name], str):
             values[name] = [x for x in values[name].split(",") if x]
     return values
+
+
+def predictor_options(options: dict) -> dict:
+    """The job's `options` a Predictor takes as keywords: all but the task, the model and the job's own."""
+    return {k: v for k, v in options.items() if k not in ("task", "model", *JOB_ONLY)}
 
 
 def _names(values) -> list[str]:
@@ -235,6 +244,13 @@ class Predictor:
     """
 
     def __init__(self, task: str, model: str | os.PathLike | LoadedModel, carry: bool = True, **options):
+        job_only = [name for name in JOB_ONLY if name in options]
+        if job_only:  # taken and ignored, each would promise what it cannot do here
+            raise TypeError(
+                f"{', '.join(job_only)}: python -m batch's option(s), not a Predictor's: a Predictor runs one model "
+                "over the batches it is given (with Ray Data, map_batches' compute=ActorPoolStrategy(size=N) sets "
+                "the actors)"
+            )
         self.carry = carry  # without --keep, the batch's own columns come back beside the results
         self.options = default_options(task=task, model=str(model), **options)
         self.columns = check_task_options(self.options)

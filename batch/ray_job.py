@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from batch.inputs import READ_BLOCK, ROW_ERROR, InputFile, Survey, conform, jsonl_chunks
 from batch.job import MANIFEST, PART, clear_output, engine, file_sha256, plan_job, write_manifest
-from batch.predict import JobError, Predictor, check_task_options, load, settle_precision
+from batch.predict import JobError, Predictor, check_task_options, load, predictor_options, settle_precision
 
 RAY_TMP = ".ray-parts"
 # A JSONL block's own columns beside the task's (never a JSON key: NUL-prefixed, as ROW_ERROR): a task column's
@@ -69,6 +69,7 @@ def _jsonl_dataset(ray, paths: list[str], columns: list[str], kept: pa.Schema, c
 
     from ray.data.datasource import DefaultFileMetadataProvider, FileBasedDatasource
 
+    check_reader_api(FileBasedDatasource, DefaultFileMetadataProvider, ray.__version__)
     ratio = _jsonl_memory_ratio(paths, columns, kept, chunk_rows)
 
     class TableBytes(DefaultFileMetadataProvider):
@@ -95,6 +96,22 @@ def _jsonl_dataset(ray, paths: list[str], columns: list[str], kept: pa.Schema, c
 
     remote = {"ray_remote_args": {"runtime_env": {"env_vars": env}}} if env else {}
     return ray.data.read_datasource(JsonlLines(paths), override_num_blocks=blocks, **remote)
+
+
+def check_reader_api(datasource: type, metadata_provider: type, version: str) -> None:
+    """JobError, before the cluster reads, where this Ray lacks the file-reading hooks the JSONL reader extends
+    (`_read_stream`, `_get_block_metadata`: Ray Data's own file readers are built on them, and they are not part of
+    its stable API)."""
+    missing = [
+        f"{cls.__name__}.{name}"
+        for cls, name in ((datasource, "_read_stream"), (metadata_provider, "_get_block_metadata"))
+        if not callable(getattr(cls, name, None))
+    ]
+    if missing:
+        raise JobError(
+            f"--ray: JSONL input is read through Ray Data's {' and '.join(missing)}, which ray {version} does not "
+            "have; convert the input to Parquet (read by Ray Data's read_parquet) or run the job without --ray"
+        )
 
 
 def _jsonl_memory_ratio(paths: list[str], columns: list[str], kept: pa.Schema, chunk_rows: int, sample=1 << 20):
@@ -280,7 +297,7 @@ def _run_on_ray(
             # few files; the first reader plans them in this process.
             context.use_datasource_v2 = False
         workers = _actors(ray, options)
-        kwargs = {k: v for k, v in options.items() if k not in ("task", "model", "threads")}
+        kwargs = predictor_options(options)
         blocks = _blocks(surveyed.rows or 1, options["window_rows"], workers)
         kept = pa.schema(list(surveyed.kept.items()))
         needed = list(dict.fromkeys([*columns, *options["keep"]]))

@@ -304,7 +304,7 @@ def main(argv=None) -> None:
     )
 
     wrapper = ExportWrapper(source.model, source.task)
-    batches = row_by_row(parity.sample_batches(tokenizer, shape_range["max_seq"]))
+    batches = parity.row_by_row(parity.sample_batches(tokenizer, shape_range["max_seq"]))
     token_level = {n: "sequence" in dims for n, (_, dims, _) in wrapper.spec.items()}
     # what parity's agreement figure compares: the argmax over labels, over positions (a span head), or none
     scores = {
@@ -519,24 +519,6 @@ def main(argv=None) -> None:
             write_manifest(tmp, manifest)
 
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
-
-
-# Sample batches wider than this are verified one row at a time (see row_by_row).
-ROW_BY_ROW_WIDTH = 512
-
-
-def row_by_row(batches: list[dict], width: int = ROW_BY_ROW_WIDTH) -> list[dict]:
-    """The parity batches, each one wider than `width` tokens split into one-row batches of the same width (the
-    padding kept, so a short row still sits in a long padded one). Attention in an exported graph that did not
-    fuse (rotary, windowed or relative attention) holds (batch, heads, T, T) scores: for a long-context model's
-    batch that reaches max_seq (ModernBERT: 8,192 positions, 3.2 GB of scores per row per tensor at 12 heads)
-    two rows took twice what the artifact needs to serve its longest input. The same rows and padding are
-    compared; only the peak memory halves."""
-    out = []
-    for batch in batches:
-        rows, wide = len(batch["input_ids"]), batch["input_ids"].shape[1] > width
-        out.extend([{k: v[i : i + 1] for k, v in batch.items()} for i in range(rows)] if wide and rows > 1 else [batch])
-    return out
 
 
 def artifact_config(config, source, wrapper, model_class: str):

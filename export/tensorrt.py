@@ -187,7 +187,7 @@ def verify_engine(plan: Path, artifact: Path, manifest: dict) -> dict:
     tokenizer = BertTokenizer.from_dir(artifact)
     max_batch, max_seq = manifest["shape_range"]["max_batch"], manifest["shape_range"]["max_seq"]
     batches = parity.sample_batches(tokenizer, max_seq, batch_size=min(8, max_batch))
-    batches = [{k: v[:max_batch] for k, v in b.items()} for b in batches]
+    batches = parity.row_by_row([{k: v[:max_batch] for k, v in b.items()} for b in batches])
     names = [o["name"] for o in manifest["outputs"]]
     sess = parity.session(artifact / PORTABLE_FILE)
     reference = parity.onnx_outputs(sess, batches, names)

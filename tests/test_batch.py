@@ -491,6 +491,25 @@ def test_a_ray_job_cuts_blocks_that_end_on_every_actor_together():
     assert _blocks(3, 2048, 2) == 2 and _blocks(1, 2048, 4) == 1  # never more blocks than rows
 
 
+def test_a_ray_without_the_file_reading_hooks_the_jsonl_reader_extends_is_refused_in_one_line():
+    """The JSONL reader extends two hooks of Ray Data that are not its stable API: a Ray without them is refused
+    before any read, naming what is missing and the way round (the installed Ray's pass: tests/test_batch_ray.py)."""
+    from batch.predict import JobError
+    from batch.ray_job import check_reader_api
+
+    class FileBasedDatasource:
+        def _read_stream(self, f, path):
+            yield from ()
+
+    class DefaultFileMetadataProvider:
+        pass
+
+    with pytest.raises(JobError, match=r"^--ray: .*DefaultFileMetadataProvider\._get_block_metadata, which ray 9\.0 "):
+        check_reader_api(FileBasedDatasource, DefaultFileMetadataProvider, "9.0")
+    DefaultFileMetadataProvider._get_block_metadata = lambda self, paths, **kwargs: None
+    check_reader_api(FileBasedDatasource, DefaultFileMetadataProvider, "9.0")
+
+
 def test_a_ray_job_gives_its_actors_an_environment_only_where_they_need_one(tmp_path, monkeypatch):
     """Ray puts the driver's directory on its workers' path; an actor given an environment of its own starts
     through a second Python, so the job passes bertserve's PYTHONPATH only when the workers would lack it."""

@@ -147,6 +147,14 @@ def test_an_option_of_the_wrong_kind_or_outside_its_choices_is_refused_at_constr
         Predictor("ner", tiny, **{option: value})
 
 
+@pytest.mark.parametrize("option, value", [("workers", 4), ("window_rows", 100), ("part_rows", 10), ("ray", "auto")])
+def test_an_option_of_the_job_around_the_model_is_refused_not_ignored(tiny, option, value):  # noqa: F811
+    """python -m batch's own options (processes, windows, parts, Ray) would do nothing in a Predictor: a caller who
+    passes workers=4 expects four processes; the error names the option and where actors are set."""
+    with pytest.raises(TypeError, match=f"^{option}: python -m batch's option.*ActorPoolStrategy"):
+        Predictor("classify", tiny, threads=1, **{option: value})
+
+
 def test_options_of_the_right_kind_are_taken_as_given(tiny):  # noqa: F811
     predictor = Predictor("ner", tiny, threads=np.int64(1), max_batch_size=np.int64(3))
     assert predictor.batches.max_batch_size == 3 and type(predictor.batches.max_batch_size) is int
@@ -237,7 +245,7 @@ def test_a_predictor_closes_its_threads_and_model_and_says_so_when_called_after(
     import threading
 
     before = {t.name for t in threading.enumerate()}
-    with Predictor("classify", tiny, threads=2, workers=1) as predictor:
+    with Predictor("classify", tiny, threads=2) as predictor:
         assert predictor({"text": TEXTS[:4]}).num_rows == 4
     assert predictor.model is None
     assert not [t for t in threading.enumerate() if t.name.startswith("batch-run") and t.name not in before]

@@ -269,6 +269,15 @@ def test_the_jsonl_read_tasks_give_the_local_readers_values_wherever_the_bytes_a
                 assert column.to_pylist() == conform(chunk.keep[field.name], field.type).to_pylist()
 
 
+def test_the_installed_rays_file_reading_has_the_hooks_the_jsonl_reader_extends():
+    import ray
+    from ray.data.datasource import DefaultFileMetadataProvider, FileBasedDatasource
+
+    from batch.ray_job import check_reader_api
+
+    check_reader_api(FileBasedDatasource, DefaultFileMetadataProvider, ray.__version__)
+
+
 def test_a_ray_job_over_inputs_all_empty_writes_the_local_jobs_manifest_of_no_parts(tmp_path, capsys):
     """No row to read: the manifest of no parts the local job writes, and no cluster asked (the address is
     never dialled)."""

@@ -139,9 +139,10 @@ def _clean_fake(request):
 
 
 @pytest.fixture
-def fast_backoff(monkeypatch):
-    """Shrink the exponential schedule (Retry-After waits stay real) so retry tests take ms."""
-    monkeypatch.setattr(bertserve_client._base, "INITIAL_RETRY_DELAY", 0.01)
+def fast_backoff():
+    """Clients made by `use` start their exponential schedule at 10 ms (Retry-After waits stay real), so retry tests
+    take ms: the client's own `backoff` option."""
+    return {"backoff": 0.01}
 
 
 def script(url: str, path: str, *entries: dict) -> None:
@@ -158,6 +159,8 @@ def use(request, server_url):
 
     def run(fn, url: str | None = None, **options):
         url = url or server_url
+        if "fast_backoff" in request.fixturenames:
+            options = {**request.getfixturevalue("fast_backoff"), **options}
         if request.param == "sync":
             with Client(url, **options) as client:
                 return fn(client)
@@ -324,9 +327,11 @@ def test_error_of_a_split_list_names_the_callers_item(use):
     err = e.value
     assert err.status_code == 400 and "inputs[1] is empty" in err.message
     assert "request 3 of 3" in err.message and "items [8:11] of the 11" in err.message and "8+i" in str(err)
+    assert "the answers of items [0:8] are in .partial" in err.message
+    assert same(err.partial, use(lambda c: c.classify(texts[:8]), batch_size=4))  # what requests 1 and 2 answered
     with pytest.raises(ValidationError) as whole:  # a list sent in one request: the server's index is the caller's
         use(lambda c: c.classify(["good", ""]), batch_size=4, max_retries=0)
-    assert whole.value.message == "inputs[1] is empty"
+    assert whole.value.message == "inputs[1] is empty" and whole.value.partial is None
 
 
 def test_bad_list_items_fail_before_any_request_naming_the_item(use, server_url):
@@ -665,8 +670,30 @@ def test_503_carries_retry_after_and_a_too_long_one_says_why_not_retried(use, se
         use(lambda c: c.embed("good"), max_retries=3)
     assert e.value.retry_after == 3600 and len(request_log(server_url, "/embed")) == 1
     assert e.value.message == (
-        "warming up (not retried: the server asks for 3600 s (Retry-After), more than the 60 s this client waits)"
+        "warming up (not retried: the server asks for 3600 s (Retry-After), more than the 60 s this client waits"
+        " (max_retry_after))"
     )
+
+
+@needs_fake
+def test_the_retry_schedule_is_the_clients_to_set(use, server_url):
+    """max_retry_after, backoff and max_backoff are options: a Retry-After over the client's own cap is raised at
+    once, naming the option; a schedule of 0 s retries at once. Out-of-range values are refused at construction."""
+    script(server_url, "/classify", {"status": 429, "retry_after": "2"})
+    with pytest.raises(OverloadedError, match=r"more than the 1 s this client waits \(max_retry_after\)"):
+        use(lambda c: c.classify("good"), max_retries=3, max_retry_after=1)
+    script(server_url, "/classify", {"status": 500}, {"status": 500})
+    started = time.monotonic()
+    assert use(lambda c: c.classify("good"), max_retries=2, backoff=0, max_backoff=0)
+    assert time.monotonic() - started < 0.4  # the default schedule waits 0.5 s, then 1 s
+    for option, value in [
+        ("backoff", -1),
+        ("max_backoff", "8"),
+        ("max_retry_after", float("nan")),
+        ("max_retries", 1.5),
+    ]:
+        with pytest.raises(ValueError, match=f"{option} must be"):
+            Client(**{option: value})
 
 
 @needs_fake

@@ -145,4 +145,6 @@ def test_a_split_lists_error_names_the_callers_item(server):
         assert err.status_code == 400 and err.error_type == "empty"
         assert err.message == (
             "inputs[1] is empty (request 2 of 2, carrying items [2:4] of the 4 given: the server's index i is item 2+i)"
+            " (the answers of items [0:2] are in .partial)"
         )
+        assert len(err.partial) == 2 and all(isinstance(entities, list) for entities in err.partial)  # items 0 and 1

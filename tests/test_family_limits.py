@@ -149,7 +149,7 @@ def test_export_verifies_full_length_rows_one_at_a_time(tmp_path, monkeypatch):
     full = [(shape, tokens) for shape, tokens in seen if shape[1] == 1200]
     assert full and all(shape[0] == 1 for shape, _ in full), full
     assert {tokens == 1200 for _, tokens in full} == {True, False}  # the long row, and a short one padded to it
-    assert all(shape[1] <= exporter.ROW_BY_ROW_WIDTH for shape, _ in seen if shape[0] > 1)
+    assert all(shape[1] <= parity.ROW_BY_ROW_WIDTH for shape, _ in seen if shape[0] > 1)
 
     ids, mask = batch((1200, 300, 40))
     session = ort.InferenceSession(str(tmp_path / "art" / "model.onnx"), providers=["CPUExecutionProvider"])

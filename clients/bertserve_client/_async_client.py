@@ -19,11 +19,9 @@ from ._base import (
     endpoint_names,
     is_many,
     json_or_raise,
-    note_giving_up,
     note_info,
     note_request,
     probe_result,
-    retry_delay,
     transport_error,
 )
 from ._exceptions import BertserveError
@@ -112,7 +110,7 @@ class AsyncClient(Endpoints, BaseClient):
             try:
                 answers.append(await self._request(call))
             except BertserveError as error:
-                note_request(error, call, index, len(plan.calls))
+                note_request(error, plan, answers, call, index)
                 raise
         return plan.assemble(answers)
 
@@ -156,9 +154,9 @@ class AsyncClient(Endpoints, BaseClient):
             try:
                 return json_or_raise(await self._send(call))
             except BertserveError as error:
-                delay = retry_delay(error, attempt, self.max_retries)
+                delay = self.retries.delay(error, attempt)
                 if delay is None:
-                    note_giving_up(error, attempt, self.max_retries)
+                    self.retries.note_giving_up(error, attempt)
                     raise
             await asyncio.sleep(delay)
             attempt += 1

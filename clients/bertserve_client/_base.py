@@ -180,14 +180,23 @@ def _plain_body(body: Any, first: int, split: str) -> Any:
     return plain
 
 
-def note_request(error: BertserveError, call: Call, index: int, count: int) -> None:
-    """Say which request of a split list failed: the server numbers the items of that request only."""
-    if call.items is not None:
-        first, end, total = call.items
-        error._add_note(
-            f"request {index + 1} of {count}, carrying items [{first}:{end}] of the {total} given: "
-            f"the server's index i is item {first}+i"
-        )
+def note_request(error: BertserveError, plan: Plan, answers: list[Any], call: Call, index: int) -> None:
+    """Say which request of a split list failed (the server numbers the items of that request only), and keep what
+    the requests before it answered in `error.partial`: the call's answer for the items before the failed
+    request's first, so that a caller resumes from there rather than sending the whole list again."""
+    if call.items is None:
+        return
+    first, end, total = call.items
+    error._add_note(
+        f"request {index + 1} of {len(plan.calls)}, carrying items [{first}:{end}] of the {total} given: "
+        f"the server's index i is item {first}+i"
+    )
+    if answers:
+        try:
+            error.partial = plan.assemble(answers)
+        except BertserveError:  # an earlier answer the SDK cannot read: nothing to keep
+            return
+        error._add_note(f"the answers of items [0:{first}] are in .partial")
 
 
 def _kind(value: Any) -> str:
@@ -799,22 +808,49 @@ def _retried(error: BertserveError) -> bool:
     )
 
 
-def retry_delay(error: BertserveError, attempt: int, max_retries: int) -> float | None:
-    """Seconds to wait before retry number `attempt + 1`, or None to give up and raise `error`.
+@dataclass(frozen=True)
+class Retries:
+    """When a failed request is sent again. Retried: 408, 429, 5xx, timeouts and connection errors, at most
+    `max_retries` times. A Retry-After header is a floor: the wait is at least that (plus up to 25 % jitter, so that
+    clients told the same number spread out), unless it is over `max_retry_after`: then the error is raised. Without
+    one the wait doubles from `backoff` up to `max_backoff` seconds, less up to 25 %."""
 
-    Retried: 408, 429, 5xx, timeouts and connection errors. A Retry-After header is a floor: we wait
-    at least that long (plus up to 25 % jitter so that clients told the same number spread out).
-    Otherwise the wait doubles from INITIAL_RETRY_DELAY up to MAX_RETRY_DELAY, less up to 25 %.
-    """
-    if attempt >= max_retries or not _retried(error):
-        return None
-    retry_after = parse_retry_after(error.response.headers) if error.response is not None else None
-    if retry_after is not None:
-        if retry_after > MAX_RETRY_AFTER:
+    max_retries: int = DEFAULT_MAX_RETRIES
+    backoff: float = INITIAL_RETRY_DELAY
+    max_backoff: float = MAX_RETRY_DELAY
+    max_retry_after: float = MAX_RETRY_AFTER
+
+    def __post_init__(self) -> None:
+        for name in ("max_retries", "backoff", "max_backoff", "max_retry_after"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if isinstance(self.max_retries, float):
+            raise ValueError(f"max_retries must be an integer, got {self.max_retries!r}")
+
+    def delay(self, error: BertserveError, attempt: int) -> float | None:
+        """Seconds to wait before retry number `attempt + 1`, or None to give up and raise `error`."""
+        if attempt >= self.max_retries or not _retried(error):
             return None
-        return retry_after * (1 + 0.25 * random.random())
-    delay = min(INITIAL_RETRY_DELAY * 2**attempt, MAX_RETRY_DELAY)
-    return delay * (1 - 0.25 * random.random())
+        retry_after = parse_retry_after(error.response.headers) if error.response is not None else None
+        if retry_after is not None:
+            if retry_after > self.max_retry_after:
+                return None
+            return retry_after * (1 + 0.25 * random.random())
+        delay = min(self.backoff * 2**attempt, self.max_backoff)
+        return delay * (1 - 0.25 * random.random())
+
+    def note_giving_up(self, error: BertserveError, attempt: int) -> None:
+        """Say why a retriable error is raised: the retries ran out, or the server asks for too long a wait."""
+        if not _retried(error):
+            return
+        if attempt < self.max_retries and error.retry_after is not None and error.retry_after > self.max_retry_after:
+            error._add_note(
+                f"not retried: the server asks for {error.retry_after:g} s (Retry-After), more than the"
+                f" {self.max_retry_after:g} s this client waits (max_retry_after)"
+            )
+        elif attempt > 0:
+            error._add_note(f"gave up after {attempt + 1} attempts")
 
 
 def note_info(error: BertserveError) -> None:
@@ -822,19 +858,6 @@ def note_info(error: BertserveError) -> None:
     error._add_note(
         "while reading the server's max_client_batch_size from /info to split the list; batch_size=N skips it"
     )
-
-
-def note_giving_up(error: BertserveError, attempt: int, max_retries: int) -> None:
-    """Say why a retriable error is raised: the retries ran out, or the server asks for too long a wait."""
-    if not _retried(error):
-        return
-    if attempt < max_retries and error.retry_after is not None and error.retry_after > MAX_RETRY_AFTER:
-        error._add_note(
-            f"not retried: the server asks for {error.retry_after:g} s (Retry-After), more than the"
-            f" {MAX_RETRY_AFTER:g} s this client waits"
-        )
-    elif attempt > 0:
-        error._add_note(f"gave up after {attempt + 1} attempts")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -871,13 +894,14 @@ class BaseClient:
         max_retries: int = DEFAULT_MAX_RETRIES,
         batch_size: int | None = None,
         headers: Mapping[str, str] | None = None,
+        backoff: float = INITIAL_RETRY_DELAY,
+        max_backoff: float = MAX_RETRY_DELAY,
+        max_retry_after: float = MAX_RETRY_AFTER,
     ) -> None:
-        if max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
+        self.retries = Retries(max_retries, backoff, max_backoff, max_retry_after)  # ValueError if out of range
         self.base_url = check_base_url(base_url)
         self.api_key = api_key if api_key is not None else os.environ.get("BERTSERVE_API_KEY")
         self.timeout = timeout
-        self.max_retries = max_retries
         # Inputs per request for list calls; None: ask the server's /info once, on the first list call.
         self.batch_size = batch_size
         self._headers = {"Accept": "application/json", "User-Agent": f"bertserve-client/{__version__}"}
@@ -887,6 +911,10 @@ class BaseClient:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    @property
+    def max_retries(self) -> int:
+        return self.retries.max_retries
 
     def _request_kwargs(self, call: Call) -> dict:
         kwargs: dict[str, Any] = {"headers": self._headers, "timeout": self.timeout}

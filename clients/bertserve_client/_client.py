@@ -16,11 +16,9 @@ from ._base import (
     decoding_error,
     is_many,
     json_or_raise,
-    note_giving_up,
     note_info,
     note_request,
     probe_result,
-    retry_delay,
     transport_error,
 )
 from ._exceptions import BertserveError
@@ -98,7 +96,7 @@ class Client(Endpoints, BaseClient):
             try:
                 answers.append(self._request(call))
             except BertserveError as error:
-                note_request(error, call, index, len(plan.calls))
+                note_request(error, plan, answers, call, index)
                 raise
         return plan.assemble(answers)
 
@@ -117,9 +115,9 @@ class Client(Endpoints, BaseClient):
             try:
                 return json_or_raise(self._send(call))
             except BertserveError as error:
-                delay = retry_delay(error, attempt, self.max_retries)
+                delay = self.retries.delay(error, attempt)
                 if delay is None:
-                    note_giving_up(error, attempt, self.max_retries)
+                    self.retries.note_giving_up(error, attempt)
                     raise
             time.sleep(delay)
             attempt += 1

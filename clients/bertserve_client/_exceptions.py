@@ -14,7 +14,9 @@ import httpx
 
 class BertserveError(Exception):
     """Base class. `status_code`, `error_type` and `response` are None when no HTTP answer came;
-    `retry_after` is the answer's Retry-After in seconds (a 429 or a 503 says it), else None."""
+    `retry_after` is the answer's Retry-After in seconds (a 429 or a 503 says it), else None. `partial`: when
+    a list was sent as several requests and one failed, what the requests before it answered (the call's answer
+    for the items before the failed request's; for rerank, the ranking of those texts), else None."""
 
     def __init__(
         self,
@@ -31,6 +33,7 @@ class BertserveError(Exception):
         self.error_type = error_type
         self.response = response
         self.retry_after = retry_after
+        self.partial: list | None = None
 
     def _add_note(self, note: str) -> None:
         """Append context the SDK knows and the server did not say (which request of a split list, the attempts)."""
