@@ -676,8 +676,17 @@ def test_ctrl_c_is_one_line_exit_130_and_the_same_command_resumes(tiny, tmp_path
     command += ["--output", str(tmp_path / "out"), "--part-rows", "16", "--window-rows", "4", "--workers", "2"]
     command += ["--threads", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "BERTSERVE_PAUSE_AT": "batch:window-20"}
-    # its own process group, as a terminal's Ctrl-C reaches the job and its workers
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # its own process group, as a terminal's Ctrl-C reaches the job and its workers; with SIGINT's default action, as
+    # from a terminal (a shell starts a background command with SIGINT ignored, and a child inherits that: a test
+    # suite run as `cmd &` would otherwise see the job, rightly, ignore the Ctrl-C)
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     for line in process.stderr:
         if "paused at" in line:
             break
