@@ -118,22 +118,23 @@ class Engine:
                     'README\'s "Demo model"); pass --model PATH'
                 )
             default = str(DEMO_MODEL_DIR)
-        # (directory, name) -> the tasks it was given for ([]: --model, every task it has that no flag names)
-        asked: dict[tuple[Path, str], tuple[NamedModel, list[str]]] = {}
+        # (directory, name) -> the tasks a flag gave it for, and whether it is --model's (then also every task it
+        # has that no flag names: `--model DIR --zero-shot-model DIR` is DIR for zero-shot and for the rest)
+        asked: dict[tuple[Path, str], tuple[NamedModel, list[str], bool]] = {}
         if default is not None:
             model = NamedModel(default_model_name(default), default, False)
-            asked[(resolve_model_path(default), model.name)] = (model, [])
+            asked[(resolve_model_path(default), model.name)] = (model, [], True)
         for task, models in wanted.items():
             for model in models:
-                asked.setdefault((resolve_model_path(model.source), model.name), (model, []))[1].append(task)
+                asked.setdefault((resolve_model_path(model.source), model.name), (model, [], False))[1].append(task)
         built: dict[Path, ModelUnit] = {}  # one backend per directory, whatever names it goes by
-        for (path, name), (model, explicit) in asked.items():
+        for (path, name), (model, explicit, every) in asked.items():
             unit = self._build_unit(path, explicit, shared=built.get(path))
             built.setdefault(path, unit)
             unit.name, unit.named = name, model.named
             self.units.append(unit)
             # An explicit per-task model wins over --model for that task.
-            for task in explicit or [t for t in unit.backend.tasks if t not in wanted]:
+            for task in explicit + ([t for t in unit.backend.tasks if t not in wanted] if every else []):
                 self.models.setdefault(task, {})[name] = unit
         self.models = {t: self.models[t] for t in TASKS if t in self.models}
         self.by_task = {t: next(iter(models.values())) for t, models in self.models.items()}

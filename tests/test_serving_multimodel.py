@@ -171,6 +171,25 @@ def test_a_directory_under_two_names_is_loaded_once_with_a_queue_each(checkpoint
     assert len(engine._backend_owners()) == 1
 
 
+def test_model_and_a_task_flag_naming_the_same_directory_serve_every_task_of_it(checkpoints):
+    """`--model DIR --embed-model DIR`: DIR serves embed by the task flag and every other task it has by --model (the
+    task flag named the same directory under the same name, and used to leave it serving embed alone); a task flag
+    naming another directory still takes that task from --model."""
+    from serving.engine import Engine
+    from serving.metrics import Metrics
+    from serving.settings import Settings
+
+    path, other = str(checkpoints["topic"]), str(checkpoints["toxicity"])
+    engine = Engine(Settings(model=path, embed_model=[path], threads=1), Metrics())
+    engine.load()
+    assert sorted(engine.models) == ["classify", "embed"]
+    assert engine.models["classify"] == engine.models["embed"] and len(engine._backend_owners()) == 1
+    engine = Engine(Settings(model=path, classify_model=[other], threads=1), Metrics())
+    engine.load()
+    assert str(engine.by_task["classify"].spec.path) == str(checkpoints["toxicity"].resolve())
+    assert str(engine.by_task["embed"].spec.path) == str(checkpoints["topic"].resolve())
+
+
 @pytest.mark.parametrize(
     "argv, env, message",
     [
