@@ -119,9 +119,10 @@ def check_texts(texts: list, field: str = "inputs[{}]") -> None:
 
 
 def _invisible(text: str) -> bool:
-    """A text of only spaces, controls and format characters (a zero-width space, a byte-order mark, NUL), which a
-    BERT tokenizer drops: no tokens, so nothing to answer about. Decided at the first visible character."""
-    return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf") for c in text)
+    """A text of only spaces, controls and format characters (a zero-width space, a byte-order mark, NUL) and
+    replacement characters (U+FFFD, what a decoder leaves of bytes it could not read), which a BERT tokenizer drops:
+    no tokens, so nothing to answer about. Decided at the first visible character."""
+    return all(c.isspace() or c == "\ufffd" or unicodedata.category(c) in ("Cc", "Cf") for c in text)
 
 
 def check_inputs(body, info=None) -> None:

@@ -40,9 +40,11 @@ def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool
 
 def decode(tokenizer, feature: Features, scores: np.ndarray, ids: np.ndarray, *, top_k: int = 5) -> list[list[dict]]:
     """One sequence's (T, K) probabilities and token ids -> per mask token, its `top_k` candidates best first.
-    `sequence` is the text with that mask filled, decoded as the pipeline does: special tokens skipped when the
-    text has one mask, kept (so the other masks show) when it has several."""
+    `sequence` is the text with that mask filled, decoded as the pipeline does: [PAD] ids left out (a [PAD]
+    proposed included), special tokens skipped when the text has one mask, kept (so the other masks show) when it
+    has several."""
     input_ids = np.asarray(feature.input_ids)
+    pad = tokenizer.pad_token_id
     masks = np.flatnonzero(input_ids == tokenizer.mask_token_id)
     single = len(masks) == 1
     answers = []
@@ -51,6 +53,8 @@ def decode(tokenizer, feature: Features, scores: np.ndarray, ids: np.ndarray, *,
         for score, token in zip(scores[position][:top_k], ids[position][:top_k]):
             filled = input_ids.copy()
             filled[position] = int(token)
+            if pad is not None:
+                filled = filled[filled != pad]
             candidates.append(
                 {
                     "score": float(score),

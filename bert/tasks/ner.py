@@ -45,6 +45,7 @@ class NerFeatures(Features):
     # Whether the tokenizer marks a word's continuing pieces (WordPiece's "##"); byte-level BPE and Unigram do
     # not, and a piece then continues a word when no space precedes it (transformers' pipeline rule for them).
     marks_subwords: bool = True
+    unk_token: str = UNK  # the tokenizer's unknown token ("[UNK]", "<unk>"): a word of its own, shown as its text
 
 
 # ---- encoding -----------------------------------------------------------------------------
@@ -57,7 +58,13 @@ def _marks_subwords(tokenizer) -> bool:
     )
 
 
-def _features(encoding, text: str, char_shift: list[int] | None = None, marks_subwords: bool = True) -> NerFeatures:
+def _unk_token(tokenizer) -> str:
+    return getattr(tokenizer, "unk_token", None) or UNK
+
+
+def _features(
+    encoding, text: str, char_shift: list[int] | None = None, marks_subwords: bool = True, unk_token: str = UNK
+) -> NerFeatures:
     word_ids = list(encoding.word_ids)
     offsets = [tuple(o) for o in encoding.offsets]
     if char_shift is not None:  # pre-split words: offsets are relative to each word
@@ -73,6 +80,7 @@ def _features(encoding, text: str, char_shift: list[int] | None = None, marks_su
         text=text,
         tokens=list(encoding.tokens),
         marks_subwords=marks_subwords,
+        unk_token=unk_token,
     )
 
 
@@ -102,8 +110,8 @@ def _encode_checked(tokenizer, inputs, *, max_length: int, truncate: bool, is_sp
 def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False) -> list[NerFeatures]:
     """Texts -> NerFeatures. Longer than max_length: InputTooLong, or with `truncate` the tail is cut."""
     encodings = _encode_checked(tokenizer, list(texts), max_length=max_length, truncate=truncate)
-    marks = _marks_subwords(tokenizer)
-    return [_features(encoding, text, marks_subwords=marks) for encoding, text in zip(encodings, texts)]
+    marks, unk = _marks_subwords(tokenizer), _unk_token(tokenizer)
+    return [_features(encoding, text, marks_subwords=marks, unk_token=unk) for encoding, text in zip(encodings, texts)]
 
 
 def encode_words(
@@ -119,7 +127,13 @@ def encode_words(
     for sentence, encoding in zip(words, encodings):
         starts = np.cumsum([0] + [len(w) + 1 for w in sentence[:-1]]).tolist()
         features.append(
-            _features(encoding, " ".join(sentence), char_shift=starts, marks_subwords=_marks_subwords(tokenizer))
+            _features(
+                encoding,
+                " ".join(sentence),
+                char_shift=starts,
+                marks_subwords=_marks_subwords(tokenizer),
+                unk_token=_unk_token(tokenizer),
+            )
         )
     return features
 
@@ -174,8 +188,11 @@ def _pieces_to_text(pieces: list[str]) -> str:
     return _PIECES_TO_TEXT.decode(pieces)
 
 
-def _pre_entities(features: NerFeatures, tokens: list[str], scores: np.ndarray) -> list[dict]:
-    """One record per non-special token: its piece, scores, span, and whether it continues a word."""
+def _pre_entities(
+    features: NerFeatures, tokens: list[str], scores: np.ndarray, tokenizer_words: bool = False
+) -> list[dict]:
+    """One record per non-special token: its piece, scores, span, and whether it continues a word (see decode's
+    `tokenizer_words`)."""
     records = []
     for index, token_scores in enumerate(scores):
         if features.special_tokens_mask[index]:
@@ -183,12 +200,15 @@ def _pre_entities(features: NerFeatures, tokens: list[str], scores: np.ndarray) 
         piece = tokens[index]
         start, end = features.offsets[index]
         original = features.text[start:end]
-        if features.marks_subwords:
+        if features.marks_subwords and tokenizer_words:
+            word = features.word_ids[index]
+            is_subword = index > 0 and word is not None and word == features.word_ids[index - 1]
+        elif features.marks_subwords:
             # transformers' test: a "##piece" is longer than the text it covers, a whole word is not.
             is_subword = len(piece) != len(original)
         else:
             is_subword = start > 0 and " " not in features.text[start - 1 : start + 1]
-        if piece == UNK:  # show the text, not "[UNK]"
+        if piece == features.unk_token:  # show the text, not "[UNK]"
             piece, is_subword = original, False
         records.append(
             {
@@ -290,6 +310,7 @@ def decode(
     ignore_labels: tuple[str, ...] = ("O",),
     tokenizer=None,
     word_from_text: bool = False,
+    tokenizer_words: bool = False,
 ) -> list[dict]:
     """Logits (T, num_labels) of one sequence -> entities, exactly as transformers' pipeline returns them.
 
@@ -297,6 +318,13 @@ def decode(
     instead of the pipeline's word pieces joined back (lower-cased by an uncased tokenizer), and no span splits a
     character from its combining marks: one ending right before marks (an accent-stripping tokenizer drops them
     from its offsets) takes them in, one starting on a mark starts at its letter (`whole_span`).
+
+    With `tokenizer_words` (features of a text, not of pre-split words), a piece continues a word when the tokenizer
+    says so (it shares the word of the token before it) instead of by the pipeline's test, a piece that covers more
+    text than itself: where the normalizer drops a character inside a word (the combining accent of an NFD
+    "Zu\u0308rich" under an uncased tokenizer, a soft hyphen, a zero-width space) the word's one piece covers more
+    text than it holds, and the pipeline takes the word for the rest of the one before it ("in Zu\u0308rich" one
+    word, labelled as "in"). Elsewhere both tests agree. Tokenizers that do not mark sub-words keep the pipeline's.
 
     aggregation "none": [{"entity", "score", "index", "word", "start", "end"}] per token;
     otherwise [{"entity_group", "score", "word", "start", "end"}]. Rows beyond len(features) (padding) are ignored.
@@ -312,7 +340,7 @@ def decode(
         if tokenizer is None:
             raise ValueError("features carry no tokens; pass tokenizer= to decode them")
         tokens = tokenizer.convert_ids_to_tokens(features.input_ids)
-    records = _pre_entities(features, tokens, softmax(logits, axis=-1))
+    records = _pre_entities(features, tokens, softmax(logits, axis=-1), tokenizer_words)
     if aggregation in ("none", "simple"):
         entities = _token_entities(records, id2label)
     else:
@@ -371,12 +399,12 @@ def encode_request(
             f'aggregation: "none" gives token positions inside one window, and input {long[0]} needs several of '
             f'{max_length} tokens; choose another aggregation, or send "truncate": true'
         )
-    marks = _marks_subwords(tokenizer)
+    marks, unk = _marks_subwords(tokenizer), _unk_token(tokenizer)
     windows = [[encoding] for encoding in encodings]
     for i in long:
         first = tokenizer.encode_batch([items[i]], max_length=max_length, truncation=True, stride=stride)[0]
         windows[i] = [first, *first.overflowing]
-    return [[_features(w, text, marks_subwords=marks) for w in ws] for ws, text in zip(windows, items)]
+    return [[_features(w, text, marks_subwords=marks, unk_token=unk) for w in ws] for ws, text in zip(windows, items)]
 
 
 def merge_windows(entities: list[dict]) -> list[dict]:
@@ -401,13 +429,21 @@ def merge_windows(entities: list[dict]) -> list[dict]:
 def decode_request(
     items: list, features: list, outputs: list, facts: ModelFacts, *, aggregation: str = "first", **_
 ) -> list[list[dict]]:
-    """Entities per text, each `word` as written in the text (casing kept); a windowed text's merged."""
+    """Entities per text, each `word` as written in the text (casing kept), words as the tokenizer splits them
+    (decode's `tokenizer_words`); a windowed text's merged."""
     answers = []
     for windows, sequences in zip(features, outputs):
         found = [
             entity
             for window, sequence in zip(windows, sequences)
-            for entity in decode(window, sequence["ner"], facts.labels, aggregation=aggregation, word_from_text=True)
+            for entity in decode(
+                window,
+                sequence["ner"],
+                facts.labels,
+                aggregation=aggregation,
+                word_from_text=True,
+                tokenizer_words=True,
+            )
         ]
         answers.append(merge_windows(found) if len(windows) > 1 else found)
     return answers

@@ -39,6 +39,7 @@ from bert.tasks.common import (
     PathLike,
     bounded_text,
     open_text,
+    whole_span,
 )
 from bert.tasks.windows import (
     LongInputs,
@@ -335,9 +336,14 @@ def decode(
     top_k: int = 1,
     max_answer_len: int = 30,
     handle_impossible_answer: bool = False,
+    whole_chars: bool = False,
 ) -> list[dict]:
     """Best answers over all windows: [{"answer", "score", "start", "end"}] (character offsets into
-    `context`), best first, at most top_k. Logits per window may be padded; rows beyond the window are ignored."""
+    `context`), best first, at most top_k. Logits per window may be padded; rows beyond the window are ignored.
+
+    With `whole_chars` no answer splits a character from its combining marks (`whole_span`, as /ner's entities):
+    an uncased tokenizer strips the accent of an NFD "Bogota\u0301" from its piece's offsets, and the pipeline's
+    answer is then "Bogota"; here it is the word as written. Answers are merged by their text after widening."""
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if max_answer_len < 1:
@@ -362,6 +368,8 @@ def decode(
             if not score > 0:  # [CLS] or a pair outside the band: the pipeline's filler when too few spans exist
                 continue
             char_start, char_end = span_to_chars(window, int(s), int(e))
+            if whole_chars:
+                char_start, char_end = whole_span(context, char_start, char_end)
             text = context[char_start:char_end]
             same = by_text.get(text.lower())
             if same is not None:
@@ -430,7 +438,8 @@ def encode_request(
 
 
 def decode_request(items: list[dict], windows: list, outputs: list, facts: ModelFacts, **_) -> list[list[dict]]:
-    """Per item its answers, best first (one empty answer when no span qualifies)."""
+    """Per item its answers, best first (one empty answer when no span qualifies); no answer ends between a letter
+    and its combining marks (decode's `whole_chars`)."""
     answers = []
     for item, item_windows, sequences in zip(items, windows, outputs):
         found = decode(
@@ -440,6 +449,7 @@ def decode_request(items: list[dict], windows: list, outputs: list, facts: Model
             [s["qa_end"] for s in sequences],
             top_k=item.get("top_k", 1),
             max_answer_len=item.get("max_answer_len", 30),
+            whole_chars=True,
         )
         answers.append(found or [{"answer": "", "score": 0.0, "start": 0, "end": 0}])
     return answers
@@ -458,6 +468,7 @@ def margins(items: list[dict], windows: list, outputs: list, facts: ModelFacts, 
             [s["qa_end"] for s in sequences],
             top_k=2,
             max_answer_len=item.get("max_answer_len", 30),
+            whole_chars=True,
         )
         found.append(best[0]["score"] - (best[1]["score"] if len(best) > 1 else 0.0) if best else 1.0)
     return found
