@@ -155,12 +155,13 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     tokenizer = BertTokenizer.from_dir(directory)
     # The data is read and checked before the model is loaded or run: an empty file, a label the checkpoint does
     # not know or a file of another task's format is one line at once (training/data_checks.py).
-    _, examples = task.read_examples(settings, train=False)
+    _, examples = data_checks.read_examples(task, settings, train=False)
     if cfg.limit:
         examples = examples[: cfg.limit]
     data_checks.check_not_empty(cfg.data, examples, "evaluation")
     whose = "--labels" if cfg.labels else f"the labels of {directory}"
     data_checks.check_labels(cfg.data, examples, task.saved_labels(settings, plan.config, saved), whose)
+    data_checks.check_examples(cfg.data, examples, settings, "evaluation")
     model, _ = load_checkpoint(directory, task=cfg.task, device=cfg.device)
     return task.evaluate(model, tokenizer, examples, task.saved_labels(settings, model.config, saved), settings)
 

@@ -148,19 +148,22 @@ def foreign_options(cfg, task) -> list[str]:
 
 
 def read_data(cfg: FinetuneConfig):
-    """The task's (training, evaluation) examples, each cut to --max-*-examples."""
-    train, evaluation = registry.get(cfg.task).read_examples(cfg)
+    """The task's (training, evaluation) examples, each cut to --max-*-examples; a file the task's reader cannot
+    read is one line naming it (data_checks.read_examples)."""
+    train, evaluation = data_checks.read_examples(registry.get(cfg.task), cfg)
     return _limit(train, cfg.max_train_examples), _limit(evaluation, cfg.max_eval_examples)
 
 
 def check_data(cfg: FinetuneConfig, train: list, evaluation: list) -> None:
     """Data that cannot be trained on, refused in one line before the model is built (training/data_checks.py):
-    no training examples, no evaluation examples where evaluation data was given, tags that are not IOB."""
+    no training examples, no evaluation examples where evaluation data was given, tags that are not IOB,
+    evaluation tags of an entity type the training data lacks."""
     data_checks.check_not_empty(cfg.train_data, train, "training")
     if cfg.eval_data:
         data_checks.check_not_empty(cfg.eval_data, evaluation, "evaluation")
     data_checks.check_labels(cfg.train_data, train, None, "")  # the format (CoNLL tags) before labels are made
     data_checks.check_labels(cfg.eval_data or cfg.train_data, evaluation, None, "")
+    data_checks.check_tag_types(cfg.train_data, train, cfg.eval_data or cfg.train_data, evaluation)
 
 
 def _limit(items: list, n: int) -> list:
@@ -179,6 +182,8 @@ def prepare(cfg: FinetuneConfig, tokenizer):
     whose = f"{flag(cfg, 'labels')}" if getattr(cfg, "labels", None) else "the training data's labels"
     data_checks.check_labels(cfg.train_data, train, labels, whose)
     data_checks.check_labels(cfg.eval_data or cfg.train_data, evaluation, labels, whose)
+    data_checks.check_examples(cfg.train_data, train, cfg, "training")
+    data_checks.check_examples(cfg.eval_data or cfg.train_data, evaluation, cfg, "evaluation")
     features, targets = task.encode_train(tokenizer, train, labels, cfg)
     data = FeatureData(
         features,

@@ -118,17 +118,25 @@ class PretrainConfig(TrainConfig):
 
 
 def corpus_problems(paths: list[str]) -> list[str]:
-    """A corpus without one line of text (empty files, blank lines only) gives no instances to train or hold out:
-    refused before anything is written. Reading stops at the first line of text."""
+    """A corpus without one line of text (empty files, blank lines only) gives no instances to train or hold out,
+    and bytes that are not UTF-8 anywhere in it would stop the run after its vocabulary or part of its shards were
+    built: both refused before anything is written, the second naming the file and line. Every file is decoded in
+    full here, a line at a time."""
     from bert.tasks.common import open_text
+    from training.data_checks import undecodable_line
 
+    has_text = False
     for path in paths:
         try:
-            with open_text(path) as f:
-                if any(line.strip() for line in f):
-                    return []
-        except (OSError, ValueError) as e:  # ValueError: not UTF-8 (or a broken .gz)
-            return [f"corpus file {path} cannot be read as UTF-8 text: {one_line(e, 200)}"]
+            if problem := undecodable_line(path):
+                return [f"corpus file {problem}"]
+            if not has_text:
+                with open_text(path) as f:
+                    has_text = any(line.strip() for line in f)
+        except (OSError, EOFError, ValueError) as e:  # a .gz that is not gzip (OSError) or is cut short (EOFError)
+            return [f"corpus file {path} cannot be read: {one_line(e, 200)}"]
+    if has_text:
+        return []
     named = (
         paths[0]
         if len(paths) == 1
@@ -254,6 +262,8 @@ def evaluate_pretraining(
 
 
 def _data_matches(index: dict, cfg: PretrainConfig, vocab_size: int) -> bool:
+    from training.data.pretraining import corpus_files
+
     wanted = {
         "max_seq_length": cfg.max_seq_length,
         "short_seq_prob": cfg.short_seq_prob,
@@ -263,6 +273,7 @@ def _data_matches(index: dict, cfg: PretrainConfig, vocab_size: int) -> bool:
         "seed": cfg.data_seed,
         "vocab_size": vocab_size,
         "corpus": [str(p) for p in cfg.corpus],
+        "corpus_files": corpus_files(cfg.corpus),
     }
     return all(index.get(k) == v for k, v in wanted.items()) or not cfg.corpus
 

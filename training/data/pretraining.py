@@ -189,6 +189,12 @@ class ShardWriter:
         self._reset()
 
 
+def corpus_files(corpus: Sequence) -> list[list[int]]:
+    """Each corpus file's size and modification time (ns): what index.json records of the files the shards were
+    made from, so that shards of a corpus since rewritten at the same path are not reused."""
+    return [[(stat := Path(p).stat()).st_size, stat.st_mtime_ns] for p in corpus]
+
+
 def stable_heldout(document: list[str], percent: float) -> bool:
     """Whether a document is held out: a stable hash of its first line, so the split never depends
     on order, seed or dupe factor."""
@@ -211,8 +217,17 @@ def create_pretraining_data(
     documents_per_buffer: int = 2000,
     instances_per_shard: int = 20000,
 ) -> dict:
-    """Stream the corpus dupe_factor times into train/ (and heldout/, one dupe) shards; writes index.json."""
+    """Stream the corpus dupe_factor times into train/ (and heldout/, one dupe) shards; writes index.json.
+
+    index.json is what says the shards are whole and which settings made them (a later run reuses them when the
+    settings match): an earlier build's index is removed before any shard is rewritten, and the new one is
+    written (atomically) only after the last shard, so a build that stops halfway leaves no index that
+    describes shards it had begun to overwrite."""
+    from bert.atomic import write_file_atomic
+
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / INDEX_NAME).unlink(missing_ok=True)
     rng = random.Random(seed)
     id_dtype = np.uint16 if tokenizer.vocab_size <= 65535 else np.int32
     writers = {
@@ -267,10 +282,11 @@ def create_pretraining_data(
         "seed": seed,
         "vocab_size": tokenizer.vocab_size,
         "corpus": [str(p) for p in corpus],
+        "corpus_files": corpus_files(corpus),
         "counts": counts,
         "shards": {split: w.shards for split, w in writers.items()},
     }
-    (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    write_file_atomic(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
     return index
 
 

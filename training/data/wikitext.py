@@ -51,10 +51,13 @@ def wikitext_to_corpus(source, target) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        from bert.options import fail
+    from bert.options import fail
+    from training.data_checks import undecodable_line
 
+    if len(argv) != 2:
         fail("usage: python -m training.data.wikitext RAW_FILE OUT_CORPUS")
+    if problem := undecodable_line(argv[0]):  # before the corpus is begun: one line, not a traceback halfway
+        fail(problem)
     print(wikitext_to_corpus(Path(argv[0]), Path(argv[1])))
     return 0
 
