@@ -19,16 +19,21 @@ BCE with logits on the one output per pair; or listwise, softmax cross-entropy o
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
+from bert.config import ConfigError
+from bert.errors import json_type, one_line
 from bert.tasks import classify
 from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, TaskOption, check_texts
-from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, sigmoid
+from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, open_text, sigmoid
 from bert.tasks.qa import HELDOUT_ARTICLES, read_squad_articles, split_heldout
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, pair_template, too_much_work
 from bert.tokenizer import InputTooLong
@@ -154,11 +159,18 @@ def article_requests(article: dict, texts: int):
             yield from ((qa["question"], candidates) for qa in paragraph["qas"])
 
 
-def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGATIVES) -> list[RerankQuery]:
+def squad_queries(
+    articles: list[dict], *, article_negatives: int = ARTICLE_NEGATIVES, role: str = ""
+) -> list[RerankQuery]:
     """Per answerable SQuAD question: its paragraph's sentences (1 for the one holding the first answer's start)
     and `article_negatives` word-overlap-nearest sentences of its article's other paragraphs (0). Questions come
-    interleaved across articles (each article's first, then each one's second, ...), so the first N span them all."""
+    interleaved across articles (each article's first, then each one's second, ...), so the first N span them all.
+    A question that cannot be a query (no answer, an answer starting in no sentence, a single candidate) is left
+    out, and how many were and why is one line on stderr (`role`, e.g. training, says which questions they were),
+    as qa's skipped answers are."""
     per_article = []
+    left_out: Counter = Counter()
+    total = 0
     for article in articles:
         paragraphs = [(p["context"], sentence_spans(p["context"]), p["qas"]) for p in article["paragraphs"]]
         sentences = [(at, context[a:b]) for at, (context, spans, _) in enumerate(paragraphs) for a, b in spans]
@@ -168,13 +180,16 @@ def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGA
         queries = []
         for at, (context, spans, qas) in enumerate(paragraphs):
             for qa in qas:
+                total += 1
                 answers = qa.get("answers") or []
                 if qa.get("is_impossible") or not answers:
-                    continue  # nothing to rank: no answer
+                    left_out["with no answer"] += 1  # nothing to rank
+                    continue
                 start = int(answers[0]["answer_start"])
                 labels = [1.0 if a <= start < b else 0.0 for a, b in spans]
                 if sum(labels) != 1.0:
-                    continue  # the answer starts in white space between sentences: no target
+                    left_out["whose answer starts in no sentence (between two, or outside the context)"] += 1
+                    continue
                 texts = [context[a:b] for a, b in spans]
                 if article_negatives > 0:
                     asked = _words(qa["question"])
@@ -184,9 +199,15 @@ def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGA
                     picked = [j for _, j in sorted(others)[:article_negatives]]
                     texts += [sentences[j][1] for j in picked]
                     labels += [0.0] * len(picked)
-                if len(texts) >= 2:  # a one-sentence paragraph alone has nothing to rank
-                    queries.append(RerankQuery(qa["question"], texts, labels))
+                if len(texts) < 2:  # a one-sentence paragraph alone has nothing to rank
+                    left_out["with one candidate sentence only (nothing to rank it against)"] += 1
+                    continue
+                queries.append(RerankQuery(qa["question"], texts, labels))
         per_article.append(queries)
+    if left_out:
+        which = f"{role} SQuAD questions" if role else "SQuAD questions"
+        reasons = ", ".join(f"{n} {why}" for why, n in left_out.items())
+        print(f"rerank: left out {left_out.total()} of {total} {which}: {reasons}", file=sys.stderr)
     interleaved = []
     for i in range(max(map(len, per_article), default=0)):
         interleaved += [qs[i] for qs in per_article if i < len(qs)]
@@ -196,14 +217,23 @@ def squad_queries(articles: list[dict], *, article_negatives: int = ARTICLE_NEGA
 def mined_queries(mined: dict, negatives: int) -> list[RerankQuery]:
     """Per mined question (training.mine_rerank's file): its answer's sentence (1) first, then its `negatives`
     best-scored other sentences (0); a question with fewer mined is left out, so every query has 1 + negatives
-    candidates. Interleaved across articles as squad_queries, so the first N span them all."""
+    candidates, and how many were is one line on stderr. Interleaved across articles as squad_queries, so the
+    first N span them all."""
     per_article: list[list[RerankQuery]] = [[] for _ in mined["articles"]]
+    short = 0
     for q in mined["questions"]:
         sentences = mined["articles"][q["article"]]["sentences"]
         if len(q["negatives"]) < negatives:
+            short += 1
             continue
         texts = [sentences[q["gold"]]] + [sentences[i] for i in q["negatives"][:negatives]]
         per_article[q["article"]].append(RerankQuery(q["question"], texts, [1.0] + [0.0] * negatives))
+    if short:
+        print(
+            f"rerank: left out {short} of {len(mined['questions'])} mined questions with fewer than {negatives} "
+            "negatives mined (--rerank-negatives)",
+            file=sys.stderr,
+        )
     interleaved = []
     for i in range(max(map(len, per_article), default=0)):
         interleaved += [qs[i] for qs in per_article if i < len(qs)]
@@ -211,23 +241,82 @@ def mined_queries(mined: dict, negatives: int) -> list[RerankQuery]:
 
 
 def read_mined(path: str, heldout_articles: int, heldout_titles: set[str]) -> dict:
-    """training.mine_rerank's file, checked to hold none of the held-out articles."""
-    import json
-
-    from bert.tasks.qa import DataError
-
-    with open(path) as f:
-        mined = json.load(f)
+    """training.mine_rerank's file, checked to be one (its structure, every index in range) and to hold none of
+    the held-out articles. What is wrong is one ConfigError line naming this file and the place in it (the
+    `questions[k]` entry): the data checks name the --train-data file for a DataError or a KeyError, and this is
+    another file."""
+    try:
+        with open_text(path) as f:
+            mined = json.load(f)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({one_line(e, 200)})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not JSON ({e}); give the file python -m training.mine_rerank wrote") from None
+    if problem := mined_problem(mined):
+        raise ConfigError(f"{path}: {problem}")
     settings = mined.get("settings") or {}
     if settings.get("heldout_articles") != heldout_articles:
-        raise DataError(
+        raise ConfigError(
             f"{path} was mined holding out {settings.get('heldout_articles')} articles, not --heldout-articles "
             f"{heldout_articles}: mine again with the same number"
         )
     overlap = sorted({a["title"] for a in mined["articles"]} & heldout_titles)
     if overlap:
-        raise DataError(f"{path} holds held-out articles ({', '.join(overlap[:3])}): mine again")
+        raise ConfigError(f"{path} holds held-out articles ({', '.join(overlap[:3])}): mine again")
     return mined
+
+
+def mined_problem(mined) -> str | None:
+    """Where a parsed mined file is not training.mine_rerank's structure (`articles[i]` of a title and sentences,
+    `questions[k]` of a question, its article's index, its gold sentence's and its negatives' indices in that
+    article), and what is wrong there; None when it is."""
+    if not isinstance(mined, dict):
+        return (
+            f"a JSON {json_type(mined)}, not the object of settings, articles and questions that "
+            "python -m training.mine_rerank writes"
+        )
+    if not isinstance(mined.get("settings", {}), dict):
+        return f"'settings' is a JSON {json_type(mined['settings'])}, not an object"
+    for name in ("articles", "questions"):
+        if name not in mined:
+            return f"no {name!r} array (not training.mine_rerank's file)"
+        if not isinstance(mined[name], list):
+            return f"{name!r} is a JSON {json_type(mined[name])}, not an array"
+    articles = mined["articles"]
+    for i, article in enumerate(articles):
+        at = f"articles[{i}]"
+        if problem := _fields(article, at, {"title": str, "sentences": list}):
+            return problem
+        for j, sentence in enumerate(article["sentences"]):
+            if not isinstance(sentence, str):
+                return f"{at}.sentences[{j}] is a JSON {json_type(sentence)}, not a string"
+    for k, question in enumerate(mined["questions"]):
+        at = f"questions[{k}]"
+        if problem := _fields(question, at, {"question": str, "article": int, "gold": int, "negatives": list}):
+            return problem
+        if not 0 <= question["article"] < len(articles):
+            return f"{at}.article is {question['article']}, not an index of the file's {len(articles)} articles"
+        sentences = len(articles[question["article"]]["sentences"])
+        where = f"a sentence index of articles[{question['article']}] (0 to {sentences - 1})"
+        if not 0 <= question["gold"] < sentences:
+            return f"{at}.gold is {question['gold']}, not {where}"
+        for m, index in enumerate(question["negatives"]):
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < sentences:
+                return f"{at}.negatives[{m}] is {json.dumps(index)}, not {where}"
+    return None
+
+
+def _fields(value, at: str, wanted: dict) -> str | None:
+    """`at` is a JSON object holding each wanted name with a value of its type; else what is wrong."""
+    names = {list: "an array", str: "a string", int: "an integer"}
+    if not isinstance(value, dict):
+        return f"{at} is a JSON {json_type(value)}, not an object"
+    for name, kind in wanted.items():
+        if name not in value:
+            return f"{at} has no {name!r}"
+        if not isinstance(value[name], kind) or isinstance(value[name], bool):
+            return f"{at}.{name} is a JSON {json_type(value[name])}, not {names[kind]}"
+    return None
 
 
 def listwise_loss(logits, labels, query_ids):
@@ -246,9 +335,8 @@ def listwise_loss(logits, labels, query_ids):
 
 
 def read_rerank_tsv(path: str, cfg) -> list[RerankQuery]:
-    """(query, text, label) rows; rows sharing a query text are one query's candidates, in first-seen order."""
-    from bert.config import ConfigError
-
+    """(query, text, label) rows; rows sharing a query text are one query's candidates, in first-seen order. A
+    label that is not a number, or is negative, is one ConfigError line naming the file and its line."""
     rows = classify.read_tsv(
         path,
         text_column=cfg.text_column,
@@ -257,17 +345,33 @@ def read_rerank_tsv(path: str, cfg) -> list[RerankQuery]:
         header={"auto": None, "yes": True, "no": False}[cfg.header],
     )
     queries: dict[str, RerankQuery] = {}
-    for row in rows:
+    for index, row in enumerate(rows):
         try:
             label = float(row.label)
         except (TypeError, ValueError):
-            raise ConfigError(f"{path}: rerank label {row.label!r} is not a number (0/1 or a grade)") from None
+            where = _row_line(path, len(rows), index)
+            raise ConfigError(f"{where}: rerank label {row.label!r} is not a number (0/1 or a grade)") from None
         if label < 0:
-            raise ConfigError(f"{path}: rerank label {row.label!r} is negative")
+            raise ConfigError(f"{_row_line(path, len(rows), index)}: rerank label {row.label!r} is negative")
         group = queries.setdefault(row.text, RerankQuery(row.text, [], []))
         group.texts.append(row.pair)
         group.labels.append(label)
     return list(queries.values())
+
+
+def _row_line(path: str, rows: int, index: int) -> str:
+    """`path:LINE` of the index-th of the `rows` rows classify.read_tsv returned (it skips blank lines and a header
+    row), or `path: row N` when the file does not read back that way."""
+    try:
+        with open_text(path) as f:
+            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            lines = [n for n, cells in enumerate(reader, 1) if cells]
+    except (OSError, ValueError, csv.Error):
+        lines = []
+    skipped = len(lines) - rows  # 1: a header row
+    if 0 <= skipped <= 1 and index + skipped < len(lines):
+        return f"{path}:{lines[index + skipped]}"
+    return f"{path}: row {index + 1}"
 
 
 def ranking_metrics(groups: list[tuple[list[float], list[float]]]) -> dict:
@@ -448,26 +552,26 @@ class RerankTask(Task):
         return problems
 
     def read_examples(self, cfg, *, train: bool = True) -> tuple[list, list]:
-        def read(path: str) -> list[RerankQuery]:
+        def read(path: str, role: str) -> list[RerankQuery]:
             if path.startswith(SQUAD_PREFIX):
-                return squad_queries(read_squad_articles(path[len(SQUAD_PREFIX) :]))
+                return squad_queries(read_squad_articles(path[len(SQUAD_PREFIX) :]), role=role)
             return read_rerank_tsv(path, cfg)
 
         training, heldout = [], []
         if cfg.train_data.startswith(SQUAD_PREFIX) and (train or not cfg.eval_data):
             articles = read_squad_articles(cfg.train_data[len(SQUAD_PREFIX) :])
             kept, held = split_heldout(articles, cfg.heldout_articles)
-            heldout = squad_queries(held)
+            heldout = squad_queries(held, role="held-out")
             if getattr(cfg, "rerank_mined", "") and train:
                 titles = {a.get("title", "") for a in held}
                 training = mined_queries(
                     read_mined(cfg.rerank_mined, cfg.heldout_articles, titles), cfg.rerank_negatives
                 )
             elif train:
-                training = squad_queries(kept)
+                training = squad_queries(kept, role="training")
         elif train:
-            training = read(cfg.train_data)
-        evaluation = read(cfg.eval_data) if cfg.eval_data else heldout
+            training = read(cfg.train_data, "training")
+        evaluation = read(cfg.eval_data, "evaluation") if cfg.eval_data else heldout
         return (training if train else []), evaluation
 
     def train_labels(self, cfg, train: list, evaluation: list) -> Labels:
