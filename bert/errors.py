@@ -30,6 +30,22 @@ def json_type(value) -> str:
     return names.get(type(value), "number")
 
 
+_KINDS = {list: "an array", str: "a string", int: "an integer", (str, int): "a string or an integer"}
+
+
+def json_fields(value, at: str, wanted: dict) -> str | None:
+    """`at` is a JSON object holding each `wanted` name with a value of its Python type (list, str, int, or
+    (str, int)); else what is wrong, as "at.name is a JSON array, not a string". None when all is well."""
+    if not isinstance(value, dict):
+        return f"{at} is a JSON {json_type(value)}, not an object"
+    for name, kind in wanted.items():
+        if name not in value:
+            return f"{at} has no {name!r}"
+        if not isinstance(value[name], kind) or isinstance(value[name], bool):
+            return f"{at}.{name} is a JSON {json_type(value[name])}, not {_KINDS[kind]}"
+    return None
+
+
 def read_json_object(path, error: type[Exception] = ValueError) -> dict | None:
     """The JSON object in the file `path`, or None when there is no such file. A file that is not UTF-8 JSON, or
     holds something other than an object, raises `error` with one line naming the file."""

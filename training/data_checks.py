@@ -19,7 +19,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from bert.errors import json_type, one_line
+from bert.errors import json_fields, json_type, one_line
 from training.config import ConfigError
 
 IOB_TAG = re.compile(r"(O|[BI]-\S+)")
@@ -160,33 +160,21 @@ def squad_problem(path) -> str | None:
         return f"'data' is a JSON {json_type(blob['data'])}, not an array of articles"
     for i, article in enumerate(blob["data"]):
         at = f"data[{i}]"
-        if problem := _fields(article, at, {"paragraphs": list}):
+        if problem := json_fields(article, at, {"paragraphs": list}):
             return problem
         for j, paragraph in enumerate(article["paragraphs"]):
             at_paragraph = f"{at}.paragraphs[{j}]"
-            if problem := _fields(paragraph, at_paragraph, {"context": str, "qas": list}):
+            if problem := json_fields(paragraph, at_paragraph, {"context": str, "qas": list}):
                 return problem
             for k, qa in enumerate(paragraph["qas"]):
                 at_qa = f"{at_paragraph}.qas[{k}]"
-                if problem := _fields(qa, at_qa, {"id": (str, int), "question": str}):
+                if problem := json_fields(qa, at_qa, {"id": (str, int), "question": str}):
                     return problem
                 if not isinstance(qa.get("answers", []), list):
                     return (
                         f"{at_qa}.answers is a JSON {json_type(qa['answers'])}, not an array of "
                         "{'text', 'answer_start'} objects"
                     )
-    return None
-
-
-def _fields(value, at: str, wanted: dict) -> str | None:
-    names = {list: "an array", str: "a string", (str, int): "a string"}
-    if not isinstance(value, dict):
-        return f"{at} is a JSON {json_type(value)}, not an object"
-    for name, kind in wanted.items():
-        if name not in value:
-            return f"{at} has no {name!r}"
-        if not isinstance(value[name], kind) or isinstance(value[name], bool):
-            return f"{at}.{name} is a JSON {json_type(value[name])}, not {names[kind]}"
     return None
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert.config import ConfigError
-from bert.errors import json_type, one_line
+from bert.errors import json_fields, json_type, one_line
 from bert.tasks import classify
 from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, TaskOption, check_texts
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, open_text, sigmoid
@@ -285,14 +285,14 @@ def mined_problem(mined) -> str | None:
     articles = mined["articles"]
     for i, article in enumerate(articles):
         at = f"articles[{i}]"
-        if problem := _fields(article, at, {"title": str, "sentences": list}):
+        if problem := json_fields(article, at, {"title": str, "sentences": list}):
             return problem
         for j, sentence in enumerate(article["sentences"]):
             if not isinstance(sentence, str):
                 return f"{at}.sentences[{j}] is a JSON {json_type(sentence)}, not a string"
     for k, question in enumerate(mined["questions"]):
         at = f"questions[{k}]"
-        if problem := _fields(question, at, {"question": str, "article": int, "gold": int, "negatives": list}):
+        if problem := json_fields(question, at, {"question": str, "article": int, "gold": int, "negatives": list}):
             return problem
         if not 0 <= question["article"] < len(articles):
             return f"{at}.article is {question['article']}, not an index of the file's {len(articles)} articles"
@@ -303,19 +303,6 @@ def mined_problem(mined) -> str | None:
         for m, index in enumerate(question["negatives"]):
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < sentences:
                 return f"{at}.negatives[{m}] is {json.dumps(index)}, not {where}"
-    return None
-
-
-def _fields(value, at: str, wanted: dict) -> str | None:
-    """`at` is a JSON object holding each wanted name with a value of its type; else what is wrong."""
-    names = {list: "an array", str: "a string", int: "an integer"}
-    if not isinstance(value, dict):
-        return f"{at} is a JSON {json_type(value)}, not an object"
-    for name, kind in wanted.items():
-        if name not in value:
-            return f"{at} has no {name!r}"
-        if not isinstance(value[name], kind) or isinstance(value[name], bool):
-            return f"{at}.{name} is a JSON {json_type(value[name])}, not {names[kind]}"
     return None
 
 
