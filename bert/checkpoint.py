@@ -334,6 +334,32 @@ def _comparable(model: "BertPreTrainedModel", state: dict) -> tuple[dict[str, tu
     return expected, {k: v for k, v in state.items() if not k.endswith(HARMLESS_SUFFIXES) and k not in TIED_KEYS}
 
 
+def _check_decoder(model: "BertPreTrainedModel", state: dict, source: str) -> None:
+    """A masked LM's decoder is the word-embedding table here (tied, as transformers ties it by default), so a file's
+    decoder weights are not read. transformers gives the decoder weights of its own where config.json says
+    tie_word_embeddings false, and where the file holds a decoder that differs from the table: such a checkpoint is
+    refused, not run with the table in the decoder's place."""
+    import torch
+
+    if TIED_KEYS[0] not in model.state_dict():
+        return  # no masked-LM head: a decoder in the file is an unused head
+    family = model.config.family
+    decoder = state.get(family.name_from_bert(TIED_KEYS[0]))
+    if decoder is None:
+        return
+    if not model.config.tie_word_embeddings:
+        raise CheckpointError(
+            f"{source}: tie_word_embeddings false (a masked-LM decoder with weights of its own) is not supported; "
+            "the decoder must be the word-embedding table"
+        )
+    table = state.get(family.name_from_bert("bert.embeddings.word_embeddings.weight"))
+    if table is not None and (decoder.shape != table.shape or not torch.equal(decoder, table)):
+        raise CheckpointError(
+            f"{source}: its masked-LM decoder ({family.name_from_bert(TIED_KEYS[0])}) differs from the word-embedding "
+            "table it is tied to (tie_word_embeddings); a decoder with weights of its own is not supported"
+        )
+
+
 def match_state_dict(
     model: "BertPreTrainedModel",
     state: dict[str, "torch.Tensor"],
@@ -347,6 +373,7 @@ def match_state_dict(
     from_backbone: take the encoder and keep fresh heads where the file has none or other shapes
     (fine-tuning a task head on a pretrained encoder). Without it any difference is an error.
     """
+    _check_decoder(model, state, source)
     expected, state = _comparable(model, state)
     report = _match_shapes(
         type(model).__name__,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInput, json_type
-from .families import Family, UnsupportedFamily, family_of
+from .families import FAMILIES, Family, UnsupportedFamily, family_of
 
 # Google's BERT family (BERT-FACTS.md): name -> (layers, hidden, heads). Feed-forward is 4 * hidden.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -39,6 +39,10 @@ SIZE_FIELDS = (
     "max_position_embeddings",
     "type_vocab_size",
 )
+# BertConfig's building-block fields (where a family's encoder differs from BERT's): each family declares those its
+# transformers classes read (Family.config_blocks); the same key in another family's config.json is one transformers
+# never reads there, so it builds nothing here either (kept in `extra`, written back as it was).
+BLOCK_FIELDS = tuple(dict.fromkeys(key for family in FAMILIES for key in family.config_blocks))
 # A config.json without these does not say which model it is (every transformers-written one has them).
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 # Far beyond any BERT (BERT-large: 3.4e8 parameters; multilingual vocabularies: ~1.2e5 tokens). A config
@@ -291,6 +295,13 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def tie_word_embeddings(self) -> bool:
+        """Whether a masked-LM decoder is the word-embedding table (transformers' tie_word_embeddings: true unless
+        config.json says false, when transformers gives the decoder weights of its own, which our masked-LM head does
+        not have: bert.checkpoint refuses such a checkpoint)."""
+        return self.extra.get("tie_word_embeddings") is not False
+
+    @property
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 2
 
@@ -330,7 +341,8 @@ class BertConfig:
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
             raise ConfigError(f"invalid BERT config: it lacks {', '.join(missing)}")
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        unread = (set(BLOCK_FIELDS) - set(family.config_blocks)) | set(family.unread_keys)
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"} - unread
         args = {k: v for k, v in data.items() if k in known}
         extra = {k: v for k, v in data.items() if k not in known and k != "label2id"}
         if "num_labels" in extra and "id2label" not in args:

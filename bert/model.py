@@ -38,7 +38,9 @@ def activation(name: str):
         return F.relu
     if name in ("silu", "swish"):
         return F.silu
-    raise ValueError(f"unsupported hidden_act {name!r}")
+    if name == "tanh":  # BERT's pooler's, or a classifier_activation (ModernBERT's also sets its masked-LM transform)
+        return torch.tanh
+    raise ValueError(f"unsupported activation {name!r}")
 
 
 def additive_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -383,8 +385,10 @@ class BertIntermediate(nn.Module):
 
     def forward(self, x: torch.Tensor, gelu_epilogue: bool = False) -> torch.Tensor:
         if gelu_epilogue and self.epilogue_capable and x.dim() == 2:
-            # the activation inside the GEMM: one pass over the 4H-wide activations fewer
-            return torch._addmm_activation(self.dense.bias, x, self.dense.weight.t(), use_gelu=True)
+            if x.is_cuda:  # the activation inside the GEMM: one pass over the 4H-wide activations fewer
+                return torch._addmm_activation(self.dense.bias, x, self.dense.weight.t(), use_gelu=True)
+            # the CPU kernel of that GEMM applies exact GELU, not the tanh approximation the epilogue stands for
+            return F.gelu(self.dense(x), approximate="tanh")
         if self.gated:
             value, gate = self.dense(x).chunk(2, dim=-1)
             return self.act(value) * gate
@@ -510,8 +514,7 @@ class BertPooler(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias is not False)
-        name = config.classifier_activation or config.family.pooler_activation
-        self.act = torch.tanh if name == "tanh" else activation(name)
+        self.act = activation(config.classifier_activation or config.family.pooler_activation)
         # ModernBERT's head ends in a LayerNorm (config.family.pooler_norm)
         self.LayerNorm = layer_norm(config) if config.family.pooler_norm else None
 
@@ -683,7 +686,7 @@ class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias is not False)
-        self.act = activation(config.classifier_activation or config.hidden_act)
+        self.act = activation(getattr(config, config.family.transform_activation) or config.hidden_act)
         self.LayerNorm = layer_norm(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,17 @@ class UnsupportedFamily(BadInput, ValueError):
     """A config.json whose model_type no family covers, or a setting of its family we do not run."""
 
 
+# Settings that transformers' BERT-layout classes (BERT, RoBERTa and its kin, ELECTRA) honour and our encoder does
+# not run, each with the one value we run and what another value asks for. is_decoder makes every layer's
+# attention causal; position_embedding_type other than "absolute" adds relative-position scores (transformers 4
+# computed them from per-layer distance_embedding weights; transformers 5 ignores both the key and the weights, so
+# such a checkpoint gives neither its training-time outputs there nor here).
+BERT_REFUSED_SETTINGS: dict[str, tuple[Any, str]] = {
+    "is_decoder": (False, "causal attention"),
+    "position_embedding_type": ("absolute", "relative-position scores; absolute positions only"),
+}
+
+
 @dataclass(frozen=True)
 class Family:
     """One encoder layout. Every field but the names has BERT's value as its default, so a family lists only
@@ -52,6 +63,17 @@ class Family:
     config_converters: tuple[Callable[[dict], dict], Callable[[dict], dict]] | None = None
     # the transformers class suffixes this family's architectures map onto ours
     architecture_suffixes: tuple[str, ...] = ARCHITECTURE_SUFFIXES
+    # config.json settings this family's transformers classes honour and we do not run: key -> (the only value we
+    # run, what another value asks for); another value is refused in one line naming the key (a missing or null
+    # key is the value we run)
+    refused_settings: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    # The building-block keys of BertConfig (bert.config.BLOCK_FIELDS, ours: the names after config_keys) that this
+    # family's config.json sets; any other such key in its config.json is one transformers' class of the family
+    # never reads, so it is kept as it is (written back) but builds nothing here either
+    config_blocks: tuple[str, ...] = ()
+    # Other BertConfig keys that transformers' classes of this family do not read (they hard-code the value, which is
+    # BertConfig's default): never read from its config.json
+    unread_keys: tuple[str, ...] = ()
 
     # ---- parameter names <-> BERT's ----------------------------------------------------------------------
     # (their substring, BERT's substring) inside a parameter name, each replaced once, in this order (both ways)
@@ -92,14 +114,27 @@ class Family:
     bare_pooler: bool = True  # a bare encoder of this family carries a pooler
     pooler_norm: bool = False  # the pooler ends in a LayerNorm
     token_head_transform: bool = False  # per-token heads (token, span) read the pooler's transform of each token
+    # the config field that sets the masked-LM transform's activation: hidden_act (BERT's and DeBERTa's heads) or
+    # classifier_activation (ModernBERT's one head, which is its pooler too)
+    transform_activation: str = "hidden_act"
 
     # ---- config.json ------------------------------------------------------------------------------------
     def config_to_ours(self, data: dict) -> dict:
         """A config.json's keys and values as BertConfig reads them (positions counted as usable positions)."""
+        for key, (supported, what) in self.refused_settings.items():
+            value = data.get(key)
+            if value is not None and value != supported:
+                raise UnsupportedFamily(f"{key} {value!r:.40} is not supported ({what})")
         if self.config_converters is not None:
             data = self.config_converters[0](data)
         out = dict(self.config_defaults)
-        out.update({self.config_keys.get(k, k): v for k, v in data.items()})
+        # beside the family's own key, a key under our name for it (ModernBERT's hidden_act beside its
+        # hidden_activation) is one transformers' class never reads: the family's key decides, whatever order the
+        # file has them in (alone, ours stands in for it, as transformers' attribute aliases let it)
+        shadowed = {
+            ours for theirs, ours in self.config_keys.items() if theirs in data and ours not in self.config_keys
+        }
+        out.update({self.config_keys.get(k, k): v for k, v in data.items() if k not in shadowed})
         if not self.token_types:
             out["type_vocab_size"] = 0
         if self.position_offset and isinstance(out.get("max_position_embeddings"), int):

@@ -1,5 +1,5 @@
 """BERT: the layout every other family maps onto (bertserve's own names are BERT's)."""
 
-from .base import Family
+from .base import BERT_REFUSED_SETTINGS, Family
 
-FAMILY = Family("bert", {"bert": "Bert"}, "bert", order=10)
+FAMILY = Family("bert", {"bert": "Bert"}, "bert", order=10, refused_settings=BERT_REFUSED_SETTINGS)

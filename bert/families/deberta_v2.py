@@ -24,8 +24,6 @@ def _config_to_ours(data: dict) -> dict:
     masked_lm = any(isinstance(a, str) and a.endswith("ForMaskedLM") for a in architectures)
     if masked_lm and data.get("legacy", True) is False:
         raise UnsupportedFamily("legacy false is not supported (the masked-LM head in lm_predictions)")
-    if masked_lm and data.get("pooler_hidden_act", "gelu") != data.get("hidden_act", "gelu"):
-        raise UnsupportedFamily("pooler_hidden_act other than hidden_act is not supported in a masked LM")
     terms = data.get("pos_att_type")
     if isinstance(terms, str):  # "p2c|c2p", as older configs write it
         data["pos_att_type"] = [t.strip() for t in terms.lower().split("|") if t.strip()]
@@ -56,6 +54,16 @@ FAMILY = Family(
         "classifier_activation": "gelu",
     },
     config_converters=(_config_to_ours, lambda data: data),
+    config_blocks=(
+        "classifier_activation",
+        "position_biased_input",
+        "relative_attention",
+        "pos_att_type",
+        "position_buckets",
+        "max_relative_positions",
+        "share_att_key",
+        "norm_rel_ebd",
+    ),
     parameter_names=(
         (".attention.self.query_proj.", ".attention.self.query."),
         (".attention.self.key_proj.", ".attention.self.key."),

@@ -18,6 +18,8 @@ FAMILY = Family(
         "attention_dropout": "attention_probs_dropout_prob",
         "seq_classif_dropout": "classifier_dropout",
     },
+    # transformers' DistilBERT norms every layer with eps 1e-12 (BertConfig's default), whatever the config says
+    unread_keys=("layer_norm_eps",),
     parameter_names=(
         ("transformer.layer.", "encoder.layer."),
         # the attention output first: BERT's ".attention.output.dense." also contains ".output.dense."
