@@ -16,22 +16,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
+from test_deberta import V3 as DEBERTA_V3  # noqa: E402
 
 from bert.checkpoint import CheckpointError, load_checkpoint, load_for_inference, save_checkpoint  # noqa: E402
 from bert.config import BertConfig, ConfigError  # noqa: E402
 
 BASE = dict(vocab_size=99, initializer_range=0.3)
 BERTISH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37)
-V3 = dict(  # DeBERTa-v3's settings
-    relative_attention=True,
-    pos_att_type=["p2c", "c2p"],
-    position_buckets=16,
-    max_relative_positions=-1,
-    norm_rel_ebd="layer_norm",
-    share_att_key=True,
-    position_biased_input=False,
-    type_vocab_size=0,
-)
+V3 = {**DEBERTA_V3, "position_buckets": 16}  # DeBERTa-v3's settings, fewer buckets for a tiny model
 HEADS = {  # our task -> transformers' Auto class, its outputs, our outputs
     "classify": (transformers.AutoModelForSequenceClassification, ("logits",), ("classify_logits",)),
     "ner": (transformers.AutoModelForTokenClassification, ("logits",), ("ner_logits",)),
