@@ -62,7 +62,7 @@ class BatchOptions:
         help="input column(s) the task reads: the text (default text); classify a pair as a,b; qa question,context "
         "(default); rerank query,document (default); zero_shot its premise, with --candidate-labels",
     )
-    keep: list[str] = option([], help="input columns carried unchanged into the output beside the results (an id)")
+    keep: list[str] = option([], help="input columns copied unchanged into the output beside the results (an id)")
     format: str = option(
         "auto",
         choices=("auto", "parquet", "jsonl", "csv", "tsv"),

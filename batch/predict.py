@@ -243,7 +243,7 @@ class Predictor:
                        compute=ray.data.ActorPoolStrategy(size=2))
     """
 
-    def __init__(self, task: str, model: str | os.PathLike | LoadedModel, carry: bool = True, **options):
+    def __init__(self, task: str, model: str | os.PathLike | LoadedModel, passthrough: bool = True, **options):
         job_only = [name for name in JOB_ONLY if name in options]
         if job_only:  # taken and ignored, each would promise what it cannot do here
             raise TypeError(
@@ -251,7 +251,7 @@ class Predictor:
                 "over the batches it is given (with Ray Data, map_batches' compute=ActorPoolStrategy(size=N) sets "
                 "the actors)"
             )
-        self.carry = carry  # without --keep, the batch's own columns come back beside the results
+        self.passthrough = passthrough  # without --keep, the batch's own columns come back beside the results
         self.options = default_options(task=task, model=str(model), **options)
         self.columns = check_task_options(self.options)
         self.task = task = self.options["task"]  # the registry's name (check_task_options)
@@ -321,13 +321,13 @@ class Predictor:
             have = ", ".join(map(repr, columns)) or "no columns"
             raise KeyError(f"the batch has no column {', '.join(map(repr, missing))}; it has {have}")
         results = self.schema.names
-        keep = self.options["keep"] or (list(columns) if self.carry else [])
+        keep = self.options["keep"] or (list(columns) if self.passthrough else [])
         clash = [c for c in keep if c in results]
-        if clash:  # only where carried without `keep` (check_task_options refuses a kept result name)
+        if clash:  # only where passed through without `keep` (check_task_options refuses a kept result name)
             raise ValueError(
                 f"the batch's column(s) {', '.join(map(repr, clash))} have a result column's name (a {self.task} "
-                f"Predictor writes {', '.join(results)}): rename them, or name the columns to carry with keep=[...] "
-                "(carry=False: none)"
+                f"Predictor writes {', '.join(results)}): rename them, or name the columns to pass through with keep=[...] "
+                "(passthrough=False: none)"
             )
         lengths = {c: len(columns[c]) for c in dict.fromkeys([*self.columns, *keep])}
         if len(set(lengths.values())) > 1:
@@ -555,7 +555,7 @@ def _columns_of(batch, reads: list[str]) -> tuple[dict[str, Any], str]:
                     f"column {name!r} is a {type(column).__name__}, not a column of values: give a list, "
                     f"{{{name!r}: [{column!r}]}} for one row"
                 )
-            # one pass over a generator: it is read for the task and again to be carried
+            # one pass over a generator: it is read for the task and again to be passed through
             columns[name] = column if hasattr(column, "__len__") else list(column)
         return columns, "dict"
     like = f"{{{', '.join(f'{c!r}: [...]' for c in reads)}}}"
@@ -603,7 +603,7 @@ def _texts(column) -> list:
 
 
 def _arrow(column) -> pa.Array | pa.ChunkedArray:
-    """A carried column as Arrow: a numpy array in its own type (datetime64, float32, a 2-D array as fixed-size
+    """A passed-through column as Arrow: a numpy array in its own type (datetime64, float32, a 2-D array as fixed-size
     lists), a pandas Series as pyarrow converts one (NaN is null), other values as pyarrow infers them."""
     if isinstance(column, (pa.Array, pa.ChunkedArray)):
         return column
@@ -616,7 +616,7 @@ def _arrow(column) -> pa.Array | pa.ChunkedArray:
             return pa.Array.from_pandas(column)
         return pa.array(_values(column))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        # mixed kinds of values: carried as their text, a missing one as null
+        # mixed kinds of values: passed through as their text, a missing one as null
         return pa.array([None if _missing(v) else str(v) for v in _values(column)], pa.string())
 
 
@@ -628,7 +628,7 @@ def _pandas_answer(frame, keep: list, result: pa.Table):
     mapping = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
     answers = result.to_pandas(types_mapper=mapping.get)
     if keep:
-        carried = frame.iloc[:, [frame.columns.get_loc(c) for c in keep]].reset_index(drop=True)
-        answers = pd.concat([carried, answers], axis=1)
+        passed = frame.iloc[:, [frame.columns.get_loc(c) for c in keep]].reset_index(drop=True)
+        answers = pd.concat([passed, answers], axis=1)
     answers.index = frame.index
     return answers

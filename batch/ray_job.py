@@ -308,7 +308,7 @@ def _run_on_ray(
         dataset = dataset.map_batches(
             KeptTypes,
             fn_constructor_args=(options["task"], str(model_path), kept),
-            fn_constructor_kwargs={**kwargs, "threads": options["threads"] or 1, "carry": False},
+            fn_constructor_kwargs={**kwargs, "threads": options["threads"] or 1, "passthrough": False},
             batch_size=None,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),

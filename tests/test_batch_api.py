@@ -22,7 +22,7 @@ def classify(tiny):  # noqa: F811
 
 def test_missing_values_in_a_dataframe_are_null_rows_and_stay_missing_in_the_answer(classify):
     """None, NaN and pd.NA are what pandas holds for a missing text: the row's error is `null` (not "not a
-    string (float)"), and the carried text column keeps them missing, not the string "nan"."""
+    string (float)"), and the passed-through text column keeps them missing, not the string "nan"."""
     frame = pd.DataFrame({"text": [TEXTS[0], None, np.nan, pd.NA, TEXTS[2]]}, dtype=object)
     answer = classify(frame)
     assert answer["error"].tolist()[1:4] == ["null"] * 3
@@ -80,15 +80,15 @@ def test_integer_results_of_a_dataframe_stay_integers_when_a_row_fails(tiny):  #
     assert str(qa(frame.iloc[:1])["start"].dtype) == "Int32"
 
 
-def test_a_carried_column_named_as_a_result_is_refused_not_dropped(classify, tiny):  # noqa: F811
+def test_a_passed_through_column_named_as_a_result_is_refused_not_dropped(classify, tiny):  # noqa: F811
     """A frame's own `label` (a ground truth) would be silently replaced by the prediction: it is refused, saying
-    how to go on; keep=[...] or carry=False choose what comes back."""
+    how to go on; keep=[...] or passthrough=False choose what comes back."""
     frame = pd.DataFrame({"text": TEXTS[:2], "label": ["positive", "negative"], "id": [1, 2]})
     with pytest.raises(ValueError, match=r"'label' have a result column's name .*keep=\[\.\.\.\]"):
         classify(frame)
     kept = Predictor("classify", tiny, threads=1, keep=["id"])(frame)
     assert list(kept.columns) == ["id", "label", "score", "error"]
-    bare = Predictor("classify", tiny, threads=1, carry=False)(pa.Table.from_pandas(frame))
+    bare = Predictor("classify", tiny, threads=1, passthrough=False)(pa.Table.from_pandas(frame))
     assert bare.column_names == ["label", "score", "error"]
 
 
@@ -106,8 +106,8 @@ def test_columns_of_different_lengths_are_refused_before_any_work(classify, tiny
         classify({"text": TEXTS[:3], "id": [1, 2]})
     with pytest.raises(ValueError, match="differ in length: 'question' 3, 'context' 1"):
         Predictor("qa", tiny, threads=1)({"question": ["a?", "b?", "c?"], "context": [TEXTS[3]]})
-    # a column neither read nor carried may be anything
-    assert Predictor("classify", tiny, threads=1, carry=False)({"text": TEXTS[:2], "other": [1]}).num_rows == 2
+    # a column neither read nor passed through may be anything
+    assert Predictor("classify", tiny, threads=1, passthrough=False)({"text": TEXTS[:2], "other": [1]}).num_rows == 2
 
 
 def test_a_string_is_not_a_column_and_a_generator_is_read_once(classify):
