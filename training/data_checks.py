@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from bert.errors import json_fields, json_type, one_line
+from bert.tasks.classify import tsv_line
 from training.config import ConfigError
 
 IOB_TAG = re.compile(r"(O|[BI]-\S+)")
@@ -243,7 +244,7 @@ def _check_values(path: str, examples: list, values: list[str], whose: str) -> N
             continue
         if label is not None and label.isdigit() and int(label) < len(values) and not numbered:
             continue
-        where = _tsv_line(path, len(examples), i)
+        where = tsv_line(path, len(examples), i)
         hint = _one_column_hint(e)
         if label is None or label == "":
             raise ConfigError(f"{where}: no label (the label column is empty){hint}")
@@ -258,7 +259,7 @@ def _check_numbers(path: str, examples: list) -> None:
             value = None
         if value is None or not math.isfinite(value):
             raise ConfigError(
-                f"{_tsv_line(path, len(examples), i)}: label {_short(e.label)} is not a finite number (--regression)"
+                f"{tsv_line(path, len(examples), i)}: label {_short(e.label)} is not a finite number (--regression)"
                 f"{_one_column_hint(e)}"
             ) from None
 
@@ -318,19 +319,6 @@ def _tsv_rows(path: str) -> list[tuple[int, list[str]]]:
     csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
     with open_text(path) as f:
         return [(n, row) for n, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1) if row]
-
-
-def _tsv_line(path: str, n_examples: int, index: int) -> str:
-    """`path:LINE` of the index-th example a TSV reader returned (it skips blank lines and a header row), or
-    `path: row N` when the file cannot be re-read that way."""
-    try:
-        lines = [n for n, _ in _tsv_rows(path)]
-        skipped = len(lines) - n_examples  # 1: a header row
-        if 0 <= skipped <= 1 and index + skipped < len(lines):
-            return f"{path}:{lines[index + skipped]}"
-    except (OSError, ValueError, csv.Error):
-        pass
-    return f"{path}: row {index + 1}"
 
 
 def _conll_line(path: str, tag: str | None = None, *, kind: str | None = None) -> str | None:
@@ -443,10 +431,10 @@ def _check_text_rows(path: str, examples: list, cfg, role: str) -> None:
         )
     for i, e in enumerate(examples):
         if e.label is None or e.label == "":
-            raise ConfigError(f"{_tsv_line(path, len(examples), i)}: no label (the label column is empty)")
+            raise ConfigError(f"{tsv_line(path, len(examples), i)}: no label (the label column is empty)")
         if len(e.label) > 1 and e.label[0] == e.label[-1] == '"':
             raise ConfigError(
-                f"{_tsv_line(path, len(examples), i)}: label {_short(e.label)} is in quotes, which this reader keeps "
+                f"{tsv_line(path, len(examples), i)}: label {_short(e.label)} is in quotes, which this reader keeps "
                 "as text (GLUE files hold bare quotes): write the file without quoting"
             )
     if role == "training":

@@ -317,6 +317,21 @@ def _looks_like_header(row: list[str], label_index: int | None) -> bool:
     return cell in {"label", "labels", "gold_label", "score", "class", "target", "sentiment", "quality"}
 
 
+def tsv_line(path: str, rows: int, index: int) -> str:
+    """`path:LINE` of the index-th of the `rows` rows read_tsv returned (it skips blank lines and a header row), or
+    `path: row N` when the file does not read back that way: for a message about one row."""
+    try:
+        with open_text(path) as f:
+            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            lines = [n for n, cells in enumerate(reader, 1) if cells]
+    except (OSError, ValueError, csv.Error):
+        lines = []
+    skipped = len(lines) - rows  # 1: a header row
+    if 0 <= skipped <= 1 and index + skipped < len(lines):
+        return f"{path}:{lines[index + skipped]}"
+    return f"{path}: row {index + 1}"
+
+
 def read_tsv(
     path: PathLike,
     *,

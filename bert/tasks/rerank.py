@@ -19,7 +19,6 @@ BCE with logits on the one output per pair; or listwise, softmax cross-entropy o
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -336,29 +335,14 @@ def read_rerank_tsv(path: str, cfg) -> list[RerankQuery]:
         try:
             label = float(row.label)
         except (TypeError, ValueError):
-            where = _row_line(path, len(rows), index)
+            where = classify.tsv_line(path, len(rows), index)
             raise ConfigError(f"{where}: rerank label {row.label!r} is not a number (0/1 or a grade)") from None
         if label < 0:
-            raise ConfigError(f"{_row_line(path, len(rows), index)}: rerank label {row.label!r} is negative")
+            raise ConfigError(f"{classify.tsv_line(path, len(rows), index)}: rerank label {row.label!r} is negative")
         group = queries.setdefault(row.text, RerankQuery(row.text, [], []))
         group.texts.append(row.pair)
         group.labels.append(label)
     return list(queries.values())
-
-
-def _row_line(path: str, rows: int, index: int) -> str:
-    """`path:LINE` of the index-th of the `rows` rows classify.read_tsv returned (it skips blank lines and a header
-    row), or `path: row N` when the file does not read back that way."""
-    try:
-        with open_text(path) as f:
-            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-            lines = [n for n, cells in enumerate(reader, 1) if cells]
-    except (OSError, ValueError, csv.Error):
-        lines = []
-    skipped = len(lines) - rows  # 1: a header row
-    if 0 <= skipped <= 1 and index + skipped < len(lines):
-        return f"{path}:{lines[index + skipped]}"
-    return f"{path}: row {index + 1}"
 
 
 def ranking_metrics(groups: list[tuple[list[float], list[float]]]) -> dict:
