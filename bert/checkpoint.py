@@ -1,6 +1,6 @@
 """Checkpoint directories: resolve `--ckpt NAME|PATH`, load and save models (safetensors, sharded too).
 
-A checkpoint directory is the unit every part of bertserve exchanges (ARCHITECTURE.md): config.json
+A checkpoint directory is the unit every part exchanges (docs/architecture.md, "Checkpoint directory"): config.json
 with Hugging Face keys, model.safetensors (or shards + model.safetensors.index.json) with Hugging
 Face parameter names, and the tokenizer files. Directories written by transformers' save_pretrained
 load here, and ours load there. No pickle: a legacy pytorch_model.bin is read with weights_only=True.

@@ -1,6 +1,6 @@
 """The artifact directory's layout and its manifest.json. No torch, no onnx: the server reads these.
 
-Layout (ARCHITECTURE.md "Artifact directory"):
+Layout (docs/architecture.md, "Artifact directory"):
     model.onnx            the graph to serve with onnxruntime, in the manifest's precision
                           (fp32/fp16: onnxruntime-fused; int8: fused + dynamically quantised)
     model.portable.onnx   fp32, standard ONNX ops only: the input for TensorRT and other runtimes

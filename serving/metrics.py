@@ -1,4 +1,4 @@
-"""Prometheus metrics (names from ARCHITECTURE.md, base units), in a registry per app."""
+"""Prometheus metrics (names from docs/architecture.md, "Metrics"; base units), in a registry per app."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A stand-in bertserve server for the client tests: the HTTP contract of ARCHITECTURE.md
+"""A stand-in bertserve server for the client tests: the HTTP contract (docs/architecture.md, "HTTP API")
 (routes, bodies, error JSON, status codes) with deterministic toy answers instead of a model.
 
 It can be told to misbehave: `POST /_fake/faults {"/classify": [{"status": 429, "retry_after": "1"},

@@ -88,7 +88,7 @@ def _single(answer: Any) -> Any:
 
 
 def bertserve_adapter(task: str) -> Adapter:
-    """bertserve's API (ARCHITECTURE.md), which bench/baseline_server.py copies for single inputs."""
+    """bertserve's API (docs/architecture.md, "HTTP API"), which bench/baseline_server.py copies for single inputs."""
     if task == "classify":
         return Adapter("/classify", lambda s: {"inputs": s}, lambda a: _top_label(_single(a)))
     if task == "embed":  # TEI's shape: {"inputs": str | [str], "normalize": true} -> [[float]]

@@ -1,4 +1,5 @@
-"""bertserve-client: a small SDK for a bertserve server.
+"""bertserve-client: a small SDK for a bertserve server, installed on its own (httpx + pydantic only; it imports
+nothing of the server). See docs/sdk.md and clients/README.md.
 
     from bertserve_client import Client
     with Client("http://localhost:8000") as client:
