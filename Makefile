@@ -1,6 +1,8 @@
 # Two commands on a fresh machine:  `make serve`  (set up + start the server on the demo model; MODEL=DIR for another,
 #                                                  PORT=N for another port, ARGS='...' for any other server flags)
-#                                   `make test`   (set up + run the test suite)
+#                                   `make test`   (set up + lint + the whole suite: what CI runs, .ci/run)
+# `make test-fast` is the inner loop: the tests not marked slow (units, and the SDK against one real server), under
+# two minutes on 2 cores. A test is slow unless its file is in tests/conftest.py's FAST_FILES (markers: pyproject.toml).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -11,7 +13,7 @@ TORCH  ?= torch==2.13.0
 # is a server or a command starting on one core (README, "Tests"). PYTEST_ARGS= runs it in one process.
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
 
-.PHONY: serve test lint demo setup setup-dev clean gpu-kit gpu-kit-dry-run
+.PHONY: serve test test-fast lint demo setup setup-dev clean gpu-kit gpu-kit-dry-run
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +39,9 @@ serve: setup
 # Lint and format check first (ruff, configured in pyproject.toml), then the suite.
 test: setup-dev lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: setup-dev
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
 lint: setup-dev
 	$(VENV)/bin/ruff check .

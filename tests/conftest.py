@@ -1,4 +1,4 @@
-"""Shared fixtures: where the real data and the real MiniLM weights live.
+"""Shared fixtures: where the real data and the real MiniLM weights live; and the suite's two tiers.
 
 Tests may read ../shared/data (next to the checkout); the product never does.
 """
@@ -53,3 +53,63 @@ def sst2_dev(data_dir) -> list[tuple[str, int]]:
             sentence, label = line.rstrip("\n").split("\t")
             rows.append((sentence, int(label)))
     return rows
+
+
+# Tiers. `make test` runs every test. `make test-fast` runs `pytest -m "not slow"`, the inner loop: the units and the
+# SDK against one real server, in under two minutes on 2 cores. Every test outside FAST_FILES is `slow`, and so are
+# the tests of SLOW_TESTS and those marked `@pytest.mark.slow` where they are defined. A file joins the fast tier by
+# being listed, once its tests together take a few seconds (pytest --durations=0): a new file runs in `make test`
+# only until then, so that the fast tier stays fast as files are added.
+FAST_FILES = frozenset(
+    {
+        "test_batch_api.py",
+        "test_checkpoint.py",
+        "test_client.py",
+        "test_demo_model.py",
+        "test_deploy_files.py",
+        "test_export_triton.py",
+        "test_import_cycles.py",
+        "test_model.py",
+        "test_no_torch_import.py",
+        "test_options.py",
+        "test_pooling.py",
+        "test_rerank_data.py",
+        "test_serving_answer_json.py",
+        "test_serving_batcher.py",
+        "test_serving_config.py",
+        "test_serving_docs.py",
+        "test_serving_inline.py",
+        "test_serving_lean.py",
+        "test_serving_outputs.py",
+        "test_tasks_bounds.py",
+        "test_tasks_classify.py",
+        "test_tasks_hostile.py",
+        "test_tasks_ner.py",
+        "test_tasks_qa.py",
+        "test_tiers.py",
+        "test_tokenizer.py",
+        "test_torch_packed.py",
+        "test_training_cli_errors.py",
+        "test_training_data.py",
+        "test_training_hostile.py",
+        "test_training_metrics.py",
+        "test_training_readers.py",
+        "test_unknown_task.py",
+        "test_windows.py",
+    }
+)
+# Tests of fast files that take long on their own: real-weight parity on a whole data set, an export, all the data.
+SLOW_TESTS = frozenset(
+    {
+        "test_checkpoint.py::test_minilm_hidden_states_equal_transformers_on_sst2_dev",
+        "test_model.py::test_exports_with_dynamic_shapes_and_no_value_dependent_branches",
+        "test_training_hostile.py::test_the_real_files_pass_every_check",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        if name not in FAST_FILES or f"{name}::{item.originalname}" in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
