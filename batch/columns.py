@@ -1,5 +1,6 @@
 """Per task: which input columns it reads, how a row becomes the codec's item, and how the codec's answers
-become typed Arrow columns. The codecs themselves are the tasks' own (bert/tasks), as the server runs them."""
+become typed Arrow columns, as each task declares them (`Task.job`, bert/tasks); the codecs themselves are the
+tasks' own, as the server runs them."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-ENTITY = pa.struct(
-    [
-        ("start", pa.int32()),
-        ("end", pa.int32()),
-        ("word", pa.string()),
-        ("entity_group", pa.string()),
-        ("score", pa.float32()),
-    ]
-)
-CANDIDATE = pa.struct(
-    [("token", pa.int64()), ("token_str", pa.string()), ("score", pa.float32()), ("sequence", pa.string())]
-)
+from bert.tasks import TASKS
+
+_SCALARS = {"string": pa.string(), "float32": pa.float32(), "int32": pa.int32(), "int64": pa.int64()}
+
+
+def arrow_type(kind, width: int | None) -> pa.DataType:
+    """A result column's declared type (bert/tasks/base.py, JobColumns) as Arrow's; "vector" is `width` float32."""
+    if kind == "vector":
+        return pa.list_(pa.float32(), width)
+    if isinstance(kind, tuple) and kind[0] == "list":
+        return pa.list_(arrow_type(kind[1], width))
+    if isinstance(kind, tuple) and kind[0] == "struct":
+        return pa.struct([(name, arrow_type(inner, width)) for name, inner in kind[1]])
+    return _SCALARS[kind]
 
 
 @dataclass(frozen=True)
@@ -34,135 +37,20 @@ class TaskColumns:
     to_columns: Callable[[list, int], dict[str, list]]  # answers (None for a failed row) -> column values
 
 
-def _single(texts: list[str], options: dict):
-    return texts[0] if len(texts) == 1 else list(texts)
+def columns_of(task) -> TaskColumns:
+    """What a task declares for batch jobs (`Task.job`), as the job reads it."""
+    job = task.job
+    return TaskColumns(
+        job.inputs,
+        job.arity,
+        job.to_item,
+        task.job_options,
+        lambda width: [pa.field(name, arrow_type(kind, width)) for name, kind in job.results],
+        lambda answers, width: job.values(answers),
+    )
 
 
-def _pair(texts: list[str], options: dict):
-    return list(texts)
-
-
-def _qa_item(texts: list[str], options: dict) -> dict:
-    item = {"question": texts[0], "context": texts[1], "top_k": 1, "max_answer_len": options["max_answer_len"]}
-    if options.get("doc_stride") is not None:
-        item["doc_stride"] = options["doc_stride"]
-    if options.get("truncate"):
-        item["truncate"] = True
-    return item
-
-
-def _field(name, kind):
-    return pa.field(name, kind)
-
-
-def _column(answers: list, get) -> list:
-    return [None if a is None else get(a) for a in answers]
-
-
-def _classify(answers: list, width: int) -> dict:
-    return {"label": _column(answers, lambda a: a[0]["label"]), "score": _column(answers, lambda a: a[0]["score"])}
-
-
-def _entities(answers: list, width: int) -> dict:
-    def entities(found):
-        return [
-            {
-                "start": e["start"],
-                "end": e["end"],
-                "word": e["word"],
-                "entity_group": e.get("entity_group", e.get("entity")),  # aggregation "none": per-token "entity"
-                "score": e["score"],
-            }
-            for e in found
-        ]
-
-    return {"entities": _column(answers, entities)}
-
-
-def _qa(answers: list, width: int) -> dict:
-    return {key: _column(answers, lambda a, key=key: a[0][key]) for key in ("answer", "score", "start", "end")}
-
-
-def _embed(answers: list, width: int) -> dict:
-    return {"embedding": answers}
-
-
-def _masks(answers: list, width: int) -> dict:
-    return {"masks": answers}
-
-
-def _zero_shot(answers: list, width: int) -> dict:
-    return {"labels": _column(answers, lambda a: a["labels"]), "scores": _column(answers, lambda a: a["scores"])}
-
-
-COLUMNS: dict[str, TaskColumns] = {
-    "classify": TaskColumns(
-        ("text",),
-        (1, 2),
-        _single,
-        lambda o: {"truncate": o["truncate"], "top_k": 1},
-        lambda width: [_field("label", pa.string()), _field("score", pa.float32())],
-        _classify,
-    ),
-    "ner": TaskColumns(
-        ("text",),
-        (1,),
-        _single,
-        lambda o: {"truncate": o["truncate"], "aggregation": o["aggregation"]},
-        lambda width: [_field("entities", pa.list_(ENTITY))],
-        _entities,
-    ),
-    "qa": TaskColumns(
-        ("question", "context"),
-        (2,),
-        _qa_item,
-        lambda o: {},
-        lambda width: [
-            _field("answer", pa.string()),
-            _field("score", pa.float32()),
-            _field("start", pa.int32()),
-            _field("end", pa.int32()),
-        ],
-        _qa,
-    ),
-    "embed": TaskColumns(
-        ("text",),
-        (1,),
-        _single,
-        lambda o: {"truncate": o["truncate"], "normalize": o["normalize"]},
-        lambda width: [_field("embedding", pa.list_(pa.float32(), width))],
-        _embed,
-    ),
-    "rerank": TaskColumns(
-        ("query", "document"),
-        (2,),
-        _pair,
-        lambda o: {"truncate": o["truncate"], "raw_scores": o["raw_scores"]},
-        lambda width: [_field("score", pa.float32())],
-        lambda answers, width: {"score": answers},
-    ),
-    "fill_mask": TaskColumns(
-        ("text",),
-        (1,),
-        _single,
-        lambda o: {"truncate": o["truncate"], "top_k": o["top_k"]},
-        lambda width: [_field("masks", pa.list_(pa.list_(CANDIDATE)))],
-        _masks,
-    ),
-    "zero_shot": TaskColumns(
-        ("text",),
-        (1,),
-        _single,
-        lambda o: {
-            "truncate": o["truncate"],
-            "candidate_labels": list(o["candidate_labels"]),
-            "hypothesis_template": o["hypothesis_template"],
-            "multi_label": o["multi_label"],
-        },
-        lambda width: [_field("labels", pa.list_(pa.string())), _field("scores", pa.list_(pa.float32()))],
-        _zero_shot,
-    ),
-}
+COLUMNS: dict[str, TaskColumns] = {name: columns_of(task) for name, task in TASKS.items() if task.job is not None}
 
 
 def result_schema(task: str, width: int | None) -> pa.Schema:

@@ -2,28 +2,37 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 
 from bert.options import option
 from bert.tasks import TASKS
-from bert.tasks.zero_shot import DEFAULT_TEMPLATE
+from bert.tasks.base import REQUIRED
 
-AGGREGATIONS = ("first", "simple", "average", "max", "none")
+
+def task_options() -> dict[str, tuple]:
+    """The tasks' request fields a job offers as its own options (`Param.job`), declared once on the task:
+    name -> (type, default, help, bounds); a name two tasks declare must mean the same to both."""
+    found: dict[str, tuple] = {}
+    owners: dict[str, list[str]] = {}
+    for task in TASKS.values():
+        for param in {p.name: p for route in task.routes for p in route.fields if p.job}.values():
+            default = param.default if param.job_default is REQUIRED else param.job_default
+            help = param.job_help or param.help
+            declared = (param.job_kind or param.kind, default, help, param.minimum, param.maximum)
+            if found.setdefault(param.name, declared) != declared:
+                raise ValueError(f"the job option {param.name!r} is declared twice, differently ({task.name})")
+            owners.setdefault(param.name, []).append(task.name)
+    return {name: (*value[:2], f"{', '.join(owners[name])}: {value[2]}", *value[3:]) for name, value in found.items()}
+
+
+TASK_OPTIONS = tuple(task_options())
 # What a part's rows are computed from: a rerun must have these as the run that wrote the manifest (the other
 # options — workers, threads, progress — change how fast, not what).
 RESULT_OPTIONS = (
     "task",
     "column",
     "keep",
-    "candidate_labels",
-    "hypothesis_template",
-    "multi_label",
-    "aggregation",
-    "top_k",
-    "normalize",
-    "raw_scores",
-    "max_answer_len",
-    "doc_stride",
+    *TASK_OPTIONS,
     "truncate",
     "backend",
     "device",
@@ -40,8 +49,8 @@ RESULT_OPTIONS = (
 
 
 @dataclass
-class BatchOptions:
-    """python -m batch's options."""
+class _JobOptions:
+    """python -m batch's options that every job has; BatchOptions adds the tasks' (task_options)."""
 
     env_prefix = "BERTSERVE_BATCH_"  # bert/options.py: an env var belongs to one command
 
@@ -68,15 +77,6 @@ class BatchOptions:
         choices=("auto", "parquet", "jsonl", "csv", "tsv"),
         help="how to read the input files (auto: by each file's suffix .parquet .jsonl .json .csv .tsv)",
     )
-    candidate_labels: list[str] = option([], help="zero_shot: the labels each row is weighed against")
-    hypothesis_template: str = option(DEFAULT_TEMPLATE, help="zero_shot: the hypothesis a label is put in")
-    multi_label: bool = option(False, help="zero_shot: score each label on its own (sigmoid) rather than softmax")
-    aggregation: str = option("first", choices=AGGREGATIONS, help="ner: how word pieces are merged into entities")
-    top_k: int = option(5, help="fill_mask: candidates kept per mask token", minimum=1)
-    normalize: bool = option(True, help="embed: scale each embedding to unit length")
-    raw_scores: bool = option(False, help="rerank: the logits rather than their sigmoid")
-    max_answer_len: int = option(30, help="qa: longest answer in tokens", minimum=1)
-    doc_stride: int | None = option(None, help="qa: tokens shared by neighbouring windows of a long context", minimum=0)
     truncate: bool = option(
         False,
         help="cut inputs longer than the model takes; without it such a row gets an error and the job goes on",
@@ -138,3 +138,15 @@ class BatchOptions:
         help="run the job on a Ray cluster with Ray Data (auto: the local or RAY_ADDRESS cluster); ray is imported "
         "only with this option",
     )
+
+
+BatchOptions = make_dataclass(
+    "BatchOptions",
+    [
+        (name, kind, option(default, help, minimum=minimum, maximum=maximum))
+        for name, (kind, default, help, minimum, maximum) in task_options().items()
+    ],
+    bases=(_JobOptions,),
+    namespace={"__doc__": "python -m batch's options: the job's own, then the tasks' (bert/tasks, `Param.job`)."},
+)
+BatchOptions.__module__ = __name__

@@ -553,8 +553,8 @@ def judged_outputs(wrapper, task: str) -> dict[str, tuple[str, bool, str]]:
             kind = "ids"
         elif owner is None or TASKS[owner].head is None:
             kind = "cosine"
-        elif owner == "rerank":
-            kind = "ranked"
+        elif TASKS[owner].agreement is not None:
+            kind = TASKS[owner].agreement
         else:
             kind = heads.get(TASKS[owner].head.kind).agreement
         judged[name] = (kind, token_level, sensitivity_set(owner))
@@ -562,7 +562,7 @@ def judged_outputs(wrapper, task: str) -> dict[str, tuple[str, bool, str]]:
 
 
 def sensitivity_set(task: str | None) -> str:
-    return {"qa": "qa", "rerank": "rerank", "zero_shot": "zero_shot"}.get(task, "sentences")
+    return TASKS[task].calibration if task in TASKS else "sentences"
 
 
 def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, search, target: float) -> dict:

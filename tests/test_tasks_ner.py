@@ -3,6 +3,8 @@ pipeline for every aggregation strategy on the same (random, seeded) model logit
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import pytest
 
@@ -221,3 +223,20 @@ def test_a_span_never_starts_on_a_combining_mark_and_ascii_spans_are_untouched()
     assert whole_span("a\u0301\u0327b", 0, 1) == (0, 3)  # every mark that follows
     assert whole_span("\U0001f468\u200d\U0001f469", 0, 1) == (0, 2)  # a zero-width joiner
     assert whole_span("\u0301x", 0, 2) == (0, 2)  # a mark at the very start has nothing to go back to
+
+
+def test_aggregation_is_declared_once_with_the_default_the_server_serves():
+    # One declaration (bert/tasks/ner.py): the codec, the request model and the batch job's option read it.
+    import dataclasses
+    import inspect
+
+    from batch.options import BatchOptions
+    from serving.routes import schemas
+
+    assert ner.DEFAULT_AGGREGATION == "first"  # what /ner has always served when a request names none
+    assert inspect.signature(ner.decode).parameters["aggregation"].default == ner.DEFAULT_AGGREGATION
+    field = schemas.NerRequest.model_fields["aggregation"]
+    assert field.default == ner.DEFAULT_AGGREGATION
+    assert set(typing.get_args(field.annotation)) == set(ner.AGGREGATIONS)
+    job = next(f for f in dataclasses.fields(BatchOptions) if f.name == "aggregation")
+    assert job.default == ner.DEFAULT_AGGREGATION

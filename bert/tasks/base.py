@@ -4,15 +4,21 @@ A task (one module in bert/tasks, one `TASK = SomeTask()` instance in it) declar
 - its codec: request items -> model inputs (`encode_request`) and model outputs -> answers (`decode_request`);
 - its head: how it sits on the encoder (`Head`: a kind the model knows how to build, the attribute it has in a
   checkpoint, its width), the arrays a backend hands back for it and their names in an exported graph;
-- its HTTP routes (`Route`: path, request and response schema names, how a body becomes items and how the
-  answers are shaped back), which one generic route factory in serving/routes turns into endpoints;
+- its HTTP routes (`Route`: path, its request's fields (`Param`: name, type, default, bounds, help), the response
+  schema's name, how a body becomes items and how the answers are shaped back), which one generic route factory in
+  serving/routes turns into endpoints; the request models are made of the fields (serving/routes/schemas.py), and
+  the fields marked `job` are python -m batch's options too (batch/options.py);
+- its outputs, their ranks and whether they are per token, which follow from its head kind (`HEAD_OUTPUTS`);
+- how batch jobs run it (`JobColumns`: input columns, row -> item, typed result columns) and how export judges
+  it (`calibration`, `agreement`);
 - its training hooks (read data, encode, collate targets, loss, evaluate, main metric), used by
   python -m training.finetune / multitask / evaluate; the code behind them (the reader of its formats, its
   encoding, targets, evaluation and metric) is in the task's own module.
 
 Everything else in the server and training (the multi-task model, the backends, export, the routes, training)
-loops over the registry (`bert.tasks.registry`) and never names a task. The SDK (clients/) is installed without
-bert/ and does not: it has one hand-written request plan and method per task. torch-free at import time: torch
+loops over the registry (`bert.tasks.registry`) and never names a task (tests/test_task_names.py). The SDK
+(clients/) is installed without bert/: it has one hand-written request plan and method per task, held to the
+server's OpenAPI schema field for field (tests/test_sdk_openapi.py). torch-free at import time: torch
 is imported inside the training hooks only, so a server with an ONNX backend imports every task without torch.
 """
 
@@ -21,7 +27,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
 
 from bert.options import flag
 
@@ -30,6 +36,16 @@ if TYPE_CHECKING:
     from bert.tasks.windows import LongInputs
 
 HEAD_KINDS = ("sequence", "token", "span", "mlm")
+# What a backend hands back for a head of each kind (None: a task served by the encoder itself), named after the
+# task: (suffixes of its outputs, their ranks in a batch, one row per token or not). "span": start and end logits
+# (B, T) each; "mlm": the likeliest tokens' scores and ids (B, T, MLM_CANDIDATES).
+HEAD_OUTPUTS: dict[str | None, tuple[tuple[str, ...], tuple[int, ...], bool]] = {
+    None: (("",), (2,), False),
+    "sequence": (("",), (2,), False),
+    "token": (("",), (3,), True),
+    "span": (("_start", "_end"), (2, 2), False),
+    "mlm": (("_scores", "_ids"), (3, 3), True),
+}
 # Candidates per token an "mlm" head hands back (probabilities and ids of its likeliest tokens), not (B, T, V)
 # logits: a 30k vocabulary would make every served sequence tens of megabytes. A request's top_k is at most this.
 MLM_CANDIDATES = 50
@@ -70,6 +86,54 @@ class Head:
             raise ValueError(f"head kind must be one of {', '.join(HEAD_KINDS)}, got {self.kind!r}")
 
 
+REQUIRED = ...  # a request field with no default
+
+
+class TextPair(list):
+    """A request's [text, text_pair]: exactly two texts (the request model bounds it)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One field of a request body, declared once: the server's request model (serving/routes/schemas.py) and,
+    with `job`, python -m batch's `--<name>` (batch/options.py) are made of it. `kind`: its type (a `Literal`
+    gives its choices); `minimum` / `maximum`: a number's bounds; `min_length`: a text's shortest length.
+    `job_kind` / `job_default`: the batch job's type and default where they differ from a request's (a list
+    option where a request also takes one comma-separated string; no default where a request requires one)."""
+
+    name: str
+    kind: Any
+    default: Any = REQUIRED
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    min_length: int | None = None
+    examples: tuple = ()
+    job: bool = False
+    job_kind: Any = None
+    job_default: Any = REQUIRED
+    job_help: str = ""  # the batch job's help where a request's speaks of the server
+
+    @property
+    def choices(self) -> tuple | None:
+        """The values a `Literal` kind (or an Optional one) allows, None: any of its type."""
+        kind = self.job_kind or self.kind
+        if get_origin(kind) is Literal:
+            return get_args(kind)
+        literal = [a for a in get_args(kind) if get_origin(a) is Literal]
+        return get_args(literal[0]) if literal else None
+
+
+MODEL = Param(
+    "model",
+    str | None,
+    None,
+    "which of the task's models answers (a name /info lists under models; default: the first); an unknown name "
+    "is a 404 listing them",
+)
+TRUNCATE = Param("truncate", bool, False, "cut inputs longer than the model's limit instead of refusing them")
+
+
 @dataclass(frozen=True)
 class Route:
     """One HTTP endpoint of a task. The generic route factory validates the body against `request` (a class
@@ -85,6 +149,10 @@ class Route:
     batch_field: str = "inputs"  # the body's field named in "too many / empty" errors
     many: bool = False  # the body may also be a list of `request` objects (one item each)
     check: Callable[[Any, Any], None] | None = None  # (body, info) -> None, or raise ValueError naming the field
+    # The body's fields in order (serving/routes/schemas.py makes the request model of them) and the endpoint's
+    # description in the OpenAPI schema. No fields: `request` names a model written out in schemas.py.
+    fields: tuple[Param, ...] = ()
+    doc: str = ""
 
 
 def texts_of(body) -> tuple[list, dict]:
@@ -141,6 +209,26 @@ def text_chars(items: list) -> int:
 
 
 @dataclass(frozen=True)
+class JobColumns:
+    """How python -m batch runs the task on a table's rows (batch/columns.py reads it): the input columns it reads,
+    how a row becomes the codec's item, and its result columns. A column's type: "string", "float32", "int32",
+    "int64", "vector" (the encoder's width of float32), ("list", type) or ("struct", ((name, type), ...))."""
+
+    inputs: tuple[str, ...]  # the default --column
+    arity: tuple[int, ...]  # how many columns it may read
+    results: tuple[tuple[str, Any], ...]  # (name, type) of each result column
+    values: Callable[[list], dict[str, list]]  # answers (None for a failed row) -> each result column's values
+    to_item: Callable[[list, dict], Any] = lambda texts, options: texts[0] if len(texts) == 1 else list(texts)
+    # The job's options -> the codec's; None: `truncate` and the task's request fields that are job options.
+    options: Callable[[dict], dict] | None = None
+
+
+def column_of(answers: list, get) -> list:
+    """One result column: `get` of each answer, None where the row failed."""
+    return [None if a is None else get(a) for a in answers]
+
+
+@dataclass(frozen=True)
 class TaskOption:
     """An option or limit a task declares; the command that reads it names it after the task: the server's
     `--qa-max-length` (BERTSERVE_QA_MAX_LENGTH) is QA's `max_length`. `minimum` / `maximum`: the bounds a value
@@ -176,9 +264,6 @@ class Task:
 
     name: ClassVar[str]
     order: ClassVar[int] = 100  # where it stands in listings (registration order of the built-in tasks)
-    outputs: ClassVar[tuple[str, ...]]  # the backend's arrays, one row per sequence: "classify" (L,), "ner" (T, L)
-    output_ranks: ClassVar[tuple[int, ...]]  # each output's dimensions in a batch: (B, L) 2, (B, T, L) 3
-    per_token: ClassVar[bool]  # those arrays have a row per token (sliced to each sequence's length)
     head: ClassVar[Head | None]  # None: served by the encoder itself (embed)
     # transformers classes of a checkpoint made for this task alone; the first is the one we write
     architectures: ClassVar[tuple[str, ...]] = ()
@@ -191,6 +276,14 @@ class Task:
     long_inputs: ClassVar[LongInputs | None] = None
     trainable: ClassVar[bool] = False
     main_metric: ClassVar[str] = ""  # the metric (0-100 after `score`) best/ is chosen by
+
+    # How python -m batch runs it; None: batch jobs do not run it.
+    job: ClassVar[JobColumns | None] = None
+    # Export's verification and int8 search: the calibration inputs it is judged on (export/samples.py's sets:
+    # "sentences", "qa" question/context pairs, "rerank" query groups, "zero_shot" label hypotheses), and what
+    # "agreement" with fp32 means for it (None: its head kind's, bert/heads.py: labels, positions, top-1 token).
+    calibration: ClassVar[str] = "sentences"
+    agreement: ClassVar[str | None] = None
 
     # The server's options for this task, generated into python -m serving's as --<task>-<name>; a task that
     # has `margins` also gets --<task>-verify-model and --<task>-verify-margin.
@@ -216,9 +309,38 @@ class Task:
         the one-line refusal of a model given for this task alone (--TASK-model). "" says nothing more."""
         return ""
 
+    # ---- what a backend hands back for it: its head kind says (HEAD_OUTPUTS) ------------------------------
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The backend's arrays for this task, named after it: "classify" (B, L), "ner" (B, T, L), "qa_start"."""
+        suffixes = HEAD_OUTPUTS[self.head.kind if self.head else None][0]
+        return tuple(self.name + suffix for suffix in suffixes)
+
+    @property
+    def output_ranks(self) -> tuple[int, ...]:
+        """Each output's dimensions in a batch: (B, L) 2, (B, T, L) 3."""
+        return HEAD_OUTPUTS[self.head.kind if self.head else None][1]
+
+    @property
+    def per_token(self) -> bool:
+        """Whether its outputs have a row per token (sliced to each sequence's length)."""
+        return HEAD_OUTPUTS[self.head.kind if self.head else None][2]
+
     @property
     def architecture(self) -> str | None:
         return self.architectures[0] if self.architectures else None
+
+    def job_options(self, options: dict) -> dict:
+        """A batch job's options -> the codec's options."""
+        if self.job is not None and self.job.options is not None:
+            return self.job.options(options)
+        fields = {p.name for route in self.routes for p in route.fields if p.job}
+        return {"truncate": options["truncate"], **{name: options[name] for name in sorted(fields)}}
+
+    def job_problems(self, options: dict) -> list[str]:
+        """What is wrong with a batch job's options for this task (one message each), found before any row is read;
+        it may put its options in their canonical form (a comma-separated list split) in `options`."""
+        return []
 
     def head_width(self, labels: list | dict | None) -> int:
         return self.head.width if self.head.width is not None else len(labels or ())

@@ -6,11 +6,27 @@ import csv
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, Optional, Union
 
 import numpy as np
 
 from bert.options import flag
-from bert.tasks.base import Head, Labels, Route, Task, TaskOption, check_inputs, one_or_list, texts_of
+from bert.tasks.base import (
+    MODEL,
+    TRUNCATE,
+    Head,
+    JobColumns,
+    Labels,
+    Param,
+    Route,
+    Task,
+    TaskOption,
+    TextPair,
+    check_inputs,
+    column_of,
+    one_or_list,
+    texts_of,
+)
 from bert.tasks.common import (
     DataError,
     Features,
@@ -172,7 +188,6 @@ class ClassifyTask(Task):
 
     name = "classify"
     order = 10
-    outputs, output_ranks, per_token = ("classify",), (2,), False
     head = Head("sequence", attribute="classifier", single_attribute="classifier")
     architectures = ("BertForSequenceClassification",)
     labelled = True
@@ -187,7 +202,35 @@ class ClassifyTask(Task):
             to_items=texts_of,
             shape=one_or_list,
             check=check_inputs,
+            fields=(
+                MODEL,
+                Param(
+                    "inputs",
+                    Union[str, list[Union[str, TextPair]]],
+                    help="a text, a list of texts, or a list of [text, text_pair]",
+                    examples=("I loved this film.", ["great plot", ["A man is eating.", "Someone eats."]]),
+                ),
+                Param("top_k", Optional[int], 1, "labels per input, best first; null for all labels", minimum=1),
+                Param(
+                    "function_to_apply",
+                    Optional[Literal[FUNCTIONS]],
+                    None,
+                    "score function (default: the model's, as in transformers' pipeline)",
+                ),
+                TRUNCATE,
+            ),
+            doc="`inputs` a string: a list of {label, score}, best first. A list: one such list per input.",
         ),
+    )
+    job = JobColumns(
+        inputs=("text",),
+        arity=(1, 2),
+        results=(("label", "string"), ("score", "float32")),
+        values=lambda answers: {
+            "label": column_of(answers, lambda a: a[0]["label"]),
+            "score": column_of(answers, lambda a: a[0]["score"]),
+        },
+        options=lambda o: {"truncate": o["truncate"], "top_k": 1},
     )
     trainable = True
     main_metric = "accuracy"

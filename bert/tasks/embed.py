@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Optional, Union
 
 import numpy as np
 
 from bert.pooling import DEFAULT_POOLING, POOLINGS
 from bert.tasks import classify
-from bert.tasks.base import Route, Task, check_inputs, check_texts, texts_of
+from bert.tasks.base import MODEL, TRUNCATE, JobColumns, Param, Route, Task, check_inputs, check_texts, texts_of
 from bert.tasks.common import Features, Limits, ModelFacts
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, single_template, too_much_work
 
@@ -255,7 +256,6 @@ class EmbedTask(Task):
 
     name = "embed"
     order = 40
-    outputs, output_ranks, per_token = ("embed",), (2,), False
     head = None
     architectures = ("BertModel",)
     graph_outputs = {"embedding": "embed"}
@@ -269,6 +269,41 @@ class EmbedTask(Task):
             to_items=texts_of,
             shape=lambda answers, body, info=None: answers,
             check=_check_embed,
+            fields=(
+                MODEL,
+                Param(
+                    "inputs",
+                    Union[str, list[str]],
+                    help="a text or a list of texts",
+                    examples=("What is the capital of France?",),
+                ),
+                Param(
+                    "normalize",
+                    bool,
+                    True,
+                    "scale each vector to unit length (cosine similarity = dot product)",
+                    job=True,
+                ),
+                TRUNCATE,
+                Param(
+                    "chunking",
+                    Optional[Literal[CHUNKINGS]],
+                    None,
+                    '"mean": a text longer than the model\'s window is cut into whole-word windows and embedded as '
+                    "the mean of their vectors weighted by their tokens (each a unit vector first when `normalize`), "
+                    "renormalised; default: such a text is refused (422) unless `truncate`",
+                ),
+                Param(
+                    "dimensions",
+                    Optional[int],
+                    None,
+                    "keep the first N components of each vector (Matryoshka truncation), renormalised when "
+                    "`normalize`; at most the model's width (422 beyond)",
+                    minimum=1,
+                ),
+            ),
+            doc="One vector per input, always a list of vectors (as text-embeddings-inference answers), pooled as the "
+            "model's sentence-transformers configuration says and scaled to unit length unless `normalize` is false.",
         ),
         Route(
             "/v1/embeddings",
@@ -279,7 +314,51 @@ class EmbedTask(Task):
             shape=_openai_shape,
             check=_check_openai,
             batch_field="input",
+            # OpenAI's request body, every field it defines (the official client sends them as they are)
+            fields=(
+                Param(
+                    "input",
+                    Union[str, list[str]],
+                    help="a text or a list of texts (token arrays are not taken)",
+                    examples=("What is the capital of France?",),
+                ),
+                MODEL,
+                Param(
+                    "encoding_format",
+                    Literal["float", "base64"],
+                    "float",
+                    "float: lists of numbers; base64: little-endian float32 bytes, base64-encoded",
+                ),
+                Param(
+                    "dimensions",
+                    Optional[int],
+                    None,
+                    "the first N components of each vector, renormalised; at most the model's width",
+                    minimum=1,
+                ),
+                Param(
+                    "chunking",
+                    Optional[Literal[CHUNKINGS]],
+                    None,
+                    "not OpenAI's: \"mean\" embeds a text longer than the model's window as /embed does",
+                ),
+                Param(
+                    "truncate",
+                    bool,
+                    False,
+                    "not OpenAI's: cut inputs longer than the model's limit instead of refusing them",
+                ),
+                Param("user", Optional[str], None, "accepted and ignored"),
+            ),
+            doc="OpenAI's embeddings API: `input` a text or a list of texts; vectors scaled to unit length, as floats "
+            "or as base64 little-endian float32 (`encoding_format`); `usage` counts the model's input tokens.",
         ),
+    )
+    job = JobColumns(
+        inputs=("text",),
+        arity=(1,),
+        results=(("embedding", "vector"),),
+        values=lambda answers: {"embedding": answers},
     )
 
     long_inputs = LONG_INPUTS

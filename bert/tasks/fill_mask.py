@@ -7,10 +7,23 @@ likeliest tokens (MLM_CANDIDATES of them, softmax over the whole vocabulary), so
 
 from __future__ import annotations
 
+from typing import Union
+
 import numpy as np
 
 from bert.tasks import classify
-from bert.tasks.base import MLM_CANDIDATES, Head, Route, Task, check_inputs, texts_of
+from bert.tasks.base import (
+    MLM_CANDIDATES,
+    MODEL,
+    TRUNCATE,
+    Head,
+    JobColumns,
+    Param,
+    Route,
+    Task,
+    check_inputs,
+    texts_of,
+)
 from bert.tasks.common import Features, Limits, ModelFacts
 
 
@@ -69,12 +82,14 @@ def decode(tokenizer, feature: Features, scores: np.ndarray, ids: np.ndarray, *,
     return answers
 
 
+CANDIDATE_COLUMNS = (("token", "int64"), ("token_str", "string"), ("score", "float32"), ("sequence", "string"))
+
+
 class FillMaskTask(Task):
     """transformers' fill-mask pipeline over a masked-LM head (BertForMaskedLM, BertForPreTraining)."""
 
     name = "fill_mask"
     order = 60
-    outputs, output_ranks, per_token = ("fill_mask_scores", "fill_mask_ids"), (3, 3), True
     head = Head("mlm", attribute="cls", single_attribute="cls")
     architectures = ("BertForMaskedLM", "BertForPreTraining")
     graph_outputs = {"fill_mask_scores": "fill_mask_scores", "fill_mask_ids": "fill_mask_ids"}
@@ -88,7 +103,29 @@ class FillMaskTask(Task):
             to_items=texts_of,
             shape=lambda answers, body, info=None: answers[0] if isinstance(body.inputs, str) else answers,
             check=check_inputs,
+            fields=(
+                MODEL,
+                Param(
+                    "inputs",
+                    Union[str, list[str]],
+                    help="a text or a list of texts, each with [MASK] tokens",
+                    examples=("Paris is the [MASK] of France.",),
+                ),
+                Param(
+                    "top_k", int, 5, "candidates per [MASK], best first", minimum=1, maximum=MLM_CANDIDATES, job=True
+                ),
+                TRUNCATE,
+            ),
+            doc="The masked-LM head's proposals for each [MASK] token, best first, with transformers' fill-mask "
+            "fields {score, token, token_str, sequence}: for a text, one list per [MASK]; for a list of texts, that "
+            "per text. A text without a [MASK] is a 422.",
         ),
+    )
+    job = JobColumns(
+        inputs=("text",),
+        arity=(1,),
+        results=(("masks", ("list", ("list", ("struct", CANDIDATE_COLUMNS)))),),
+        values=lambda answers: {"masks": answers},
     )
 
     def head_width(self, labels) -> int:

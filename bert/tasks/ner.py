@@ -10,11 +10,25 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
 
 import numpy as np
 from tokenizers import decoders
 
-from bert.tasks.base import Head, Labels, Route, Task, TaskOption, check_inputs, one_or_list, texts_of
+from bert.tasks.base import (
+    MODEL,
+    Head,
+    JobColumns,
+    Labels,
+    Param,
+    Route,
+    Task,
+    TaskOption,
+    check_inputs,
+    column_of,
+    one_or_list,
+    texts_of,
+)
 from bert.tasks.common import (
     DataError,
     Features,
@@ -30,7 +44,10 @@ from bert.tasks.common import (
 from bert.tasks.windows import LongInputs, max_text_tokens, single_template, too_much_work, window_count
 from bert.tokenizer import UNK, InputTooLong
 
-AGGREGATIONS = ("none", "simple", "first", "average", "max")
+# transformers' aggregation strategies; the default, "first", labels whole words by their first piece, so an entity is
+# never a fragment of a word
+AGGREGATIONS = ("first", "simple", "average", "max", "none")
+DEFAULT_AGGREGATION = "first"
 # Joins word pieces back into text ("new", "##castle" -> "newcastle"), as BertTokenizerFast does.
 _PIECES_TO_TEXT = decoders.WordPiece(prefix="##")
 
@@ -306,7 +323,7 @@ def decode(
     logits: np.ndarray,
     id2label: dict[int, str],
     *,
-    aggregation: str = "simple",
+    aggregation: str = DEFAULT_AGGREGATION,
     ignore_labels: tuple[str, ...] = ("O",),
     tokenizer=None,
     word_from_text: bool = False,
@@ -372,7 +389,7 @@ def encode_request(
     *,
     truncate: bool = False,
     stride: int | None = None,
-    aggregation: str = "first",
+    aggregation: str = DEFAULT_AGGREGATION,
     **_,
 ) -> list[list[NerFeatures]]:
     """Texts -> their windows: one for a text that fits the model, else the windows of transformers'
@@ -427,7 +444,7 @@ def merge_windows(entities: list[dict]) -> list[dict]:
 
 
 def decode_request(
-    items: list, features: list, outputs: list, facts: ModelFacts, *, aggregation: str = "first", **_
+    items: list, features: list, outputs: list, facts: ModelFacts, *, aggregation: str = DEFAULT_AGGREGATION, **_
 ) -> list[list[dict]]:
     """Entities per text, each `word` as written in the text (casing kept), words as the tokenizer splits them
     (decode's `tokenizer_words`); a windowed text's merged."""
@@ -449,12 +466,34 @@ def decode_request(
     return answers
 
 
+ENTITY_COLUMNS = (
+    ("start", "int32"),
+    ("end", "int32"),
+    ("word", "string"),
+    ("entity_group", "string"),
+    ("score", "float32"),
+)
+
+
+def _entity_rows(found: list[dict]) -> list[dict]:
+    """A text's entities as a batch job's rows; aggregation "none" gives each token's "entity" as its group."""
+    return [
+        {
+            "start": e["start"],
+            "end": e["end"],
+            "word": e["word"],
+            "entity_group": e.get("entity_group", e.get("entity")),
+            "score": e["score"],
+        }
+        for e in found
+    ]
+
+
 class NerTask(Task):
     """Token classification: transformers' token-classification pipeline, words as written."""
 
     name = "ner"
     order = 20
-    outputs, output_ranks, per_token = ("ner",), (3,), True
     head = Head("token", attribute="token_classifier", single_attribute="classifier")
     architectures = ("BertForTokenClassification",)
     labelled = True
@@ -469,7 +508,49 @@ class NerTask(Task):
             to_items=texts_of,
             shape=one_or_list,
             check=check_inputs,
+            fields=(
+                MODEL,
+                Param(
+                    "inputs",
+                    Union[str, list[str]],
+                    help="a text or a list of texts",
+                    examples=("My name is Wolfgang and I live in Berlin.",),
+                ),
+                Param(
+                    "aggregation",
+                    Literal[AGGREGATIONS],
+                    DEFAULT_AGGREGATION,
+                    "how word pieces are merged into entities (transformers' aggregation_strategy); the default, "
+                    "first, labels whole words by their first piece, so an entity is never a fragment of a word",
+                    job=True,
+                ),
+                Param(
+                    "stride",
+                    Optional[int],
+                    None,
+                    "a text longer than the model's window is cut into windows that share this many tokens "
+                    "(transformers' token-classification pipeline's `stride`) and their entities are merged, each "
+                    "once, with offsets into the text; default 128, or less where windows are narrower; at most half "
+                    "a window",
+                    minimum=0,
+                ),
+                Param(
+                    "truncate",
+                    bool,
+                    False,
+                    "cut inputs longer than the model's limit to their start instead of windowing them",
+                ),
+            ),
+            doc="`inputs` a string: a list of entities {entity_group, score, word, start, end} (character offsets; "
+            '`word` as written). A list: one list of entities per input. With aggregation "none": per token '
+            "{entity, score, index, word, start, end}.",
         ),
+    )
+    job = JobColumns(
+        inputs=("text",),
+        arity=(1,),
+        results=(("entities", ("list", ("struct", ENTITY_COLUMNS))),),
+        values=lambda answers: {"entities": column_of(answers, _entity_rows)},
     )
     long_inputs = LONG_INPUTS
     trainable = True

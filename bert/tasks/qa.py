@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from bert.options import flag
-from bert.tasks.base import Head, Labels, Route, Task, TaskOption, check_texts
+from bert.tasks.base import MODEL, Head, JobColumns, Labels, Param, Route, Task, TaskOption, check_texts, column_of
 from bert.tasks.common import (
     CallerGone,
     DataError,
@@ -494,6 +495,16 @@ def _shape_qa(answers: list, body, info=None):
     return shaped if isinstance(body, list) else shaped[0]
 
 
+def _job_item(texts: list[str], options: dict) -> dict:
+    """A batch job's row (question, context) as a request's item, with the job's options."""
+    item = {"question": texts[0], "context": texts[1], "top_k": 1, "max_answer_len": options["max_answer_len"]}
+    if options.get("doc_stride") is not None:
+        item["doc_stride"] = options["doc_stride"]
+    if options.get("truncate"):
+        item["truncate"] = True
+    return item
+
+
 # SQuAD data has no dev set of its own here: qa's and rerank's readers hold out its last articles.
 HELDOUT_ARTICLES = TaskOption(
     "heldout_articles",
@@ -509,7 +520,6 @@ class QATask(Task):
 
     name = "qa"
     order = 30
-    outputs, output_ranks, per_token = ("qa_start", "qa_end"), (2, 2), True
     head = Head("span", attribute="qa_outputs", single_attribute="qa_outputs", width=2)
     architectures = ("BertForQuestionAnswering",)
     graph_outputs = {"qa_start_logits": "qa_start", "qa_end_logits": "qa_end"}
@@ -525,8 +535,44 @@ class QATask(Task):
             check=_check_qa,
             batch_field="body",
             many=True,
+            fields=(
+                MODEL,
+                Param("question", str, min_length=1, examples=("Where do I live?",)),
+                Param("context", str, min_length=1, examples=("My name is Wolfgang and I live in Berlin.",)),
+                Param("top_k", int, 1, "answers to return; more than 1 gives a list", minimum=1, maximum=100),
+                Param("max_answer_len", int, 30, "longest answer in tokens", minimum=1, maximum=512, job=True),
+                Param(
+                    "doc_stride",
+                    Optional[int],
+                    None,
+                    "context tokens shared by neighbouring windows of a long context (default 128, or less where "
+                    "windows are narrower); at most half a window",
+                    minimum=0,
+                    job=True,
+                ),
+                Param(
+                    "truncate",
+                    bool,
+                    False,
+                    "cut a question longer than a window keeps for it instead of refusing it; contexts are never "
+                    "cut, they are windowed",
+                ),
+            ),
+            doc="One {question, context}: an answer {answer, score, start, end} (a list of answers when top_k > 1). "
+            "A list of them: one entry per item, each as above. Long contexts are windowed (doc_stride), never cut.",
         ),
     )
+    job = JobColumns(
+        inputs=("question", "context"),
+        arity=(2,),
+        results=(("answer", "string"), ("score", "float32"), ("start", "int32"), ("end", "int32")),
+        values=lambda answers: {
+            key: column_of(answers, lambda a, key=key: a[0][key]) for key in ("answer", "score", "start", "end")
+        },
+        to_item=lambda texts, options: _job_item(texts, options),
+        options=lambda o: {},  # each item carries its own
+    )
+    calibration = "qa"
     long_inputs = LONG_INPUTS
     trainable = True
     main_metric = "f1"

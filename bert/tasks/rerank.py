@@ -25,13 +25,14 @@ import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from bert.config import ConfigError
 from bert.errors import json_fields, json_type, one_line
 from bert.tasks import classify
-from bert.tasks.base import EmptyInput, Head, Labels, Route, Task, TaskOption, check_texts
+from bert.tasks.base import MODEL, EmptyInput, Head, JobColumns, Labels, Param, Route, Task, TaskOption, check_texts
 from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, open_text, sigmoid
 from bert.tasks.qa import HELDOUT_ARTICLES, read_squad_articles, split_heldout
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, pair_template, too_much_work
@@ -446,7 +447,6 @@ class RerankTask(Task):
 
     name = "rerank"
     order = 50
-    outputs, output_ranks, per_token = ("rerank",), (2,), False
     head = Head("sequence", attribute="rerank_classifier", single_attribute="classifier", width=1)
     architectures = ("BertForSequenceClassification",)
     graph_outputs = {"rerank_logits": "rerank"}
@@ -461,6 +461,27 @@ class RerankTask(Task):
             shape=_tei_shape,
             check=_check_tei,
             batch_field="texts",
+            fields=(
+                MODEL,
+                Param("query", str, help="what the texts are ranked for", examples=("What is the capital of France?",)),
+                Param(
+                    "texts",
+                    list[str],
+                    help="the texts to rank; each (query, text) pair is one model input",
+                    examples=(["Paris is the capital of France.", "Berlin is in Germany."],),
+                ),
+                Param("raw_scores", bool, False, "the model's logit instead of its sigmoid", job=True),
+                Param("return_text", bool, False, "echo each text beside its score"),
+                Param(
+                    "truncate",
+                    bool,
+                    False,
+                    "cut pairs longer than the model's limit instead of scoring a long text by its best window (MaxP)",
+                ),
+            ),
+            doc="Each (query, text) pair is scored by the cross-encoder (one model input each, batched with all other "
+            "requests); the texts come back best first as {index, score, text?}. Scores are the logit's sigmoid, or "
+            "the logit itself with `raw_scores`.",
         ),
         Route(
             "/v1/rerank",
@@ -471,8 +492,34 @@ class RerankTask(Task):
             shape=_v1_shape,
             check=_check_v1,
             batch_field="documents",
+            fields=(
+                MODEL,
+                Param("query", str, examples=("What is the capital of France?",)),
+                Param("documents", list[str], examples=(["Paris is the capital of France.", "Berlin is in Germany."],)),
+                Param("top_n", Optional[int], None, "return only the best N (default: all)", minimum=1),
+                Param("return_documents", bool, False, "echo each document beside its score"),
+                Param(
+                    "truncate",
+                    bool,
+                    False,
+                    "cut pairs longer than the model's limit instead of scoring a long document by its best window "
+                    "(MaxP)",
+                ),
+            ),
+            doc="The rerank API of infinity, Cohere and Jina: the documents by relevance to the query, best first, "
+            "the best `top_n` of them; `relevance_score` is the cross-encoder's sigmoid; `usage` counts the input "
+            "tokens.",
         ),
     )
+    job = JobColumns(
+        inputs=("query", "document"),
+        arity=(2,),
+        results=(("score", "float32"),),
+        values=lambda answers: {"score": answers},
+        to_item=lambda texts, options: list(texts),
+    )
+    calibration = "rerank"
+    agreement = "ranked"  # what a user of a reranker sees: the text it puts first
 
     def serves(self, config: dict) -> bool:
         labels = config.get("id2label") or {}

@@ -13,10 +13,24 @@ The head is the classifier's own: a model that serves classify serves zero-shot 
 from __future__ import annotations
 
 import string
+from typing import Union
 
 import numpy as np
 
-from bert.tasks.base import EmptyInput, Head, Route, Task, check_inputs, check_texts, one_or_list, text_chars
+from bert.tasks.base import (
+    MODEL,
+    EmptyInput,
+    Head,
+    JobColumns,
+    Param,
+    Route,
+    Task,
+    check_inputs,
+    check_texts,
+    column_of,
+    one_or_list,
+    text_chars,
+)
 from bert.tasks.common import Features, Limits, ModelFacts, TooMuchWork, bounded_text, softmax
 from bert.tokenizer import InputTooLong
 
@@ -150,7 +164,6 @@ class ZeroShotTask(Task):
 
     name = "zero_shot"
     order = 70
-    outputs, output_ranks, per_token = ("zero_shot",), (2,), False
     head = Head("sequence", attribute="zero_shot_classifier", single_attribute="classifier")
     architectures = ("BertForSequenceClassification",)
     labelled = True
@@ -165,8 +178,80 @@ class ZeroShotTask(Task):
             to_items=_items,
             shape=one_or_list,
             check=_check,
+            fields=(
+                MODEL,
+                Param(
+                    "inputs",
+                    Union[str, list[str]],
+                    help="a text or a list of texts",
+                    examples=("One day I will see the world.",),
+                ),
+                Param(
+                    "candidate_labels",
+                    Union[str, list[str]],
+                    help="the labels to choose from: a list, or one string of comma-separated labels; inputs x labels "
+                    "is at most max_request_sequences (413 beyond)",
+                    examples=(["travel", "cooking", "dancing"],),
+                    job=True,
+                    job_kind=list[str],
+                    job_default=[],
+                    job_help="the labels each row is weighed against",
+                ),
+                Param(
+                    "hypothesis_template",
+                    str,
+                    DEFAULT_TEMPLATE,
+                    'the hypothesis each label is put into, at its "{}"',
+                    job=True,
+                ),
+                Param(
+                    "multi_label",
+                    bool,
+                    False,
+                    "score each label on its own (entailment vs contradiction) instead of across the labels",
+                    job=True,
+                ),
+                Param(
+                    "truncate",
+                    bool,
+                    False,
+                    "cut texts too long for the model beside a hypothesis instead of refusing them (never the "
+                    "hypothesis)",
+                ),
+            ),
+            doc="Each candidate label becomes a hypothesis (`hypothesis_template` with the label in its {}) that the "
+            "NLI model weighs against the text, one model input per (text, label): {sequence, labels, scores} with "
+            "the labels best first, as transformers' zero-shot-classification pipeline answers; a list of them for a "
+            "list of texts. Scores sum to 1 over the labels, or with `multi_label` each is entailment against "
+            "contradiction.",
         ),
     )
+    job = JobColumns(
+        inputs=("text",),
+        arity=(1,),
+        results=(("labels", ("list", "string")), ("scores", ("list", "float32"))),
+        values=lambda answers: {
+            "labels": column_of(answers, lambda a: a["labels"]),
+            "scores": column_of(answers, lambda a: a["scores"]),
+        },
+    )
+    calibration = "zero_shot"
+
+    def job_problems(self, options: dict) -> list[str]:
+        labels = options["candidate_labels"]
+        labels = labels.split(",") if isinstance(labels, str) else labels
+        options["candidate_labels"] = labels = [v.strip() for v in labels if v.strip()]  # "sports, food": no " food"
+        if not labels:
+            return ["--candidate-labels is required for zero_shot"]
+        try:  # as /zero-shot checks them: a label of only invisible characters is one the model never reads
+            check_labels(labels, "--candidate-labels: label {}")
+        except ValueError as e:
+            return [str(e)]
+        try:
+            check_template(options["hypothesis_template"])
+        except ValueError as e:
+            return [f"--hypothesis-template: {e}"]
+        return []
 
     def serves(self, config: dict) -> bool:
         return not self.unserved_reason(config)

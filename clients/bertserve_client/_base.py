@@ -48,6 +48,7 @@ ClassifyInput = Union[str, Sequence[Union[str, Sequence[str]]]]
 NerInput = Union[str, Sequence[str]]
 QAItem = Union[QAInput, Mapping[str, str], Sequence[str]]
 NER_AGGREGATIONS = ("first", "simple", "average", "max", "none")
+CLASSIFY_FUNCTIONS = ("softmax", "sigmoid", "none")
 EmbedInput = Union[str, Sequence[str]]
 FillMaskInput = Union[str, Sequence[str]]
 ZeroShotInput = Union[str, Sequence[str]]
@@ -268,9 +269,17 @@ def is_many(inputs: Any) -> bool:
 
 
 def plan_classify(
-    inputs: ClassifyInput, *, top_k: int, truncate: bool, batch_limit: int | None, model: str | None = None
+    inputs: ClassifyInput,
+    *,
+    top_k: int | None,
+    truncate: bool,
+    batch_limit: int | None,
+    model: str | None = None,
+    function_to_apply: str | None = None,
 ) -> Plan:
-    options = {"top_k": top_k, "truncate": truncate, **_model(model)}
+    if function_to_apply is not None and function_to_apply not in CLASSIFY_FUNCTIONS:
+        raise ValueError(f"function_to_apply must be one of {CLASSIFY_FUNCTIONS}, not {function_to_apply!r}")
+    options = {"top_k": top_k, "truncate": truncate, **_set(function_to_apply=function_to_apply), **_model(model)}
     if not is_many(inputs):
         return Plan([Call("POST", "/classify", {"inputs": inputs, **options})], lambda a: _parse_list(Label, a[0]))
     items = [_classify_item(i, item) for i, item in enumerate(inputs)]
@@ -375,8 +384,9 @@ def plan_qa(
     doc_stride: int | None,
     batch_limit: int | None,
     model: str | None = None,
+    truncate: bool = False,
 ) -> Plan:
-    options = {"top_k": top_k, "max_answer_len": max_answer_len, **_model(model)}
+    options = {"top_k": top_k, "max_answer_len": max_answer_len, "truncate": truncate, **_model(model)}
     if doc_stride is not None:  # else the server's default (128, or less for narrow windows)
         options["doc_stride"] = doc_stride
     if isinstance(question, str):
@@ -489,13 +499,28 @@ class Endpoints:
         raise NotImplementedError
 
     def classify(
-        self, inputs: ClassifyInput, *, top_k: int = 1, truncate: bool = False, model: str | None = None
+        self,
+        inputs: ClassifyInput,
+        *,
+        top_k: int | None = 1,
+        function_to_apply: str | None = None,
+        truncate: bool = False,
+        model: str | None = None,
     ) -> list[Label] | list[list[Label]]:
-        """Labels for one text (a list of Label) or for many texts or [text, text_pair] pairs (a list per input)."""
+        """Labels for one text (a list of Label) or for many texts or [text, text_pair] pairs (a list per input):
+        the best `top_k` (None: all), scored by `function_to_apply` ("softmax", "sigmoid", "none"; None: the
+        model's own)."""
         return self._run(
             Planned(
                 inputs,
-                lambda limit: plan_classify(inputs, top_k=top_k, truncate=truncate, batch_limit=limit, model=model),
+                lambda limit: plan_classify(
+                    inputs,
+                    top_k=top_k,
+                    truncate=truncate,
+                    batch_limit=limit,
+                    model=model,
+                    function_to_apply=function_to_apply,
+                ),
             )
         )
 
@@ -556,10 +581,12 @@ class Endpoints:
         top_k: int = 1,
         max_answer_len: int = 30,
         doc_stride: int | None = None,
+        truncate: bool = False,
         model: str | None = None,
     ) -> Answer | list[Answer] | list[Answer | list[Answer]]:
         """`qa(question, context)` gives an Answer (a list of top_k Answers when top_k > 1);
-        `qa([(question, context), ...])` gives one of those per item."""
+        `qa([(question, context), ...])` gives one of those per item. `truncate` cuts a question too long for a
+        window (contexts are never cut: they are windowed, sharing `doc_stride` tokens)."""
         return self._run(
             Planned(
                 None if isinstance(question, str) else question,
@@ -571,6 +598,7 @@ class Endpoints:
                     doc_stride=doc_stride,
                     batch_limit=limit,
                     model=model,
+                    truncate=truncate,
                 ),
             )
         )

@@ -1,7 +1,8 @@
 """Request and response bodies. Field names follow Hugging Face pipelines.
 
-Each task's routes (bert/tasks, `Route`) name their request and response schemas here; a request class's
-`endpoint_doc` is its endpoint's description in the OpenAPI schema.
+Each task's routes (bert/tasks, `Route`) declare their request fields, and the request models are made of those
+declarations here (`request_model`: a route's `request` names its model); a request class's `endpoint_doc` is its
+endpoint's description in the OpenAPI schema. The response models a route names are written out below.
 
 Shapes (the client SDK relies on them):
 - /classify: `inputs` a str -> a list of {label, score}; a list -> one such list per input.
@@ -15,142 +16,69 @@ Shapes (the client SDK relies on them):
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Optional, Union
+import types
+from typing import Annotated, ClassVar, Literal, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from bert.tasks import registry
+from bert.tasks import base, registry
 
 TextPair = Annotated[list[str], Field(min_length=2, max_length=2, description="[text, text_pair]")]
-MODEL_FIELD_HELP = (
-    "which of the task's models answers (a name /info lists under models; default: the first); an unknown name "
-    "is a 404 listing them"
-)
 
 
 class _Body(BaseModel):
     # A misspelt option is an error, not silently ignored; and types are strict: "truncate": "yes",
     # "top_k": "2" or "doc_stride": false are mistakes to name, not values to coerce.
     model_config = ConfigDict(extra="forbid", strict=True)
-    model: Optional[str] = Field(None, description=MODEL_FIELD_HELP)
+    endpoint_doc: ClassVar[str] = ""
 
 
-class ClassifyRequest(_Body):
-    endpoint_doc: ClassVar[str] = (
-        "`inputs` a string: a list of {label, score}, best first. A list: one such list per input."
-    )
-    inputs: Union[str, list[Union[str, TextPair]]] = Field(
-        ...,
-        description="a text, a list of texts, or a list of [text, text_pair]",
-        examples=["I loved this film.", ["great plot", ["A man is eating.", "Someone eats."]]],
-    )
-    top_k: Optional[int] = Field(1, ge=1, description="labels per input, best first; null for all labels")
-    function_to_apply: Optional[Literal["softmax", "sigmoid", "none"]] = Field(
-        None, description="score function (default: the model's, as in transformers' pipeline)"
-    )
-    truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
+def _pydantic(kind):
+    """A declared field type as pydantic reads it: a task's TextPair is a list of exactly two texts."""
+    if kind is base.TextPair:
+        return TextPair
+    args = get_args(kind)
+    if get_origin(kind) in (Union, types.UnionType):
+        return Union[tuple(_pydantic(a) for a in args)]
+    if get_origin(kind) is list:
+        return list[_pydantic(args[0])]
+    return kind
 
 
-class NerRequest(_Body):
-    endpoint_doc: ClassVar[str] = (
-        "`inputs` a string: a list of entities {entity_group, score, word, start, end} (character offsets; `word` as "
-        'written). A list: one list of entities per input. With aggregation "none": per token '
-        "{entity, score, index, word, start, end}."
-    )
-    inputs: Union[str, list[str]] = Field(
-        ..., description="a text or a list of texts", examples=["My name is Wolfgang and I live in Berlin."]
-    )
-    aggregation: Literal["first", "simple", "average", "max", "none"] = Field(
-        "first",
-        description="how word pieces are merged into entities (transformers' aggregation_strategy); the "
-        "default, first, labels whole words by their first piece, so an entity is never a "
-        "fragment of a word",
-    )
-    stride: Optional[int] = Field(
-        None,
-        ge=0,
-        description="a text longer than the model's window is cut into windows that share this many tokens "
-        "(transformers' token-classification pipeline's `stride`) and their entities are merged, each once, with "
-        "offsets into the text; default 128, or less where windows are narrower; at most half a window",
-    )
-    truncate: bool = Field(
-        False, description="cut inputs longer than the model's limit to their start instead of windowing them"
-    )
+def request_model(route: base.Route) -> type[BaseModel]:
+    """The request body of a route that declares its fields (bert/tasks), named as the route says."""
+    fields = {}
+    for param in route.fields:
+        bounds = {"ge": param.minimum, "le": param.maximum, "min_length": param.min_length}
+        fields[param.name] = (
+            _pydantic(param.kind),
+            Field(
+                param.default,
+                description=param.help or None,
+                examples=list(param.examples) or None,
+                **{k: v for k, v in bounds.items() if v is not None},
+            ),
+        )
+    model = create_model(route.request, __base__=_Body, __module__=__name__, **fields)
+    model.endpoint_doc = route.doc
+    return model
 
 
-class QARequest(_Body):
-    endpoint_doc: ClassVar[str] = (
-        "One {question, context}: an answer {answer, score, start, end} (a list of answers when top_k > 1). A list "
-        "of them: one entry per item, each as above. Long contexts are windowed (doc_stride), never cut."
-    )
-    question: str = Field(..., min_length=1, examples=["Where do I live?"])
-    context: str = Field(..., min_length=1, examples=["My name is Wolfgang and I live in Berlin."])
-    top_k: int = Field(1, ge=1, le=100, description="answers to return; more than 1 gives a list")
-    max_answer_len: int = Field(30, ge=1, le=512, description="longest answer in tokens")
-    doc_stride: Optional[int] = Field(
-        None,
-        ge=0,
-        description="context tokens shared by neighbouring windows of a long context (default 128, or "
-        "less where windows are narrower); at most half a window",
-    )
-    truncate: bool = Field(
-        False,
-        description="cut a question longer than a window keeps for it instead of "
-        "refusing it; contexts are never cut, they are windowed",
-    )
+_REQUESTS: dict[str, type[BaseModel]] = {}
 
 
-class EmbedRequest(_Body):
-    endpoint_doc: ClassVar[str] = (
-        "One vector per input, always a list of vectors (as text-embeddings-inference answers), pooled as the model's "
-        "sentence-transformers configuration says and scaled to unit length unless `normalize` is false."
-    )
-    inputs: Union[str, list[str]] = Field(
-        ..., description="a text or a list of texts", examples=["What is the capital of France?"]
-    )
-    normalize: bool = Field(True, description="scale each vector to unit length (cosine similarity = dot product)")
-    truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
-    chunking: Optional[Literal["mean"]] = Field(
-        None,
-        description='"mean": a text longer than the model\'s window is cut into whole-word windows and embedded as '
-        "the mean of their vectors weighted by their tokens (each a unit vector first when `normalize`), "
-        "renormalised; default: such a text is refused (422) unless `truncate`",
-    )
-    dimensions: Optional[int] = Field(
-        None,
-        ge=1,
-        description="keep the first N components of each vector (Matryoshka truncation), renormalised when "
-        "`normalize`; at most the model's width (422 beyond)",
-    )
-
-
-class OpenAIEmbeddingRequest(BaseModel):
-    # OpenAI's request body, every field it defines (the official client sends them as they are); others are
-    # refused as everywhere else.
-    model_config = ConfigDict(extra="forbid", strict=True)
-    endpoint_doc: ClassVar[str] = (
-        "OpenAI's embeddings API: `input` a text or a list of texts; vectors scaled to unit length, as floats or as "
-        "base64 little-endian float32 (`encoding_format`); `usage` counts the model's input tokens."
-    )
-    input: Union[str, list[str]] = Field(
-        ...,
-        description="a text or a list of texts (token arrays are not taken)",
-        examples=["What is the capital of France?"],
-    )
-    model: Optional[str] = Field(None, description=MODEL_FIELD_HELP)
-    encoding_format: Literal["float", "base64"] = Field(
-        "float", description="float: lists of numbers; base64: little-endian float32 bytes, base64-encoded"
-    )
-    dimensions: Optional[int] = Field(
-        None, ge=1, description="the first N components of each vector, renormalised; at most the model's width"
-    )
-    chunking: Optional[Literal["mean"]] = Field(
-        None, description="not OpenAI's: \"mean\" embeds a text longer than the model's window as /embed does"
-    )
-    truncate: bool = Field(
-        False, description="not OpenAI's: cut inputs longer than the model's limit instead of refusing them"
-    )
-    user: Optional[str] = Field(None, description="accepted and ignored")
+def __getattr__(name: str):
+    """A task route's request model by the name its route gives it (made once, from its declared fields), as the
+    routes look schemas up: a task registered after this module was imported is found too."""
+    if name not in _REQUESTS:
+        route = next(
+            (r for t in registry.TASKS.values() for r in t.routes if r.fields and r.request == name),
+            None,
+        )
+        if route is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        _REQUESTS[name] = request_model(route)
+    return _REQUESTS[name]
 
 
 class OpenAIEmbedding(BaseModel):
@@ -220,24 +148,6 @@ QAResponse = Union[Answer, list[Union[Answer, list[Answer]]]]
 
 
 # ---- rerank: text-embeddings-inference's /rerank, and the /v1/rerank of infinity, Cohere and Jina ----------
-class RerankRequest(_Body):
-    endpoint_doc: ClassVar[str] = (
-        "Each (query, text) pair is scored by the cross-encoder (one model input each, batched with all other "
-        "requests); the texts come back best first as {index, score, text?}. Scores are the logit's sigmoid, or "
-        "the logit itself with `raw_scores`."
-    )
-    query: str = Field(..., description="what the texts are ranked for", examples=["What is the capital of France?"])
-    texts: list[str] = Field(
-        ...,
-        description="the texts to rank; each (query, text) pair is one model input",
-        examples=[["Paris is the capital of France.", "Berlin is in Germany."]],
-    )
-    raw_scores: bool = Field(False, description="the model's logit instead of its sigmoid")
-    return_text: bool = Field(False, description="echo each text beside its score")
-    truncate: bool = Field(
-        False,
-        description="cut pairs longer than the model's limit instead of scoring a long text by its best window (MaxP)",
-    )
 
 
 class Ranked(BaseModel):
@@ -247,23 +157,6 @@ class Ranked(BaseModel):
 
 
 RerankResponse = list[Ranked]
-
-
-class V1RerankRequest(_Body):
-    endpoint_doc: ClassVar[str] = (
-        "The rerank API of infinity, Cohere and Jina: the documents by relevance to the query, best first, the "
-        "best `top_n` of them; `relevance_score` is the cross-encoder's sigmoid; `usage` counts the input tokens."
-    )
-    query: str = Field(..., examples=["What is the capital of France?"])
-    documents: list[str] = Field(..., examples=[["Paris is the capital of France.", "Berlin is in Germany."]])
-    model: Optional[str] = Field(None, description=MODEL_FIELD_HELP)
-    top_n: Optional[int] = Field(None, ge=1, description="return only the best N (default: all)")
-    return_documents: bool = Field(False, description="echo each document beside its score")
-    truncate: bool = Field(
-        False,
-        description="cut pairs longer than the model's limit instead of scoring a long document by its best "
-        "window (MaxP)",
-    )
 
 
 class V1Ranked(BaseModel):
@@ -280,19 +173,6 @@ class V1RerankResponse(BaseModel):
 
 
 # ---- fill-mask: transformers' fill-mask pipeline ---------------------------------------------------------
-class FillMaskRequest(_Body):
-    endpoint_doc: ClassVar[str] = (
-        "The masked-LM head's proposals for each [MASK] token, best first, with transformers' fill-mask fields "
-        "{score, token, token_str, sequence}: for a text, one list per [MASK]; for a list of texts, that per text. "
-        "A text without a [MASK] is a 422."
-    )
-    inputs: Union[str, list[str]] = Field(
-        ...,
-        description="a text or a list of texts, each with [MASK] tokens",
-        examples=["Paris is the [MASK] of France."],
-    )
-    top_k: int = Field(5, ge=1, le=50, description="candidates per [MASK], best first")
-    truncate: bool = Field(False, description="cut inputs longer than the model's limit instead of refusing them")
 
 
 class MaskCandidate(BaseModel):
@@ -307,33 +187,6 @@ FillMaskResponse = Union[list[list[MaskCandidate]], list[list[list[MaskCandidate
 
 
 # ---- zero-shot: transformers' zero-shot-classification pipeline ------------------------------------------
-class ZeroShotRequest(_Body):
-    endpoint_doc: ClassVar[str] = (
-        "Each candidate label becomes a hypothesis (`hypothesis_template` with the label in its {}) that the NLI "
-        "model weighs against the text, one model input per (text, label): {sequence, labels, scores} with the "
-        "labels best first, as transformers' zero-shot-classification pipeline answers; a list of them for a list "
-        "of texts. Scores sum to 1 over the labels, or with `multi_label` each is entailment against contradiction."
-    )
-    inputs: Union[str, list[str]] = Field(
-        ..., description="a text or a list of texts", examples=["One day I will see the world."]
-    )
-    candidate_labels: Union[str, list[str]] = Field(
-        ...,
-        description="the labels to choose from: a list, or one string of comma-separated labels; inputs x labels "
-        "is at most max_request_sequences (413 beyond)",
-        examples=[["travel", "cooking", "dancing"]],
-    )
-    hypothesis_template: str = Field(
-        "This example is {}.", description='the hypothesis each label is put into, at its "{}"'
-    )
-    multi_label: bool = Field(
-        False, description="score each label on its own (entailment vs contradiction) instead of across the labels"
-    )
-    truncate: bool = Field(
-        False,
-        description="cut texts too long for the model beside a hypothesis instead of refusing them (never "
-        "the hypothesis)",
-    )
 
 
 class ZeroShotResult(BaseModel):
