@@ -37,13 +37,13 @@ if TYPE_CHECKING:
 
 HEAD_KINDS = ("sequence", "token", "span", "mlm")
 # What a backend hands back for a head of each kind (None: a task served by the encoder itself), named after the
-# task: (suffixes of its outputs, their ranks in a batch, one row per token or not). "span": start and end logits
+# task: (suffixes of its outputs, their ranks in a batch, one value per token or not). "span": start and end logits
 # (B, T) each; "mlm": the likeliest tokens' scores and ids (B, T, MLM_CANDIDATES).
 HEAD_OUTPUTS: dict[str | None, tuple[tuple[str, ...], tuple[int, ...], bool]] = {
     None: (("",), (2,), False),
     "sequence": (("",), (2,), False),
     "token": (("",), (3,), True),
-    "span": (("_start", "_end"), (2, 2), False),
+    "span": (("_start", "_end"), (2, 2), True),
     "mlm": (("_scores", "_ids"), (3, 3), True),
 }
 # Candidates per token an "mlm" head hands back (probabilities and ids of its likeliest tokens), not (B, T, V)
