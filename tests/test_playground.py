@@ -141,3 +141,30 @@ def test_browser_classifies_and_shows_the_servers_error(server, browser):
     assert not out.find_elements(By.CSS_SELECTOR, ".error")
     curl = browser.execute_script("return document.querySelector('#out-classify pre.curl').textContent")
     assert curl.startswith(f"curl -s '{server.url}/classify'") and '"inputs":"Dull and far too long."' in curl
+
+
+def test_browser_draws_each_task_of_the_server(server, browser):
+    """The other forms of a classify/ner/qa/embed server: the QA answer marked in its context, entities (or none)
+    over the text, and the cosine matrix of the texts (1 on its diagonal)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server.url + "/playground")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "tab-embed"))
+    for task in ("qa", "ner", "embed"):
+        browser.find_element(By.ID, f"tab-{task}").click()
+        browser.find_element(By.CSS_SELECTOR, f"#form-{task} button.run").click()
+        WebDriverWait(browser, 60).until(
+            lambda d, task=task: d.find_elements(By.CSS_SELECTOR, f"#out-{task} .latency[data-status]")
+        )
+        out = browser.find_element(By.ID, f"out-{task}")
+        assert not out.find_elements(By.CSS_SELECTOR, ".error"), out.text
+        assert out.find_element(By.CSS_SELECTOR, ".latency").get_attribute("data-status") == "200"
+        if task == "qa":
+            answer = out.find_element(By.CSS_SELECTOR, ".marked mark").text
+            assert answer.endswith("answer") and answer[: -len("answer")] in "My name is Wolfgang and I live in Berlin."
+        elif task == "ner":
+            assert out.find_elements(By.CSS_SELECTOR, ".marked") or "No entities found." in out.text
+        else:
+            cells = out.find_elements(By.CSS_SELECTOR, "table.matrix td")
+            assert len(cells) == 9 and [cells[i].text for i in (0, 4, 8)] == ["1.000"] * 3, [c.text for c in cells]
