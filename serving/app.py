@@ -18,6 +18,7 @@ from serving.metrics import Metrics
 from serving.middleware import RequestMiddleware, ServerState
 from serving.routes.api import build_router
 from serving.routes.lean import LeanRoutes
+from serving.routes.playground import router as playground_router
 from serving.routes.schemas import declare_limits
 from serving.settings import Settings
 
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(routes)
     _declare_limits_in_openapi(app, settings)
     install_docs(app)
+    app.include_router(playground_router)  # GET /playground: try the served tasks in a browser
     # The lean path runs inside RequestMiddleware (the last added is the outermost).
     app.add_middleware(LeanRoutes, routes=routes.routes)
     app.add_middleware(RequestMiddleware, settings=settings, state=state, metrics=metrics)

@@ -20,10 +20,11 @@ from serving.health import HEALTH_PATH
 from serving.logs import log_access
 from serving.logs import request_id as current_request_id
 from serving.protocol import BODY_RECEIVED
+from serving.routes.playground import PLAYGROUND_PATH
 
 INFERENCE_PATHS = frozenset(registry.routes())
 TASK_OF_PATH = registry.routes()
-OPEN_PATHS = frozenset({HEALTH_PATH, "/ready", "/metrics"}) | DOCS_PATHS
+OPEN_PATHS = frozenset({HEALTH_PATH, "/ready", "/metrics", PLAYGROUND_PATH}) | DOCS_PATHS
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 _IDS = random.Random()  # seeded from os.urandom once: a request id must be unique, not secret
 
