@@ -155,7 +155,8 @@ def test_a_task_declares_what_the_applications_read(name):
     # outputs follow from the head kind: one row per sequence or per token, named after the task
     assert len(task.outputs) == len(task.output_ranks) >= 1
     assert all(out.startswith(task.name) for out in task.outputs)
-    assert task.per_token == (max(task.output_ranks) == 3)
+    # per token: a token axis in every output (rank 3), or a span head's start/end logits, one per token ([B, T])
+    assert task.per_token == (max(task.output_ranks) == 3 or (task.head is not None and task.head.kind == "span"))
     # every route's request is made of declared fields, and batch jobs know the task's columns
     assert all(route.fields and route.doc for route in task.routes)
     assert task.job is not None and task.job.results
