@@ -32,6 +32,7 @@ class TaskColumns:
     options: Callable[[dict], dict]  # the job's options -> the codec's options
     fields: Callable[[int | None], list[pa.Field]]  # result columns (given the encoder's width)
     to_columns: Callable[[list, int], dict[str, list]]  # answers (None for a failed row) -> column values
+    check: Callable[[dict], None] | None = None  # the job's options checked (ValueError), lists cleaned in place
 
 
 def _single(texts: list[str], options: dict):
@@ -49,6 +50,21 @@ def _qa_item(texts: list[str], options: dict) -> dict:
     if options.get("truncate"):
         item["truncate"] = True
     return item
+
+
+def _zero_shot_options(options: dict) -> None:
+    from bert.tasks.zero_shot import check_labels, check_template
+
+    labels = options["candidate_labels"]
+    labels = labels.split(",") if isinstance(labels, str) else labels
+    options["candidate_labels"] = labels = [v.strip() for v in labels if v.strip()]  # "sports, food": no " food"
+    if not labels:
+        raise ValueError("--candidate-labels is required for zero_shot")
+    check_labels(labels, "--candidate-labels: label {}")  # as /zero-shot checks them
+    try:
+        check_template(options["hypothesis_template"])
+    except ValueError as e:
+        raise ValueError(f"--hypothesis-template: {e}") from None
 
 
 def _field(name, kind):
@@ -161,6 +177,7 @@ COLUMNS: dict[str, TaskColumns] = {
         },
         lambda width: [_field("labels", pa.list_(pa.string())), _field("scores", pa.list_(pa.float32()))],
         _zero_shot,
+        check=_zero_shot_options,
     ),
 }
 

@@ -49,7 +49,7 @@ FORBIDDEN = {
 }
 # What of serving/ a batch job may use: the backends (loading a model, running sequences) and the batching rule,
 # one copy of each; not the HTTP app, its routes or its settings' parsing.
-BATCH_USES_OF_SERVING = ("serving.backends", "serving.batcher", "serving.settings", "serving.errors")
+BATCH_USES_OF_SERVING = ("runtime.backends", "serving.batcher", "serving.settings", "serving.errors")
 
 
 def module_name(path: Path, root: Path) -> str:
