@@ -39,6 +39,7 @@ COPY docker/constraints.txt docker/requirements.py docker/
 COPY bert/ bert/
 COPY training/ training/
 COPY export/ export/
+COPY runtime/ runtime/
 COPY serving/ serving/
 # /wheels: serve.txt and export.txt name the wheel with an extra, for `pip install -r` below.
 # /deps: the constraints and the third-party requirements of each extra. The stages below install

@@ -27,7 +27,7 @@ from batch.predict import JobError, Predictor, Result, check_task_options, load,
 from batch.progress import Progress
 from bert.atomic import fsync_dir, pause_point, write_file_atomic
 from bert.digest import sha256_files
-from serving.backends.model_dir import ModelError, resolve_model_path
+from runtime.model_dir import ModelError, resolve_model_path
 
 MANIFEST = "_manifest.json"
 RAY_STAGING = ".ray-parts"  # batch/ray_job.py's RAY_TMP

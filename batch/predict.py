@@ -1,10 +1,10 @@
 """One task on a model over rows: the Python API (`Predictor`), what every worker of a batch job runs, and the
 callable a Ray Data `map_batches` takes (a class-based UDF: built once per actor, called on each batch).
 
-A row becomes the task's item (batch/columns.py), the task's codec encodes the items as the server's does
-(bert/tasks), the sequences of a window of rows are sorted by length and cut into token-budget batches by the
-server's rule (serving.batcher.fill_batch), the backend runs them unpadded (serving/backends), and the codec
-decodes each row's outputs. A bad row (null, not a string, empty, invalid UTF-8, too long without --truncate)
+A row becomes the task's item (batch/columns.py); the inference runtime does the rest as it does for the server
+(runtime/inference.py): the task's codec encodes the items, the sequences of a window of rows are sorted by length
+and cut into token-budget batches (runtime.batching), the backend runs them unpadded (runtime/backends), and the
+codec decodes each row's outputs. A bad row (null, not a string, empty, invalid UTF-8, too long without --truncate)
 gets its `error` and the others their answers: one row never fails the rest.
 """
 
@@ -27,9 +27,10 @@ from bert.precision import cpu_flags
 from bert.tasks import TASKS
 from bert.tasks.common import Limits
 from bert.tasks.registry import canonical
-from serving.backends.loading import LoadedModel, load_model
-from serving.backends.model_dir import ModelError, read_model_spec, resolve_model_path
-from serving.batcher import fill_batch
+from runtime.batching import BatchShape
+from runtime.inference import Encoded, Inference, run_planned
+from runtime.loading import LoadedModel, LoadOptions, load_model
+from runtime.model_dir import ModelError, read_model_spec, resolve_model_path
 
 # Items encoded by one call of the codec: a row that fails sends only its own chunk through one by one.
 ENCODE_CHUNK = 64
@@ -43,21 +44,10 @@ class JobError(Exception):
     """What makes a job impossible before any work (a missing column, a model without the task): one line."""
 
 
-@dataclass
-class Batches:
-    """How sequences are grouped into batches (the server's rule: serving.batcher.fill_batch)."""
-
-    max_batch_tokens: int = 16384
-    max_batch_size: int = 64
-    max_padding: float | None = 0.25
-
-
-def backend_settings(options: dict, threads: int | None):
-    """The server's Settings for the backend, from the job's options only: a BERTSERVE_ variable set for a
-    server does not change a job (model_construct reads no environment)."""
-    from serving.settings import Settings
-
-    return Settings.model_construct(
+def load_options(options: dict, threads: int | None) -> LoadOptions:
+    """How the runtime loads the job's model, from the job's options only (a BERTSERVE_ variable set for a server
+    does not change a job)."""
+    return LoadOptions(
         backend=options["backend"],
         device=options["device"],
         precision=options["precision"],
@@ -141,20 +131,9 @@ def check_task_options(options: dict) -> list[str]:
     if len(columns) not in spec.arity:
         want = " or ".join(str(n) for n in spec.arity)
         raise JobError(f"--column: {task} reads {want} column(s), got {len(columns)} ({','.join(columns)})")
-    if task == "zero_shot":
-        from bert.tasks.zero_shot import check_labels, check_template
-
-        options["candidate_labels"] = labels = _names(options["candidate_labels"])  # "sports, food": no " food"
-        if not labels:
-            raise JobError("--candidate-labels is required for zero_shot")
-        try:  # as /zero-shot checks them: a label of only invisible characters is one the model never reads
-            check_labels(labels, "--candidate-labels: label {}")
-        except ValueError as e:
-            raise JobError(str(e)) from None
-        try:
-            check_template(options["hypothesis_template"])
-        except ValueError as e:
-            raise JobError(f"--hypothesis-template: {e}") from None
+    problems = TASKS[task].job_problems(options)  # the task's own options, as its route checks them
+    if problems:
+        raise JobError("; ".join(problems))
     return columns
 
 
@@ -257,7 +236,6 @@ class Predictor:
         self.task = task = self.options["task"]  # the registry's name (check_task_options)
         if not isinstance(model, LoadedModel):  # a loaded model's precision is what it was loaded in
             self.options, self.precision_choice = settle_precision(self.options)
-        self.codec = TASKS[task]
         self.shape = COLUMNS[task]
         self._owns_model = not isinstance(model, LoadedModel)  # a model given loaded is its caller's to close
         if isinstance(model, LoadedModel):
@@ -265,8 +243,8 @@ class Predictor:
         else:
             self.model = load(str(model), self.options, self.options["threads"])
         self.codec_options = self.shape.options(self.options)
-        self.facts = self.model.facts(task)
-        self.batches = Batches(
+        self.inference = Inference(self.model, TASKS[task])
+        self.batches = BatchShape(
             self.options["max_batch_tokens"],
             self.options["max_batch_size"] or default_batch_size(self.options["device"], self.model.backend.name),
             self.options["max_padding"],
@@ -275,7 +253,7 @@ class Predictor:
         self.runs = concurrent_runs(self.options, self.options["threads"]) if self.model.backend.concurrent_runs else 1
         # made here, not at the first call, so that calls from two threads at once share one pool
         self._pool = ThreadPoolExecutor(self.runs, thread_name_prefix="batch-run") if self.runs > 1 else None
-        serve_defaults = {o.name: o.default for o in self.codec.serve_options}
+        serve_defaults = {o.name: o.default for o in self.inference.task.serve_options}
         self.limit_options = {
             f"{task}_{name}": value
             for name, value in serve_defaults.items()
@@ -418,19 +396,17 @@ class Predictor:
     def _encode(self, items: list, where: list[int], errors: list) -> list:
         """Each item's sequences (None where it was refused, with its row's error)."""
         encoded: list = []
-        tokenizer = self.model.tokenizer
+        options = self.codec_options
         for start in range(0, len(items), ENCODE_CHUNK):
             chunk = items[start : start + ENCODE_CHUNK]
             try:
-                encoded.extend(
-                    self.codec.encode_request(tokenizer, chunk, self._limits(len(chunk)), **self.codec_options)
-                )
+                encoded.extend(self.inference.encode(chunk, self._limits(len(chunk)), options).features)
                 continue
             except Exception:  # noqa: BLE001 - some row of the chunk is refused: find which, one by one
                 pass
             for offset, item in enumerate(chunk):
                 try:
-                    encoded.extend(self.codec.encode_request(tokenizer, [item], self._limits(1), **self.codec_options))
+                    encoded.extend(self.inference.encode([item], self._limits(1), options).features)
                 except Exception as e:  # noqa: BLE001 - the codec's refusal is this row's error
                     encoded.append(None)
                     errors[where[start + offset]] = _refusal(e)
@@ -441,70 +417,24 @@ class Predictor:
     ) -> tuple[list, dict]:
         """Every item's sequences run in length-sorted, token-budget batches; outputs per item, in order. `share`
         (k, n): only every n-th batch from the k-th runs (the others' outputs stay None)."""
-        flat = [(i, j, f) for i, item in enumerate(features) for j, f in enumerate(item)]
-        order = sorted(range(len(flat)), key=lambda k: len(flat[k][2]))
-        outputs: list[list] = [[None] * len(item) for item in features]
-        batches = []
-        at = 0
-        while at < len(order):
-            ahead = order[at : at + self.batches.max_batch_size]
-            picked = fill_batch(
-                [len(flat[k][2]) for k in ahead],
-                max_batch_tokens=self.batches.max_batch_tokens,
-                max_batch_requests=self.batches.max_batch_size,
-                max_padding=self.batches.max_padding,
-            )
-            # Sorted by length, the batch is a run from `at`: what does not join is longer than what did.
-            batch = ahead[: len(picked)]
-            at += len(batch)
-            batches.append(batch)
-        if share is not None:
-            batches = batches[share[0] :: share[1]]
-        stats = {
-            "tokens": sum(len(flat[k][2]) for batch in batches for k in batch),
-            "sequences": sum(map(len, batches)),
-            "padded": sum(max(len(flat[k][2]) for k in batch) * len(batch) for batch in batches),
-        }
-
-        def run(batch: list[int]):
-            sequences = [flat[k][2] for k in batch]
-            try:
-                results = self.model.backend.run_sequences(sequences)
-                if len(results) != len(sequences):
-                    raise RuntimeError(f"the backend returned {len(results)} outputs for {len(sequences)} sequences")
-                return results
-            except Exception as e:  # noqa: BLE001 - a failed batch fails its rows, not the job
-                return e
-
-        # The batches are cut before any runs, so that running them at once changes nothing but the time.
-        answers = self._runner().map(run, batches) if self.runs > 1 else map(run, batches)
-        for batch, results in zip(batches, answers):
-            if isinstance(results, Exception):
-                for k in batch:
-                    i = flat[k][0]
-                    errors[rows[i]] = errors[rows[i]] or (
-                        f"inference failed: {type(results).__name__}: {str(results)[:200]}"
-                    )
-                continue
-            for k, result in zip(batch, results):
-                i, j, _ = flat[k]
-                outputs[i][j] = result
-        return outputs, stats
-
-    def _runner(self) -> ThreadPoolExecutor:
-        return self._pool
+        encoded = Encoded([None] * len(features), features)
+        sequences = encoded.sequences
+        item_of = [i for i, item in enumerate(features) for _ in item]
+        mapper = self._pool.map if self.runs > 1 else map
+        planned = run_planned(self.model.backend, sequences, self.batches, share=share, mapper=mapper)
+        for batch, error in planned.failures:
+            for k in batch:
+                row = rows[item_of[k]]
+                errors[row] = errors[row] or f"inference failed: {type(error).__name__}: {str(error)[:200]}"
+        stats = {"tokens": planned.tokens, "sequences": planned.sequences, "padded": planned.padded}
+        return encoded.per_item(planned.outputs), stats
 
     def _decode(self, items: list, features: list, outputs: list, rows: list[int], errors: list) -> list:
         ok = [i for i in range(len(items)) if errors[rows[i]] is None]
         answers: list = [None] * len(items)
         try:
-            decoded = self.codec.decode_request(
-                [items[i] for i in ok],
-                [features[i] for i in ok],
-                [outputs[i] for i in ok],
-                self.facts,
-                **self.codec_options,
-            )
+            encoded = Encoded([items[i] for i in ok], [features[i] for i in ok])
+            decoded = self.inference.decode(encoded, [outputs[i] for i in ok], self.codec_options)
             for i, answer in zip(ok, decoded):
                 answers[i] = answer
             return answers
@@ -512,8 +442,8 @@ class Predictor:
             pass
         for i in ok:
             try:
-                answers[i] = self.codec.decode_request(
-                    [items[i]], [features[i]], [outputs[i]], self.facts, **self.codec_options
+                answers[i] = self.inference.decode(
+                    Encoded([items[i]], [features[i]]), [outputs[i]], self.codec_options
                 )[0]
             except Exception as e:  # noqa: BLE001 - this row's error
                 errors[rows[i]] = f"decoding failed: {type(e).__name__}: {str(e)[:200]}"
@@ -521,10 +451,10 @@ class Predictor:
 
 
 def load(model: str, options: dict, threads: int | None = None) -> LoadedModel:
-    """The model as the server loads it (serving.backends.loading), refusing one that does not serve the task."""
+    """The model as the server loads it (runtime.loading), refusing one that does not serve the task."""
     try:
         path = resolve_model_path(model)
-        return load_model(Path(path), backend_settings(options, threads), [options["task"]])
+        return load_model(Path(path), load_options(options, threads), [options["task"]])
     except ModelError as e:
         raise JobError(str(e)) from None
 

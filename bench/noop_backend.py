@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from serving.backends.base import Backend
+from runtime.backends.base import Backend
 
 
 class NoopBackend(Backend):

@@ -44,7 +44,7 @@ from bench.server_bench import load, serve, work_items
 # (stage, frame patterns). A sample goes to the stage of its innermost frame that matches one, so time
 # in pydantic under FastAPI is validation, time in a queue put under the engine is a thread hand-off.
 STAGES = [
-    ("model run", [r"onnxruntime", r"^\w+ \(torch/", r"serving/backends/"]),
+    ("model run", [r"onnxruntime", r"^\w+ \(torch/", r"runtime/backends/"]),
     ("tokenize", [r"bert/tokenizer\.py", r"tokenizers/", r"^encode \(bert/tasks/"]),
     ("decode (logits -> labels)", [r"^decode \(bert/tasks/", r"softmax"]),
     ("batching (queue, pad, split)", [r"serving/batcher\.py", r"pad_batch"]),

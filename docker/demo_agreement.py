@@ -40,8 +40,8 @@ def run_batched(backend, features, batch_size=16):
 
 
 def load_backend(path: Path):
-    from serving.backends import create_backend
-    from serving.backends.model_dir import read_model_spec
+    from runtime.backends import create_backend
+    from runtime.model_dir import read_model_spec
     from serving.settings import Settings
 
     return create_backend(read_model_spec(path), Settings(threads=2, inference_workers=1))

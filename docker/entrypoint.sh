@@ -82,7 +82,8 @@ prepare_tensorrt_engine() {
     # engine directory's manifest does not list the plan built on this machine, so the server is told to take
     # that directory as it is (the plan was moved into the cache whole, above).
     "$PYTHON" -c 'import sys
-from serving.backends.base import ModelError, read_model_spec, verify_artifact
+from runtime.artifact import verify_artifact
+from runtime.model_dir import ModelError, read_model_spec
 try:
     verify_artifact(read_model_spec(__import__("pathlib").Path(sys.argv[1])))
 except ModelError as e:

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 def _load(settings: Settings):
     """The engine, loaded; or None after one clear `error:` line (a bad model, never a traceback)."""
     from bert.errors import one_line
-    from serving.backends.base import ModelError
+    from runtime.backends.base import ModelError
     from serving.engine import Engine
     from serving.metrics import Metrics
 

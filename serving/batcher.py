@@ -9,7 +9,7 @@ many windows or pairs takes turns with those behind it), adds the queued sequenc
 the padded batch stays within
 `max_batch_tokens` (padded length x count), `max_batch_requests` and `max_padding` (the share of padding
 in the batch: on CPU a pad token costs as much as a real one), and hands the backend its sequences as they
-are (padding or packing them is the backend's business: serving/backends/base.py) to get each one's outputs. It waits at most
+are (padding or packing them is the backend's business: runtime/backends/base.py) to get the batch's outputs. It waits at most
 `max_wait_ms` (from the oldest sequence's arrival) for a batch to fill while it is idle; while every worker
 is busy the queue keeps growing, so the next batch is as full as the load allows when a worker frees up.
 The event loop only queues sequences and hands results to their callers: a worker never waits for the
@@ -35,9 +35,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from bert.tasks import Features
+from runtime.backends.base import BackendError, SequenceOutputs
+from runtime.batching import fill_batch
+from runtime.inference import run_batch
 from serving.errors import BackendFailure
 
 log = logging.getLogger("bertserve")
@@ -68,7 +69,7 @@ class Entry:
 
 @dataclass
 class SequenceResult:
-    outputs: dict[str, np.ndarray]  # this sequence's rows: (L,) for classify, (T, L) / (T,) per token, unpadded
+    outputs: SequenceOutputs  # this sequence's rows of its batch's outputs: (L,) per sequence, (T, ...) per token
     queue_s: float
     inference_s: float
     batch_size: int
@@ -76,7 +77,7 @@ class SequenceResult:
 
 class ComputeGate:
     """The compute of one device, shared by the batchers of every model on it: at most `slots` batches run at once
-    (each on its share of the cores: serving/backends/base.py threads_per_run), so that several models never
+    (each on its share of the cores: runtime/backends/base.py threads_per_run), so that several models never
     oversubscribe the cores between them; a backend registered with `one_at_a_time` never runs two batches at
     once, whichever batchers share it. A free slot goes to the waiting model served least recently, not to the
     first that asked: a model with one request waits for one batch of a loaded model, not for its backlog.
@@ -296,14 +297,14 @@ class Batcher:
     def _run(self, batch: list[Entry]):
         """The backend's outputs for `batch` and its (rows, padded width), or the failure every entry of it gets."""
         try:
-            outputs = self.backend.run_sequences([e.features for e in batch])
-            if len(outputs) != len(batch):
-                raise BackendFailure(f"backend returned outputs for {len(outputs)} sequences of {len(batch)}")
+            outputs = run_batch(self.backend, [e.features for e in batch])
             return outputs, (len(batch), self._padded(max(e.length for e in batch)))
         except Exception as exc:  # noqa: BLE001 - every error fails exactly this batch
             log.error("batch of %d sequences failed: %s: %s", len(batch), type(exc).__name__, exc)
             if isinstance(exc, BackendFailure):
                 return exc
+            if isinstance(exc, BackendError):  # the batch's answer does not fit the batch: said as it is
+                return BackendFailure(str(exc))
             return BackendFailure(f"inference failed: {type(exc).__name__}: {str(exc)[:200]}")
 
     def _wait_for_work(self) -> bool:
@@ -426,7 +427,7 @@ class Batcher:
             self.metrics.batch_tokens.observe(rows * width)
             if self._own is not None:
                 self._own.inference_duration.observe(elapsed)
-        for entry, rows_of_entry in zip(batch, results):
+        for row, entry in enumerate(batch):
             if entry.future.done():  # cancelled meanwhile, or failed by stop()
                 continue
             queue_s = started - entry.enqueued
@@ -434,47 +435,7 @@ class Batcher:
                 self.metrics.queue_duration.observe(queue_s)
                 if self._own is not None:
                     self._own.queue_duration.observe(queue_s)
-            entry.future.set_result(SequenceResult(rows_of_entry, queue_s, elapsed, rows))
-
-
-# The row length up to which a batch is bounded by its tokens alone (fill_batch): BERT's 512 positions.
-QUADRATIC_WIDTH = 512
-
-
-def fill_batch(
-    lengths: list[int],
-    *,
-    max_batch_tokens: int,
-    max_batch_requests: int,
-    max_padding: float | None = None,
-    pad_to_multiple_of: int | None = None,
-) -> list[int]:
-    """One batch from sequences of these `lengths`, in order of preference (the first always joins): the
-    positions of those that join while the padded batch (padded length x count) stays within
-    `max_batch_tokens`, `max_batch_requests` and `max_padding`, and its attention scores (count x padded
-    length squared, per head) within what `max_batch_tokens` of QUADRATIC_WIDTH-token rows hold: rows of a
-    long-context model (ModernBERT: 8,192 positions, whose exported attention is not fused) join fewer to a
-    batch, and one longer than sqrt(QUADRATIC_WIDTH x max_batch_tokens) runs alone, so a batch of them needs
-    no more memory than one such row; models of at most QUADRATIC_WIDTH positions batch as by tokens alone.
-    The server's batcher and offline batch jobs (python -m batch, over length-sorted windows of rows) batch by
-    this one rule."""
-    chosen: list[int] = []
-    width = real = 0
-    cells = max_batch_tokens * QUADRATIC_WIDTH
-    for position, length in enumerate(lengths):
-        if len(chosen) >= max_batch_requests:
-            break
-        new_width = max(width, length)
-        if pad_to_multiple_of:
-            new_width = -(-new_width // pad_to_multiple_of) * pad_to_multiple_of
-        padded = new_width * (len(chosen) + 1)
-        if chosen and (padded > max_batch_tokens or padded * new_width > cells):
-            continue
-        if chosen and max_padding is not None and real + length < (1 - max_padding) * padded:
-            continue  # too different in length: it waits for a batch of its own size
-        chosen.append(position)
-        width, real = new_width, real + length
-    return chosen
+            entry.future.set_result(SequenceResult(results.sequence(row), queue_s, elapsed, rows))
 
 
 def _cancel(entries: list[Entry]) -> None:

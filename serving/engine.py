@@ -8,6 +8,8 @@ Several names for one directory (--classify-model a=DIR --classify-model b=DIR) 
 but each has its own batcher: a queue of its own, so load on one model never queues in front of another's.
 Every batcher runs its batches through the device's one ComputeGate (serving/batcher.py): the models share the
 device's cores without oversubscribing them, and take turns on them fairly.
+Loading, the backends and the task's encode and decode are the inference runtime's (runtime/), as a batch job
+runs them; what is the server's own is the queue shared by requests, the lanes and the verification.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import Any
 
 from bert.tasks import TASKS
 from bert.tasks.base import Task
-from bert.tasks.common import Limits, ModelFacts
-from serving.backends.loading import LoadedModel, load_model
-from serving.backends.model_dir import ModelError, resolve_model_path
+from bert.tasks.common import Limits
+from runtime.inference import Encoded, Inference
+from runtime.loading import LoadedModel, LoadOptions, load_model
+from runtime.model_dir import ModelError, resolve_model_path
 from serving.batcher import Batcher, ComputeGate, SequenceResult, Ticket
 from serving.errors import BackendFailure, NotFound, ServingError, refusal
 from serving.settings import DEMO_MODEL_DIR, NamedModel, Settings, default_model_name
@@ -84,9 +87,28 @@ class ModelUnit(LoadedModel):
     named: bool = False  # the name was given (NAME=DIR), not taken from the directory
 
 
+def load_options(settings: Settings) -> LoadOptions:
+    """How the runtime loads and runs the server's models, from its settings."""
+    return LoadOptions(
+        backend=settings.backend,
+        device=settings.device,
+        precision=settings.precision,
+        pooling=settings.pooling,
+        allow_unverified=settings.allow_unverified,
+        max_input_length=settings.max_input_length,
+        max_batch_tokens=settings.max_batch_tokens,
+        threads=settings.threads,
+        inference_workers=settings.inference_workers,
+        torch_packed=settings.torch_packed,
+        torch_cuda_graphs=settings.torch_cuda_graphs,
+        torch_gelu_epilogue=settings.torch_gelu_epilogue,
+    )
+
+
 class Engine:
     def __init__(self, settings: Settings, metrics=None):
         self.settings = settings
+        self.load_options = load_options(settings)
         self.metrics = metrics
         self.units: list[ModelUnit] = []
         self.by_task: dict[str, ModelUnit] = {}  # task -> its default model (the first given)
@@ -100,9 +122,9 @@ class Engine:
         # anyway (tokens, windows, inputs), so one thread is enough for the long lane.
         self._light_lane = ThreadPoolExecutor(max_workers=2, thread_name_prefix="codec")
         self._heavy_lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="codec-long")
-        # (id of a unit, task) -> its Limits and ModelFacts: fixed once the models are loaded, so built once rather
-        # than per request (the units live as long as the engine, so their ids are never reused meanwhile)
-        self._request_facts: dict[tuple[int, str], tuple[Limits, ModelFacts]] = {}
+        # (id of a unit, task) -> the Limits of its requests and its Inference: fixed once the models are loaded, so
+        # built once rather than per request (the units live as long as the engine, so their ids are never reused)
+        self._pipelines: dict[tuple[int, str], tuple[Limits, Inference]] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -150,15 +172,19 @@ class Engine:
             vectors = [t for t in unit.tasks if TASKS[t].head is None]  # the tasks the encoder itself serves
             if vectors and isinstance(quality, dict) and quality.get("warning"):
                 log.warning("%s: %s: %s", unit.spec.path.name, ", ".join(vectors), quality["warning"])
-            if "rerank" in unit.tasks and unit.spec.kind == "checkpoint" and settings.device == "cpu":
-                # A rerank request is many pairs (20 texts: 20 model inputs); the server never exports itself.
-                log.warning(
-                    "/rerank is served from the checkpoint %s in torch fp32 on CPU; its ONNX export is much faster: "
-                    "python -m export.onnx --ckpt %s (the default writes int8 where it agrees with fp32), then "
-                    "--rerank-model ARTIFACT_DIR",
-                    unit.spec.path,
-                    unit.spec.path,
-                )
+            for task in (TASKS[t] for t in unit.tasks):
+                if task.many_inputs_per_item and unit.spec.kind == "checkpoint" and settings.device == "cpu":
+                    # Its items are many model inputs each; the server never exports itself.
+                    route, flag = task.routes[0].path if task.routes else task.name, task.name.replace("_", "-")
+                    log.warning(
+                        "%s is served from the checkpoint %s in torch fp32 on CPU; its ONNX export is much faster: "
+                        "python -m export.onnx --ckpt %s (the default writes int8 where it agrees with fp32), then "
+                        "--%s-model ARTIFACT_DIR",
+                        route,
+                        unit.spec.path,
+                        unit.spec.path,
+                        flag,
+                    )
         log.info("serving %s", {t: {n: str(u.spec.path) for n, u in m.items()} for t, m in self.models.items()})
 
     def _build_unit(self, path: Path, explicit: list[str], shared: ModelUnit | None = None) -> ModelUnit:
@@ -171,7 +197,7 @@ class Engine:
                     f"{path} was given for {', '.join(missing)} but serves only {', '.join(shared.backend.tasks)}"
                 )
             return ModelUnit(shared.spec, shared.backend, shared.tokenizer, shared.max_length)
-        model = load_model(path, self.settings, explicit)
+        model = load_model(path, self.load_options, explicit)
         return ModelUnit(model.spec, model.backend, model.tokenizer, model.max_length)
 
     def _verify_unit(self, task: Task, name: str, flag: str) -> ModelUnit:
@@ -277,12 +303,6 @@ class Engine:
         models_info): in a server of one model, that model's."""
         return min(u.max_length for u in self.units)
 
-    def dimensions(self, task: str, model: str | None = None) -> int | None:
-        """The width of the encoder's vectors in the model serving `task` (`model`: the one of that name; None:
-        the default, or nothing served)."""
-        unit = self.by_task.get(task) if model is None else self.models.get(task, {}).get(model)
-        return unit.dimensions if unit else None
-
     def models_info(self) -> dict[str, list[dict]]:
         """Per task, its models in order (the first is the default): name, directory, its own longest input in
         tokens, and labels where the task has them."""
@@ -341,8 +361,9 @@ class Engine:
         }
 
     # ---- helpers --------------------------------------------------------------------------
-    def _unit(self, task: str, model: str | None = None) -> ModelUnit:
-        """The model serving `task` that a request's "model" names (None: the task's default). A task served by one
+    def unit(self, task: str, model: str | None = None) -> ModelUnit:
+        """The model serving `task` that a request's "model" names (None: the task's default): what a request
+        resolves once, before any other check, and runs on. A task served by one
         model given without a name (a plain DIR, or --model) answers whatever name a request sends, as a server
         of one model always has (OpenAI's clients must send one); once a task has a named model or several,
         the name must be one of them."""
@@ -358,9 +379,11 @@ class Engine:
             return unit
         raise ModelNotServed(f"model {model!r} is not served for {task}; its models: {', '.join(models)}")
 
-    def model_unit(self, task: str, model: str | None = None) -> ModelUnit:
-        """The model a request for `task` naming `model` runs on (ModelNotServed, a 404, when there is none)."""
-        return self._unit(task, model)
+    def answers_as(self, task: str, unit: ModelUnit) -> str:
+        """The model name a request for `task` run on `unit` answers with: a task of several models, or of a named
+        one, or a server of several models, names the model that ran; else the server's name (its models' names)."""
+        several = len(self.models[task]) > 1 or len(self.units) > 1
+        return unit.name if several or unit.named else self.model_name
 
     def _lane(self, task: Task, chars: int, options: dict) -> ThreadPoolExecutor | None:
         """Where a request's tokenising and decoding run, by its task and text size `chars`: None (on the
@@ -418,74 +441,60 @@ class Engine:
             qa_max_question_length=self.settings.qa_max_question_length,
         )
 
-    def _facts_of(self, unit: ModelUnit, task: str) -> tuple[Limits, ModelFacts]:
-        """The Limits of a request to `unit` and the ModelFacts its `task` decodes with."""
-        key = (id(unit), task)
-        known = self._request_facts.get(key)
+    def _pipeline(self, unit: ModelUnit, task: Task) -> tuple[Limits, Inference]:
+        """The Limits of a request to `unit` and the Inference that encodes and decodes its `task` there."""
+        key = (id(unit), task.name)
+        known = self._pipelines.get(key)
         if known is None:
-            known = self._request_facts[key] = (self.limits(unit), unit.facts(task))
+            known = self._pipelines[key] = (self.limits(unit), Inference(unit, task))
         return known
 
     async def infer(
-        self, task: Task, items: list, options: dict, *, ticket: Ticket, timing: Timing, model: str | None = None
+        self, unit: ModelUnit, task: Task, items: list, options: dict, *, ticket: Ticket, timing: Timing
     ) -> list:
-        """items (texts, pairs or QA items) -> one answer per item: the task's codec encodes them (in the
-        request's lane), the batcher of the model `model` names (None: the task's default) runs their sequences,
-        the codec decodes the outputs."""
-        unit = self._unit(task.name, model)
+        """items (texts, pairs or QA items) -> one answer per item, on `unit` (the request's model, resolved once by
+        `unit()`): the runtime's Inference encodes them (in the request's lane), the unit's batcher runs their
+        sequences, the Inference decodes the outputs."""
         lane = self._lane(task, task.request_chars(items, options), options)
-        limits, facts = self._facts_of(unit, task.name)
+        limits, inference = self._pipeline(unit, task)
 
         def encode():
-            return task.encode_request(unit.tokenizer, items, limits, cancelled=lambda: ticket.cancelled, **options)
+            return inference.encode(items, limits, options, cancelled=lambda: ticket.cancelled)
 
-        features = self._codec_here(encode) if lane is None else await self._codec(encode, lane)
-        flat = [f for item_features in features for f in item_features]
-        results = await self._infer(unit, flat, ticket, timing)
-        timing.tokens += sum(len(f) for f in flat)
+        encoded = self._codec_here(encode) if lane is None else await self._codec(encode, lane)
+        sequences = encoded.sequences
+        results = await self._infer(unit, sequences, ticket, timing)
+        timing.tokens += sum(len(f) for f in sequences)
         timing.items += len(items)
-        outputs, at = [], 0
-        for item_features in features:
-            outputs.append([r.outputs for r in results[at : at + len(item_features)]])
-            at += len(item_features)
+        outputs = encoded.per_item([r.outputs for r in results])
         if task.name in self.verify:
-            await self._verify(task, items, features, outputs, facts, options, lane, ticket, timing)
+            await self._verify(inference, encoded, outputs, options, lane, ticket, timing)
 
         def decode():
-            return task.decode_request(items, features, outputs, facts, **options)
+            return inference.decode(encoded, outputs, options)
 
         return self._codec_here(decode) if lane is None else await self._codec(decode, lane)
 
     async def _verify(
-        self,
-        task: Task,
-        items: list,
-        features: list,
-        outputs: list,
-        facts: ModelFacts,
-        options: dict,
-        lane,
-        ticket: Ticket,
-        timing: Timing,
+        self, inference: Inference, encoded: Encoded, outputs: list, options: dict, lane, ticket: Ticket, timing: Timing
     ) -> None:
         """The items whose answers are unsure (the task's margins under --TASK-verify-margin) run again on the
         exact model; their outputs are replaced in place."""
 
         def margin_of():
-            return task.margins(items, features, outputs, facts, **options)
+            return inference.margins(encoded, outputs, options)
 
         margins = self._codec_here(margin_of) if lane is None else await self._codec(margin_of, lane)
         if margins is None:
             return
-        unsure = [i for i, m in enumerate(margins) if m < self.verify_margin(task.name)]
+        task = inference.task.name
+        unsure = [i for i, m in enumerate(margins) if m < self.verify_margin(task)]
         if not unsure:
             return
-        flat = [f for i in unsure for f in features[i]]
-        results = await self._infer(self.verify[task.name], flat, ticket, timing)
-        at = 0
-        for i in unsure:
-            outputs[i] = [r.outputs for r in results[at : at + len(features[i])]]
-            at += len(features[i])
+        again = Encoded([encoded.items[i] for i in unsure], [encoded.features[i] for i in unsure])
+        results = await self._infer(self.verify[task], again.sequences, ticket, timing)
+        for i, item_outputs in zip(unsure, again.per_item([r.outputs for r in results])):
+            outputs[i] = item_outputs
         timing.verified += len(unsure)
 
 

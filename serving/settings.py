@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bert.tasks import registry
 from bert.tasks.base import Task
-from serving.backends import BACKENDS
+from runtime.backends import BACKENDS
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
 # Old setting -> the one that replaced it: deployed configurations still set the old names, which are read (with

@@ -465,8 +465,8 @@ def test_tensorrt_engine_is_added_to_the_artifact_whole_or_not_at_all(sources, t
     in a copy of the artifact that replaces it, which the server's check accepts; a failed build changes nothing."""
     from export import tensorrt
     from export.cli import ResultError
-    from serving.backends.artifact import verify_artifact
-    from serving.backends.model_dir import read_model_spec
+    from runtime.artifact import verify_artifact
+    from runtime.model_dir import read_model_spec
 
     artifact = tmp_path / "artifact"
     shutil.copytree(sources["old_artifact"], artifact)

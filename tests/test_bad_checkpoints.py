@@ -492,8 +492,8 @@ def test_the_valid_artifact_and_checkpoint_pass_the_same_checks(artifact, checkp
     import numpy as np
 
     from bert.checkpoint import load_checkpoint
-    from serving.backends.model_dir import read_model_spec
-    from serving.backends.onnx_backend import OnnxBackend
+    from runtime.backends.onnx_backend import OnnxBackend
+    from runtime.model_dir import read_model_spec
     from serving.settings import Settings
 
     backend = OnnxBackend(read_model_spec(artifact), Settings(threads=1))

@@ -16,7 +16,7 @@ RAW = "\n".join(
         f"{LOOP};_answer (serving/routes/lean.py:60);AnswerResponse.render (serving/routes/api.py:39) 5",
         f"{LOOP};__call__ (serving/routes/lean.py:45);_parse (serving/routes/lean.py:90) 4",
         f"{LOOP};__call__ (serving/middleware.py:120) 10",
-        f"{WORKER};run (serving/backends/onnx_backend.py:80) 40",
+        f"{WORKER};run (runtime/backends/onnx_backend.py:80) 40",
         f"{WORKER} 20",  # the batcher's own Python
         "not a sample line",
     ]

@@ -249,7 +249,7 @@ def test_masked_lm_outside_the_legacy_layout_is_refused(checkpoints, tmp_path):
 @pytest.mark.parametrize("head", ["classify", "ner", "qa", "mlm"])
 def test_packed_varlen_path_gives_their_logits(checkpoints, head):
     """serving's packed path (torch_packed): relative attention laid out per sequence inside the packed batch."""
-    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
+    from runtime.backends.torch_packed import PackedEncoder, PackedRunner, pack
 
     directory, theirs = checkpoints[head]
     ids, mask = batch(LENGTHS, vocab=vocab_of(checkpoints))

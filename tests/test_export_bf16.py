@@ -66,7 +66,7 @@ def test_bf16_matmuls_only_in_the_encoder_layers(checkpoint):
 
 
 def test_served_with_the_torch_backend_in_bf16_and_answers_as_fp32(artifact, checkpoint):
-    from serving.backends.loading import load_model
+    from runtime.loading import load_model
     from serving.settings import Settings
 
     loaded = load_model(artifact, Settings())
@@ -92,8 +92,8 @@ def test_served_with_the_torch_backend_in_bf16_and_answers_as_fp32(artifact, che
 def test_a_changed_weight_file_is_refused(artifact, tmp_path):
     import shutil
 
-    from serving.backends.loading import load_model
-    from serving.backends.model_dir import ModelError
+    from runtime.loading import load_model
+    from runtime.model_dir import ModelError
     from serving.settings import Settings
 
     copy = tmp_path / "copy"

@@ -633,13 +633,13 @@ def test_minilm_rewritten_into_family_layout_gives_the_same_states(tmp_path, min
 @pytest.mark.parametrize("model_type", SERVE_FAMILIES)
 @pytest.mark.parametrize("head", ["classify", "ner", "qa"])
 def test_packed_backend_runner_equals_padded_model(family_checkpoints, model_type, head):
-    """serving's packed path (serving/backends/torch_packed.py, its CPU reference attention) on each family:
+    """serving's packed path (runtime/backends/torch_packed.py, its CPU reference attention) on each family:
     positions offset, no token types or a single one, the embedding projection all taken by the same modules."""
     from test_torch_packed import assert_close as assert_backend_close
     from test_torch_packed import ours as by_output
     from test_torch_packed import padded_outputs, random_batch
 
-    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
+    from runtime.backends.torch_packed import PackedEncoder, PackedRunner, pack
 
     model, _ = load_for_inference(family_checkpoints[model_type][head])
     batch = random_batch([1, 30, 17, 24, 5], width=32, seed=1, vocab=model.config.vocab_size)

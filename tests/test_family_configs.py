@@ -149,7 +149,7 @@ def test_a_tanh_classifier_activation_runs_in_a_modernbert_masked_lm(tmp_path):
 def test_packed_path_of_a_tanh_gelu_model_gives_transformers_logits_on_cpu(tmp_path, model_type):
     """A gelu_new model runs its feed-forward GELU as the GEMM's epilogue in the packed path by default, which
     stands for the tanh approximation (cuBLASLt's on CUDA); on the CPU it is that approximation too."""
-    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
+    from runtime.backends.torch_packed import PackedEncoder, PackedRunner, pack
 
     theirs = make_hf(tmp_path, model_type, "ner", hidden_act="gelu_new")
     model, _ = load_for_inference(tmp_path)

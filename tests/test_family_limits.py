@@ -97,7 +97,7 @@ def test_the_probe_turns_off_a_kernel_that_misreads_the_window(windowed, monkeyp
     """The packed kernels bound a windowed layer's attention themselves (FlashAttention's window_size on CUDA).
     One that ignores the window, or bounds it a token short, must fail the load-time probe and leave the server
     on the padded path with transformers' answers; rows of at most 64 tokens never reach a 64-token window."""
-    from serving.backends import torch_backend
+    from runtime.backends import torch_backend
 
     reference = torch_backend.attention_reference
 

@@ -109,7 +109,7 @@ def test_dry_run_writes_a_flat_folder_of_the_promised_names(dry_run):
 
 
 def test_demo_parts_reassemble_into_a_servable_model(dry_run, tmp_path):
-    from serving.backends.model_dir import read_model_spec
+    from runtime.model_dir import read_model_spec
 
     demo = dry_run.results["steps"]["demo"]
     parts = sorted(dry_run.out.glob(PART + "*"))

@@ -360,7 +360,7 @@ def test_local_directory_and_store_entry_win_over_an_id(checkpoint, monkeypatch,
 
     from bert import hub
     from bert.checkpoint import resolve_checkpoint
-    from serving.backends.model_dir import resolve_model_path
+    from runtime.model_dir import resolve_model_path
 
     def no_hub(*args, **kwargs):
         raise AssertionError("the Hub was consulted for a name that is a local directory")

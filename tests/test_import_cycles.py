@@ -1,10 +1,12 @@
 """The product's imports form layers: no import cycle anywhere, and bert/ at the bottom.
 
-Packages: bert (the core), training, export, serving, batch (when present), the SDK (clients/bertserve_client),
-bench and evals. Rules, each a test:
+Packages: bert (the core), training, export, runtime (the inference runtime), serving, batch, the SDK
+(clients/bertserve_client), bench and evals. Rules, each a test:
 - no cycle, in any package or across them;
-- bert/ imports none of training, serving, export, batch: it holds the declarations (tasks, heads, families)
-  and the code that runs a model, which the others read;
+- bert/ imports none of training, export, runtime, serving, batch: it holds the declarations (tasks, heads,
+  families) and the code that runs a model, which the others read;
+- runtime imports neither serving nor batch (both run models through it); serving and batch never import each
+  other: the server is HTTP, a batch job files;
 - serving imports neither export nor training; export does not import training;
 - the SDK imports nothing of ours (it is installed alone, on machines without the server).
 
@@ -32,6 +34,7 @@ PRODUCT = {
     "bert": "bert",
     "training": "training",
     "export": "export",
+    "runtime": "runtime",
     "serving": "serving",
     "batch": "batch",
     "bertserve_client": "clients/bertserve_client",
@@ -40,16 +43,16 @@ PRODUCT = {
 }
 # package -> the packages it must never import
 FORBIDDEN = {
-    "bert": ("training", "serving", "export", "batch"),
+    "bert": ("training", "serving", "export", "batch", "runtime"),
+    "runtime": ("serving", "batch", "training", "export"),
     "serving": ("export", "training", "batch"),
     "export": ("training", "batch"),
     "training": ("batch",),
-    "batch": ("training", "export"),
+    "batch": ("training", "export", "serving"),
     "bertserve_client": tuple(p for p in PRODUCT if p != "bertserve_client"),
 }
-# What of serving/ a batch job may use: the backends (loading a model, running sequences) and the batching rule,
-# one copy of each; not the HTTP app, its routes or its settings' parsing.
-BATCH_USES_OF_SERVING = ("serving.backends", "serving.batcher", "serving.settings", "serving.errors")
+# The applications that run models through the runtime, each alone: neither imports the other.
+APPLICATIONS = ("serving", "batch")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -264,19 +267,24 @@ def test_each_layer_imports_only_those_below_it():
     assert not violations, "imports across the layers' rules:\n" + "\n".join(violations)
 
 
-def test_batch_uses_only_the_serving_engines_shared_parts():
-    """python -m batch shares the server's backends and batching rule; it never imports the app, the routes or
-    the engine that wires them (and nothing imports batch but bench and evals)."""
+def test_serving_and_batch_share_only_the_runtime():
+    """The server and batch jobs load and run models through runtime/ alone: no batch module imports serving, no
+    serving module imports batch, and runtime imports neither (counted with imports inside functions)."""
     graph = import_graph(module_level=False)
+    assert any(name.startswith("runtime.") for name in graph), "the graph must see the runtime package"
     assert any(name.startswith("batch.") for name in graph), "the graph must see the batch package"
-    reached = {
-        f"{module} -> {target}"
+    crossing = sorted(
+        f"{module} (line {line}) -> {target}"
         for module, edges in graph.items()
-        if module.split(".")[0] == "batch"
-        for target in edges
-        if target.split(".")[0] == "serving" and not target.startswith(BATCH_USES_OF_SERVING)
+        for target, line in edges.items()
+        if (module.split(".")[0], target.split(".")[0])
+        in {("batch", "serving"), ("serving", "batch"), ("runtime", "serving"), ("runtime", "batch")}
+    )
+    assert not crossing, crossing
+    users = {
+        module.split(".")[0] for module, edges in graph.items() for target in edges if target.startswith("runtime")
     }
-    assert not reached, reached
+    assert set(APPLICATIONS) <= users, users
 
 
 def test_the_config_imports_no_codec():

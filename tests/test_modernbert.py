@@ -208,7 +208,7 @@ def test_masked_lm_without_a_decoder_bias(tmp_path):
 @pytest.mark.parametrize("head", ["classify", "ner", "qa", "mlm"])
 def test_packed_varlen_path_gives_their_logits(checkpoints, head):
     """serving's packed path (torch_packed, CPU reference attention): the window is bounded inside each sequence."""
-    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
+    from runtime.backends.torch_packed import PackedEncoder, PackedRunner, pack
 
     directory, theirs = checkpoints[head]
     ids, mask = batch()
@@ -518,7 +518,7 @@ def test_rotary_and_windowed_blocks_on_a_bert_layout_pack_as_they_pad():
     """A BERT-layout model given rotary positions and a windowed layer by config alone: no position table, and the
     packed varlen path (window bounded per sequence) gives the padded path's answers."""
     from bert.model import BertForMultiTask
-    from serving.backends.torch_packed import PackedEncoder, PackedRunner, pack
+    from runtime.backends.torch_packed import PackedEncoder, PackedRunner, pack
 
     config = BertConfig(
         vocab_size=VOCAB,

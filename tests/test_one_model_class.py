@@ -92,8 +92,8 @@ def test_masked_lm_checkpoint_serves_transformers_top_k(tmp_path, architecture):
 
 
 def test_masked_lm_through_the_torch_backend_padded_and_packed(tmp_path):
-    from serving.backends import torch_backend
-    from serving.backends.model_dir import read_model_spec
+    from runtime.backends import torch_backend
+    from runtime.model_dir import read_model_spec
 
     directory = save_hf(transformers.BertForMaskedLM, tmp_path / "mlm")
     spec = read_model_spec(directory)
@@ -111,8 +111,8 @@ def test_masked_lm_through_the_torch_backend_padded_and_packed(tmp_path):
 
 def test_one_output_classifier_serves_classify_and_rerank_from_one_head(tmp_path):
     from bert.checkpoint import load_for_inference
-    from serving.backends import torch_backend
-    from serving.backends.model_dir import read_model_spec
+    from runtime.backends import torch_backend
+    from runtime.model_dir import read_model_spec
 
     directory = save_hf(transformers.BertForSequenceClassification, tmp_path / "cross", num_labels=1)
     hf = transformers.BertForSequenceClassification.from_pretrained(directory).eval()
@@ -136,9 +136,9 @@ def test_exported_one_output_classifier_serves_classify_and_rerank(tmp_path):
     import json
 
     from export.onnx import cli
-    from serving.backends.model_dir import read_model_spec
-    from serving.backends.onnx_backend import OnnxBackend
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.onnx_backend import OnnxBackend
+    from runtime.backends.torch_backend import TorchBackend
+    from runtime.model_dir import read_model_spec
 
     directory = save_hf(transformers.BertForSequenceClassification, tmp_path / "cross", num_labels=1, vocab_size=30522)
     shutil.copy(DEMO / "vocab.txt", directory / "vocab.txt")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert.tasks import TASKS, Features
-from serving.backends.base import Backend
+from runtime.backends.base import Backend
 from serving.batcher import Batcher, Ticket
 from serving.errors import BackendFailure
 
@@ -233,16 +233,38 @@ def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):
         engine.start()
         try:
             return await asyncio.gather(
-                engine.infer(TASKS["classify"], TEXTS[:2], {"top_k": 1}, ticket=Ticket(), timing=Timing()),
-                engine.infer(TASKS["ner"], TEXTS[2:4], {"aggregation": "simple"}, ticket=Ticket(), timing=Timing()),
                 engine.infer(
+                    engine.unit("classify"),
+                    TASKS["classify"],
+                    TEXTS[:2],
+                    {"top_k": 1},
+                    ticket=Ticket(),
+                    timing=Timing(),
+                ),
+                engine.infer(
+                    engine.unit("ner"),
+                    TASKS["ner"],
+                    TEXTS[2:4],
+                    {"aggregation": "simple"},
+                    ticket=Ticket(),
+                    timing=Timing(),
+                ),
+                engine.infer(
+                    engine.unit("qa"),
                     TASKS["qa"],
                     [{**QA_ITEMS[1], "top_k": 1, "max_answer_len": 30, "doc_stride": 128}],
                     {},
                     ticket=Ticket(),
                     timing=Timing(),
                 ),
-                engine.infer(TASKS["embed"], TEXTS[4:5], {"normalize": True}, ticket=Ticket(), timing=Timing()),
+                engine.infer(
+                    engine.unit("embed"),
+                    TASKS["embed"],
+                    TEXTS[4:5],
+                    {"normalize": True},
+                    ticket=Ticket(),
+                    timing=Timing(),
+                ),
             )
         finally:
             await engine.stop()
@@ -268,7 +290,7 @@ def test_max_padding_keeps_very_different_lengths_apart():
 
 # ---- every path fails every entry of a batch it cannot run (issue 11) -------------------------------------
 def test_a_batch_that_cannot_be_padded_fails_its_callers(monkeypatch):
-    import serving.backends.base as batcher_module  # where a padded backend's batch is padded
+    import runtime.backends.base as batcher_module  # where a padded backend's batch is padded
 
     real_pad = batcher_module.pad_batch
 
@@ -404,7 +426,7 @@ def test_long_rows_batch_by_their_attention_scores_not_by_tokens_alone():
     """A batch's attention (rows x width^2) stays within what max_batch_tokens of 512-token rows hold: two
     8,192-token rows of a long-context model (15 GB of scores in an unfused ONNX graph at 12 heads) no longer
     share a batch; rows of at most 512 tokens batch as before."""
-    from serving.batcher import QUADRATIC_WIDTH, fill_batch
+    from runtime.batching import QUADRATIC_WIDTH, fill_batch
 
     def size(length: int, count: int = 300, budget: int = 16384) -> int:
         return len(fill_batch([length] * count, max_batch_tokens=budget, max_batch_requests=256))

@@ -17,7 +17,7 @@ POISON_ID = 103
 
 def failing_backend(spec, settings):
     """The torch backend, except that a batch holding the [MASK] id raises (used by the server process)."""
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     class FailingTorchBackend(TorchBackend):
         name = "torch-failing"
@@ -90,7 +90,7 @@ def slow_warmup_backend(spec, settings):
     """The torch backend with a warm-up that takes a while, to watch /ready."""
     import time
 
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     class SlowWarmup(TorchBackend):
         def warmup(self, **kwargs):

@@ -35,7 +35,7 @@ def answers(checkpoint, requests, **settings):
         try:
             return await asyncio.gather(
                 *(
-                    engine.infer(TASKS[task], items, dict(options), ticket=Ticket(), timing=Timing())
+                    engine.infer(engine.unit(task), TASKS[task], items, dict(options), ticket=Ticket(), timing=Timing())
                     for task, items, options in requests
                 )
             )

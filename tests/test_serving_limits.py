@@ -149,7 +149,7 @@ def test_blank_api_key_is_a_startup_error(key, tmp_path):
 
 
 def failing_warmup_backend(spec, settings):
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     class FailingWarmup(TorchBackend):
         def warmup(self, **kwargs):

@@ -233,20 +233,20 @@ def one_run_at_a_time_backend(spec, settings):
     import threading
     import time
 
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     lock = threading.Lock()
 
     class OneRunAtATime(TorchBackend):
         concurrent_runs = False
 
-        def run_sequences(self, sequences):
+        def run_batch(self, sequences):
             with lock:
                 _Overlap.running += 1
                 _Overlap.most = max(_Overlap.most, _Overlap.running)
             try:
                 time.sleep(0.01)  # long enough for another batcher's run to start, were it let in
-                return super().run_sequences(sequences)
+                return super().run_batch(sequences)
             finally:
                 with lock:
                     _Overlap.running -= 1
@@ -278,7 +278,9 @@ def test_batchers_sharing_a_backend_that_cannot_overlap_take_turns(checkpoints):
         try:
             return await asyncio.gather(
                 *(
-                    engine.infer(TASKS["classify"], [text], {}, ticket=Ticket(), timing=Timing(), model=model)
+                    engine.infer(
+                        engine.unit("classify", model), TASKS["classify"], [text], {}, ticket=Ticket(), timing=Timing()
+                    )
                     for text in TEXTS
                     for model in ("a", "b")
                 )
@@ -315,10 +317,10 @@ class _Runs:
 
 def recording_backend(spec, settings):
     """The torch backend, recording each run; the first run of the directory named "topic" waits for the test."""
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     class Recording(TorchBackend):
-        def run_sequences(self, sequences):
+        def run_batch(self, sequences):
             name = self.spec.path.name
             with _Runs.lock:
                 first = name == "topic" and not _Runs.started.is_set()
@@ -329,7 +331,7 @@ def recording_backend(spec, settings):
                 _Runs.started.set()
                 _Runs.release.wait(30)
             try:
-                return super().run_sequences(sequences)
+                return super().run_batch(sequences)
             finally:
                 with _Runs.lock:
                     _Runs.running -= 1
@@ -367,7 +369,9 @@ def test_a_quiet_models_request_runs_before_the_busy_models_backlog(checkpoints)
     busy_texts = [text for text in TEXTS for _ in range(2)]
 
     def ask(model: str, text: str):
-        return engine.infer(TASKS["classify"], [text], {}, ticket=Ticket(), timing=Timing(), model=model)
+        return engine.infer(
+            engine.unit("classify", model), TASKS["classify"], [text], {}, ticket=Ticket(), timing=Timing()
+        )
 
     async def until(condition):
         for _ in range(3000):

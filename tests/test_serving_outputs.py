@@ -1,4 +1,4 @@
-"""The one output-name mapping every backend hands its model's outputs through (serving/backends/outputs.py)."""
+"""The one output-name mapping every backend hands its model's outputs through (runtime/backends/outputs.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from bert.tasks import TASKS
-from serving.backends.model_dir import ModelError
-from serving.backends.outputs import HIDDEN_STATES, task_outputs
+from runtime.backends.outputs import HIDDEN_STATES, task_outputs
+from runtime.model_dir import ModelError
 
 
 def test_one_output_feeds_every_task_it_serves_and_multi_task_names_map_one_to_one():

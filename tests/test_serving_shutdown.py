@@ -16,7 +16,7 @@ TEXT = "the film is slow but the actors carry it through to a satisfying and sur
 
 
 def slow_backend(spec, settings):
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     class SlowTorchBackend(TorchBackend):
         def run(self, batch):
@@ -76,7 +76,7 @@ def test_sigterm_finishes_admitted_requests_and_exits_0(tmp_path):
 
 
 def very_slow_backend(spec, settings):
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     class VerySlowTorchBackend(TorchBackend):
         def run(self, batch):

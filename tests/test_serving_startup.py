@@ -15,7 +15,7 @@ from test_serving_support import PYTHON, REPO, Server, build_checkpoint
 
 
 def slow_loading_backend(spec, settings):
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends.torch_backend import TorchBackend
 
     time.sleep(3)  # a model that takes a while to load (a big one, a TensorRT engine build)
     return TorchBackend(spec, settings)

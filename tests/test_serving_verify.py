@@ -13,7 +13,7 @@ from test_serving_support import CONTEXT, PYTHON, QA_ITEMS, REPO, Server, build_
 
 from bert.tasks import TASKS
 from bert.tasks import qa as qa_codec
-from serving.backends.model_dir import ModelError
+from runtime.model_dir import ModelError
 from serving.batcher import Ticket
 from serving.engine import Engine, Timing
 from serving.metrics import Metrics
@@ -45,7 +45,7 @@ def run(items, **settings):
     async def scenario():
         engine.start()
         try:
-            return await engine.infer(TASKS["qa"], items, {}, ticket=Ticket(), timing=timing)
+            return await engine.infer(engine.unit("qa"), TASKS["qa"], items, {}, ticket=Ticket(), timing=timing)
         finally:
             await engine.stop()
 

@@ -22,12 +22,6 @@ PACKAGES = ("bert", "training", "export", "serving", "batch", "runtime")
 # (file, enclosing function or "<module>") -> why it still names a task. Each entry is a site in a file this
 # declaration does not own; it goes once the file reads the task's declaration instead (the attribute named).
 ALLOWED = {
-    # The server's engine picks the packed torch path for rerank on CPU; the engine (moving into runtime/) is to
-    # read it from the task's declaration.
-    ("serving/engine.py", "load"): "engine: packed torch path chosen by task name (runtime owns the file)",
-    # The batch job checks zero-shot's labels itself; Task.job_problems (bert/tasks/zero_shot.py) now does it.
-    ("batch/predict.py", "check_task_options"): "batch job: zero_shot's labels checked by name; use "
-    "Task.job_problems (runtime owns the file)",
     # Export's calibration sets are named as the tasks that read them (Task.calibration says which set a task
     # reads); these build the sets by name. calibration_set is dead code.
     ("export/sensitivity.py", "calibration_set"): "dead code; Task.calibration replaces it (int8 owns the file)",

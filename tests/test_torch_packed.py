@@ -1,4 +1,4 @@
-"""The torch backend's packed path (serving/backends/torch_packed.py).
+"""The torch backend's packed path (runtime/backends/torch_packed.py).
 
 On CPU: packing, buckets, the packed encoder with its bucket padding (empty sequences, filler tokens)
 and every head equal the padded model; the load-time probe turns a wrong fast path off. The attention
@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 from bert.config import BertConfig  # noqa: E402
 from bert.model import activation  # noqa: E402
 from bert.tasks.registry import TASKS  # noqa: E402
-from serving.backends import torch_backend  # noqa: E402
-from serving.backends.torch_packed import (  # noqa: E402
+from runtime.backends import torch_backend  # noqa: E402
+from runtime.backends.torch_packed import (  # noqa: E402
     PackedEncoder,
     PackedRunner,
     attention_reference,
@@ -262,7 +262,7 @@ def test_graph_capture_code_runs_against_torch_cuda_api(monkeypatch):
     import contextlib
     import inspect
 
-    from serving.backends.torch_packed import _Bucket
+    from runtime.backends.torch_packed import _Bucket
 
     assert {"pool", "capture_error_mode"} <= set(inspect.signature(torch.cuda.graph.__init__).parameters)
     assert hasattr(torch.cuda.CUDAGraph, "replay") and callable(torch.cuda.graph_pool_handle)
@@ -311,7 +311,7 @@ def multi_checkpoint(tmp_path_factory):
 
 
 def make_backend(path, device="cpu", precision="fp32", **options):
-    from serving.backends.model_dir import read_model_spec
+    from runtime.model_dir import read_model_spec
 
     settings = SimpleNamespace(
         device=device,
@@ -348,7 +348,7 @@ def test_the_server_flags_choose_the_packed_path(multi_checkpoint, monkeypatch):
     """--torch-packed / --torch-gelu-epilogue as `python -m serving` reads them reach the backend; an argument
     given to the backend wins over them."""
     from bert import options
-    from serving.backends.model_dir import read_model_spec
+    from runtime.model_dir import read_model_spec
     from serving.settings import Settings
 
     monkeypatch.delenv("BERTSERVE_TORCH_PACKED", raising=False)
@@ -361,24 +361,30 @@ def test_the_server_flags_choose_the_packed_path(multi_checkpoint, monkeypatch):
 
 
 def test_sequences_come_back_each_with_its_own_rows_packed_or_padded(multi_checkpoint):
-    """What the batcher calls: unpadded sequences in, per sequence out. The packed backend packs them as they are;
-    its answers are those of its padded batch (sliced once), and within fp32 summation order of the padded model's."""
-    from serving.backends.base import rows_of_each
+    """What the batcher calls: unpadded sequences in, the batch's outputs out, whole. The packed backend packs them
+    as they are and answers its outputs packed (per-token rows over the batch's real tokens), never cut per sequence;
+    each sequence's rows read from them are those of its padded batch, and within fp32 summation order of the padded
+    model's. A batch whose longest sequence is past the packed path's positions runs padded, packing never tried
+    twice."""
+    from runtime.backends.base import BatchOutputs
 
     padded = make_backend(multi_checkpoint)
     packed = make_backend(multi_checkpoint, packed=True)
     batch = random_batch([7, 40, 1, 19], width=40, seed=4)
     sequences, lengths = features_of(batch), [7, 40, 1, 19]
-    got = packed.run_sequences(sequences)
-    same_path = rows_of_each(packed.run(batch), lengths)
-    reference = padded.run_sequences(sequences)
+    got = packed.run_batch(sequences)
+    assert got.offsets == [0, 7, 47, 48, 67] and got.arrays["ner"].shape[0] == sum(lengths)
+    same_path = BatchOutputs(packed.run(batch), lengths)
+    reference = padded.run_batch(sequences)
+    assert reference.offsets is None and reference.arrays["ner"].shape[:2] == (4, 40)
     assert len(got) == len(sequences)
     for row, length in enumerate(lengths):
-        assert set(got[row]) == set(reference[row])
-        assert got[row]["ner"].shape[0] == length and got[row]["qa_start"].shape == (length,)
-        for name, value in got[row].items():
-            np.testing.assert_array_equal(value, same_path[row][name])
-            np.testing.assert_allclose(value, reference[row][name], rtol=0, atol=2e-5)
+        mine, theirs = got.sequence(row), reference.sequence(row)
+        assert set(mine) == set(theirs)
+        assert mine["ner"].shape[0] == length and mine["qa_start"].shape == (length,)
+        for name, value in mine.items():
+            np.testing.assert_array_equal(value, same_path.sequence(row)[name])
+            np.testing.assert_allclose(value, theirs[name], rtol=0, atol=2e-5)
 
 
 def test_probe_turns_a_wrong_packed_path_off(multi_checkpoint, monkeypatch):
@@ -478,7 +484,7 @@ def test_cuda_graph_replays_equal_eager_packed_runs(medium_checkpoint):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
 def test_cuda_varlen_kernels_ignore_empty_sequences_and_filler():
-    from serving.backends.torch_packed import CUDA_ATTENTIONS
+    from runtime.backends.torch_packed import CUDA_ATTENTIONS
 
     torch.manual_seed(0)
     n, heads, size = 100, 4, 64

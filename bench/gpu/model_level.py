@@ -118,9 +118,9 @@ def transformers_runner(ckpt: Path, task: str, device: str, dtype):
 
 def bertserve_backend(ckpt: Path, device: str, precision: str, **options):
     """The server's own backend object, made as the server makes it (settings -> create_backend)."""
-    from serving.backends import create_backend
-    from serving.backends.model_dir import read_model_spec
-    from serving.backends.torch_backend import TorchBackend
+    from runtime.backends import create_backend
+    from runtime.backends.torch_backend import TorchBackend
+    from runtime.model_dir import read_model_spec
     from serving.settings import Settings
 
     settings = Settings(device=device, precision=precision, backend="torch")

@@ -268,6 +268,7 @@ class Task:
     # transformers classes of a checkpoint made for this task alone; the first is the one we write
     architectures: ClassVar[tuple[str, ...]] = ()
     labelled: ClassVar[bool] = False  # its head predicts named labels (id2label)
+    many_inputs_per_item: ClassVar[bool] = False  # an item is many model inputs (a query against each text)
     graph_outputs: ClassVar[dict[str, str]]  # output names in an exported multi-task graph -> our output names
     single_graph_outputs: ClassVar[dict[str, str]]  # output names in a graph made for this task alone -> ours
     routes: ClassVar[tuple[Route, ...]] = ()

@@ -446,6 +446,7 @@ class RerankTask(Task):
     """A cross-encoder: a one-output sequence-pair classifier; any such checkpoint serves it."""
 
     name = "rerank"
+    many_inputs_per_item = True  # a query against each of its texts: a request of 20 texts is 20 model inputs
     order = 50
     head = Head("sequence", attribute="rerank_classifier", single_attribute="classifier", width=1)
     architectures = ("BertForSequenceClassification",)

@@ -142,22 +142,18 @@ async def _answer(request: Request, work) -> Response:
 class RouteInfo:
     """What a task's route may know of the server when it checks a body and shapes its answers
     (bert.tasks.base.Route): the served model's name, the width of its encoder's vectors, and the request's
-    input tokens (0 until its sequences have run). `model`: the request's "model" (None: the task's default)."""
+    input tokens (0 until its sequences have run). `unit`: the model the request runs on, resolved once."""
 
-    def __init__(self, engine, task: Task, timing: Timing, model: str | None = None):
-        self._engine, self._task, self._timing, self._model = engine, task, timing, model
+    def __init__(self, engine, task: Task, timing: Timing, unit):
+        self._engine, self._task, self._timing, self._unit = engine, task, timing, unit
 
     @property
     def model_name(self) -> str:
-        unit = self._engine.model_unit(self._task.name, self._model)
-        # A task of several models, or of a named one, or a server of several models, answers with the name of the
-        # model that ran (the server's name joins all of its models' names)
-        several = len(self._engine.models[self._task.name]) > 1 or len(self._engine.units) > 1
-        return unit.name if several or unit.named else self._engine.model_name
+        return self._engine.answers_as(self._task.name, self._unit)
 
     @property
     def embedding_dimensions(self) -> int | None:
-        return self._engine.model_unit(self._task.name, self._model).dimensions
+        return self._unit.dimensions
 
     @property
     def tokens(self) -> int:
@@ -204,28 +200,28 @@ class TaskEndpoint:
         self.request_schema = schema_class(route.request)
         self.body_type = Union[self.request_schema, list[self.request_schema]] if route.many else self.request_schema
 
-    def prepare(self, body, request: Request) -> tuple[list, dict, str | None]:
-        """(items, options, model) of a validated body, or the client's error (a ServingError) raised."""
+    def prepare(self, body, request: Request) -> tuple[list, dict, object]:
+        """(items, options, the model unit it runs on) of a validated body, or the client's error (a ServingError)
+        raised. The model is resolved here, once: an unknown name is a 404 before any other check."""
         task, route = self.task, self.route
         engine, settings = request.app.state.engine, request.app.state.settings
         try:
-            model = requested_model(body)
-            engine.model_unit(task.name, model)  # an unknown name is a 404 before any other check
+            unit = engine.unit(task.name, requested_model(body))
             items, options = route.to_items(body)
             options.pop("model", None)  # chosen here, not a codec option
             count_items(items, settings.max_client_batch_size, route.batch_field)
             if route.check is not None:
-                route.check(body, RouteInfo(engine, task, Timing(), model))
+                route.check(body, RouteInfo(engine, task, Timing(), unit))
         except (ValueError, TypeError) as e:  # a refusal (EmptyInput, TooManyInputs, a field named): the table's
             raise refusal(e) from None
-        return items, options, model
+        return items, options, unit
 
-    async def respond(self, body, request: Request, items: list, options: dict, model: str | None) -> Response:
+    async def respond(self, body, request: Request, items: list, options: dict, unit) -> Response:
         engine, task, route = request.app.state.engine, self.task, self.route
 
         async def work(ticket, timing):
-            answers = await engine.infer(task, items, options, ticket=ticket, timing=timing, model=model)
-            return route.shape(answers, body, RouteInfo(engine, task, timing, model))
+            answers = await engine.infer(unit, task, items, options, ticket=ticket, timing=timing)
+            return route.shape(answers, body, RouteInfo(engine, task, timing, unit))
 
         return await _answer(request, work)
 

@@ -1,5 +1,6 @@
 """Loading one model directory for inference: its spec, checks, tokenizer, backend and longest input. The server's
-engine (one unit per directory) and offline batch jobs (python -m batch) load a model this one way."""
+engine (one unit per directory) and offline batch jobs (python -m batch) load a model this one way, each saying
+how in a LoadOptions (the server maps its settings into one, a batch job its options)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,38 @@ from pathlib import Path
 from bert.tasks import TASKS
 from bert.tasks.common import ModelFacts
 from bert.tokenizer import BertTokenizer
-from serving.backends import create_backend
-from serving.backends.artifact import verify_artifact
-from serving.backends.base import Backend
-from serving.backends.model_dir import ModelError, ModelSpec, read_model_spec
+from runtime.artifact import verify_artifact
+from runtime.backends import create_backend
+from runtime.backends.base import Backend
+from runtime.model_dir import ModelError, ModelSpec, read_model_spec
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load and run a model: what the loader and the backends read."""
+
+    backend: str = "auto"  # a registered backend's name, "auto" (by the directory's kind), or "package.module:factory"
+    device: str = "cpu"  # cpu | cuda
+    precision: str | None = None  # fp32 | fp16 | bf16; None: the artifact's, else the device's default
+    pooling: str | None = None  # cls | mean | max: the embedding's pooling where the directory does not say
+    allow_unverified: bool = False  # serve an artifact whose manifest does not describe its files
+    max_input_length: int | None = None  # tokens one input may have (None: the model's own limit)
+    max_batch_tokens: int = 16384  # a batch's padded tokens: the longest input must fit
+    threads: int | None = None  # CPU threads in all (None: the runtime's choice)
+    inference_workers: int | None = None  # batches run at once (None: 2 on CPU, 1 on CUDA)
+    torch_packed: bool | None = None  # the torch backend's packed path (None: the device's default)
+    torch_cuda_graphs: bool | None = None
+    torch_gelu_epilogue: bool | None = None
+
+    @property
+    def effective_inference_workers(self) -> int:
+        # Two single-threaded runs at once beat one run on two threads on CPU (figures: docs/serving.md,
+        # --inference-workers).
+        return self.inference_workers or (1 if self.device == "cuda" else 2)
+
+    @property
+    def effective_precision(self) -> str:
+        return self.precision or ("fp16" if self.device == "cuda" else "fp32")
 
 
 @dataclass
@@ -36,9 +65,9 @@ class LoadedModel:
         return int(self.spec.config.get("hidden_size", 0)) or None
 
 
-def load_model(path: Path, settings, explicit: list[str] = ()) -> LoadedModel:
-    """The model in `path` as `settings` (the server's Settings) say to run it; `explicit`: tasks it must serve
-    (ModelError naming what it serves instead)."""
+def load_model(path: Path, settings: LoadOptions, explicit: list[str] = ()) -> LoadedModel:
+    """The model in `path` as `settings` say to run it; `explicit`: tasks it must serve (ModelError naming what it
+    serves instead)."""
     spec = read_model_spec(path)
     if not settings.allow_unverified:
         verify_artifact(spec)  # before the tokenizer or a backend reads any of its files

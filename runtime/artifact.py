@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bert.digest import listed_entries, mismatches
-from serving.backends.model_dir import ModelError, ModelSpec
+from runtime.model_dir import ModelError, ModelSpec
 
 # What the server reads from an artifact directory: each must be in its manifest, with the same size and sha256.
 ARTIFACT_GRAPHS = ("model.onnx", "model.plan", "model.engine")

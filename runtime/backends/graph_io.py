@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 
 from bert.tasks import TASKS, registry
-from serving.backends.model_dir import ModelError, ModelSpec
-from serving.backends.outputs import HIDDEN_STATES, graph_outputs
+from runtime.backends.outputs import HIDDEN_STATES, graph_outputs
+from runtime.model_dir import ModelError, ModelSpec
 
 log = logging.getLogger("bertserve")
 

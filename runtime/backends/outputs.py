@@ -13,7 +13,7 @@ import numpy as np
 from bert.pooling import pool
 from bert.tasks import TASKS, registry
 from bert.tasks.embed import Pooling
-from serving.backends.model_dir import ModelError
+from runtime.model_dir import ModelError
 
 HIDDEN_STATES = "last_hidden_state"  # an encoder graph's token states: tasks without a head derive theirs from it
 

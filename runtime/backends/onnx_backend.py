@@ -11,10 +11,10 @@ import os
 import numpy as np
 
 from bert.errors import one_line
-from serving.backends.base import Backend, threads_per_run
-from serving.backends.graph_io import check_model_io
-from serving.backends.model_dir import ModelError, ModelSpec
-from serving.backends.outputs import task_outputs
+from runtime.backends.base import Backend, threads_per_run
+from runtime.backends.graph_io import check_model_io
+from runtime.backends.outputs import task_outputs
+from runtime.model_dir import ModelError, ModelSpec
 
 log = logging.getLogger("bertserve")
 _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}

@@ -1,10 +1,10 @@
 """PyTorch backend: a checkpoint dir on CPU (fp32/bf16) or CUDA (fp16/bf16).
 
-The only serving module that imports torch (with torch_packed.py, its fast path). Two ways to run a batch:
+The only runtime module that imports torch (with torch_packed.py, its fast path). Two ways to run a batch:
 - padded: the model's own forward on the (B, T) batch, SDPA attention (with no mask when no row is
   padded, so that SDPA may pick its flash kernel). The CPU default, and the fallback everywhere.
-- packed (the CUDA default): only the real tokens (the batcher's sequences packed as they come, never padded
-  first; outputs split per sequence), varlen flash attention, a CUDA graph per shape
+- packed (the CUDA default): only the real tokens (the batch's sequences packed as they come, never padded
+  first; outputs answered packed, whole), varlen flash attention, a CUDA graph per shape
   bucket (torch_packed.py says why each piece). Chosen at load time only after it has run a probe
   batch on this device and matched the padded path; each piece that fails is left out and said so in
   `fast_path` (what /info-style reports and the GPU kit record).
@@ -18,19 +18,18 @@ import numpy as np
 import torch
 
 from bert.precision import bf16_matmuls
-from bert.tasks import TASKS, Features
-from serving.backends.base import PER_TOKEN_OUTPUTS, Backend, threads_per_run
-from serving.backends.model_dir import ModelError, ModelSpec
-from serving.backends.outputs import task_outputs
-from serving.backends.torch_packed import (
+from bert.tasks import TASKS, Features, pad_batch
+from runtime.backends.base import Backend, BatchOutputs, threads_per_run
+from runtime.backends.outputs import task_outputs
+from runtime.backends.torch_packed import (
     CUDA_ATTENTIONS,
     PackedEncoder,
     PackedRunner,
     attention_reference,
     pack,
     pack_sequences,
-    split_sequences,
 )
+from runtime.model_dir import ModelError, ModelSpec
 
 log = logging.getLogger("bertserve")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -97,14 +96,19 @@ class TorchBackend(Backend):
             self.concurrent_runs = False
 
     # ---- the two paths ------------------------------------------------------------------------
-    def run_sequences(self, sequences: list[Features]) -> list[dict[str, np.ndarray]]:
-        """The batcher's call: packed as they are when the packed path is on (never padded), else padded."""
-        if self.runner is not None and sequences and 0 < min(map(len, sequences)):
+    def run_batch(self, sequences: list[Features]) -> BatchOutputs:
+        """Packed as they are when the packed path is on and the batch fits its positions (never padded), else
+        padded (and then never packed again): the batch's outputs whole, per-token ones packed over its real
+        tokens."""
+        if self.runner is None:
+            return super().run_batch(sequences)
+        lengths = [len(s) for s in sequences]
+        if sequences and min(lengths) > 0:
             packed = pack_sequences(sequences)
             if packed.max_len <= self.runner.encoder.max_positions:
                 table = self._named(self.runner.run_packed(packed))
-                return split_sequences(table, packed.cu_seqlens, PER_TOKEN_OUTPUTS)
-        return super().run_sequences(sequences)
+                return BatchOutputs(table, lengths, packed.cu_seqlens.tolist())
+        return BatchOutputs(self.run_padded(pad_batch(sequences, self.pad_token_id, self.pad_to_multiple_of)), lengths)
 
     @torch.inference_mode()
     def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

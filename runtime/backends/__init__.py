@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from serving.backends.base import Backend
-from serving.backends.model_dir import ModelError, ModelSpec
+from runtime.backends.base import Backend
+from runtime.model_dir import ModelError, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,9 @@ def register_backend(name: str, target: str, kinds: tuple[str, ...]) -> None:
     BACKENDS[name] = BackendEntry(name, target, kinds)
 
 
-register_backend("torch", "serving.backends.torch_backend:TorchBackend", ("checkpoint",))
-register_backend("onnxruntime", "serving.backends.onnx_backend:OnnxBackend", ("onnx",))
-register_backend("tensorrt", "serving.backends.tensorrt_backend:TensorRTBackend", ("tensorrt",))
+register_backend("torch", "runtime.backends.torch_backend:TorchBackend", ("checkpoint",))
+register_backend("onnxruntime", "runtime.backends.onnx_backend:OnnxBackend", ("onnx",))
+register_backend("tensorrt", "runtime.backends.tensorrt_backend:TensorRTBackend", ("tensorrt",))
 
 
 def _load(target: str):

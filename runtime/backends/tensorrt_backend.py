@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from serving.backends.base import Backend
-from serving.backends.graph_io import servable_tasks
-from serving.backends.model_dir import ModelError, ModelSpec
-from serving.backends.outputs import task_outputs
+from runtime.backends.base import Backend
+from runtime.backends.graph_io import servable_tasks
+from runtime.backends.outputs import task_outputs
+from runtime.model_dir import ModelError, ModelSpec
 
 
 class TensorRTBackend(Backend):

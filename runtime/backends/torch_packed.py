@@ -1,6 +1,6 @@
 """The torch backend's fast path: packed sequences, fused QKV, varlen flash attention, CUDA graphs.
 
-Part of the torch backend (serving/backends/torch_backend.py is its only user). Why each piece:
+Part of the torch backend (runtime/backends/torch_backend.py is its only user). Why each piece:
 
 - Packed (unpadded) tokens. A batch of real SQuAD windows (384 tokens at most, 171 on average, measured
   over 86,256 training windows) padded to 384 is 55 % padding; every linear layer, which is most of
@@ -105,16 +105,6 @@ def pack_sequences(sequences: list) -> Packed:
         where=None,
         max_len=int(lengths.max()) if len(lengths) else 0,
     )
-
-
-def split_sequences(outputs: dict[str, np.ndarray], cu_seqlens: np.ndarray, per_token) -> list[dict[str, np.ndarray]]:
-    """Packed outputs (per-token (N, ...), per-sequence (B, ...)) -> each sequence's: its own tokens' rows, or
-    its row."""
-    bounds = cu_seqlens.tolist()
-    return [
-        {name: value[start:stop] if name in per_token else value[i] for name, value in outputs.items()}
-        for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:]))
-    ]
 
 
 def batch_bucket(rows: int) -> int:
