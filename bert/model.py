@@ -21,63 +21,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import heads
+from .blocks.basics import Packing, activation, additive_padding_mask, layer_norm
 from .config import BertConfig, head_layout
+from .heads import BertLMPredictionHead, BertOnlyMLMHead
 from .losses import IGNORE_INDEX
 from .pooling import POOLINGS, pool
 from .tasks import registry
-from .tasks.base import MLM_CANDIDATES
 from .tasks.registry import TASKS
 
-
-def activation(name: str):
-    if name == "gelu":
-        return F.gelu  # exact erf GELU, as the paper's TF code
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "relu":
-        return F.relu
-    if name in ("silu", "swish"):
-        return F.silu
-    if name == "tanh":  # BERT's pooler's, or a classifier_activation (ModernBERT's also sets its masked-LM transform)
-        return torch.tanh
-    raise ValueError(f"unsupported activation {name!r}")
-
-
-def additive_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, T) 1/0 mask -> (B, 1, 1, T) bias: 0 where attended, the dtype's most negative value where padded.
-
-    finfo(dtype).min instead of -inf or -1e9: -1e9 overflows fp16, and -inf turns a fully padded
-    row into NaN. Adding it to a score can saturate to -inf in fp16, which softmax handles.
-    """
-    mask = attention_mask[:, None, None, :].to(dtype)
-    return (1.0 - mask) * torch.finfo(dtype).min
-
-
-@dataclass
-class Packing:
-    """A batch as its real tokens only, sequence after sequence: passed where the padded (B, T) attention mask
-    goes, it makes the same modules run on (N,) ids and (N, H) states. Attention then runs as the "varlen"
-    implementation: `attention(q, k, v, cu_seqlens, max_len, cu_host)` over (N, nh, hs) tensors, a kernel the
-    caller chooses (FlashAttention's varlen form on CUDA, a per-sequence reference elsewhere). A windowed layer
-    (config.layer_types) also passes `window=w`: each token attends only to tokens of its own sequence at most w
-    positions away. Sequences may be empty and tokens after the last sequence belong to none (fixed shapes for
-    CUDA graphs)."""
-
-    positions: torch.Tensor  # (N,) each token's position within its sequence
-    cu_seqlens: torch.Tensor  # (S + 1,) int32: where each sequence starts among the N tokens
-    cls_rows: torch.Tensor  # (S,) int: each sequence's first ([CLS]) token
-    max_len: int  # the longest sequence
-    attention: Callable[..., torch.Tensor]
-    cu_host: list[int] | None = None  # cu_seqlens on the host, for kernels that loop over sequences
-    gelu_epilogue: bool = False  # the feed-forward GELU inside its GEMM (BertIntermediate)
-
-
 # ----------------------------------------------------------------------------- encoder
-
-
-def layer_norm(config: BertConfig, width: int | None = None) -> nn.LayerNorm:
-    """A LayerNorm as the config's family has it (without a bias where config.norm_bias is False)."""
-    return nn.LayerNorm(width or config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias is not False)
 
 
 def rotary_tables(positions: torch.Tensor, head_size: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -682,36 +634,6 @@ class BertModel(BertPreTrainedModel):
 # ----------------------------------------------------------------------------- heads
 
 
-class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias is not False)
-        self.act = activation(getattr(config, config.family.transform_activation) or config.hidden_act)
-        self.LayerNorm = layer_norm(config)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(x)))
-
-
-class BertLMPredictionHead(nn.Module):
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # weight tied to word embeddings
-        # one output bias, saved once as cls.predictions.bias; none where the config says so (decoder_bias)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias is not False else None
-        self.decoder.bias = self.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(x))
-
-
-class BertOnlyMLMHead(nn.Module):
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.predictions = BertLMPredictionHead(config)
-
-
 class BertPreTrainingHeads(BertOnlyMLMHead):
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -855,34 +777,6 @@ class MultiTaskOutput:
         if any(name in task.graph_outputs or name in task.single_graph_outputs for task in TASKS.values()):
             return None  # a task's output this model has no head for
         raise AttributeError(name)
-
-
-MLM_TOP_K = MLM_CANDIDATES  # candidates per token an mlm head hands back (bert.tasks.base says why)
-
-
-class MaskedLMHead(heads.HeadKind):
-    """The masked-LM transform (dense, activation, LayerNorm) and the decoder tied to the word embeddings,
-    scored as probabilities and cut to the MLM_TOP_K likeliest tokens in the graph itself."""
-
-    name = "mlm"
-    agreement = "none"
-
-    def build(self, config: BertConfig, width: int) -> nn.Module:
-        return BertOnlyMLMHead(config)
-
-    def run(self, module, out, dropout):
-        probs = module.predictions(out.last_hidden_state).float().softmax(dim=-1)
-        scores, ids = probs.topk(min(MLM_TOP_K, probs.shape[-1]), dim=-1)  # (B, T, K)
-        return scores, ids
-
-    def tie(self, module, word_embeddings):
-        module.predictions.decoder.weight = word_embeddings.weight
-
-    def row_axes(self, config: BertConfig, width: int) -> list[int]:
-        return [min(MLM_TOP_K, config.vocab_size)]
-
-
-MLM = heads.register(MaskedLMHead())
 
 
 class BertForMultiTask(BertPreTrainedModel):
