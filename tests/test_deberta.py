@@ -168,7 +168,7 @@ def test_transformers_checkpoint_gives_their_logits_padded(checkpoints, head, im
 def test_relative_buckets_equal_transformers(buckets, max_position):
     from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
 
-    from bert.model import relative_index
+    from bert.blocks.positions import relative_index
 
     states = torch.zeros(1, 512, 8)
     theirs = build_relative_position(states, states, bucket_size=buckets, max_position=max_position)[0]
@@ -190,13 +190,13 @@ def test_config_maps_the_v3_settings(checkpoints):
 
 def test_relative_attention_matters(checkpoints):
     """The same model with the relative terms left out gives other logits: the disentangled scores are used."""
-    from bert.model import BertSelfAttention
+    from bert.blocks.attention import DisentangledAttention
 
     directory, theirs = checkpoints["ner"]
     ids, mask = batch(LENGTHS, vocab=vocab_of(checkpoints))
     model, _ = load_for_inference(directory)
     for module in model.modules():
-        if isinstance(module, BertSelfAttention):
+        if isinstance(module, DisentangledAttention):
             module.relative_terms = ()
     with torch.no_grad():
         ours = model(ids, mask).outputs["ner_logits"]
