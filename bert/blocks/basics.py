@@ -58,4 +58,4 @@ class Packing:
     max_len: int  # the longest sequence
     attention: Callable[..., torch.Tensor]
     cu_host: list[int] | None = None  # cu_seqlens on the host, for kernels that loop over sequences
-    gelu_epilogue: bool = False  # the feed-forward GELU inside its GEMM (BertIntermediate)
+    gelu_epilogue: bool = False  # the feed-forward GELU inside its GEMM (bert/blocks/mlp.py PlainIntermediate)
