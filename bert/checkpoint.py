@@ -253,6 +253,8 @@ def _normalise_names(
     """Map a file's names onto the model's: the family's layout onto BERT's (bert/families/), legacy
     gamma/beta, and the `bert.` prefix that BertModel checkpoints lack and head models have."""
     wants_prefix = any(k.startswith("bert.") for k in model_keys)
+    if family.weight_layouts:
+        state = family.relayout_to_bert(state, *_layout_ops(state))
     out = {}
     for key, tensor in state.items():
         if key.endswith(".gamma"):
@@ -266,6 +268,18 @@ def _normalise_names(
             key = key[len("bert.") :]
         out[key] = tensor
     return out
+
+
+def _layout_ops(state: dict):
+    """(join, split) for a family's weight layouts over this state dict's values: tensors, or their shapes."""
+    if all(isinstance(v, tuple) for v in state.values()):
+        return (
+            lambda shapes: (sum(s[0] for s in shapes),) + tuple(shapes[0][1:]),
+            lambda shape, n: [(shape[0] // n,) + tuple(shape[1:])] * n,
+        )
+    import torch
+
+    return (lambda tensors: torch.cat(tensors)), (lambda tensor, n: list(tensor.chunk(n)))
 
 
 def _is_head(key: str) -> bool:
@@ -622,6 +636,7 @@ def _write_checkpoint(model, directory: Path, *, tokenizer, dtype, max_shard_byt
     if family.name != "bert":  # written in the family's own layout, so that transformers loads it
         sequence_head = _sequence_head(model)
         state = {family.name_from_bert(k, sequence_head, state.keys()): v for k, v in state.items()}
+        state = family.relayout_from_bert(state, *_layout_ops(state))
     state = {
         k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
         for k, v in state.items()

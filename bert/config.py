@@ -333,6 +333,10 @@ class BertConfig:
         try:
             family = family_of(model_type)
         except UnsupportedFamily as e:
+            if data.get("auto_map"):  # a family only the repository's own code defines
+                raise ConfigError(
+                    f"{e} (auto_map names the repository's own code, which bertserve never runs)"
+                ) from None
             raise ConfigError(str(e)) from None
         try:
             data = {**family.config_to_ours(data), "model_type": model_type}

@@ -6,8 +6,8 @@ its exported outputs have after their batch (and sequence) axes, and what export
 them. The multi-task model, the checkpoint writer and the exporter look a kind up here (`get`) and never branch
 on its name.
 
-The kinds whose module is one linear layer are declared here; the masked-LM kind joins from bert/model.py, where
-transformers' masked-LM modules (shared with the pretraining classes) are, as a task joins the task registry.
+Every kind is declared here, the masked-LM one with transformers' masked-LM modules (which the pretraining classes
+in bert/model.py reuse), so that `get` knows every kind as soon as this module is imported.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from .blocks.basics import activation, layer_norm
+from .tasks.base import MLM_CANDIDATES
 
 if TYPE_CHECKING:
     from bert.config import BertConfig
@@ -99,3 +102,64 @@ class SpanHead(HeadKind):
 SEQUENCE = register(SequenceHead())
 TOKEN = register(TokenHead())
 SPAN = register(SpanHead())
+
+
+# ----------------------------------------------------------------------------- masked LM: transformers' modules
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias is not False)
+        self.act = activation(getattr(config, config.family.transform_activation) or config.hidden_act)
+        self.LayerNorm = layer_norm(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # weight tied to word embeddings
+        # one output bias, saved once as cls.predictions.bias; none where the config says so (decoder_bias)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias is not False else None
+        self.decoder.bias = self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x))
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+MLM_TOP_K = MLM_CANDIDATES  # candidates per token an mlm head hands back (bert.tasks.base says why)
+
+
+class MaskedLMHead(HeadKind):
+    """The masked-LM transform (dense, activation, LayerNorm) and the decoder tied to the word embeddings,
+    scored as probabilities and cut to the MLM_TOP_K likeliest tokens in the graph itself."""
+
+    name = "mlm"
+    agreement = "none"
+
+    def build(self, config: BertConfig, width: int) -> nn.Module:
+        return BertOnlyMLMHead(config)
+
+    def run(self, module, out, dropout):
+        probs = module.predictions(out.last_hidden_state).float().softmax(dim=-1)
+        scores, ids = probs.topk(min(MLM_TOP_K, probs.shape[-1]), dim=-1)  # (B, T, K)
+        return scores, ids
+
+    def tie(self, module, word_embeddings):
+        module.predictions.decoder.weight = word_embeddings.weight
+
+    def row_axes(self, config: BertConfig, width: int) -> list[int]:
+        return [min(MLM_TOP_K, config.vocab_size)]
+
+
+MLM = register(MaskedLMHead())

@@ -6,7 +6,8 @@ and, unless HF_HUB_OFFLINE=1, on the Hub (HF_ENDPOINT, HF_TOKEN as huggingface_h
 Only the files bertserve reads are fetched (ALLOW_PATTERNS): config, tokenizer, safetensors weights and
 their index, a sentence-transformers model's pooling files. Never code, pickle or other frameworks'
 weights, so nothing downloaded can run. Refused, in one line:
-- a config that asks for custom code (`auto_map`): bertserve never runs a repository's code;
+- a config that asks for custom code (`auto_map`) that no family implements (bert/families/): bertserve
+  never runs a repository's code;
 - a repository whose weights are pickle only (pytorch_model.bin). A pickle file is parsed, even with
   torch's weights_only unpickler, and that parser has had bypasses; safetensors is plain data. A local
   pytorch_model.bin still loads (bert/checkpoint.py), as that file is the user's own.
@@ -157,6 +158,19 @@ def _repo_files(repo_id: str, commit: str) -> list[str] | None:
         return None
 
 
+def _own_code(config_name: str, config: dict) -> bool:
+    """Whether a config's auto_map asks for code bertserve does not implement itself (a family's
+    auto_map_classes); a tokenizer's own code, always."""
+    from .families import UnsupportedFamily, family_of
+
+    if config_name != "config.json":
+        return True
+    try:
+        return bool(family_of(config.get("model_type", "bert")).unimplemented_classes(config["auto_map"]))
+    except UnsupportedFamily:
+        return True
+
+
 def _check_snapshot(name: str, repo_id: str, directory: Path, files: list[str] | None, error: type[Exception]) -> None:
     for config_name in ("config.json", "tokenizer_config.json"):
         path = directory / config_name
@@ -164,7 +178,7 @@ def _check_snapshot(name: str, repo_id: str, directory: Path, files: list[str] |
             config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         except (OSError, ValueError):
             continue  # the checkpoint reader reports a bad file, naming it
-        if isinstance(config, dict) and config.get("auto_map"):
+        if isinstance(config, dict) and config.get("auto_map") and _own_code(config_name, config):
             raise error(
                 f"{name!r}: {config_name} of {repo_id} asks for the repository's own code (auto_map "
                 f"{sorted(config['auto_map'])}); bertserve never runs downloaded code"

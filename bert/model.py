@@ -1,18 +1,18 @@
-"""BERT in one file: embeddings, encoder, pooler and the task heads.
+"""The encoder skeleton, its one forward, and transformers' classes around it.
 
-Attribute paths equal transformers' `modeling_bert.py`, so a Hugging Face state dict loads key for
-key (see checkpoint.py). The forward pass has no `.item()` and no branch on tensor values, so the
-same module traces cleanly for ONNX export. The same modules also run packed batches (only the real tokens,
-sequence after sequence): a `Packing` passed in place of the attention mask selects the "varlen" attention
-implementation, as transformers selects its `attn_implementation`; serving's fast path is that and no other
-copy of the encoder.
+Embeddings, layers and pooler, each layer assembled from the building blocks its family chooses (bert/blocks/:
+attention, MLP, norm placement; positions per the config). Attribute paths equal transformers'
+`modeling_bert.py`, so a Hugging Face state dict loads key for key (see checkpoint.py). The forward pass has no
+`.item()` and no branch on tensor values, so the same module traces cleanly for ONNX export. The same modules also
+run packed batches (only the real tokens, sequence after sequence): a `Packing` passed in place of the attention
+mask selects the "varlen" attention implementation, as transformers selects its `attn_implementation`; serving's
+fast path is that and no other copy of the encoder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,129 +21,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import heads
+from .blocks.attention import ATTENTIONS, DotProductAttention
+from .blocks.basics import Packing, activation, additive_padding_mask, layer_norm
+from .blocks.mlp import MLPS
+from .blocks.norms import NORMS
+from .blocks.positions import RelativePositions, distance_index, relative_positions, rotary_tables, windowed_mask
 from .config import BertConfig, head_layout
+from .heads import BertLMPredictionHead, BertOnlyMLMHead
 from .losses import IGNORE_INDEX
 from .pooling import POOLINGS, pool
 from .tasks import registry
-from .tasks.base import MLM_CANDIDATES
 from .tasks.registry import TASKS
 
-
-def activation(name: str):
-    if name == "gelu":
-        return F.gelu  # exact erf GELU, as the paper's TF code
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "relu":
-        return F.relu
-    if name in ("silu", "swish"):
-        return F.silu
-    if name == "tanh":  # BERT's pooler's, or a classifier_activation (ModernBERT's also sets its masked-LM transform)
-        return torch.tanh
-    raise ValueError(f"unsupported activation {name!r}")
-
-
-def additive_padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, T) 1/0 mask -> (B, 1, 1, T) bias: 0 where attended, the dtype's most negative value where padded.
-
-    finfo(dtype).min instead of -inf or -1e9: -1e9 overflows fp16, and -inf turns a fully padded
-    row into NaN. Adding it to a score can saturate to -inf in fp16, which softmax handles.
-    """
-    mask = attention_mask[:, None, None, :].to(dtype)
-    return (1.0 - mask) * torch.finfo(dtype).min
-
-
-@dataclass
-class Packing:
-    """A batch as its real tokens only, sequence after sequence: passed where the padded (B, T) attention mask
-    goes, it makes the same modules run on (N,) ids and (N, H) states. Attention then runs as the "varlen"
-    implementation: `attention(q, k, v, cu_seqlens, max_len, cu_host)` over (N, nh, hs) tensors, a kernel the
-    caller chooses (FlashAttention's varlen form on CUDA, a per-sequence reference elsewhere). A windowed layer
-    (config.layer_types) also passes `window=w`: each token attends only to tokens of its own sequence at most w
-    positions away. Sequences may be empty and tokens after the last sequence belong to none (fixed shapes for
-    CUDA graphs)."""
-
-    positions: torch.Tensor  # (N,) each token's position within its sequence
-    cu_seqlens: torch.Tensor  # (S + 1,) int32: where each sequence starts among the N tokens
-    cls_rows: torch.Tensor  # (S,) int: each sequence's first ([CLS]) token
-    max_len: int  # the longest sequence
-    attention: Callable[..., torch.Tensor]
-    cu_host: list[int] | None = None  # cu_seqlens on the host, for kernels that loop over sequences
-    gelu_epilogue: bool = False  # the feed-forward GELU inside its GEMM (BertIntermediate)
-
-
 # ----------------------------------------------------------------------------- encoder
-
-
-def layer_norm(config: BertConfig, width: int | None = None) -> nn.LayerNorm:
-    """A LayerNorm as the config's family has it (without a bias where config.norm_bias is False)."""
-    return nn.LayerNorm(width or config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias is not False)
-
-
-def rotary_tables(positions: torch.Tensor, head_size: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary position tables (cos, sin), (..., head_size) for positions (...): the frequencies and float32
-    arithmetic of transformers' default RoPE, so that rotated queries and keys equal theirs. Computed per call,
-    not stored: a buffer would follow the model to fp16 and lose the frequencies' digits."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float, device=positions.device) / head_size))
-    freqs = positions[..., None].float() * inv_freq
-    angles = torch.cat((freqs, freqs), dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x (B, nh, T, hs) or (N, nh, hs) rotated by its positions' angles (tables (1, T, hs) or (N, hs))."""
-    cos, sin = (t.unsqueeze(1) for t in rope)
-    x32 = x.float()
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
-
-
-def windowed_mask(mask: torch.Tensor | None, length: int, window: int, dtype, device) -> torch.Tensor:
-    """The additive (B, 1, 1, T) padding mask (or none) -> (B|1, 1, T, T) that also masks keys more than `window`
-    positions from the query. masked_fill, not a sum: two most-negative values would add to -inf, and a query
-    row of -inf only (a padded query whose window is all padding) would turn into NaN."""
-    position = torch.arange(length, device=device)
-    outside = (position[None, :] - position[:, None]).abs() > window  # (T, T)
-    base = mask if mask is not None else torch.zeros(1, 1, 1, length, dtype=dtype, device=device)
-    return base.masked_fill(outside, torch.finfo(dtype).min)
-
-
-def log_bucket(relative: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
-    """Relative distances (long) -> DeBERTa's buckets: exact within buckets // 2 either way, logarithmic beyond up to
-    max_position; the arithmetic of transformers' make_log_bucket_position, so every bucket equals theirs."""
-    sign = torch.sign(relative)
-    mid = buckets // 2
-    near = (relative < mid) & (relative > -mid)
-    distance = torch.where(near, torch.tensor(mid - 1).type_as(relative), torch.abs(relative))
-    scale = torch.log(torch.tensor((max_position - 1) / mid))
-    logarithmic = torch.ceil(torch.log(distance / mid) / scale * (mid - 1)) + mid
-    return torch.where(distance <= mid, relative.type_as(logarithmic), logarithmic * sign).long()
-
-
-def relative_index(length: int, span: int, buckets: int, max_position: int, device) -> torch.Tensor:
-    """(T, T) long: row i, column j holds where query i's distance to key j (i - j, bucketed when buckets > 0)
-    sits in a table of 2 * span relative-position embeddings. Depends on the length only."""
-    position = torch.arange(length, device=device)
-    return distance_index(position[:, None] - position[None, :], span, buckets, max_position)
-
-
-def distance_index(relative: torch.Tensor, span: int, buckets: int, max_position: int) -> torch.Tensor:
-    if buckets > 0:
-        relative = log_bucket(relative, buckets, max_position)
-    return torch.clamp(relative + span, 0, 2 * span - 1)
-
-
-@dataclass
-class RelativePositions:
-    """What disentangled attention reads in every layer, made once per forward (BertEncoder.relative_inputs)."""
-
-    index: torch.Tensor  # (T, T) long: relative_index for the (padded or per-sequence) length T
-    embeddings: torch.Tensor  # (2 * span, H): the relative-position embeddings, normalised if the config says so
-    # A packed batch: each token's slot in an (S + 1, T) padded layout (the last row takes tokens of no sequence)
-    # and the additive key mask of that layout, (S + 1, 1, 1, T)
-    slots: torch.Tensor | None = None
-    key_mask: torch.Tensor | None = None
 
 
 class BertEmbeddings(nn.Module):
@@ -198,232 +88,51 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
-class BertSelfAttention(nn.Module):
-    def __init__(self, config: BertConfig, index: int = 0):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.head_size = config.head_size
-        hidden, bias = config.hidden_size, config.attention_bias is not False
-        if config.family.qkv_projection:  # one (3H, H) projection, as ModernBERT stores it (Wqkv)
-            self.qkv = nn.Linear(hidden, 3 * hidden, bias=bias)
-        else:
-            self.query = nn.Linear(hidden, hidden, bias=bias)
-            self.key = nn.Linear(hidden, hidden, bias=bias)
-            self.value = nn.Linear(hidden, hidden, bias=bias)
-        self.window = config.attention_window(index)  # None: every token attends to every token
-        # Disentangled attention (config.relative_attention): content->position ("c2p") and position->content
-        # ("p2c") scores beside content->content, every term scaled by 1 / sqrt(head_size * (1 + terms)) as
-        # DeBERTa scales them (the factor follows pos_att_type even without relative attention, as there).
-        terms = tuple(t for t in ("c2p", "p2c") if t in (config.pos_att_type or ()))
-        self.relative_terms = terms if config.relative_attention else ()
-        self.scale_factor = 1 + len(terms)
-        if self.relative_terms and not config.share_att_key:  # else the content projections serve positions too
-            if "c2p" in terms:
-                self.pos_key_proj = nn.Linear(hidden, hidden)
-            if "p2c" in terms:
-                self.pos_query_proj = nn.Linear(hidden, hidden)
-        self.relative_dropout_p = config.hidden_dropout_prob
-        self.rope_theta = config.layer_rope_theta(index)  # None: no rotary positions
-        self.dropout_p = config.attention_probs_dropout_prob
-        # "sdpa": PyTorch's fused kernels (training, torch serving). "eager": explicit
-        # matmul-softmax-matmul, the graph pattern onnxruntime's optimizer fuses into Attention.
-        # A packed batch (a Packing instead of a mask) always runs "varlen": chosen per call, not set on the
-        # module, so that padded and packed batches may run on one model at the same time.
-        self.implementation = "sdpa"
-        # Query, key and value stacked (3H, H) for one GEMM instead of three: made by fuse_qkv for the varlen
-        # path, a plain attribute (not in the state dict), and stale if the weights change afterwards.
-        self.fused_qkv: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def fuse_qkv(self) -> None:
-        if hasattr(self, "qkv"):
-            self.fused_qkv = (self.qkv.weight, self.qkv.bias)
-            return
-        with torch.no_grad():
-            linears = (self.query, self.key, self.value)
-            self.fused_qkv = (
-                torch.cat([lin.weight for lin in linears]),
-                torch.cat([lin.bias for lin in linears]) if self.query.bias is not None else None,
-            )
-
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values, each (..., nh, hs) for x (..., H)."""
-        if self.fused_qkv is not None or hasattr(self, "qkv"):
-            weights = self.fused_qkv if self.fused_qkv is not None else (self.qkv.weight, self.qkv.bias)
-            qkv = F.linear(x, *weights)
-            return qkv.view(qkv.shape[:-1] + (3, self.num_heads, self.head_size)).unbind(-3)
-        return tuple(
-            lin(x).view(x.shape[:-1] + (self.num_heads, self.head_size)) for lin in (self.query, self.key, self.value)
-        )
-
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(x.size()[:-1] + (self.num_heads, self.head_size)).transpose(1, 2)  # (B, nh, T, hs)
-
-    def relative_scores(self, q: torch.Tensor, k: torch.Tensor, relative: RelativePositions) -> torch.Tensor:
-        """The disentangled terms, scaled, (B, nh, T, T) for q and k (B, nh, T, hs): c2p[i, j] is query i against
-        the embedding of its distance to key j, p2c[i, j] key j against the same distance's embedding (DeBERTa's
-        buckets are odd in the distance, so its -delta(j, i) is delta(i, j))."""
-        table = F.dropout(relative.embeddings, self.relative_dropout_p, self.training)
-        index = relative.index
-        shape = q.shape[:2] + index.shape
-
-        def heads_of(linear: nn.Linear) -> torch.Tensor:  # (nh, 2 * span, hs)
-            return linear(table).view(-1, self.num_heads, self.head_size).transpose(0, 1)
-
-        scores = torch.zeros((), dtype=q.dtype, device=q.device)
-        if "c2p" in self.relative_terms:
-            positions = heads_of(getattr(self, "pos_key_proj", self.key))
-            scores = torch.gather(torch.matmul(q, positions.transpose(-1, -2)), -1, index.expand(shape))
-        if "p2c" in self.relative_terms:
-            positions = heads_of(getattr(self, "pos_query_proj", self.query))
-            by_key = torch.gather(torch.matmul(k, positions.transpose(-1, -2)), -1, index.t().expand(shape))
-            scores = scores + by_key.transpose(-1, -2)
-        return scores / math.sqrt(self.head_size * self.scale_factor)
-
-    def relative_varlen(self, q, k, v, relative: RelativePositions) -> torch.Tensor:
-        """Packed tokens through relative attention: laid out padded per sequence (on the device, no host sync,
-        so it runs in a CUDA graph), attended there with the relative scores, and gathered back."""
-        slots, rows = relative.slots, relative.key_mask.shape[0]
-
-        def padded(t: torch.Tensor) -> torch.Tensor:  # (N, nh, hs) -> (S + 1, nh, T, hs)
-            out = t.new_zeros((rows * relative.index.shape[0],) + t.shape[1:]).index_copy(0, slots, t)
-            return out.view(rows, -1, self.num_heads, self.head_size).transpose(1, 2)
-
-        q, k, v = padded(q), padded(k), padded(v)
-        bias = self.relative_scores(q, k, relative) + relative.key_mask
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.sdpa_scale())
-        return y.transpose(1, 2).reshape(-1, self.num_heads, self.head_size)[slots]
-
-    def sdpa_scale(self) -> float | None:
-        return None if self.scale_factor == 1 else 1.0 / math.sqrt(self.head_size * self.scale_factor)
-
-    def forward_varlen(self, x: torch.Tensor, packing: Packing, rope=None, relative=None) -> torch.Tensor:
-        n = x.shape[0]  # x: (N, H), the real tokens of every sequence
-        q, k, v = self.project(x)  # (N, nh, hs)
-        if rope is not None:
-            q, k = rotate(q, rope), rotate(k, rope)
-        if relative is not None:
-            return self.relative_varlen(q, k, v, relative).reshape(n, self.num_heads * self.head_size)
-        window = {} if self.window is None else {"window": self.window}  # kernels without windows stay callable
-        y = packing.attention(q, k, v, packing.cu_seqlens, packing.max_len, packing.cu_host, **window)
-        return y.reshape(n, self.num_heads * self.head_size)  # (N, H)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | Packing | None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        relative: RelativePositions | None = None,
-    ) -> torch.Tensor:
-        """mask: the additive mask for this layer (its window already in it), or a Packing; rope: the (cos, sin)
-        tables of this layer's rotary positions, if it has them; relative: what disentangled attention reads."""
-        if isinstance(mask, Packing):
-            return self.forward_varlen(x, mask, rope, relative if self.relative_terms else None)
-        if hasattr(self, "qkv"):
-            q, k, v = (t.transpose(1, 2) for t in self.project(x))  # (B, nh, T, hs)
-        else:
-            q, k, v = self.split_heads(self.query(x)), self.split_heads(self.key(x)), self.split_heads(self.value(x))
-        if rope is not None:
-            q, k = rotate(q, rope), rotate(k, rope)
-        if relative is not None and self.relative_terms:
-            scores = self.relative_scores(q, k, relative)
-            mask = scores if mask is None else scores + mask
-        dropout = self.dropout_p if self.training else 0.0
-        if self.implementation == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=self.sdpa_scale())
-        else:
-            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size * self.scale_factor)
-            if mask is not None:
-                scores = scores + mask
-            probs = F.dropout(scores.softmax(dim=-1), p=dropout, training=self.training)
-            y = torch.matmul(probs, v)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous()
-        return y.view(y.size()[:-2] + (self.num_heads * self.head_size,))  # (B, T, H)
-
-
 class BertSelfOutput(nn.Module):
     def __init__(self, config: BertConfig, in_features: int | None = None, bias: bool = True):
         super().__init__()
         self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size, bias=bias)
-        # a pre-norm block (config.family.pre_norm) normalises each sublayer's input instead (BertLayer)
-        self.LayerNorm = None if config.family.pre_norm else nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = NORMS[config.family.norm].residual_norm(config)  # nn.Identity where the family pre-norms
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        if self.LayerNorm is None:
-            return self.dropout(self.dense(y)) + residual
-        return self.LayerNorm(self.dropout(self.dense(y)) + residual)  # post-LayerNorm block
+        return self.LayerNorm(self.dropout(self.dense(y)) + residual)
 
 
 class BertAttention(nn.Module):
     def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
-        self.self = BertSelfAttention(config, index)
+        self.self = ATTENTIONS[config.family.attention](config, index)
         self.output = BertSelfOutput(config, bias=config.attention_bias is not False)
 
-    def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | Packing | None, rope=None, normed=None, relative=None
-    ) -> torch.Tensor:
-        """normed: the sublayer's input when it differs from the residual x (a pre-norm block)."""
-        return self.output(self.self(x if normed is None else normed, mask, rope, relative), x)
-
-
-class BertIntermediate(nn.Module):
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        # A gated MLP (GLU, config.family.gated_mlp) projects to twice the width: act(first half) * second half.
-        self.gated = config.family.gated_mlp
-        width = config.intermediate_size * (2 if self.gated else 1)
-        self.dense = nn.Linear(config.hidden_size, width, bias=config.mlp_bias is not False)
-        self.act = activation(config.hidden_act)
-        # The GELU epilogue (cuBLASLt's GELU_BIAS on CUDA) is the tanh approximation: usable by models trained
-        # with it, and on request (Packing.gelu_epilogue) by exact-GELU ones; not inside a gate.
-        self.epilogue_capable = (
-            config.hidden_act in ("gelu", "gelu_new", "gelu_pytorch_tanh")
-            and not self.gated
-            and self.dense.bias is not None
-        )
-
-    def forward(self, x: torch.Tensor, gelu_epilogue: bool = False) -> torch.Tensor:
-        if gelu_epilogue and self.epilogue_capable and x.dim() == 2:
-            if x.is_cuda:  # the activation inside the GEMM: one pass over the 4H-wide activations fewer
-                return torch._addmm_activation(self.dense.bias, x, self.dense.weight.t(), use_gelu=True)
-            # the CPU kernel of that GEMM applies exact GELU, not the tanh approximation the epilogue stands for
-            return F.gelu(self.dense(x), approximate="tanh")
-        if self.gated:
-            value, gate = self.dense(x).chunk(2, dim=-1)
-            return self.act(value) * gate
-        return self.act(self.dense(x))
+    def forward(self, x: torch.Tensor, normed: torch.Tensor, mask, rope=None, relative=None) -> torch.Tensor:
+        """normed: the sublayer's input (x itself where the family post-norms)."""
+        return self.output(self.self(normed, mask, rope, relative), x)
 
 
 class BertOutput(BertSelfOutput):
-    """Feed-forward output: project 4H back to H, then the same residual + LayerNorm."""
+    """Feed-forward output: project the intermediate width back to H, then the same residual (+ LayerNorm)."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config, config.intermediate_size, bias=config.mlp_bias is not False)
 
 
 class BertLayer(nn.Module):
+    """Attention then MLP, each added to the residual stream; the family's kinds of each (bert/blocks/) and its
+    norm placement, which gives the norms that a placement lacks as nn.Identity."""
+
     def __init__(self, config: BertConfig, index: int = 0):
         super().__init__()
         self.attention = BertAttention(config, index)
-        self.intermediate = BertIntermediate(config)
+        self.intermediate = MLPS[config.family.mlp](config)
         self.output = BertOutput(config)
-        # Pre-norm (config.family.pre_norm): each sublayer reads a LayerNorm of the residual stream, which itself
-        # is never normalised until the encoder's final norm. A family may leave out the first layer's attention
-        # norm (ModernBERT: the embeddings end in one already).
-        self.pre_norm = config.family.pre_norm
-        if self.pre_norm:
-            first_plain = index == 0 and not config.family.first_attention_norm
-            self.attention_norm = None if first_plain else layer_norm(config)
-            self.mlp_norm = layer_norm(config)
+        norms = NORMS[config.family.norm]
+        self.attention_norm = norms.sublayer_norm(config, index, "attention")
+        self.mlp_norm = norms.sublayer_norm(config, index, "mlp")
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, rope=None, relative=None) -> torch.Tensor:
         gelu_epilogue = isinstance(mask, Packing) and mask.gelu_epilogue
-        if not self.pre_norm:
-            x = self.attention(x, mask, rope, relative=relative)
-            return self.output(self.intermediate(x, gelu_epilogue), x)
-        normed = self.attention_norm(x) if self.attention_norm is not None else x
-        x = self.attention(x, mask, rope, normed=normed, relative=relative)
+        x = self.attention(x, self.attention_norm(x), mask, rope, relative)
         return self.output(self.intermediate(self.mlp_norm(x), gelu_epilogue), x)
 
 
@@ -431,8 +140,7 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config, i) for i in range(config.num_hidden_layers))
-        # pre-norm blocks leave the residual stream unnormalised: one LayerNorm after the last
-        self.final_norm = layer_norm(config) if config.family.pre_norm else None
+        self.final_norm = NORMS[config.family.norm].final_norm(config)  # nn.Identity where the family post-norms
         self.head_size = config.head_size
         self.gradient_checkpointing = False
         # Disentangled attention: one table of relative-position embeddings (2 * span rows) that every layer
@@ -452,29 +160,13 @@ class BertEncoder(nn.Module):
         self.rel_embeddings_norm = layer_norm(config) if config.norm_rel_ebd == "layer_norm" else None
 
     def relative_inputs(self, x: torch.Tensor, mask: torch.Tensor | Packing | None) -> RelativePositions | None:
-        """The relative index and embeddings every layer reads, once per forward (None without relative attention).
-        A packed batch gets each token's slot in a padded (S + 1, max_len) layout (tokens of no sequence go to
-        the last row) and that layout's key mask."""
+        """The relative index and embeddings every layer reads, once per forward (None without relative attention)."""
         if self.rel_embeddings is None:
             return None
         table = self.rel_embeddings.weight
         if self.rel_embeddings_norm is not None:
             table = self.rel_embeddings_norm(table)
-        if not isinstance(mask, Packing):
-            return RelativePositions(self.index(x.shape[1], x.device), table)
-        length, rows = mask.max_len, mask.cu_seqlens.shape[0]  # S + 1 rows
-        tokens = torch.arange(x.shape[0], device=x.device)
-        sequence = torch.searchsorted(mask.cu_seqlens[1:].long(), tokens, right=True)
-        slots = sequence * length + mask.positions.long()
-        valid = torch.zeros(rows * length, dtype=x.dtype, device=x.device).index_fill(0, slots, 1.0)
-        key_mask = additive_padding_mask(valid.view(rows, length), x.dtype)
-        return RelativePositions(self.index(length, x.device), table, slots, key_mask)
-
-    def index(self, length, device) -> torch.Tensor:
-        """relative_index for this length, looked up in relative_rows (lengths up to max_position_embeddings)."""
-        position = torch.arange(length, device=device)
-        reach = (self.relative_rows.shape[0] - 1) // 2
-        return self.relative_rows[position[:, None] - position[None, :] + reach]
+        return relative_positions(table, self.relative_rows, x, mask)
 
     def layer_inputs(self, x: torch.Tensor, mask: torch.Tensor | Packing | None, positions: torch.Tensor | None):
         """Per layer, its mask (windowed where the layer is) and rotary tables, each made once per distinct value."""
@@ -503,7 +195,7 @@ class BertEncoder(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(block, x, layer_mask, rope, relative, use_reentrant=False)
             else:
                 x = block(x, layer_mask, rope, relative)
-        return x if self.final_norm is None else self.final_norm(x)
+        return self.final_norm(x)
 
 
 class BertPooler(nn.Module):
@@ -593,14 +285,14 @@ class BertPreTrainedModel(nn.Module):
     def fuse_qkv(self) -> None:
         """Stack each layer's query, key and value weights for the varlen path (after moving the model)."""
         for module in self.modules():
-            if isinstance(module, BertSelfAttention):
+            if isinstance(module, DotProductAttention):
                 module.fuse_qkv()
 
     def set_attention_implementation(self, implementation: str) -> None:
         if implementation not in ("sdpa", "eager"):
             raise ValueError(f"attention implementation must be 'sdpa' or 'eager', got {implementation!r}")
         for module in self.modules():
-            if isinstance(module, BertSelfAttention):
+            if isinstance(module, DotProductAttention):
                 module.implementation = implementation
 
     @property
@@ -680,36 +372,6 @@ class BertModel(BertPreTrainedModel):
 
 
 # ----------------------------------------------------------------------------- heads
-
-
-class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias is not False)
-        self.act = activation(getattr(config, config.family.transform_activation) or config.hidden_act)
-        self.LayerNorm = layer_norm(config)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(x)))
-
-
-class BertLMPredictionHead(nn.Module):
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # weight tied to word embeddings
-        # one output bias, saved once as cls.predictions.bias; none where the config says so (decoder_bias)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias is not False else None
-        self.decoder.bias = self.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(x))
-
-
-class BertOnlyMLMHead(nn.Module):
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.predictions = BertLMPredictionHead(config)
 
 
 class BertPreTrainingHeads(BertOnlyMLMHead):
@@ -855,34 +517,6 @@ class MultiTaskOutput:
         if any(name in task.graph_outputs or name in task.single_graph_outputs for task in TASKS.values()):
             return None  # a task's output this model has no head for
         raise AttributeError(name)
-
-
-MLM_TOP_K = MLM_CANDIDATES  # candidates per token an mlm head hands back (bert.tasks.base says why)
-
-
-class MaskedLMHead(heads.HeadKind):
-    """The masked-LM transform (dense, activation, LayerNorm) and the decoder tied to the word embeddings,
-    scored as probabilities and cut to the MLM_TOP_K likeliest tokens in the graph itself."""
-
-    name = "mlm"
-    agreement = "none"
-
-    def build(self, config: BertConfig, width: int) -> nn.Module:
-        return BertOnlyMLMHead(config)
-
-    def run(self, module, out, dropout):
-        probs = module.predictions(out.last_hidden_state).float().softmax(dim=-1)
-        scores, ids = probs.topk(min(MLM_TOP_K, probs.shape[-1]), dim=-1)  # (B, T, K)
-        return scores, ids
-
-    def tie(self, module, word_embeddings):
-        module.predictions.decoder.weight = word_embeddings.weight
-
-    def row_axes(self, config: BertConfig, width: int) -> list[int]:
-        return [min(MLM_TOP_K, config.vocab_size)]
-
-
-MLM = heads.register(MaskedLMHead())
 
 
 class BertForMultiTask(BertPreTrainedModel):

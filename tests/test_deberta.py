@@ -1,7 +1,9 @@
-"""DeBERTa-v2/v3 (model_type "deberta-v2", bert/families/deberta_v2.py) through bertserve: checkpoints written by
-transformers' save_pretrained load as they are and give transformers' logits for every head, padded (sdpa and
-eager), packed (serving's varlen path) and exported to ONNX; ours load back into transformers; the served
-answers equal transformers' pipelines; a SentencePiece-style Unigram tokenizer gives transformers' ids and offsets.
+"""DeBERTa-v2/v3 (model_type "deberta-v2", bert/families/deberta_v2.py) through bertserve: what only this family
+has (log buckets, the v3 settings read from its config, the relative terms used, other settings and the refused
+ones, ONNX and reduced-precision exports, served answers and zero-shot, its SentencePiece-style Unigram tokenizer,
+the unused absolute table, pretraining a v3 config). What every family with blocks of its own must do against
+transformers (padded and packed logits, ours loaded back, fine-tuning from a backbone, an embedding teacher) is
+tests/test_family_transformers.py, over this file's `Case`.
 
 Tiny random models made with transformers in DeBERTa-v3's settings (relative attention, c2p and p2c, 256
 position buckets, a LayerNorm over the relative embeddings, shared attention keys, no absolute positions, no
@@ -23,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 from test_families import CORPUS, _squad_contexts, _sst2_sentences, qa_windows_equal  # noqa: E402
 from test_modernbert import batch, worst  # noqa: E402
 
-from bert.checkpoint import CheckpointError, load_checkpoint, load_for_inference, save_checkpoint  # noqa: E402
+from bert.checkpoint import CheckpointError, load_checkpoint, load_for_inference  # noqa: E402
 from bert.config import BertConfig, ConfigError  # noqa: E402
 
 FULL = os.environ.get("BERTSERVE_TEST_FULL") == "1"
@@ -109,19 +111,37 @@ def make_hf(head: str, directory, tokenizer_dir, vocab: int, seed: int = 0, **ov
     return HEADS[head][0].from_pretrained(directory).eval()
 
 
+_BUILT: dict = {}  # made once per test process, whichever file asks first (test_family_transformers.py too)
+
+
+def built_tokenizer_dir(tmp_path_factory):
+    if "tokenizer" not in _BUILT:
+        directory = tmp_path_factory.mktemp("deberta-tokenizer")
+        train_tokenizer(directory, CORPUS + HARD_TEXTS * 2)
+        _BUILT["tokenizer"] = directory
+    return _BUILT["tokenizer"]
+
+
+def built_checkpoints(tmp_path_factory):
+    """head -> (directory, transformers' model)."""
+    if "checkpoints" not in _BUILT:
+        tokenizer_dir = built_tokenizer_dir(tmp_path_factory)
+        root = tmp_path_factory.mktemp("deberta")
+        vocab = len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+        _BUILT["checkpoints"] = {
+            head: (root / head, make_hf(head, root / head, tokenizer_dir, vocab)) for head in HEADS
+        }
+    return _BUILT["checkpoints"]
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("deberta-tokenizer")
-    train_tokenizer(directory, CORPUS + HARD_TEXTS * 2)
-    return directory
+    return built_tokenizer_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, tokenizer_dir):
-    """head -> (directory, transformers' model)."""
-    root = tmp_path_factory.mktemp("deberta")
-    vocab = len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
-    return {head: (root / head, make_hf(head, root / head, tokenizer_dir, vocab)) for head in HEADS}
+def checkpoints(tmp_path_factory):
+    return built_checkpoints(tmp_path_factory)
 
 
 def vocab_of(checkpoints) -> int:
@@ -147,28 +167,43 @@ def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa", ou
     return [out.outputs[n] for n in outputs or HEADS[head][2]]
 
 
+class Case:
+    """What the tests shared with the other families (tests/test_family_transformers.py) need of this one."""
+
+    model_type = "deberta-v2"
+    heads = HEADS
+    loading: dict = {}
+    teacher_tasks = ("classify",)  # the heads trained beside the kept embeddings
+
+    def __init__(self, tmp_path_factory):
+        self.checkpoints = built_checkpoints(tmp_path_factory)
+        self.embed_texts = [TEXT, LONG, HARD_TEXTS[3]]
+
+    def batch(self, lengths=LENGTHS):
+        return batch(lengths, vocab=vocab_of(self.checkpoints))
+
+    our_padded = staticmethod(our_padded)
+    theirs_out = staticmethod(theirs_out)
+
+    @staticmethod
+    def check_written(written: dict, reloaded, theirs) -> None:
+        for key, value in V3.items():
+            assert written[key] == value, key
+
+    @staticmethod
+    def trained_weight(model) -> torch.Tensor:
+        """A weight fine-tuning changes, of a transformers model of this family (any head)."""
+        return model.base_model.encoder.layer[1].attention.self.query_proj.weight
+
+
 # ---- the model: padded, packed, written back, exported --------------------------------------------------------
-
-
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-@pytest.mark.parametrize("head", list(HEADS))
-def test_transformers_checkpoint_gives_their_logits_padded(checkpoints, head, implementation):
-    directory, theirs = checkpoints[head]
-    ids, mask = batch(LENGTHS, vocab=vocab_of(checkpoints))
-    diff = worst(
-        our_padded(directory, head, ids, mask, implementation),
-        theirs_out(theirs, head, ids, mask),
-        mask,
-        per_token=head != "classify",
-    )
-    assert diff <= 1e-5, diff
 
 
 @pytest.mark.parametrize("buckets, max_position", [(256, 512), (64, 512), (32, 100)])
 def test_relative_buckets_equal_transformers(buckets, max_position):
     from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
 
-    from bert.model import relative_index
+    from bert.blocks.positions import relative_index
 
     states = torch.zeros(1, 512, 8)
     theirs = build_relative_position(states, states, bucket_size=buckets, max_position=max_position)[0]
@@ -190,13 +225,13 @@ def test_config_maps_the_v3_settings(checkpoints):
 
 def test_relative_attention_matters(checkpoints):
     """The same model with the relative terms left out gives other logits: the disentangled scores are used."""
-    from bert.model import BertSelfAttention
+    from bert.blocks.attention import DisentangledAttention
 
     directory, theirs = checkpoints["ner"]
     ids, mask = batch(LENGTHS, vocab=vocab_of(checkpoints))
     model, _ = load_for_inference(directory)
     for module in model.modules():
-        if isinstance(module, BertSelfAttention):
+        if isinstance(module, DisentangledAttention):
             module.relative_terms = ()
     with torch.no_grad():
         ours = model(ids, mask).outputs["ner_logits"]
@@ -244,43 +279,6 @@ def test_masked_lm_outside_the_legacy_layout_is_refused(checkpoints, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="legacy"):
         BertConfig.from_json_file(tmp_path)
-
-
-@pytest.mark.parametrize("head", ["classify", "ner", "qa", "mlm"])
-def test_packed_varlen_path_gives_their_logits(checkpoints, head):
-    """serving's packed path (torch_packed): relative attention laid out per sequence inside the packed batch."""
-    from runtime.backends.torch_packed import PackedEncoder, PackedRunner, pack
-
-    directory, theirs = checkpoints[head]
-    ids, mask = batch(LENGTHS, vocab=vocab_of(checkpoints))
-    model, _ = load_for_inference(directory)
-    packed = pack({"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": 0 * ids.numpy()})
-    table = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False).run(packed)
-    expected = theirs_out(theirs, head, ids, mask)
-    if head == "mlm":  # the fill-mask head gives each token's top candidates: their probabilities
-        scores = expected[0].softmax(-1).topk(table["fill_mask_scores"].shape[-1], dim=-1).values
-        diff = worst([table["fill_mask_scores"]], [scores], mask, per_token=True)
-    else:
-        diff = worst([table[n] for n in HEADS[head][2]], expected, mask, per_token=head != "classify")
-    assert diff <= 2e-5, diff
-
-
-@pytest.mark.parametrize("head", list(HEADS))
-def test_ours_load_in_transformers_with_equal_logits(checkpoints, tmp_path, head):
-    directory, theirs = checkpoints[head]
-    model, _ = load_checkpoint(directory)
-    save_checkpoint(model, tmp_path / "ours")
-    written = json.loads((tmp_path / "ours" / "config.json").read_text())
-    assert written["model_type"] == "deberta-v2" and written["architectures"] == [type(theirs).__name__]
-    for key, value in V3.items():
-        assert written[key] == value, key
-    reloaded, info = HEADS[head][0].from_pretrained(tmp_path / "ours", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    ids, mask = batch((300, 40), vocab=vocab_of(checkpoints))
-    diff = worst(
-        theirs_out(reloaded.eval(), head, ids, mask), theirs_out(theirs, head, ids, mask), mask, head != "classify"
-    )
-    assert diff == 0.0, diff
 
 
 @pytest.mark.slow
@@ -476,35 +474,6 @@ def test_unigram_qa_windows_and_ner_words_equal_transformers(trained, data_dir):
 # ---- fine-tuned from a DeBERTa backbone, exported int8 ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("task", ["classify", "ner", "qa", "rerank"])
-def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpoints, data_dir, tmp_path, task):
-    from test_modernbert import TRAIN, training_data
-
-    from training import finetune
-    from training.config import run
-
-    out = tmp_path / "run"
-    argv = ["--task", task, "--ckpt", str(checkpoints["embed"][0]), "--output-dir", str(out)]
-    argv += ["--max-seq-length", "64", *training_data(data_dir, tmp_path, task), *TRAIN]
-    assert run(finetune.main, argv) == 0
-    best = out / "best"
-    head = "classify" if task == "rerank" else task  # a reranker is a one-output sequence classifier
-    cls = HEADS[head][0]
-    written = json.loads((best / "config.json").read_text())
-    assert written["model_type"] == "deberta-v2" and written["architectures"] == [cls.__name__]
-    theirs, info = cls.from_pretrained(best, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    backbone = checkpoints["embed"][1]
-    trained = theirs.deberta.encoder.layer[1].attention.self.query_proj.weight
-    assert not torch.equal(backbone.encoder.layer[1].attention.self.query_proj.weight, trained)
-    ids, mask = batch((300, 40), vocab=vocab_of(checkpoints))
-    ours = our_padded(best, head, ids, mask, outputs=("rerank_logits",) if task == "rerank" else None)
-    if task == "rerank":
-        assert ours[0].shape == (2, 1)
-    diff = worst(ours, theirs_out(theirs.eval(), head, ids, mask), mask, head != "classify")
-    assert diff <= 1e-5, diff
-
-
 @pytest.mark.slow
 def test_int8_export_passes_the_exporters_parity_check(checkpoints, tmp_path):
     """Dynamic int8 (the default scope) runs and stays near transformers' logits (scale about 3)."""
@@ -614,43 +583,6 @@ def test_nli_finetuned_from_backbone_serves_zero_shot_as_the_pipeline(checkpoint
     for ours, text in zip(answers, texts, strict=True):
         expected = pipe(text, candidate_labels=candidates)
         assert ours["labels"] == expected["labels"] and np.allclose(ours["scores"], expected["scores"], atol=1e-5)
-
-
-def test_multitask_with_an_embedding_teacher_trains_and_serves_embed(checkpoints, data_dir, tmp_path):
-    """python -m training.multitask --embed-teacher from a DeBERTa-v3 backbone (a classify head beside the kept
-    embeddings): best/ reloads with the scores it was chosen by, and /embed serves its encoder's mean-pooled states
-    as transformers' DebertaV2Model computes them."""
-    from test_modernbert import TRAIN, training_data
-
-    from serving.settings import Settings
-    from training import multitask
-    from training.config import run
-
-    backbone, out = checkpoints["embed"][0], tmp_path / "run"
-    argv = ["--ckpt", str(backbone), "--embed-teacher", str(backbone), "--output-dir", str(out)]
-    data = training_data(data_dir, tmp_path, "classify")
-    argv += ["--classify-train", data[1], "--classify-eval", data[3], "--classify-max-seq-length", "64"]
-    train = [*TRAIN, "--eval-every", "2"]
-    train[train.index("--max-steps") + 1] = "2"
-    assert run(multitask.main, argv + train) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["best_checkpoint_eval"] == metrics["last_eval"]  # best/ as written, loaded back
-    assert metrics["last_eval"]["embed"]["teacher_cosine"] > 0.9
-    texts = [TEXT, LONG, HARD_TEXTS[3]]
-    served = np.array(_served(Settings(model=str(out / "best")), "/embed", {"inputs": texts}))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "best")
-    encoder = transformers.DebertaV2Model.from_pretrained(out / "best").eval()
-    encoded = tokenizer(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        states = encoder(**encoded).last_hidden_state
-    mask = encoded["attention_mask"][..., None].float()
-    expected = torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
-    assert np.abs(served - expected.numpy()).max() <= 1e-5
-    student = checkpoints["embed"][1]
-    assert not torch.equal(
-        student.encoder.layer[1].attention.self.query_proj.weight,
-        encoder.encoder.layer[1].attention.self.query_proj.weight,
-    )
 
 
 # ---- pretraining a DeBERTa-v3 -----------------------------------------------------------------------------------

@@ -213,6 +213,89 @@ def test_unsupported_model_type_is_one_line_naming_it_and_the_supported(tmp_path
     assert all(t in message for t in BY_MODEL_TYPE), message
 
 
+def test_auto_map_is_read_where_a_family_implements_its_classes_and_refused_in_one_line_where_none_does(tmp_path):
+    """A config.json that names a repository's own code (auto_map) loads only where a family implements every class
+    it names (Family.auto_map_classes); otherwise one line naming the class. Nothing of the repository runs."""
+    import dataclasses
+
+    auto_map = {
+        "AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomic_bert.NomicBertConfig",
+        "AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel",
+    }
+    data = {**hf_config("bert").to_dict(), "auto_map": auto_map}
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as caught:
+        BertConfig.from_json_file(tmp_path / "config.json")
+    message = str(caught.value)
+    assert "\n" not in message and "auto_map" in message and "NomicBertConfig" in message and "'bert'" in message
+    implementing = dataclasses.replace(family_of("bert"), auto_map_classes=("NomicBertConfig", "NomicBertModel"))
+    assert implementing.unimplemented_classes(auto_map) == []
+    assert implementing.config_to_ours(data)["auto_map"] == auto_map  # kept, and written back as it was
+    assert implementing.unimplemented_classes({**auto_map, "AutoModelForMaskedLM": "x--m.NomicBertForPreTraining"}) == [
+        "x--m.NomicBertForPreTraining"
+    ]
+    # a model_type only the repository's code defines: the usual line, saying why
+    (tmp_path / "config.json").write_text(json.dumps({**data, "model_type": "nomic_bert"}))
+    with pytest.raises(ConfigError, match="model_type 'nomic_bert' is not supported.*auto_map") as caught:
+        BertConfig.from_json_file(tmp_path / "config.json")
+    assert "\n" not in str(caught.value)
+
+
+def test_weight_layouts_fuse_and_split_parameters_both_ways():
+    """Family.weight_layouts: a fused query/key/value projection (ModernBERT's and NomicBERT's Wqkv) is BERT's three,
+    and a gated MLP stored as two projections (NomicBERT's fc11, fc12: fc11(x) * silu(fc12(x))) is our one
+    intermediate.dense (silu(first half) * second half), on tensors and on header shapes alike, and back."""
+    import dataclasses
+
+    from bert.blocks.mlp import GatedIntermediate
+    from bert.checkpoint import _layout_ops
+
+    family = dataclasses.replace(
+        family_of("bert"),
+        weight_layouts=(
+            ((".attn.Wqkv.",), (".attention.self.query.", ".attention.self.key.", ".attention.self.value.")),
+            ((".mlp.fc12.", ".mlp.fc11."), (".intermediate.dense.",)),
+        ),
+    )
+    torch.manual_seed(0)
+    hidden, inner = 8, 12
+    theirs = {
+        "layer.0.attn.Wqkv.weight": torch.randn(3 * hidden, hidden),
+        "layer.0.mlp.fc11.weight": torch.randn(inner, hidden),
+        "layer.0.mlp.fc12.weight": torch.randn(inner, hidden),
+        "layer.0.other.weight": torch.randn(2, 2),
+    }
+    ours = family.relayout_to_bert(theirs, *_layout_ops(theirs))
+    assert sorted(ours) == [
+        "layer.0.attention.self.key.weight",
+        "layer.0.attention.self.query.weight",
+        "layer.0.attention.self.value.weight",
+        "layer.0.intermediate.dense.weight",
+        "layer.0.other.weight",
+    ]
+    assert torch.equal(ours["layer.0.attention.self.key.weight"], theirs["layer.0.attn.Wqkv.weight"][hidden:-hidden])
+    back = family.relayout_from_bert(ours, *_layout_ops(ours))
+    assert sorted(back) == sorted(theirs) and all(torch.equal(back[k], theirs[k]) for k in theirs)
+    shapes = {k: tuple(v.shape) for k, v in theirs.items()}
+    assert family.relayout_to_bert(shapes, *_layout_ops(shapes)) == {k: tuple(v.shape) for k, v in ours.items()}
+    # our gated MLP on the joined weight computes NomicBERT's SwiGLU
+    config = BertConfig(
+        vocab_size=9,
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=inner,
+        hidden_act="silu",
+        mlp_bias=False,
+    )
+    mlp = GatedIntermediate(config)
+    with torch.no_grad():
+        mlp.dense.weight.copy_(ours["layer.0.intermediate.dense.weight"])
+    x = torch.randn(3, hidden)
+    fc11, fc12 = theirs["layer.0.mlp.fc11.weight"], theirs["layer.0.mlp.fc12.weight"]
+    torch.testing.assert_close(mlp(x), (x @ fc11.T) * torch.nn.functional.silu(x @ fc12.T), rtol=0, atol=1e-6)
+
+
 def test_each_family_is_one_file_found_by_the_registry():
     """Every module of bert/families/ besides the class and the registry is one family (`FAMILY`), and the
     registry holds exactly those, BERT first, in a fixed order; two families may not claim one model_type."""
@@ -241,6 +324,29 @@ def test_each_family_is_one_file_found_by_the_registry():
     twin = families.Family("twin", {"camembert": "Camembert"}, "twin")
     with pytest.raises(ValueError, match="'camembert' is in families 'roberta' and 'twin'"):
         _by_model_type((*families.FAMILIES, twin))
+
+
+def test_every_family_chooses_its_blocks_from_the_shared_set():
+    """A family names its attention, MLP and norm placement; the one encoder builds those (bert/blocks/) and no
+    other: DeBERTa's layers are disentangled, ModernBERT's gated and pre-normed, the rest BERT's."""
+    from bert.blocks.attention import ATTENTIONS, DisentangledAttention
+    from bert.blocks.mlp import MLPS, GatedIntermediate, PlainIntermediate
+    from bert.blocks.norms import NORMS
+    from bert.families import FAMILIES
+    from bert.model import BertModel
+
+    for family in FAMILIES:
+        assert family.attention in ATTENTIONS and family.mlp in MLPS and family.norm in NORMS, family.name
+    tiny = dict(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, pad_token_id=0
+    )
+    built = {}
+    for model_type in ("bert", "deberta-v2", "modernbert"):
+        layer = BertModel(BertConfig.from_dict({**tiny, "model_type": model_type})).encoder.layer[1]
+        built[model_type] = (type(layer.attention.self), type(layer.intermediate), type(layer.mlp_norm).__name__)
+    assert built["bert"] == (ATTENTIONS["dot_product"], PlainIntermediate, "Identity")
+    assert built["deberta-v2"] == (DisentangledAttention, PlainIntermediate, "Identity")
+    assert built["modernbert"] == (ATTENTIONS["dot_product"], GatedIntermediate, "LayerNorm")
 
 
 def test_parameter_names_map_both_ways():

@@ -3,6 +3,9 @@ determinism, masking, tracing, and state-dict names equal to transformers'."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -216,6 +219,14 @@ def test_every_head_kind_a_task_may_declare_is_one_object():
     assert {t.head.kind for t in TASKS.values() if t.head is not None} <= set(heads.KINDS)
     with pytest.raises(ValueError, match="unknown head kind 'bogus'"):
         heads.get("bogus")
+
+
+def test_every_head_kind_is_known_once_bert_heads_is_imported():
+    """The masked-LM kind is declared in bert/heads.py with the others: an exporter that imports only bert.heads
+    finds it without bert.model having been imported first (that was an import-order dependency)."""
+    code = "import sys; from bert import heads; heads.get('mlm'); print('bert.model' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 
 
 HF_CLASSES = [

@@ -1,6 +1,9 @@
-"""ModernBERT (model_type "modernbert", bert/families/modernbert.py) through bertserve: checkpoints written by transformers'
-save_pretrained load as they are and give transformers' logits for every head, padded (sdpa and eager), packed
-(serving's varlen path, CPU reference attention) and exported to ONNX; ours load back into transformers.
+"""ModernBERT (model_type "modernbert", bert/families/modernbert.py) through bertserve: what only this family has
+(the attention pattern and rotary bases read from its config, the window, a mean-pooled classifier, a masked LM
+without a decoder bias, ONNX exports, served answers, its byte-level BPE, masked-LM pretraining, the rotary and
+windowed blocks on a BERT layout). What every family with blocks of its own must do against transformers (padded
+and packed logits, ours loaded back, fine-tuning from a backbone, an embedding teacher) is tests/
+test_family_transformers.py, over this file's `Case`.
 
 Tiny random models made with transformers (initializer_range 0.2, so that inputs are told apart), three layers
 (global, windowed, global) with a 16-token window, and inputs of up to 1,100 tokens: the window and the rotary
@@ -118,11 +121,20 @@ def worst(ours: list, theirs: list, mask, per_token: bool) -> float:
     return found
 
 
+_BUILT: dict = {}  # made once per test process, whichever file asks first (test_family_transformers.py too)
+
+
+def built_checkpoints(tmp_path_factory):
+    """head -> (directory, transformers' eager model)."""
+    if "checkpoints" not in _BUILT:
+        root = tmp_path_factory.mktemp("modernbert")
+        _BUILT["checkpoints"] = {head: (root / head, make_hf(head, root / head)) for head in HEADS}
+    return _BUILT["checkpoints"]
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """head -> (directory, transformers' eager model)."""
-    root = tmp_path_factory.mktemp("modernbert")
-    return {head: (root / head, make_hf(head, root / head)) for head in HEADS}
+    return built_checkpoints(tmp_path_factory)
 
 
 def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa", outputs=None) -> list[torch.Tensor]:
@@ -141,18 +153,32 @@ def our_padded(directory, head: str, ids, mask, implementation: str = "sdpa", ou
     return [out.outputs[n] for n in outputs or HEADS[head][2]]
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-@pytest.mark.parametrize("head", list(HEADS))
-def test_transformers_checkpoint_gives_their_logits_padded(checkpoints, head, implementation):
-    directory, theirs = checkpoints[head]
-    ids, mask = batch()
-    diff = worst(
-        our_padded(directory, head, ids, mask, implementation),
-        theirs_out(theirs, head, ids, mask),
-        mask,
-        per_token=head != "classify",
-    )
-    assert diff <= 1e-5, diff
+class Case:
+    """What the tests shared with the other families (tests/test_family_transformers.py) need of this one."""
+
+    model_type = "modernbert"
+    heads = HEADS
+    loading = {"attn_implementation": "eager"}  # transformers' reference kernels, as make_hf loads them
+    teacher_tasks = ("classify", "qa")  # the heads trained beside the kept embeddings
+
+    def __init__(self, tmp_path_factory):
+        self.checkpoints = built_checkpoints(tmp_path_factory)
+        self.embed_texts = [TEXT, QUESTION]
+
+    def batch(self, lengths=LENGTHS):
+        return batch(lengths)
+
+    our_padded = staticmethod(our_padded)
+    theirs_out = staticmethod(theirs_out)
+
+    @staticmethod
+    def check_written(written: dict, reloaded, theirs) -> None:
+        assert reloaded.config.layer_types == theirs.config.layer_types
+
+    @staticmethod
+    def trained_weight(model) -> torch.Tensor:
+        """A weight fine-tuning changes, of a transformers model of this family (any head)."""
+        return model.base_model.layers[1].attn.Wqkv.weight
 
 
 def test_config_maps_the_attention_pattern_and_positions(checkpoints):
@@ -203,40 +229,6 @@ def test_masked_lm_without_a_decoder_bias(tmp_path):
     )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert worst(theirs_out(reloaded.eval(), "mlm", ids, mask), expected, mask, per_token=True) == 0.0
-
-
-@pytest.mark.parametrize("head", ["classify", "ner", "qa", "mlm"])
-def test_packed_varlen_path_gives_their_logits(checkpoints, head):
-    """serving's packed path (torch_packed, CPU reference attention): the window is bounded inside each sequence."""
-    from runtime.backends.torch_packed import PackedEncoder, PackedRunner, pack
-
-    directory, theirs = checkpoints[head]
-    ids, mask = batch()
-    model, _ = load_for_inference(directory)
-    packed = pack({"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": 0 * ids.numpy()})
-    table = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False).run(packed)
-    expected = theirs_out(theirs, head, ids, mask)
-    if head == "mlm":  # the fill-mask head gives each token's top candidates: their probabilities
-        probs = expected[0].softmax(-1)
-        scores = probs.topk(table["fill_mask_scores"].shape[-1], dim=-1).values
-        diff = worst([table["fill_mask_scores"]], [scores], mask, per_token=True)
-    else:
-        diff = worst([table[n] for n in HEADS[head][2]], expected, mask, per_token=head != "classify")
-    assert diff <= 2e-5, diff
-
-
-@pytest.mark.parametrize("head", ["classify", "ner", "qa", "mlm"])
-def test_ours_load_in_transformers_with_equal_logits(checkpoints, tmp_path, head):
-    directory, theirs = checkpoints[head]
-    model, _ = load_checkpoint(directory)
-    save_checkpoint(model, tmp_path / "ours")
-    written = json.loads((tmp_path / "ours" / "config.json").read_text())
-    assert written["model_type"] == "modernbert" and written["architectures"] == [type(theirs).__name__]
-    reloaded = HEADS[head][0].from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
-    assert reloaded.config.layer_types == theirs.config.layer_types
-    ids, mask = batch((300, 40))
-    diff = worst(theirs_out(reloaded, head, ids, mask), theirs_out(theirs, head, ids, mask), mask, head != "classify")
-    assert diff == 0.0, diff
 
 
 @pytest.mark.parametrize("head", ["classify", "ner", "qa"])
@@ -417,77 +409,6 @@ def training_data(data_dir, root, task: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("task", ["classify", "ner", "qa", "rerank"])
-def test_finetuned_from_backbone_loads_in_transformers_with_equal_logits(checkpoints, data_dir, tmp_path, task):
-    from training import finetune
-    from training.config import run
-
-    out = tmp_path / "run"
-    argv = ["--task", task, "--ckpt", str(checkpoints["embed"][0]), "--output-dir", str(out)]
-    argv += ["--max-seq-length", "64", *training_data(data_dir, tmp_path, task), *TRAIN]
-    assert run(finetune.main, argv) == 0
-    best = out / "best"
-    head = "classify" if task == "rerank" else task  # a reranker is a one-output sequence classifier
-    cls = HEADS[head][0]
-    written = json.loads((best / "config.json").read_text())
-    assert written["model_type"] == "modernbert" and written["architectures"] == [cls.__name__]
-    theirs, info = cls.from_pretrained(best, output_loading_info=True, attn_implementation="eager")
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    backbone = transformers.ModernBertModel.from_pretrained(checkpoints["embed"][0])
-    assert not torch.equal(backbone.layers[1].attn.Wqkv.weight, theirs.model.layers[1].attn.Wqkv.weight)  # trained
-    ids, mask = batch((300, 40))
-    ours = our_padded(best, head, ids, mask, outputs=("rerank_logits",) if task == "rerank" else None)
-    diff = worst(ours, theirs_out(theirs.eval(), head, ids, mask), mask, head != "classify")
-    if task == "rerank":
-        assert ours[0].shape == (2, 1)
-    assert diff <= 1e-5, diff
-
-
-def test_multitask_with_an_embedding_teacher_trains_and_serves_embed(checkpoints, data_dir, tmp_path):
-    """python -m training.multitask --embed-teacher from a ModernBERT backbone (classify and qa heads beside the
-    kept embeddings): best/ reloads with the scores it was chosen by, and /embed serves its encoder's mean-pooled
-    states as transformers computes them."""
-    import time
-
-    from fastapi.testclient import TestClient
-
-    from serving.app import create_app
-    from serving.settings import Settings
-    from training import multitask
-    from training.config import run
-
-    backbone, out = checkpoints["embed"][0], tmp_path / "run"
-    argv = ["--ckpt", str(backbone), "--embed-teacher", str(backbone), "--output-dir", str(out)]
-    for task in ("classify", "qa"):
-        (tmp_path / task).mkdir()
-        data = training_data(data_dir, tmp_path / task, task)
-        argv += [f"--{task}-train", data[1], f"--{task}-eval", data[3], f"--{task}-max-seq-length", "64", *data[4:]]
-    train = [*TRAIN, "--eval-every", "2"]
-    train[train.index("--max-steps") + 1] = "2"
-    assert run(multitask.main, argv + train) == 0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["best_checkpoint_eval"] == metrics["last_eval"]  # best/ as written, loaded back
-    assert metrics["last_eval"]["embed"]["teacher_cosine"] > 0.9
-    texts = [TEXT, QUESTION]
-    with TestClient(create_app(Settings(model=str(out / "best")))) as client:
-        for _ in range(600):  # the model warms up in the background after startup
-            if client.get("/ready").status_code == 200:
-                break
-            time.sleep(0.1)
-        response = client.post("/embed", json={"inputs": texts})
-    assert response.status_code == 200, response.text
-    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "best")
-    encoder = transformers.ModernBertModel.from_pretrained(out / "best").eval()
-    encoded = tokenizer(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        states = encoder(**encoded).last_hidden_state
-    mask = encoded["attention_mask"][..., None].float()
-    expected = torch.nn.functional.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
-    assert np.abs(np.array(response.json()) - expected.numpy()).max() <= 1e-5
-    student = transformers.ModernBertModel.from_pretrained(backbone)
-    assert not torch.equal(student.layers[1].attn.Wqkv.weight, encoder.layers[1].attn.Wqkv.weight)  # trained
-
-
 def test_mlm_pretraining_without_nsp_continues_a_masked_lm_that_transformers_loads(checkpoints, tmp_path):
     from training import pretrain
 
@@ -559,4 +480,5 @@ def test_no_weight_decay_on_any_norm_of_a_pre_norm_model(checkpoints):
     norms = [f"{name}.weight" for name, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm)]
     assert len(norms) == 8  # embeddings, 2 attention + 3 MLP pre-norms, final, pooler
     assert all(no_decay(n) for n in norms)
-    assert not any(no_decay(n) for n, _ in model.named_parameters() if n.endswith("qkv.weight"))
+    projections = [n for n, _ in model.named_parameters() if n.endswith(("query.weight", "key.weight", "value.weight"))]
+    assert len(projections) == 9 and not any(no_decay(n) for n in projections)

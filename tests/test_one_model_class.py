@@ -71,7 +71,7 @@ def settings(**extra):
 @pytest.mark.parametrize("architecture", ["BertForMaskedLM", "BertForPreTraining"])
 def test_masked_lm_checkpoint_serves_transformers_top_k(tmp_path, architecture):
     from bert.checkpoint import load_for_inference
-    from bert.model import MLM_TOP_K
+    from bert.heads import MLM_TOP_K
 
     directory = save_hf(getattr(transformers, architecture), tmp_path / "mlm")
     hf = getattr(transformers, architecture).from_pretrained(directory).eval()

@@ -3,7 +3,7 @@
 A family declares its names, its config.json mapping and the building blocks where it differs from BERT
 (positions, attention, MLP, norm placement, pooler) as one `FAMILY = Family(...)` (bert/families/base.py);
 the registry (bert/families/registry.py) finds every such module. Adding a family is one file here, plus, if
-it differs from BERT in a way no field of `Family` covers yet, that field and its block in bert/model.py.
+it differs from BERT in a way no field of `Family` covers yet, that field and its block in bert/blocks/.
 
 torch-free: serving reads artifact configs without torch.
 """

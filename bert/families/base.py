@@ -43,7 +43,7 @@ class Family:
     """One encoder layout. Every field but the names has BERT's value as its default, so a family lists only
     where it differs. The building blocks (positions, attention, MLP, norm placement, pooler) are chosen by the
     fields below and, where a checkpoint's own config decides per model, by config keys the family's
-    config_defaults / config_converters fill in; the code of each block lives once, in bert/model.py."""
+    config_defaults / config_converters fill in; the code of each block lives once, in bert/blocks/."""
 
     # ---- names ------------------------------------------------------------------------------------------
     name: str
@@ -53,6 +53,10 @@ class Family:
     base_prefix: str
     # where it stands in listings (FAMILIES, the supported model_types an error names), then by name
     order: int = 100
+    # The classes of a repository's own code that this family implements: a config.json whose auto_map names only
+    # these (by class name: "org/repo--module.NomicBertModel" is "NomicBertModel") is read as this family's; any
+    # other auto_map is refused in one line. bertserve never runs a repository's code either way.
+    auto_map_classes: tuple[str, ...] = ()
 
     # ---- config.json <-> BertConfig ----------------------------------------------------------------------
     # config.json key -> ours (BertConfig field); keys not listed are BERT's own
@@ -93,6 +97,13 @@ class Family:
     # with a log line instead of refusing the file
     unused_parameters: tuple[str, ...] = ()
 
+    # Parameters one side stores as one tensor and the other as several (a fused query/key/value projection, a
+    # gated MLP's gate and up projections split in two): (their substrings, BERT's substrings), one tuple per
+    # layout, where the single tensor is the several concatenated along the first axis in the order listed (either
+    # side may be the single one). Applied to whole state dicts (relayout_to_bert / relayout_from_bert), in
+    # their names, before name_to_bert and after name_from_bert.
+    weight_layouts: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+
     # ---- building blocks: where the encoder differs from BERT's (read by bert/model.py, bert/config.py) ---
     # -- embeddings and positions. Absolute: a learned table indexed from 0 (BERT's). Offset: the same table
     #    indexed from pad_token_id + 1 (position_offset). Sinusoidal: the table filled with fixed sin/cos
@@ -101,14 +112,18 @@ class Family:
     #    ModernBERT's config_defaults and converter give them).
     position_offset: bool = False  # positions start at pad_token_id + 1 (fairseq's convention)
     token_types: bool = True  # False: no token-type table at all
-    # -- attention. Full or windowed is per layer and the config's (layer_types, local_attention; ModernBERT's
-    #    converter derives them from its own keys); the layout of the q/k/v projections is the family's.
-    qkv_projection: bool = False  # query, key and value as one (3H, H) projection, attention.self.qkv
-    # -- MLP: plain (BERT's: act(W1 x)) or gated.
-    gated_mlp: bool = False  # the feed-forward input projection is 2x wide: act(first half) * second half (GLU)
-    # -- norm placement: post (BERT's: LayerNorm after each residual sum) or pre.
-    pre_norm: bool = False  # LayerNorm before each sublayer (and one after the last layer), not after
-    first_attention_norm: bool = True  # with pre_norm: False leaves the first layer's attention input as it is
+    # -- attention: how a layer scores queries against keys, a kind in bert/blocks/attention.py: "dot_product"
+    #    (BERT's) or "disentangled" (DeBERTa's content and relative-position terms, on where the config's
+    #    relative_attention says). Full or windowed is per layer and the config's (layer_types, local_attention;
+    #    ModernBERT's converter derives them from its own keys).
+    attention: str = "dot_product"
+    # -- MLP, a kind in bert/blocks/mlp.py: "plain" (BERT's: act(W1 x)) or "gated" (the input projection 2x wide:
+    #    act(first half) * second half, GLU).
+    mlp: str = "plain"
+    # -- norm placement, a kind in bert/blocks/norms.py: "post" (BERT's: LayerNorm after each residual sum) or "pre"
+    #    (LayerNorm before each sublayer and one after the last layer).
+    norm: str = "post"
+    first_attention_norm: bool = True  # with pre-norm: False leaves the first layer's attention input as it is
     # -- the pooler (the first-token layer before a sequence head) and what per-token heads read.
     pooler_activation: str = "tanh"  # the first-token layer's activation before a sequence head
     bare_pooler: bool = True  # a bare encoder of this family carries a pooler
@@ -118,9 +133,51 @@ class Family:
     # classifier_activation (ModernBERT's one head, which is its pooler too)
     transform_activation: str = "hidden_act"
 
+    @property
+    def pre_norm(self) -> bool:
+        return self.norm == "pre"
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.mlp == "gated"
+
+    @property
+    def qkv_projection(self) -> bool:
+        """Whether this family's checkpoints store query, key and value as one projection."""
+        return any(len(theirs) == 1 and ".attention.self.query." in ours for theirs, ours in self.weight_layouts)
+
+    def unimplemented_classes(self, auto_map: Any) -> list[str]:
+        """The classes a config's auto_map names that this family does not implement (none without an auto_map)."""
+        if not auto_map:
+            return []
+        values = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
+        names = [v for value in values for v in (value if isinstance(value, list) else [value]) if v is not None]
+        return [str(n) for n in names if str(n).rpartition(".")[2] not in self.auto_map_classes]
+
+    # ---- weight layouts ---------------------------------------------------------------------------------
+    def relayout_to_bert(self, state: dict, join: Callable, split: Callable) -> dict:
+        """A state dict in this family's names with each weight layout turned into BERT's: `join(values)`
+        concatenates values along their first axis, `split(value, n)` cuts one into n equal parts (tensors, or
+        their shapes: the header check runs on shapes alone)."""
+        for theirs, ours in self.weight_layouts:
+            state = _relayout(state, theirs, ours, join, split)
+        return state
+
+    def relayout_from_bert(self, state: dict, join: Callable, split: Callable) -> dict:
+        """The inverse of relayout_to_bert, on a state dict already in this family's names (name_from_bert)."""
+        for theirs, ours in self.weight_layouts:
+            state = _relayout(state, ours, theirs, join, split)
+        return state
+
     # ---- config.json ------------------------------------------------------------------------------------
     def config_to_ours(self, data: dict) -> dict:
         """A config.json's keys and values as BertConfig reads them (positions counted as usable positions)."""
+        unimplemented = self.unimplemented_classes(data.get("auto_map"))
+        if unimplemented:
+            raise UnsupportedFamily(
+                f"auto_map names the repository's own code ({unimplemented[0]!r:.80}), which bertserve never runs "
+                f"and does not implement for model_type {data.get('model_type', 'bert')!r:.40}"
+            )
         for key, (supported, what) in self.refused_settings.items():
             value = data.get(key)
             if value is not None and value != supported:
@@ -206,3 +263,20 @@ class Family:
         for theirs, bert in self.parameter_names:
             key = key.replace(bert, theirs, 1)
         return key
+
+
+def _relayout(state: dict, sources: tuple[str, ...], targets: tuple[str, ...], join: Callable, split: Callable) -> dict:
+    """Every group of keys that differ only in sources[i] (all of them present) -> the same keys with targets[j],
+    the group's values joined in sources' order and split into len(targets) equal parts."""
+    out = dict(state)
+    for key in [k for k in state if sources[0] in k]:
+        group = [key.replace(sources[0], source, 1) for source in sources]
+        if not all(k in state for k in group):
+            continue  # a partial group is left as it is, for the key check to name
+        joined = join([state[k] for k in group]) if len(group) > 1 else state[key]
+        parts = split(joined, len(targets)) if len(targets) > 1 else [joined]
+        for k in group:
+            del out[k]
+        for target, part in zip(targets, parts):
+            out[key.replace(sources[0], target, 1)] = part
+    return out

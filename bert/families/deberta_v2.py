@@ -74,6 +74,7 @@ FAMILY = Family(
     unused_parameters=("embeddings.position_embeddings.weight",),
     sequence_pooler="pooler.dense",
     architecture_suffixes=(*ARCHITECTURE_SUFFIXES, "ForMaskedLM"),
+    attention="disentangled",
     pooler_activation="gelu",
     bare_pooler=False,
 )

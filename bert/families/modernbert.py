@@ -79,7 +79,6 @@ FAMILY = Family(
         ("final_norm.", "encoder.final_norm."),
         ("layers.", "encoder.layer."),
         (".attn_norm.", ".attention_norm."),
-        (".attn.Wqkv.", ".attention.self.qkv."),
         (".attn.Wo.", ".attention.output.dense."),  # before the MLP's: ours ends in ".output.dense." too
         (".mlp.Wi.", ".intermediate.dense."),
         (".mlp.Wo.", ".output.dense."),
@@ -95,6 +94,8 @@ FAMILY = Family(
         ("head.", "bert.pooler."),
         ("classifier.", "qa_outputs."),
     ),
+    # one (3H, H) projection there, BERT's query, key and value here
+    weight_layouts=(((".attn.Wqkv.",), (".attention.self.query.", ".attention.self.key.", ".attention.self.value.")),),
     architecture_suffixes=(*ARCHITECTURE_SUFFIXES, "ForMaskedLM"),
     config_converters=(_config_to_ours, _config_to_theirs),
     config_blocks=(
@@ -113,10 +114,9 @@ FAMILY = Family(
     token_types=False,
     pooler_activation="gelu",
     bare_pooler=False,
-    pre_norm=True,
+    norm="pre",
     first_attention_norm=False,
-    gated_mlp=True,
-    qkv_projection=True,
+    mlp="gated",
     pooler_norm=True,
     token_head_transform=True,
     transform_activation="classifier_activation",
