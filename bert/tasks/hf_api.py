@@ -264,6 +264,16 @@ PIPELINES: dict[str, tuple[Pipeline, ...]] = {
 }
 
 
+# text-embeddings-inference's model_type (its /info) of the tasks that have one, in the order TEI decides it: a
+# one-output classifier is its reranker.
+TEI_MODEL_TYPES: dict[str, str] = {"rerank": "reranker", "classify": "classifier", "embed": "embedding"}
+
+
+def tei_model_type(tasks) -> tuple[str, str] | None:
+    """(task, TEI's model_type) of a server serving `tasks`: the first of TEI_MODEL_TYPES it serves."""
+    return next(((task, kind) for task, kind in TEI_MODEL_TYPES.items() if task in tasks), None)
+
+
 def pipelines(tasks) -> list[tuple[str, Pipeline]]:
     """(task, pipeline) for each pipeline of `tasks`: the tasks with a head of their own first (what the model was
     made for: a masked LM's fill-mask before the embeddings any encoder gives), each group in the given order."""
@@ -337,4 +347,15 @@ def translate(pipeline: Pipeline, body) -> tuple[Any, dict, dict]:
     return pipeline.to_native(inputs, fields), sent, names
 
 
-__all__ = ["OPTIONS", "PIPELINES", "Param", "Pipeline", "by_tag", "choose", "pipelines", "translate"]
+__all__ = [
+    "OPTIONS",
+    "PIPELINES",
+    "TEI_MODEL_TYPES",
+    "tei_model_type",
+    "Param",
+    "Pipeline",
+    "by_tag",
+    "choose",
+    "pipelines",
+    "translate",
+]

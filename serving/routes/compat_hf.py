@@ -20,7 +20,8 @@ from serving.routes.compat_run import read_json, run, served_tasks
 router = APIRouter(tags=["compatibility"], include_in_schema=False)
 
 
-async def _answer(request: Request, pipeline: hf_api.Pipeline, body):
+async def answer(request: Request, pipeline: hf_api.Pipeline, body):
+    """An Inference API body of `pipeline`, answered by our route and reshaped as the Inference API answers."""
     try:
         native, params, names = hf_api.translate(pipeline, body)
     except ValueError as e:
@@ -42,7 +43,7 @@ async def hf_root(request: Request):
         _, pipeline = hf_api.choose(body, served_tasks(request))
     except LookupError as e:
         raise NotFound(str(e)) from None
-    return await _answer(request, pipeline, body)
+    return await answer(request, pipeline, body)
 
 
 @router.post("/hf/{tag}", summary="The Hugging Face Inference API for one pipeline tag")
@@ -56,4 +57,4 @@ async def hf_pipeline(tag: str, request: Request):
         served = ", ".join(p.tag for _, p in hf_api.pipelines(tasks)) or "none"
         raise NotFound(f"pipeline {tag!r} is not served here; the served pipelines: {served}")
     body = await read_json(request)
-    return await _answer(request, chosen[1], body)
+    return await answer(request, chosen[1], body)

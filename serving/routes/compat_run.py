@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from bert.tasks import registry
 from serving.engine import Timing
-from serving.errors import Overloaded, ValidationFailed, refusal
+from serving.errors import Overloaded, ServingError, ValidationFailed, refusal
 from serving.routes.api import RouteInfo, TaskEndpoint, _answer
 
 _ENDPOINTS: dict[str, TaskEndpoint] = {}
@@ -104,7 +104,10 @@ async def run(
     validated = validate(path, body, names)
     state.in_flight += 1
     try:
-        items, options, model = endpoint.prepare(validated, request)
+        try:
+            items, options, model = endpoint.prepare(validated, request)
+        except ServingError as e:
+            raise _renamed(e, names) from None
         engine, task, route = request.app.state.engine, endpoint.task, endpoint.route
 
         async def work(ticket, timing: Timing):
@@ -118,6 +121,16 @@ async def run(
         return await _answer(request, work)
     finally:
         state.in_flight -= 1
+
+
+def _renamed(error: ServingError, names: dict | None) -> ServingError:
+    """`error` with the field its message starts with named as the caller wrote it."""
+    for ours, theirs in (names or {}).items():
+        if error.message.startswith(ours) and error.message[len(ours) : len(ours) + 1] in ("", " ", "[", ":", "."):
+            error.message = theirs + error.message[len(ours) :]
+            error.args = (error.message,)
+            break
+    return error
 
 
 def refuse(message: str) -> ValidationFailed:
