@@ -16,7 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from bert.tasks import registry
 from serving.engine import Timing
-from serving.errors import Overloaded, ServingError, ValidationFailed, refusal
+from serving.errors import BadRequest, Overloaded, ServingError, ValidationFailed, refusal
 from serving.routes.api import RouteInfo, TaskEndpoint, _answer
 
 _ENDPOINTS: dict[str, TaskEndpoint] = {}
@@ -71,8 +71,8 @@ async def read_json(request: Request) -> Any:
             ],
             body=e.doc,
         ) from None
-    except UnicodeDecodeError as e:
-        raise ValidationFailed(f"body is not valid JSON: not UTF-8 ({e.reason})") from None
+    except (UnicodeDecodeError, RecursionError):  # FastAPI's answer to a body json.loads cannot read otherwise
+        raise BadRequest("There was an error parsing the body") from None
 
 
 def served_tasks(request: Request) -> list[str]:

@@ -237,11 +237,11 @@ async def embed(request: Request):
     body = await read_json(request)
     if isinstance(body, dict) and (
         {"truncation_direction", "prompt_name"} & body.keys()
-        or any(body.get(k, 0) is None for k in ("truncate", "dimensions", "normalize"))
+        or any(body.get(k, 0) is None for k in ("truncate", "dimensions"))
     ):
         body = dict(body)
         _cut_at_the_end(body)
-        _drop_nulls(body, "truncate", "dimensions", "normalize", "prompt_name")
+        _drop_nulls(body, "truncate", "dimensions", "prompt_name")
         _with_prompt(request, _EMBED_ROUTE, body)
         return await run(request, "/embed", body)
     validate("/embed", body)  # our route's own refusal
