@@ -17,6 +17,7 @@ from serving.errors import install_error_handlers
 from serving.metrics import Metrics
 from serving.middleware import RequestMiddleware, ServerState
 from serving.routes.api import build_router
+from serving.routes.compat import router as compat_routes
 from serving.routes.lean import LeanRoutes
 from serving.routes.playground import router as playground_router
 from serving.routes.schemas import declare_limits
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.engine = engine
     install_error_handlers(app)
     routes = build_router()  # the tasks' routes as the registry holds them now
+    app.include_router(compat_routes)  # first: other APIs' bodies on our paths (serving/routes/compat.py)
     app.include_router(routes)
     _declare_limits_in_openapi(app, settings)
     install_docs(app)

@@ -276,7 +276,7 @@ REQUEST_CASES = [
     ("POST", "/metrics", {}, b"{}", 405),
     ("DELETE", "/info", {}, None, 405),
     ("POST", "/classify/", {}, b'{"inputs": "x"}', 404),
-    ("POST", "//classify", {}, b'{"inputs": "x"}', 405),
+    ("POST", "//classify", {}, b'{"inputs": "x"}', 200),  # read as POST /: the Inference API's root (docs/compat.md)
     ("POST", "/classify/../qa", {}, b'{"inputs": "x"}', 422),
     ("GET", "/%00", {}, None, 404),
     ("GET", "/" + "a" * 8000, {}, None, 404),
@@ -313,7 +313,8 @@ REQUEST_CASES = [
     ("POST", "/embed/", {}, b'{"inputs": "x"}', 404),
     ("POST", "/v1/embeddings", {"authorization": "Bearer wrong"}, b'{"input": "x"}', 401),
     ("POST", "/embed", {"authorization": ""}, b'{"inputs": "x"}', 401),
-    ("GET", "/v1/models", {}, None, 404),
+    ("GET", "/v1/models", {}, None, 200),  # OpenAI's model list (docs/compat.md)
+    ("GET", "/v1/files", {}, None, 404),
 ]
 
 
