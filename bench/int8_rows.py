@@ -1,7 +1,7 @@
 """int8 activation scales per row against per tensor, on an fp32 artifact's fused graph (an embedding model):
 
     python -m export.onnx --ckpt PATH --task embed --precision fp32 --out /tmp/fp32
-    python -m bench.int8_rows /tmp/fp32 [--sentences 872] [--threads 2]
+    python -m bench.int8_rows /tmp/fp32 [--sentences 872] [--threads 2] [--also ARTIFACT ...]
 
 Builds every-group-int8 twice from the same fused graph, onnxruntime's dynamic quantisation (one activation scale
 per batch) and export's per-row scales (quantize_int8 scope all), and reports for each, on the SST-2 dev sentences
@@ -30,6 +30,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--also", metavar="DIR", action="append", default=[], help="another artifact's model.onnx")
     args = parser.parse_args(argv)
 
     import onnxruntime as ort
@@ -64,6 +65,7 @@ def main(argv=None) -> None:
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
         paths = {"fp32": fused, "int8 per-tensor": per_tensor, "int8 per-row": per_row}
+        paths |= {str(d): Path(d) / "model.onnx" for d in args.also}
         sessions = {
             k: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for k, p in paths.items()
         }
