@@ -71,12 +71,12 @@ class OnnxOptions:
         "auto",
         choices=PRECISIONS,
         help=(
-            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives (with scope auto "
-            "also that graph's groups quantised per tensor, where it meets --int8-agreement too), times them on this "
+            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives, times them on this "
             "machine on the calibration inputs and writes the fastest one that meets --int8-agreement (the manifest's "
             "precision says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
-            "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + dynamic int8 "
-            "quantisation (for CPUs); bf16: the checkpoint's own weights as model.safetensors instead of model.onnx, "
+            "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + int8 weights per "
+            "channel and activations with one scale per token of each text, so an answer does not depend on its "
+            "batch (for CPUs); bf16: the checkpoint's own weights as model.safetensors instead of model.onnx, "
             "served by the torch backend with bf16 matmuls (for CPUs with AMX or AVX512-BF16; the checkpoint's own "
             "task only). "
             "model.portable.onnx is always fp32."
@@ -88,11 +88,10 @@ class OnnxOptions:
         help=(
             "with --precision int8 or auto: which MatMuls to quantise. auto: measured on the calibration inputs, the "
             "fewest groups (one layer's attention, attention output, FFN input or FFN output; embeddings; heads) kept "
-            "fp32 that bring agreement with fp32 to --int8-agreement, the layers' MatMuls with one activation scale "
-            "per token, the fused attention per tensor; of the groups kept, those that still agree are int8 with their "
+            "fp32 that bring agreement with fp32 to --int8-agreement; of the groups kept, those that still agree are int8 with their "
             "loudest input channels fp32, and of the attentions still kept the query and key where they agree; "
             "skip-ffn-output keeps each layer's feed-forward output "
-            "projection fp32; all quantises every one (both: one activation scale per tensor)"
+            "projection fp32; all quantises every one. Every scope gives each token its own activation scale"
         ),
     )
     int8_agreement: float = option(
@@ -462,16 +461,6 @@ def main(argv=None) -> None:
                     + (f", {len(per_token)} with per-token activations" if per_token else "")
                 )
                 int8_graphs = {"int8": (int8_path, quantization)}
-                alternative = search.per_tensor if search else None
-                if args.precision == "auto" and alternative and alternative.agreement >= args.int8_agreement:
-                    # the same groups fp32, the rest per-tensor: faithful too, so the timing decides between them
-                    path = tmp / "int8-per-tensor.onnx"
-                    int8_graphs["int8-per-tensor"] = (
-                        path,
-                        variants.quantize_int8(
-                            fused_path, path, "auto", [n for g in search.per_tensor_kept for n in g.nodes]
-                        ),
-                    )
         if args.precision == "auto":
             with progress("timing the candidates on this machine"):
                 choice = choose_precision(
@@ -484,7 +473,7 @@ def main(argv=None) -> None:
                 quantization = int8_graphs[graph][1] if precision == "int8" else None
         if quantizing:
             scratch = (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx")
-            for leftover in (*scratch, tmp / "int8-per-tensor.onnx"):
+            for leftover in scratch:
                 leftover.unlink(missing_ok=True)
         if args.precision in ("fp32", "fp16", "bf16"):
             del fused
@@ -506,9 +495,7 @@ def main(argv=None) -> None:
             if precision == "bf16":
                 manifest["runtime"] = bf16.RUNTIME  # served by the torch backend, not onnxruntime
             if quantization:
-                described = (
-                    search.describe(per_tensor=choice is not None and choice["graph"] != "int8") if search else {}
-                )
+                described = search.describe() if search else {}
                 manifest["quantization"] = (
                     quantization
                     | ({k: v for k, v in described.items() if k not in quantization} if search else {})
@@ -566,17 +553,13 @@ def sensitivity_set(task: str | None) -> str:
 
 
 def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, search, target: float) -> dict:
-    """Time fp32 and the int8 graphs (`int8`: the search's; `int8-per-tensor`: the same groups fp32, every other
-    per-tensor, given only when it meets the target) on the calibration inputs here; the fastest one meeting the
+    """Time fp32 and the int8 graphs (`int8`: the search's, per-row activation scales) on the calibration inputs here; the fastest one meeting the
     agreement target wins, fp32 unless an int8 graph is faster."""
     import numpy as np
 
     from .sensitivity import time_graphs
 
-    agreements = {
-        "int8": search.chosen.agreement if search else None,
-        "int8-per-tensor": search.per_tensor.agreement if search and search.per_tensor else None,
-    }
+    agreements = {"int8": search.chosen.agreement if search else None}
     passes = time_graphs({"fp32": fp32_path, **int8_paths}, calibration, every_pass=True)
     timings = {name: float(np.median(seconds)) for name, seconds in passes.items()}
     candidates = {"fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True}}

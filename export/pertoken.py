@@ -32,7 +32,7 @@ MODES = ("auto", "symmetric", "asymmetric")
 # auto: asymmetric for a MatMul fed by a GELU (outputs from -0.17 up: a symmetric range would leave half the steps
 # unused), symmetric elsewhere (LayerNorm and attention outputs straddle zero; two reductions fewer)
 GELU_OPS = ("BiasGelu", "FastGelu", "Gelu")
-SCHEME = "int8 per-channel weights, uint8 activations one scale per token (row), per batch"
+SCHEME = "uint8, one scale per row: per token of each text, never shared across the texts of a batch"
 
 
 class PerTokenError(ValueError):

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .pertoken import QK, rewritable
+from .pertoken import QK, SCHEME, rewritable
 from .samples import (
     CALIBRATION_QA,
     CALIBRATION_SENTENCES,
@@ -53,9 +53,9 @@ QUANTISABLE = ("MatMul", "Attention", "Gemm", "EmbedLayerNormalization", "Gather
 WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Attention": 1, "Gather": 0, "EmbedLayerNormalization": 2}
 KINDS = ("embeddings", "attention", "attention-output", "ffn-in", "ffn-out", "other")
 CALIBRATION_SETS = ("sentences", "qa", "rerank", "zero_shot")
-# how the quantised MatMuls' activations are scaled: one scale per token (row) or per tensor (onnxruntime's dynamic
-# quantisation); per-token applies to MatMuls with constant weights, the rest (QAttention, embeddings, Gemm heads)
-# are per-tensor either way (docs/export.md, "int8: per-token activations")
+# how the quantised MatMuls' activations are scaled: one scale per token (row), what the export writes, or per tensor
+# (onnxruntime's dynamic quantisation, one scale for the whole batch), kept for comparison
+# (docs/export.md, "int8: batch-invariant answers")
 SCHEMES = ("per-token", "per-tensor")
 # Groups whose integer kernels save next to no time (a gather of embedding rows; the pooler and the heads, one small
 # MatMul each) but whose int8 weights move every answer: kept fp32 before any layer's group (docs/export.md).
@@ -78,12 +78,6 @@ class Calibration:
 
     def flat(self) -> list[tuple[str, int, dict[str, np.ndarray]]]:
         return [(name, i, b) for name, batches in self.batches.items() for i, b in enumerate(batches)]
-
-
-def calibration_set(task_of_output: dict[str, str | None]) -> dict[str, str]:
-    """Output name -> the calibration set it is judged on."""
-    sets = {"qa": "qa", "rerank": "rerank", "zero_shot": "zero_shot"}
-    return {name: sets.get(task, "sentences") for name, task in task_of_output.items()}
 
 
 def build_calibration(
@@ -378,16 +372,19 @@ def run_graph(path: Path, calibration: Calibration, output_names: list[str]) -> 
 
 
 def scheme_of_nodes(model: onnx.ModelProto, nodes, scheme: str) -> dict[str, str]:
-    """Node -> how it is quantised: "per-token" (export/pertoken.py) for the MatMuls with constant weights when
-    `scheme` is per-token, else "per-tensor" (onnxruntime's dynamic quantisation: the fused Attention as QAttention,
-    the embeddings, Gemm heads)."""
+    """Node -> how it is quantised, for the nodes `nodes` that can be: "per-token" (export/pertoken.py: the MatMuls
+    with constant weights and the fused Attentions, unfused so that their QKV projection is such a MatMul) or
+    "per-tensor" (onnxruntime's dynamic quantisation, one activation scale for the whole batch), with `scheme`
+    per-token "weights-only" for the embedding tables (int8 rows read without an activation scale). A node left out stays fp32: a Gemm head, whose dynamic quantisation
+    would give the batch one activation scale (docs/export.md, "int8: batch-invariant answers")."""
+    from .variants import weight_only_nodes
+
     if scheme not in SCHEMES:
         raise ValueError(f"int8 scheme must be one of {SCHEMES}, got {scheme!r}")
-    # a fused Attention stays QAttention: unfused for per-token QKV (export/pertoken.py unfuse_attention) it ran
-    # slower and moved the outputs no less (docs/export.md, "int8: per-token activations")
-    ops = {n.name: n.op_type for n in model.graph.node}
-    per_token = {n for n in rewritable(model) if ops[n] == "MatMul"} if scheme == "per-token" else set()
-    return {n: "per-token" if n in per_token else "per-tensor" for n in nodes}
+    if scheme == "per-tensor":
+        return {n: "per-tensor" for n in nodes}
+    per_token, tables = set(rewritable(model)), set(weight_only_nodes(model))
+    return {n: "per-token" if n in per_token else "weights-only" for n in nodes if n in per_token | tables}
 
 
 def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outliers=None) -> Path:
@@ -397,7 +394,7 @@ def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outlie
     from .pertoken import per_token
     from .variants import quantize_dynamic_graph, save
 
-    dynamic = [n for n, how in schemes.items() if how == "per-tensor"]
+    dynamic = [n for n, how in schemes.items() if how in ("per-tensor", "weights-only")]
     tokens = [n for n, how in schemes.items() if how == "per-token"]
     if dynamic:
         quantize_dynamic_graph(fused_path, out_path, only=dynamic)
@@ -446,7 +443,7 @@ def group_schemes(groups: list[Group], kept: list[Group], schemes: dict[str, str
     kept_labels = {g.label for g in kept}
     described = {}
     for group in groups:
-        found = {schemes.get(n, "per-tensor") for n in group.nodes}
+        found = {schemes.get(n, "fp32") for n in group.nodes}
         if group.label in kept_labels:
             split = {schemes.get(f"{n}{QK}") for n in group.nodes} - {None}
             described[group.label] = f"{split.pop()} query and key, value fp32" if split else "fp32"
@@ -470,9 +467,7 @@ class Search:
     sensitivity: dict[str, float]
     calibration: dict[str, int]
     scheme: str = "per-tensor"
-    schemes: dict[str, str] = field(default_factory=dict)  # every grouped node -> per-token | per-tensor
-    # the same groups kept fp32, every other per-tensor: a faster graph, a candidate where it meets the target too
-    per_tensor: Trial | None = None
+    schemes: dict[str, str] = field(default_factory=dict)  # every quantisable grouped node -> its scheme_of_nodes
     outliers: dict[str, list[int]] = field(default_factory=dict)  # node -> input channels kept fp32 (per-token)
 
     @property
@@ -480,30 +475,21 @@ class Search:
         return [n for g in self.kept for n in g.nodes]
 
     @property
-    def per_tensor_kept(self) -> list[Group]:
-        """The groups the per-tensor alternative keeps fp32: the chosen graph's, and those quantised with outliers
-        (per-tensor has no outlier channels)."""
-        return [g for g in self.groups if g in self.kept or any(n in self.outliers for n in g.nodes)]
-
-    @property
     def quantised(self) -> dict[str, str]:
         """Node -> scheme of the nodes the chosen graph quantises."""
         kept = set(self.fp32_nodes)
         return {n: how for n, how in self.schemes.items() if n not in kept}
 
-    def describe(self, per_tensor: bool = False) -> dict:
-        """The manifest's record; `per_tensor`: of the graph with the same groups fp32 and every other per-tensor."""
-        chosen = self.per_tensor if per_tensor and self.per_tensor else self.chosen
-        quantised, schemes, kept, outliers = self.quantised, self.schemes, self.kept, self.outliers
-        if chosen is not self.chosen:  # a split attention (NAME/qk), outlier channels: no per-tensor form, fp32 there
-            schemes = {n: how for n, how in schemes.items() if not n.endswith(QK) and n not in outliers}
-            quantised = {n: "per-tensor" for n in quantised if n in schemes}
-            kept, outliers = self.per_tensor_kept, {}
+    def describe(self) -> dict:
+        """The manifest's record."""
+        chosen, quantised, schemes, kept, outliers = self.chosen, self.quantised, self.schemes, self.kept, self.outliers
         per_token = sorted(n for n, how in quantised.items() if how == "per-token")
+        per_tensor = any(how == "per-tensor" for how in quantised.values())
         return {
-            "method": "dynamic" + (" + per-token" if per_token else ""),
+            "method": "per-tensor" if per_tensor else "per-row",
             "weights": "int8 per channel",
-            "activations": "uint8 per tensor, per batch" + ("; per token (row) where per-token" if per_token else ""),
+            "activations": "uint8 per tensor, one scale for the whole batch" if per_tensor else SCHEME,
+            "batch_invariant": not per_tensor,
             "scope": "auto",
             "scheme": self.scheme,
             "target_agreement": self.target,
@@ -522,9 +508,6 @@ class Search:
             "fp32_nodes": [n for g in kept for n in g.nodes],
             "group_schemes": group_schemes(self.groups, kept, schemes | quantised, outliers),
             "outlier_channels": outliers,
-            "per_tensor_alternative": (
-                None if self.per_tensor is None else {"agreement": self.per_tensor.agreement, "chosen": per_tensor}
-            ),
             "per_token_nodes": per_token,
             "groups": len(self.groups),
             "trials": len(self.trials),
@@ -545,8 +528,7 @@ def search(
 ) -> Search:
     """judged: output name -> (agreement kind, token level, calibration set). Returns the fewest groups that, kept
     fp32, meet `target`, the others quantised as `scheme` says (scheme_of_nodes); `note` shows each trial as it
-    ends. With per-token, one more trial measures the same groups kept fp32 with every other per-tensor (faster):
-    Search.per_tensor, a candidate for the timing."""
+    ends."""
     model = onnx.load(str(fused_path), load_external_data=False)
     groups = groups_of(model, budget)
     schemes = scheme_of_nodes(model, [n for g in groups for n in g.nodes], scheme)
@@ -579,7 +561,7 @@ def search(
         if scheme == "per-token":
             kept, chosen = with_outliers(kept, chosen, sensitivity)
             chosen = query_and_key(kept, chosen, sensitivity)
-        result = Search(
+        return Search(
             target,
             groups,
             kept,
@@ -591,12 +573,6 @@ def search(
             schemes=schemes,
             outliers=dict(outliers),
         )
-        quantised = result.quantised
-        if scheme == "per-token" and any(how == "per-token" for how in quantised.values()) and len(trials) < budget:
-            # split attentions (NAME/qk) and outlier channels have no per-tensor form: fp32 there
-            per_tensor = {n: "per-tensor" for n in quantised if not n.endswith(QK) and n not in outliers}
-            result.per_tensor = measure("the same groups, every one per-tensor", how=per_tensor, channels={})
-        return result
 
     def most_that_meet(count: int, trial_of: Callable[[int], Trial], chosen: Trial, reserve: int) -> tuple[int, Trial]:
         """The most of `count` candidates (the first n, in their order) whose graph meets the target, and its trial
@@ -616,7 +592,7 @@ def search(
         channels fp32 (outlier_channels), least sensitive first; adds them to `schemes` and `outliers` and returns
         the groups still kept and the trial of the graph that then meets the target."""
         candidates = [g for g in kept if g.label not in CHEAP and all(n in per_token_able for n in g.nodes)]
-        if not candidates or len(trials) >= budget - 2:  # a trial each left for step 5 and the per-tensor graph
+        if not candidates or len(trials) >= budget - 1:  # a trial left for step 5
             return kept, chosen
         candidates.sort(key=lambda g: sensitivity.get(g.label, 0.0))
         channels = outlier_channels(fused_path, calibration, [n for g in candidates for n in g.nodes])
@@ -634,7 +610,7 @@ def search(
                 channels={n: channels[n] for n in trying},
             )
 
-        low, chosen = most_that_meet(len(candidates), trial_of, chosen, reserve=2)
+        low, chosen = most_that_meet(len(candidates), trial_of, chosen, reserve=1)
         schemes.update(moved(low))
         outliers.update({n: channels[n] for n in moved(low)})
         return [g for g in kept if g not in candidates[:low]], chosen
@@ -656,8 +632,7 @@ def search(
                 f"query and key per token, value fp32, in {labels}", exclude=fp32, how=schemes | query_keys(count)
             )
 
-        # one trial left for the per-tensor alternative
-        low, chosen = most_that_meet(len(attention), trial_of, chosen, reserve=1)
+        low, chosen = most_that_meet(len(attention), trial_of, chosen, reserve=0)
         schemes.update(query_keys(low))
         return chosen
 

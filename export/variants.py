@@ -1,5 +1,5 @@
 """The ONNX files of an artifact: the portable graph (standard ONNX ops, TensorRT's input) and the
-onnxruntime variants made from it: fused fp32, fused fp16, fused + dynamically quantised int8.
+onnxruntime variants made from it: fused fp32, fused fp16, fused + int8 (per-row activation scales).
 """
 
 from __future__ import annotations
@@ -187,33 +187,61 @@ def ffn_output_matmuls(model: onnx.ModelProto) -> list[str]:
     ]
 
 
+WEIGHT_ONLY = {"Gather": 0, "EmbedLayerNormalization": 2}  # int8 tables dequantised as read: no activation scale
+
+
+def weight_only_nodes(model: onnx.ModelProto) -> list[str]:
+    """Embedding lookups whose table is a float initializer: quantised, they read int8 rows and need no activation
+    scale, so their answers cannot depend on the batch."""
+    tables = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type in WEIGHT_ONLY
+        and len(n.input) > WEIGHT_ONLY[n.op_type]
+        and n.input[WEIGHT_ONLY[n.op_type]] in tables
+    ]
+
+
 def quantize_int8(
     fused_path: Path, out_path: Path, scope: str = "skip-ffn-output", excluded=None, per_token_nodes=(), outliers=None
 ) -> dict:
-    """Dynamic quantisation (int8 weights per output channel, activations quantised per batch at run
-    time) for CPU, on the fused graph (Attention and EmbedLayerNormalization have integer kernels).
+    """int8 for CPU on the fused graph: int8 weights per output channel, and each activation row (one token of one
+    text) quantised with its own scale at run time (export/pertoken.py), so a text's answer is the same whatever
+    batch it rides in. onnxruntime's dynamic quantisation would give a whole batch one activation scale: one text's
+    outlier would then coarsen every other text's steps (docs/export.md, "int8: batch-invariant answers"). The
+    embedding tables are int8 too (weights only); what per_token cannot rewrite (Gemm heads) stays fp32.
 
-    Scope "all" quantises every MatMul; "skip-ffn-output" keeps each layer's FFN output projection fp32
-    (its input, the GELU output, has a long tail): closer to fp32, a little slower (figures: docs/export.md,
-    "int8 scope"); "auto" keeps `excluded` fp32, the nodes export/sensitivity.py's search chose, and gives
-    `per_token_nodes` one activation scale per token (export/pertoken.py) instead of one per tensor, with `outliers`
-    (node -> input channels) fp32 beside the int8 product.
-    Per-channel weights quantise with less error than per-tensor ones. Returns what was done, for the manifest."""
+    Scope "all" quantises every MatMul and fused Attention; "skip-ffn-output" keeps each layer's FFN output
+    projection fp32 (its input, the GELU output, has a long tail); "auto" keeps `excluded` fp32 and quantises
+    `per_token_nodes`, the nodes export/sensitivity.py's search chose, with `outliers` (node -> input channels) fp32
+    beside the int8 product. Returns what was done, for the manifest."""
+    from .pertoken import SCHEME, rewritable
+
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
+    graph = onnx.load(str(fused_path), load_external_data=False)
     if scope == "skip-ffn-output":
-        excluded = ffn_output_matmuls(onnx.load(str(fused_path), load_external_data=False))
+        excluded = ffn_output_matmuls(graph)
     elif scope == "all":
         excluded = []
     elif excluded is None:
         raise ValueError("int8 scope auto needs the nodes to keep fp32 (export/sensitivity.py)")
     # weights-only arithmetic is folded into constants at session start: quantised it would only lose digits
-    excluded = list(excluded) + input_independent_nodes(onnx.load(str(fused_path), load_external_data=False))
+    excluded = list(excluded) + input_independent_nodes(graph)
     if per_token_nodes and scope != "auto":
-        raise ValueError("per-token activations come with int8 scope auto only")
-    per_token_nodes = [n for n in per_token_nodes if n not in set(excluded)]
-    quantize_dynamic_graph(fused_path, out_path, exclude=excluded + per_token_nodes)
-    quantized = onnx.load(str(out_path))
+        raise ValueError("the nodes to quantise are given with int8 scope auto only")
+    kept = set(excluded)
+    if scope != "auto":
+        per_token_nodes = rewritable(graph)
+    per_token_nodes = [n for n in per_token_nodes if n not in kept]
+    tables = [n for n in weight_only_nodes(graph) if n not in kept]
+    del graph
+    if tables:
+        quantize_dynamic_graph(fused_path, out_path, only=tables)
+        quantized = onnx.load(str(out_path))
+    else:
+        quantized = onnx.load(str(fused_path))
     if per_token_nodes:
         from .pertoken import per_token
 
@@ -221,12 +249,12 @@ def quantize_int8(
             quantized, per_token_nodes, outliers={n: c for n, c in (outliers or {}).items() if n in per_token_nodes}
         )
     split = split_skip_layer_norm(quantized)
-    if split or per_token_nodes:
-        save(quantized, out_path)
+    save(quantized, out_path)
     return {
-        "method": "dynamic" + (" + per-token" if per_token_nodes else ""),
+        "method": "per-row",
         "weights": "int8 per channel",
-        "activations": "uint8 per tensor, per batch" + ("; per token (row) where per-token" if per_token_nodes else ""),
+        "activations": SCHEME,
+        "batch_invariant": True,
         "scope": scope,
         "fp32_nodes": list(excluded),
         "per_token_nodes": list(per_token_nodes),

@@ -211,23 +211,26 @@ def test_search_quantises_per_token_and_records_each_groups_scheme(tiny_fused, t
     calibration = sensitivity.build_calibration(BertTokenizer.from_dir(tiny_fused.parent), {"sentences"}, 32)
     judged = {"logits": ("cosine", False, "sentences")}
     found = sensitivity.search(tiny_fused, calibration, judged, target=0.01, budget=32, note=lambda _: None)
-    assert found.kept == [] and found.per_tensor is not None and len(found.trials) == 2
+    assert found.kept == [] and len(found.trials) == 1
     described = found.describe()
     schemes = described["group_schemes"]
-    assert schemes["layer 0 ffn-out"] == "per-token" and schemes["layer 1 attention"] == "per-tensor"
-    assert schemes["head"] == "per-tensor" and schemes["embeddings"] == "per-tensor"
-    assert len(described["per_token_nodes"]) == 6
-    assert found.describe(per_tensor=True)["group_schemes"]["layer 0 ffn-out"] == "per-tensor"
+    # every MatMul and fused Attention per token; the embedding tables int8 without an activation scale; the Gemm
+    # heads fp32 (dynamic quantisation would give them one activation scale per batch)
+    assert schemes["layer 0 ffn-out"] == "per-token" and schemes["layer 1 attention"] == "per-token"
+    assert schemes["head"] == "fp32" and schemes["embeddings"] == "weights-only"
+    assert len(described["per_token_nodes"]) == 8 and described["batch_invariant"] is True
     # the graph the search measured is the one the export writes
     from export.variants import quantize_int8
 
     per_token_nodes = [n for n, how in found.quantised.items() if how == "per-token"]
     out = tmp_path / "int8.onnx"
     record = quantize_int8(tiny_fused, out, "auto", found.fp32_nodes, per_token_nodes)
-    assert record["method"] == "dynamic + per-token" and len(record["per_token_nodes"]) == 6
-    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
-    assert {"MatMulIntegerToFloat", "QAttention", "QEmbedLayerNormalization", "ReduceMin"} <= ops
-    assert not ops & {"MatMul", "Attention", "MultiHeadAttention"}
+    assert record["method"] == "per-row" and len(record["per_token_nodes"]) == 8
+    nodes = onnx.load(str(out)).graph.node
+    ops = {n.op_type for n in nodes}
+    assert {"MatMulIntegerToFloat", "MultiHeadAttention", "QEmbedLayerNormalization", "ReduceMin"} <= ops
+    assert not ops & {"Attention", "QAttention", "DynamicQuantizeLinear"}
+    assert all("Gemm" in n.name for n in nodes if n.op_type == "MatMul")  # the heads, fp32
 
 
 def cross_encoder(directory, tokenizer_dir):
@@ -258,9 +261,9 @@ def test_every_task_exports_per_token_int8_that_passes_parity(task, tmp_path, re
     )
     manifest = json.loads((out / "manifest.json").read_text())
     quantization = manifest["quantization"]
-    assert quantization["method"] == "dynamic + per-token" and quantization["per_token_nodes"]
-    # one trial: the layers form one group, their fused attention per-tensor (QAttention), their MatMuls per-token
-    assert quantization["group_schemes"]["layers 0-1"] == "both" and quantization["trials"] == 1
+    assert quantization["method"] == "per-row" and quantization["per_token_nodes"]
+    # one trial: the layers form one group, their MatMuls and attentions per token
+    assert quantization["group_schemes"]["layers 0-1"] == "per-token" and quantization["trials"] == 1
     assert manifest["parity"]["model"]["passed"] is True and manifest["parity"]["model"]["precision"] == "int8"
     ops = {n.op_type for n in onnx.load(str(out / "model.onnx")).graph.node}
     assert "MatMulIntegerToFloat" in ops

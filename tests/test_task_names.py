@@ -19,14 +19,12 @@ from bert.tasks import registry
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bert", "training", "export", "serving", "batch", "runtime")
 
-# (file, enclosing function or "<module>") -> why it still names a task. Each entry is a site in a file this
-# declaration does not own; it goes once the file reads the task's declaration instead (the attribute named).
+# (file, enclosing function or "<module>") -> why it still names a task: in each, the
+# name is a key of a file format, not a branch on a task.
 ALLOWED = {
     # Export's calibration sets are named as the tasks that read them (Task.calibration says which set a task
-    # reads); these build the sets by name. calibration_set is dead code.
-    ("export/sensitivity.py", "calibration_set"): "dead code; Task.calibration replaces it (int8 owns the file)",
-    ("export/sensitivity.py", "build_calibration"): "calibration sets named as the tasks that read them (int8 "
-    "owns the file)",
+    # reads); these build the sets by name.
+    ("export/sensitivity.py", "build_calibration"): "calibration sets named as the tasks that read them",
     # multitask's metrics.json reports the embedding teacher's agreement under "embed" beside the tasks' metrics:
     # a key of its output, not a branch on a task; renaming it would change what metrics.json holds.
     ("training/multitask.py", "evaluate"): "metrics.json key of the embedding teacher's agreement",
