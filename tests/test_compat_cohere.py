@@ -37,6 +37,9 @@ def test_cohere_rerank_v1_and_v2(server):
     ]
     plain = v1.rerank(query=QUERY, documents=DOCS)
     assert [(r.index, r.relevance_score) for r in plain.results] == [(r["index"], r["score"]) for r in ours]
+    # plain-string documents asked back: Cohere's client reads document.text there too
+    plain = v1.rerank(query=QUERY, documents=DOCS, top_n=2, return_documents=True)
+    assert [(r.index, r.document.text) for r in plain.results] == [(r["index"], r["text"]) for r in ours[:2]]
     v2 = cohere.ClientV2(base_url=server.url, api_key="x", timeout=TIMEOUT)
     answer = v2.rerank(model="reranker", query=QUERY, documents=DOCS, top_n=1)
     assert [(r.index, r.relevance_score) for r in answer.results] == [(ours[0]["index"], ours[0]["score"])]

@@ -95,7 +95,7 @@ def test_rerank_equals_cross_encoder(backend, tolerance, cross_encoder, artifact
     assert np.abs(got - scores).max() <= tolerance and np.abs(got_raw - logits).max() <= tolerance * 10
     assert np.abs(np.array(one) - scores).max() <= tolerance  # one pair per request = all in one
     assert [r["index"] for r in v1["results"]] == order[:3] and v1["model"] == "m"
-    assert [r["document"] for r in v1["results"]] == [TEXTS[i] for i in order[:3]]
+    assert [r["document"] for r in v1["results"]] == [{"text": TEXTS[i]} for i in order[:3]]
     assert np.allclose([r["relevance_score"] for r in v1["results"]], scores[order[:3]], atol=tolerance)
     assert v1["usage"]["total_tokens"] > len(TEXTS) * 4
 

@@ -407,7 +407,7 @@ def _v1_shape(values: list[float], body, info) -> dict:
             {
                 "index": i,
                 "relevance_score": values[i],
-                **({"document": body.documents[i]} if body.return_documents else {}),
+                **({"document": {"text": body.documents[i]}} if body.return_documents else {}),
             }
             for i in order
         ],

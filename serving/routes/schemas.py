@@ -159,10 +159,14 @@ class Ranked(BaseModel):
 RerankResponse = list[Ranked]
 
 
+class V1Document(BaseModel):
+    text: str
+
+
 class V1Ranked(BaseModel):
     index: int
     relevance_score: float
-    document: Optional[str] = None
+    document: Optional[V1Document] = None  # Cohere's and Jina's shape: their clients read document.text
 
 
 class V1RerankResponse(BaseModel):
