@@ -1,4 +1,5 @@
-"""The interactive API docs, served offline: `/docs` (Swagger UI), `/redoc` (ReDoc) and `/` leading to them.
+"""The interactive API docs, served offline: `/docs` (Swagger UI) and `/redoc` (ReDoc); `/` leads a machine client to
+them (serving/routes/playground.py).
 
 FastAPI's own pages load Swagger UI and ReDoc from a CDN, so on an air-gapped machine `/docs` is a blank
 page. Here the JavaScript, CSS and favicon come from the `fastapi-offline` package (a dependency of the
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 ASSETS_PREFIX = "/docs/assets"
@@ -62,7 +63,7 @@ def app_description() -> str:
 
 
 def install_docs(app: FastAPI) -> None:
-    """Serve /docs, /redoc, /docs/oauth2-redirect and the assets from this machine; `/` redirects to /docs.
+    """Serve /docs, /redoc, /docs/oauth2-redirect and the assets from this machine.
     The app must be created with docs_url=None and redoc_url=None so FastAPI's CDN pages stay off."""
     title = app.title
     # Relative URLs: the pages sit at the root next to openapi.json, so "docs/assets/x" resolves to
@@ -98,8 +99,3 @@ def install_docs(app: FastAPI) -> None:
             redoc_favicon_url=f"{assets}/favicon.png",
             with_google_fonts=False,
         )
-
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def root() -> RedirectResponse:
-        # Relative, so it stays under a proxy's path prefix.
-        return RedirectResponse("docs", status_code=307)

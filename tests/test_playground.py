@@ -50,10 +50,28 @@ def test_page_is_offline_html_calling_only_the_apps_routes(server):
     assert {f"/{task}" for task in tasks} <= routes, tasks  # each task this server holds has its form
 
 
+BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # what Chromium sends
+
+
+def test_the_root_is_the_page_for_a_browser_and_the_docs_for_other_clients(server):
+    page = httpx.get(server.url + "/", headers={"accept": BROWSER_ACCEPT})
+    assert page.status_code == 200 and page.text == httpx.get(server.url + "/playground").text
+    assert page.headers["vary"] == "accept"
+    for accept in ("*/*", "application/json", None):  # curl, a JSON client, none at all
+        headers = {"accept": accept} if accept else {}
+        response = httpx.get(server.url + "/", headers=headers)
+        assert response.status_code == 307 and response.headers["location"] == "docs", (accept, response.text)
+    assert httpx.head(server.url + "/", headers={"accept": BROWSER_ACCEPT}).status_code == 200
+    # POST / is still the Hugging Face Inference API, whatever the client accepts
+    answer = httpx.post(server.url + "/", json={"inputs": "a fine film"}, headers={"accept": BROWSER_ACCEPT})
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/json"), answer.text
+
+
 def test_page_is_open_behind_an_api_key_and_its_calls_are_not(tmp_path):
     checkpoint = build_checkpoint(tmp_path / "multi")
     with Server("--model", str(checkpoint), env={"BERTSERVE_API_KEY": API_KEY}) as server:
         assert httpx.get(server.url + "/playground").status_code == 200
+        assert httpx.get(server.url + "/", headers={"accept": BROWSER_ACCEPT}).status_code == 200
         assert httpx.get(server.url + "/info").status_code == 401
         auth = {"Authorization": f"Bearer {API_KEY}"}
         assert httpx.get(server.url + "/info", headers=auth).status_code == 200
@@ -116,7 +134,7 @@ def test_browser_classifies_and_shows_the_servers_error(server, browser):
     from selenium.webdriver.support.ui import WebDriverWait
 
     labels = httpx.get(server.url + "/info").json()["labels"]["classify"]
-    browser.get(server.url + "/playground")
+    browser.get(server.url + "/")  # the root, as a person types it: the page, not the API docs
     WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "classify-text"))
     tabs = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "#tabs button")]
     assert tabs == ["Classify", "Named entities", "Question answering", "Embeddings"], tabs
