@@ -27,7 +27,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from bert.options import flag
 
@@ -132,6 +132,11 @@ MODEL = Param(
     "is a 404 listing them",
 )
 TRUNCATE = Param("truncate", bool, False, "cut inputs longer than the model's limit instead of refusing them")
+
+
+def texts_param(example: str, help: str = "a text or a list of texts", name: str = "inputs") -> Param:
+    """A body's texts, one or a list (`inputs`, as TEI and transformers' pipelines take them)."""
+    return Param(name, Union[str, list[str]], help=help, examples=(example,))
 
 
 @dataclass(frozen=True)

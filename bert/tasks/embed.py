@@ -12,13 +12,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal, Optional
 
 import numpy as np
 
 from bert.pooling import DEFAULT_POOLING, POOLINGS
 from bert.tasks import classify
-from bert.tasks.base import MODEL, TRUNCATE, JobColumns, Param, Route, Task, check_inputs, check_texts, texts_of
+from bert.tasks.base import (
+    MODEL,
+    TRUNCATE,
+    JobColumns,
+    Param,
+    Route,
+    Task,
+    check_inputs,
+    check_texts,
+    texts_of,
+    texts_param,
+)
 from bert.tasks.common import Features, Limits, ModelFacts
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, single_template, too_much_work
 
@@ -271,12 +282,7 @@ class EmbedTask(Task):
             check=_check_embed,
             fields=(
                 MODEL,
-                Param(
-                    "inputs",
-                    Union[str, list[str]],
-                    help="a text or a list of texts",
-                    examples=("What is the capital of France?",),
-                ),
+                texts_param("What is the capital of France?"),
                 Param(
                     "normalize",
                     bool,
@@ -316,11 +322,10 @@ class EmbedTask(Task):
             batch_field="input",
             # OpenAI's request body, every field it defines (the official client sends them as they are)
             fields=(
-                Param(
-                    "input",
-                    Union[str, list[str]],
+                texts_param(
+                    "What is the capital of France?",
                     help="a text or a list of texts (token arrays are not taken)",
-                    examples=("What is the capital of France?",),
+                    name="input",
                 ),
                 MODEL,
                 Param(

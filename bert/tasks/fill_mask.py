@@ -7,8 +7,6 @@ likeliest tokens (MLM_CANDIDATES of them, softmax over the whole vocabulary), so
 
 from __future__ import annotations
 
-from typing import Union
-
 import numpy as np
 
 from bert.tasks import classify
@@ -23,6 +21,7 @@ from bert.tasks.base import (
     Task,
     check_inputs,
     texts_of,
+    texts_param,
 )
 from bert.tasks.common import Features, Limits, ModelFacts
 
@@ -105,11 +104,8 @@ class FillMaskTask(Task):
             check=check_inputs,
             fields=(
                 MODEL,
-                Param(
-                    "inputs",
-                    Union[str, list[str]],
-                    help="a text or a list of texts, each with [MASK] tokens",
-                    examples=("Paris is the [MASK] of France.",),
+                texts_param(
+                    "Paris is the [MASK] of France.", help="a text or a list of texts, each with [MASK] tokens"
                 ),
                 Param(
                     "top_k", int, 5, "candidates per [MASK], best first", minimum=1, maximum=MLM_CANDIDATES, job=True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import Literal, Optional
 
 import numpy as np
 from tokenizers import decoders
@@ -28,6 +28,7 @@ from bert.tasks.base import (
     column_of,
     one_or_list,
     texts_of,
+    texts_param,
 )
 from bert.tasks.common import (
     DataError,
@@ -510,12 +511,7 @@ class NerTask(Task):
             check=check_inputs,
             fields=(
                 MODEL,
-                Param(
-                    "inputs",
-                    Union[str, list[str]],
-                    help="a text or a list of texts",
-                    examples=("My name is Wolfgang and I live in Berlin.",),
-                ),
+                texts_param("My name is Wolfgang and I live in Berlin."),
                 Param(
                     "aggregation",
                     Literal[AGGREGATIONS],

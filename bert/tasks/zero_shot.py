@@ -30,6 +30,7 @@ from bert.tasks.base import (
     column_of,
     one_or_list,
     text_chars,
+    texts_param,
 )
 from bert.tasks.common import Features, Limits, ModelFacts, TooMuchWork, bounded_text, softmax
 from bert.tokenizer import InputTooLong
@@ -180,12 +181,7 @@ class ZeroShotTask(Task):
             check=_check,
             fields=(
                 MODEL,
-                Param(
-                    "inputs",
-                    Union[str, list[str]],
-                    help="a text or a list of texts",
-                    examples=("One day I will see the world.",),
-                ),
+                texts_param("One day I will see the world."),
                 Param(
                     "candidate_labels",
                     Union[str, list[str]],
