@@ -14,7 +14,7 @@ import uuid
 import numpy as np
 from fastapi import APIRouter, Request
 
-from serving.routes.compat_run import read_json, refuse, run, served_tasks, validate
+from serving.routes.compat_run import json_object, read_json, refuse, run, served_tasks, validate
 
 router = APIRouter(tags=["compatibility"], include_in_schema=False)
 
@@ -31,15 +31,6 @@ def quantize(vectors: np.ndarray, kind: str) -> list:
         return (levels.astype(np.uint8) if kind == "uint8" else (levels - 128).astype(np.int8)).tolist()
     packed = np.packbits(vectors > 0, axis=-1)
     return packed.tolist() if kind == "ubinary" else (packed - 128).astype(np.int8).tolist()
-
-
-def _object(body, fields: set, api: str) -> dict:
-    if not isinstance(body, dict):
-        raise refuse(f"body: a JSON object is required ({api})")
-    for name in body:
-        if name not in fields:
-            raise refuse(f"{name}: not a field of {api} ({', '.join(sorted(fields))})")
-    return dict(body)
 
 
 def _meta(tokens: int, version: str) -> dict:
@@ -107,13 +98,13 @@ async def _embed(request: Request, body: dict, version: str):
 @router.post("/v1/embed")
 async def cohere_embed_v1(request: Request):
     """Cohere's v1 embed: floats, or each of `embedding_types` (float, int8, uint8, binary, ubinary)."""
-    return await _embed(request, _object(await read_json(request), _V1_EMBED, "Cohere's v1 embed"), "1")
+    return await _embed(request, json_object(await read_json(request), _V1_EMBED, "Cohere's v1 embed"), "1")
 
 
 @router.post("/v2/embed")
 async def cohere_embed_v2(request: Request):
     """Cohere's v2 embed: the vectors by embedding type (float unless `embedding_types` says)."""
-    return await _embed(request, _object(await read_json(request), _V2_EMBED, "Cohere's v2 embed"), "2")
+    return await _embed(request, json_object(await read_json(request), _V2_EMBED, "Cohere's v2 embed"), "2")
 
 
 # ---- rerank ------------------------------------------------------------------------------------------------
@@ -178,7 +169,7 @@ async def cohere_rerank_v1(request: Request):
     if isinstance(body, dict) and (
         cohere_only & body.keys() or (isinstance(documents, list) and any(isinstance(d, dict) for d in documents))
     ):
-        return await _rerank(request, _object(body, _V1_RERANK, "Cohere's v1 rerank"), "1", True)
+        return await _rerank(request, json_object(body, _V1_RERANK, "Cohere's v1 rerank"), "1", True)
     validate("/v1/rerank", body)  # our route's own refusal
     return await run(request, "/v1/rerank", body)
 
@@ -186,7 +177,7 @@ async def cohere_rerank_v1(request: Request):
 @router.post("/v2/rerank")
 async def cohere_rerank_v2(request: Request):
     """Cohere's v2 rerank: {id, results: [{index, relevance_score}], meta}, the best `top_n`."""
-    body = _object(await read_json(request), _V2_RERANK, "Cohere's v2 rerank")
+    body = json_object(await read_json(request), _V2_RERANK, "Cohere's v2 rerank")
     return await _rerank(request, body, "2", True)
 
 
@@ -197,7 +188,7 @@ _INFINITY_EMBED = {"input", "model", "encoding_format", "user", "dimensions", "m
 @router.post("/embeddings")
 async def infinity_embeddings(request: Request):
     """infinity's /embeddings (OpenAI's request and answer, without the /v1 prefix)."""
-    body = _object(await read_json(request), _INFINITY_EMBED, "infinity's /embeddings")
+    body = json_object(await read_json(request), _INFINITY_EMBED, "infinity's /embeddings")
     if body.pop("modality", "text") != "text":
         raise refuse("modality: only text is served")
     if body.get("model") == "default/not-specified":

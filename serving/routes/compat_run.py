@@ -137,4 +137,15 @@ def refuse(message: str) -> ValidationFailed:
     return ValidationFailed(message)
 
 
-__all__ = ["read_json", "endpoint_for", "refuse", "run", "served_tasks", "validate"]
+def json_object(body, fields: set, api: str) -> dict:
+    """A copy of a JSON object body whose fields are all among `fields`, or the refusal naming the first other
+    (`api`: whose body it is, as the message says it)."""
+    if not isinstance(body, dict):
+        raise refuse(f"body: a JSON object is required ({api}: {', '.join(sorted(fields))})")
+    for name in body:
+        if name not in fields:
+            raise refuse(f"{name}: not a field of {api} ({', '.join(sorted(fields))})")
+    return dict(body)
+
+
+__all__ = ["endpoint_for", "json_object", "read_json", "refuse", "run", "served_tasks", "validate"]

@@ -20,23 +20,13 @@ from fastapi import APIRouter, Request
 from bert.tasks import hf_api
 from serving.errors import EmptyInput, NotFound, PayloadTooLarge
 from serving.routes.compat_hf import answer as answer_hf
-from serving.routes.compat_run import endpoint_for, read_json, refuse, run, served_tasks, validate
+from serving.routes.compat_run import endpoint_for, json_object, read_json, refuse, run, served_tasks, validate
 
 router = APIRouter(tags=["compatibility"], include_in_schema=False)
 
 _RIGHT = (None, "right", "Right")
 # Our route whose model's prompts TEI's prompt_name names on /tokenize (feature-extraction's).
 _EMBED_ROUTE = next(p.route for ps in hf_api.PIPELINES.values() for p in ps if p.tag == "feature-extraction")
-
-
-def _object(body, fields: set, route: str) -> dict:
-    """A copy of a JSON object body whose fields are all among `fields`, or the refusal naming the first other."""
-    if not isinstance(body, dict):
-        raise refuse(f"body: a JSON object is required ({', '.join(sorted(fields))})")
-    for name in body:
-        if name not in fields:
-            raise refuse(f"{name}: not a field of {route} ({', '.join(sorted(fields))})")
-    return dict(body)
 
 
 def _cut_at_the_end(body: dict) -> None:
@@ -110,7 +100,9 @@ def _predict_inputs(inputs) -> tuple[bool, list]:
 @router.post("/predict")
 async def predict(request: Request):
     """TEI's /predict: every label's score, best first, for a text, a pair or a batch (our /classify)."""
-    body = _object(await read_json(request), {"inputs", "truncate", "truncation_direction", "raw_scores"}, "/predict")
+    body = json_object(
+        await read_json(request), {"inputs", "truncate", "truncation_direction", "raw_scores"}, "/predict"
+    )
     _cut_at_the_end(body)
     if "inputs" not in body:
         raise refuse("inputs: Field required")
@@ -134,7 +126,7 @@ async def similarity(request: Request):
     chosen = hf_api.by_tag("sentence-similarity", served_tasks(request))
     if chosen is None:
         raise NotFound("this server serves no embeddings, so no /similarity")
-    body = _object(await read_json(request), {"inputs", "parameters"}, "/similarity")
+    body = json_object(await read_json(request), {"inputs", "parameters"}, "/similarity")
     parameters = body.get("parameters")
     if isinstance(parameters, dict) and parameters.get("prompt_name") is not None:
         parameters = dict(parameters)
@@ -190,7 +182,7 @@ def _tokens(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[
 async def tokenize(request: Request):
     """TEI's /tokenize: each text's tokens {id, text, special, start, stop} (character offsets; none for the
     special tokens)."""
-    body = _object(await read_json(request), {"inputs", "add_special_tokens", "prompt_name"}, "/tokenize")
+    body = json_object(await read_json(request), {"inputs", "add_special_tokens", "prompt_name"}, "/tokenize")
     tokenizer = _tokenizer(request)
     _with_prompt(request, _EMBED_ROUTE, body)
     inputs = body.get("inputs")
@@ -207,7 +199,7 @@ async def tokenize(request: Request):
 @router.post("/decode")
 async def decode(request: Request):
     """TEI's /decode: token ids (a list, or a list of lists) back to text, one string per list."""
-    body = _object(await read_json(request), {"ids", "skip_special_tokens"}, "/decode")
+    body = json_object(await read_json(request), {"ids", "skip_special_tokens"}, "/decode")
     tokenizer = _tokenizer(request)
     ids = body.get("ids")
     batch = ids if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids) else [ids]
@@ -256,7 +248,7 @@ async def rerank(request: Request):
     """Our (TEI's) /rerank with TEI's `truncation_direction` and nulls, and infinity's body (`documents`)."""
     body = await read_json(request)
     if isinstance(body, dict) and "documents" in body and "texts" not in body:
-        return await _infinity_rerank(request, _object(body, INFINITY_RERANK, "infinity's /rerank"))
+        return await _infinity_rerank(request, json_object(body, INFINITY_RERANK, "infinity's /rerank"))
     if isinstance(body, dict) and ("truncation_direction" in body or body.get("truncate", 0) is None):
         body = dict(body)
         _cut_at_the_end(body)
