@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from test_families import CORPUS, _squad_contexts, _sst2_sentences, qa_windows_equal  # noqa: E402
+from test_family_transformers import served  # noqa: E402
 from test_modernbert import batch, worst  # noqa: E402
 
 from bert.checkpoint import CheckpointError, load_checkpoint, load_for_inference  # noqa: E402
@@ -532,23 +533,6 @@ def test_an_unused_absolute_position_table_is_skipped_with_a_log_line(checkpoint
         load_for_inference(tmp_path / "absolute")
 
 
-def _served(settings, path: str, body: dict):
-    import time
-
-    from fastapi.testclient import TestClient
-
-    from serving.app import create_app
-
-    with TestClient(create_app(settings)) as client:
-        for _ in range(600):  # the model warms up in the background after startup
-            if client.get("/ready").status_code == 200:
-                break
-            time.sleep(0.1)
-        response = client.post(path, json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def test_nli_finetuned_from_backbone_serves_zero_shot_as_the_pipeline(checkpoints, data_dir, tmp_path):
     """python -m training.finetune --task classify on (premise, hypothesis) pairs from a DeBERTa-v3 backbone: the
     NLI classifier loads in transformers with its logits, and /zero-shot answers as transformers'
@@ -576,7 +560,7 @@ def test_nli_finetuned_from_backbone_serves_zero_shot_as_the_pipeline(checkpoint
     assert diff <= 1e-5, diff
 
     texts, candidates = [TEXT, LONG], ["travel", "art", "science"]
-    answers = _served(
+    answers = served(
         Settings(zero_shot_model=[str(best)]), "/zero-shot", {"inputs": texts, "candidate_labels": candidates}
     )
     pipe = transformers.pipeline("zero-shot-classification", model=str(best))
