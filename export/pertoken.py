@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 MODES = ("auto", "symmetric", "asymmetric")
 # auto: asymmetric for a MatMul fed by a GELU (outputs from -0.17 up: a symmetric range would leave half the steps
 # unused), symmetric elsewhere (LayerNorm and attention outputs straddle zero; two reductions fewer)
-GELU_OPS = ("BiasGelu", "FastGelu", "Gelu")
+GELU_OPS = ("BiasGelu", "FastGelu", "Gelu")  # as fused by onnxruntime
 SCHEME = "uint8, one scale per row: per token of each text, never shared across the texts of a batch"
 
 

@@ -13,6 +13,8 @@ import onnx
 
 from bert.config import BertConfig
 
+from .pertoken import GELU_OPS
+
 DEFAULT_OPSET = 17  # LayerNormalization is a standard op from 17 on; TensorRT 10 parses up to 20+
 # Fused operators we count; Attention must appear once per layer or the export fails.
 FUSED_OPERATORS = (
@@ -173,7 +175,6 @@ def input_independent_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 INT8_SCOPES = ("auto", "skip-ffn-output", "all")
-GELU_OPS = ("BiasGelu", "FastGelu", "Gelu")  # as fused by onnxruntime
 
 
 def ffn_output_matmuls(model: onnx.ModelProto) -> list[str]:
