@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 from test_compat_support import compat_models  # noqa: F401 - a fixture
-from test_serving_support import Server, minilm_dir
+from test_serving_support import REPO, Server, minilm_dir
 
 # Haystack would otherwise try to send usage statistics (there is no network here, and CI should not wait on it).
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
@@ -27,7 +27,16 @@ LONG = "word " * 2000  # past the model's 512 positions: each client's truncate 
 
 @pytest.fixture(scope="module")
 def server(compat_models):  # noqa: F811
-    with Server("--embed-model", f"minilm={minilm_dir()}", "--rerank-model", str(compat_models["reranker"])) as running:
+    """A server of several tasks, as a RAG stack's often is: its root answers its classifier unless a body names
+    feature-extraction, so a client that sends bare `inputs` is pointed at /hf/feature-extraction."""
+    with Server(
+        "--model",
+        str(REPO / "serving" / "demo_model"),
+        "--embed-model",
+        f"minilm={minilm_dir()}",
+        "--rerank-model",
+        str(compat_models["reranker"]),
+    ) as running:
         yield running
 
 
@@ -76,6 +85,10 @@ def test_haystack_hugging_face_api_embedders(server, api_type):
     _close(answer, _embed(server, [LONG], normalize=False, truncate=True)[0])
     unit = embedders.HuggingFaceAPITextEmbedder(**params, normalize=True, prefix="query: ")
     _close(unit.run(text=QUERY)["embedding"], _embed(server, [f"query: {QUERY}"], normalize=True, truncate=True)[0])
+    # without normalize and truncate the body is bare `inputs`, which names no task: the pipeline tag's URL does
+    tagged = {"api_type": api_type, "api_params": {"url": server.url + "/hf/feature-extraction"}}
+    bare = embedders.HuggingFaceAPITextEmbedder(**tagged, normalize=None, truncate=None)
+    _close(bare.run(text=TEXTS[1])["embedding"], _embed(server, TEXTS[1:2])[0])
 
     documents = embedders.HuggingFaceAPIDocumentEmbedder(**params, batch_size=2, progress_bar=False)
     embedded = documents.run(documents=[Document(content=t) for t in TEXTS])["documents"]
@@ -113,10 +126,16 @@ def test_haystack_tei_ranker(server):
     assert [d.score for d in ranked] != [score for _, score in expected]  # raw_scores reached the server
 
 
-@pytest.mark.filterwarnings("ignore:The class `HuggingFaceInferenceAPIEmbeddings` was deprecated")
 def test_langchain_hugging_face_inference_api_embeddings(server):
     embeddings = pytest.importorskip("langchain_community.embeddings")
-    client = embeddings.HuggingFaceInferenceAPIEmbeddings(api_key="x", api_url=server.url)
+    # its body is bare `inputs`: at the root of a server with a classifier that is text-classification
+    from langchain_core._api.deprecation import suppress_langchain_deprecation_warning
+
+    # deprecated for langchain-huggingface's class, which cannot be installed beside this project's huggingface_hub
+    with suppress_langchain_deprecation_warning():
+        client = embeddings.HuggingFaceInferenceAPIEmbeddings(
+            api_key="x", api_url=server.url + "/hf/feature-extraction"
+        )
     _close(client.embed_documents(TEXTS), _embed(server, TEXTS))
     _close(client.embed_query(QUERY), _embed(server, [QUERY])[0])
 
@@ -134,7 +153,7 @@ def test_openai_models_list_and_retrieve(server):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
     models = list(client.models.list())
-    assert sorted(m.id for m in models) == ["minilm", "reranker"]
+    assert sorted(m.id for m in models) == ["demo_model", "minilm", "reranker"]
     assert {m.object for m in models} == {"model"}
     assert client.models.retrieve("reranker").id == "reranker"
     with pytest.raises(openai.NotFoundError, match="minilm"):  # the 404 names the served models
