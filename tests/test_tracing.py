@@ -159,9 +159,23 @@ def test_a_callers_traceparent_is_the_request_spans_parent(traced):
         headers={"x-request-id": "rq-child", "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"},
     )
     assert answer.status_code == 200
-    spans = receiver.wait_for(lambda spans: any(s["attributes"].get("request_id") == "rq-child" for s in spans))
+    unsampled = httpx.post(
+        server.url + "/classify",
+        json={"inputs": ["ok"]},
+        headers={"x-request-id": "rq-unsampled", "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"},
+    )
+    assert unsampled.status_code == 200
+    after = httpx.post(server.url + "/classify", json={"inputs": ["ok"]}, headers={"x-request-id": "rq-after"})
+    assert after.status_code == 200
+    wanted = {"rq-child", "rq-after"}
+    spans = receiver.wait_for(lambda spans: wanted <= {s["attributes"].get("request_id") for s in spans})
     request = _request_span(spans, "rq-child")
     assert (request["trace_id"], request["parent"]) == (CALLER_TRACE, CALLER_SPAN)
+    children = [s for s in spans if s["parent"] == request["span_id"]]
+    assert sorted(s["name"] for s in children) == sorted(PHASES)
+    assert {s["trace_id"] for s in children} == {CALLER_TRACE}
+    # A caller that does not sample its trace (flags 00) gets no spans here either.
+    assert not [s for s in spans if s["attributes"].get("request_id") == "rq-unsampled"]
 
 
 def test_an_unreachable_collector_never_slows_or_fails_a_request():
@@ -178,7 +192,11 @@ def test_an_unreachable_collector_never_slows_or_fails_a_request():
         started = time.monotonic()
         assert server.stop() == 0
         assert time.monotonic() - started < 10  # the spans still queued get a bounded flush, not the retries
-    assert "Traceback" not in server.log()
+    log = server.log()
+    assert "Traceback" not in log
+    # The exporter tried and failed, and said so: once, not on every retry.
+    failures = [line for line in log.splitlines() if "opentelemetry" in line]
+    assert 1 <= len(failures) <= 4, failures
 
 
 def test_without_the_sdk_the_option_is_one_line_naming_the_extra(tmp_path):
