@@ -56,8 +56,10 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     state = ServerState()
     tracer = None
     if settings.otlp_endpoint:  # the OpenTelemetry SDK is imported only then
-        from serving.tracing import Tracer
+        from serving.tracing import Tracer, missing
 
+        if missing():  # `uvicorn --factory` without the otlp extra (python -m serving says so before loading)
+            raise RuntimeError(missing())
         tracer = Tracer(settings.otlp_endpoint, settings.otlp_service_name)
 
     @asynccontextmanager
