@@ -51,7 +51,7 @@ RUN pip wheel --no-deps --wheel-dir /wheels . \
     && printf 'bertserve[export] @ file://%s\n' /wheels/bertserve-*.whl > /wheels/export.txt \
     && mkdir /deps \
     && cp docker/constraints.txt /deps/constraints.txt \
-    && python3 docker/requirements.py serve > /deps/serve.txt \
+    && python3 docker/requirements.py serve otlp > /deps/serve.txt \
     && python3 docker/requirements.py export > /deps/export.txt
 
 # ---- demo: the built-in demo checkpoint exported to ONNX, so the torch-free cpu image can serve it.
@@ -105,7 +105,8 @@ RUN groupadd --system --gid 10001 bertserve \
        --shell /usr/sbin/nologin bertserve \
     && mkdir -p /cache \
     && chown 10001:10001 /cache
-# The [serve] extra brings onnxruntime and no torch; every version pinned by the constraints.
+# The [serve] extra brings onnxruntime and no torch, [otlp] --otlp-endpoint's tracing; every version pinned by the
+# constraints.
 COPY --from=wheel /deps /deps
 RUN pip install --constraint /deps/constraints.txt --requirement /deps/serve.txt
 COPY --from=wheel /wheels /wheels

@@ -141,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             message = str(error["msg"]).removeprefix("Value error, ")
             print(f"error: {where}: {message}", file=sys.stderr)
         return 2
+    if settings.otlp_endpoint:
+        from serving.tracing import missing
+
+        problem = missing()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     from serving.logs import configure as configure_logs
     from serving.startup import LoadingResponder, PortError, is_loopback, listen
 

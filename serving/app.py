@@ -54,6 +54,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     settings = settings or Settings()
     metrics = engine.metrics if engine is not None and engine.metrics is not None else Metrics()
     state = ServerState()
+    tracer = None
+    if settings.otlp_endpoint:  # the OpenTelemetry SDK is imported only then
+        from serving.tracing import Tracer, missing
+
+        if missing():  # `uvicorn --factory` without the otlp extra (python -m serving says so before loading)
+            raise RuntimeError(missing())
+        tracer = Tracer(settings.otlp_endpoint, settings.otlp_service_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -62,6 +69,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             engine = Engine(settings, metrics)
             await asyncio.to_thread(engine.load)
         app.state.engine = engine
+        engine.traced = tracer is not None
         app.check_telemetry()  # FastAPI's startup (its telemetry's auto-configuration included) has run
         metrics.build_info.labels(engine.model_name, engine.backend_name, engine.precision).set(1)
         engine.start()
@@ -80,6 +88,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         finally:
             warming.cancel()
             await engine.stop()
+            if tracer is not None:
+                await asyncio.to_thread(tracer.flush)
 
     app = ServingApp(
         title="bertserve",
@@ -103,7 +113,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.include_router(playground_router)  # GET /playground: try the served tasks in a browser
     # The lean path runs inside RequestMiddleware (the last added is the outermost).
     app.add_middleware(LeanRoutes, routes=routes.routes)
-    app.add_middleware(RequestMiddleware, settings=settings, state=state, metrics=metrics)
+    app.add_middleware(RequestMiddleware, settings=settings, state=state, metrics=metrics, tracer=tracer)
     return app
 
 

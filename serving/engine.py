@@ -70,6 +70,9 @@ class Timing:
     tokens: int = 0  # model input tokens of all its sequences (special tokens included)
     items: int = 0  # texts, pairs or QA items asked for (the access log's "items")
     verified: int = 0  # items answered again by the exact model (--TASK-verify-model)
+    # With --otlp-endpoint only (serving/tracing.py): the model and task that ran, and the phases as
+    # (name, start, end) in time.monotonic(). None otherwise: no stamps taken.
+    trace: dict | None = None
 
     def add(self, results: list[SequenceResult]) -> None:
         for r in results:
@@ -125,6 +128,7 @@ class Engine:
         # (id of a unit, task) -> the Limits of its requests and its Inference: fixed once the models are loaded, so
         # built once rather than per request (the units live as long as the engine, so their ids are never reused)
         self._pipelines: dict[tuple[int, str], tuple[Limits, Inference]] = {}
+        self.traced = False  # --otlp-endpoint: requests stamp their phases (Timing.trace) for serving/tracing.py
 
     # ---- lifecycle ------------------------------------------------------------------------
     def load(self) -> None:
@@ -410,6 +414,7 @@ class Engine:
             raise error from None
 
     async def _infer(self, unit: ModelUnit, features: list, ticket: Ticket, timing: Timing) -> list[SequenceResult]:
+        submitted = time.monotonic() if timing.trace is not None else 0.0
         futures = unit.batcher.submit(features, ticket)
         try:
             if len(futures) == 1:
@@ -430,6 +435,13 @@ class Engine:
                 raise error
             raise BackendFailure(f"inference failed: {type(error).__name__}")
         timing.add(results)
+        if timing.trace is not None and results:
+            # The batcher's stamps, as offsets from the submission: every sequence was queued then.
+            waited = [r.queue_s for r in results]
+            phases = timing.trace["phases"]
+            phases.append(("queue", submitted, submitted + max(waited)))
+            ran = max(r.queue_s + r.inference_s for r in results)
+            phases.append(("inference", submitted + min(waited), submitted + ran))
         return results
 
     # ---- the one inference path, whatever the task ---------------------------------------------
@@ -457,11 +469,19 @@ class Engine:
         sequences, the Inference decodes the outputs."""
         lane = self._lane(task, task.request_chars(items, options), options)
         limits, inference = self._pipeline(unit, task)
+        phases = None
+        if self.traced:
+            if timing.trace is None:  # a request may run more than one inference (its phases add up)
+                timing.trace = {"model": unit.name or unit.spec.name, "task": task.name, "phases": []}
+            phases = timing.trace["phases"]
+            begun = time.monotonic()
 
         def encode():
             return inference.encode(items, limits, options, cancelled=lambda: ticket.cancelled)
 
         encoded = self._codec_here(encode) if lane is None else await self._codec(encode, lane)
+        if phases is not None:
+            phases.append(("tokenize", begun, time.monotonic()))
         sequences = encoded.sequences
         results = await self._infer(unit, sequences, ticket, timing)
         timing.tokens += sum(len(f) for f in sequences)
@@ -473,7 +493,12 @@ class Engine:
         def decode():
             return inference.decode(encoded, outputs, options)
 
-        return self._codec_here(decode) if lane is None else await self._codec(decode, lane)
+        if phases is None:
+            return self._codec_here(decode) if lane is None else await self._codec(decode, lane)
+        begun = time.monotonic()
+        answers = self._codec_here(decode) if lane is None else await self._codec(decode, lane)
+        phases.append(("decode", begun, time.monotonic()))
+        return answers
 
     async def _verify(
         self, inference: Inference, encoded: Encoded, outputs: list, options: dict, lane, ticket: Ticket, timing: Timing

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import random
 import re
 import time
@@ -26,6 +27,7 @@ INFERENCE_PATHS = frozenset(registry.routes())
 TASK_OF_PATH = registry.routes()
 OPEN_PATHS = frozenset({HEALTH_PATH, "/ready", "/metrics", PLAYGROUND_PATH}) | DOCS_PATHS
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+log = logging.getLogger("bertserve")
 _IDS = random.Random()  # seeded from os.urandom once: a request id must be unique, not secret
 
 
@@ -100,8 +102,9 @@ class _BodyTooSlow(HTTPException):
 
 
 class RequestMiddleware:
-    def __init__(self, app, *, settings, state: ServerState, metrics):
+    def __init__(self, app, *, settings, state: ServerState, metrics, tracer=None):
         self.app = app
+        self.tracer = tracer  # serving/tracing.py's, with --otlp-endpoint
         self.settings = settings
         self.state = state
         self.metrics = metrics
@@ -164,7 +167,15 @@ class RequestMiddleware:
             self.metrics.count_request(endpoint, status[0], total_s)
             if self._access_log:
                 self._log_access(scope, request_id, status[0], total_s)
+            if self.tracer is not None:
+                self._trace(scope, headers, request_id, status[0], started)
             current_request_id.reset(id_token)
+
+    def _trace(self, scope, headers: dict[bytes, bytes], request_id: str, status: int, started: float) -> None:
+        try:
+            self.tracer.record(scope, headers, request_id, status, started)
+        except Exception:  # noqa: BLE001 - a request is never failed by its trace
+            log.exception("tracing: the spans of request %s were dropped", request_id)
 
     @staticmethod
     def _log_access(scope, request_id: str, status: int, total_s: float) -> None:

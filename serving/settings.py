@@ -174,6 +174,25 @@ class _Settings(BaseSettings):
         "task, status, items, tokens, times)",
     )
 
+    # ---- tracing
+    otlp_endpoint: Optional[str] = Field(
+        None,
+        description="export one OpenTelemetry trace per request (its queue wait, tokenize, inference and decode as "
+        "child spans) over OTLP/HTTP (protobuf) to this collector URL, e.g. http://localhost:4318 (its "
+        "/v1/traces is added when the URL has no path); needs the otlp extra (pip install 'bertserve[otlp]'); "
+        'default: no tracing, at no cost (docs/serving.md, "Tracing")',
+    )
+    otlp_service_name: str = Field(
+        "bertserve", min_length=1, description="the service.name the traces of --otlp-endpoint are reported under"
+    )
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http_endpoint(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value.strip()):
+            raise ValueError(f"expected an http:// or https:// URL of an OTLP/HTTP collector, got {value!r}")
+        return value.strip() if value is not None else None
+
     @field_validator("api_key")
     @classmethod
     def _no_blank_key(cls, value: Optional[str]) -> Optional[str]:
