@@ -37,6 +37,12 @@ class HeadKind:
     token_states: bool = False  # reads every token's state (EncoderOutput.token_states: through the pooler's
     # transform where the family's per-token heads read it, bert.families.Family.token_head_transform)
 
+    @property
+    def module(self) -> str:
+        """What `build` makes, by name: kinds that build the same module may share one attribute of a model (the
+        kind's own name unless it builds another kind's module)."""
+        return self.name
+
     def build(self, config: BertConfig, width: int) -> nn.Module:
         return nn.Linear(config.hidden_size, width)
 
