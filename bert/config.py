@@ -409,7 +409,8 @@ def head_layout(config: BertConfig) -> tuple[dict[str, list[str]], dict[str, str
     - a multi-task checkpoint (config.task_labels): those tasks, each at its multi-task attribute (Head.attribute);
     - a checkpoint made for one task alone (config.task, else its architectures): every task its architecture
       serves (the registry's tasks_of_architecture: a one-output sequence classifier serves classify and rerank
-      from its one head), at their single-task attributes (Head.single_attribute: transformers' names);
+      from its one head; with config.task, those whose head is of that task's kind), at their single-task
+      attributes (Head.single_attribute: transformers' names);
     - a bare encoder, or a config whose task has no head: none (those tasks are served by the encoder)."""
     from .tasks import registry
 
@@ -433,6 +434,8 @@ def head_layout(config: BertConfig) -> tuple[dict[str, list[str]], dict[str, str
     )
     facts = {**config.to_dict(), "num_labels": config.num_labels}
     found = [t for a in architectures for t in registry.tasks_of_architecture(a, facts)]
+    if declared is not None:  # made for that task: the tasks its head's outputs answer, not every reading of them
+        found = [t for t in found if tasks_table[t].head.kind == declared.head.kind]
     if declared is not None and declared.name not in found:
         found.insert(0, declared.name)
     tasks = list(dict.fromkeys(found))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .blocks.basics import activation, layer_norm
+from .blocks.basics import Packing, activation, layer_norm
 from .tasks.base import MLM_CANDIDATES
 
 if TYPE_CHECKING:
@@ -36,6 +36,12 @@ class HeadKind:
     agreement: str = "labels"  # what export's parity agreement compares: the argmax over labels, positions, none
     token_states: bool = False  # reads every token's state (EncoderOutput.token_states: through the pooler's
     # transform where the family's per-token heads read it, bert.families.Family.token_head_transform)
+
+    @property
+    def module(self) -> str:
+        """What `build` makes, by name: kinds that build the same module may share one attribute of a model (the
+        kind's own name unless it builds another kind's module)."""
+        return self.name
 
     def build(self, config: BertConfig, width: int) -> nn.Module:
         return nn.Linear(config.hidden_size, width)
@@ -163,3 +169,37 @@ class MaskedLMHead(HeadKind):
 
 
 MLM = register(MaskedLMHead())
+
+
+class SpladeHead(MaskedLMHead):
+    """The masked-LM head read as SPLADE: log(1 + ReLU(logits)) max-pooled over each sequence's real tokens, one
+    vocabulary-wide vector per sequence (sentence-transformers' SpladePooling("max") after its MLMTransformer).
+    Pooled in the graph itself, so an exported graph ends in (B, V), not in (B, T, V) rows a backend would carry.
+    It builds and reads the masked-LM module, so a masked-LM checkpoint serves both kinds from one head."""
+
+    name = "splade"
+
+    @property
+    def module(self) -> str:
+        return MLM.name
+
+    def run(self, module, out, dropout):
+        # ReLU before the max and log1p after it: log1p is increasing, so the max commutes with it, and padding
+        # set to 0 never wins over a real token's ReLU (>= 0); one log per vocabulary entry, not per token.
+        scores = module.predictions(out.last_hidden_state).float().relu()  # (B, T, V), or (N, V) packed
+        mask = out.attention_mask
+        if isinstance(mask, Packing):
+            bounds = mask.cu_seqlens.long()
+            # each token's sequence; tokens past the last sequence (a bucket's filler) land in a row dropped below
+            sequence = torch.searchsorted(bounds[1:], torch.arange(scores.shape[0], device=scores.device), right=True)
+            pooled = scores.new_zeros(bounds.numel(), scores.shape[-1]).index_reduce_(0, sequence, scores, "amax")
+            return (pooled[:-1].log1p(),)  # (S, V)
+        if mask is not None:
+            scores = scores * mask[..., None].to(scores.dtype)
+        return (scores.amax(dim=1).log1p(),)  # (B, V)
+
+    def row_axes(self, config: BertConfig, width: int) -> list[int]:
+        return [config.vocab_size]
+
+
+SPLADE = register(SpladeHead())

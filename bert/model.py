@@ -222,6 +222,9 @@ class EncoderOutput:
     embedding: torch.Tensor | None = None  # (B, H): the sentence embedding, when the encoder has a pooling mode
     # config.family.token_head_transform: the pooler's transform, which that family's per-token heads read too
     token_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # what the encoder ran with: the (B, T) 1/0 mask, a Packing, or None (nothing padded); a head that pools over
+    # the real tokens reads it
+    attention_mask: torch.Tensor | Packing | None = None
 
     def token_states(self) -> torch.Tensor:
         """What a per-token head (token, span) reads: the token states, through token_transform if there is one."""
@@ -367,7 +370,11 @@ class BertModel(BertPreTrainedModel):
             pooler_output = self.pooler(first)
         transform = self.pooler if self.pooler is not None and self.config.family.token_head_transform else None
         return EncoderOutput(
-            x, pooler_output, pool(x, attention_mask, self.pooling) if self.pooling is not None else None, transform
+            x,
+            pooler_output,
+            pool(x, attention_mask, self.pooling) if self.pooling is not None else None,
+            transform,
+            attention_mask,
         )
 
 
@@ -524,7 +531,9 @@ class BertForMultiTask(BertPreTrainedModel):
     requests. Heads are built from the tasks' declarations (bert.tasks.base.Head); the encoder keeps
     transformers' names, so any BERT backbone loads into it, and so does any checkpoint made for one task
     (head_layout: its heads at their single-task attributes). Tasks whose heads sit at one attribute share
-    that head and its outputs (a one-output classifier: classify and rerank).
+    that head and its outputs (a one-output classifier: classify and rerank); heads of different kinds that build
+    the same module (HeadKind.module) share the module and each computes its own outputs from it (a masked-LM
+    head's candidates and another reading of its logits).
 
     tasks (task -> labels) and attributes (task -> where its head sits) default to head_layout(config)."""
 
@@ -556,14 +565,15 @@ class BertForMultiTask(BertPreTrainedModel):
         built: dict[str, tuple[str, int]] = {}
         for name, head in self.heads.items():
             attribute, width = self.attributes[name], TASKS[name].head_width(self.task_labels[name])
+            module = heads.get(head.kind).module
             if attribute in built:
-                if built[attribute] != (head.kind, width):
+                if built[attribute] != (module, width):
                     raise ValueError(
-                        f"tasks sharing the head {attribute!r} need the same kind and width: "
-                        f"{built[attribute]} and {(head.kind, width)} ({name})"
+                        f"tasks sharing the head {attribute!r} need the same module and width: "
+                        f"{built[attribute]} and {(module, width)} ({name})"
                     )
                 continue
-            built[attribute] = (head.kind, width)
+            built[attribute] = (module, width)
             setattr(self, attribute, heads.get(head.kind).build(config, width))
         self.init_weights()
 
@@ -591,10 +601,10 @@ class BertForMultiTask(BertPreTrainedModel):
         out = self.bert(input_ids, attention_mask, token_type_ids)
         outputs, computed = {}, {}
         for name, head in self.heads.items():
-            attribute = self.attributes[name]
-            if attribute not in computed:
-                computed[attribute] = heads.get(head.kind).run(getattr(self, attribute), out, self.dropout)
-            outputs.update(zip(TASKS[name].graph_outputs, computed[attribute]))
+            key = (self.attributes[name], head.kind)
+            if key not in computed:
+                computed[key] = heads.get(head.kind).run(getattr(self, key[0]), out, self.dropout)
+            outputs.update(zip(TASKS[name].graph_outputs, computed[key]))
         return MultiTaskOutput(outputs, out.embedding)
 
 

@@ -90,11 +90,15 @@ class ExportWrapper(nn.Module):
         self.task = task
         self.spec = output_spec(model, task)
         self.output_names = list(self.spec)
-        # the tasks the graph serves: those whose outputs it has (one head may serve several tasks)
+        # the tasks the graph serves: those whose outputs it has (one head of one kind may serve several tasks)
         if task == "multi" or task not in getattr(model, "attributes", {}):
             self.tasks = list(dict.fromkeys(t for _, _, t in self.spec.values() if t is not None))
         else:
-            self.tasks = [t for t, a in model.attributes.items() if a == model.attributes[task]]
+            self.tasks = [
+                t
+                for t, a in model.attributes.items()
+                if a == model.attributes[task] and model.heads[t].kind == model.heads[task].kind
+            ]
         self.shapes = {
             name: list(dims) + _fixed_axes(model, name, dims, owner) for name, (_, dims, owner) in self.spec.items()
         }

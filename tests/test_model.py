@@ -208,14 +208,14 @@ def test_multitask_heads(config, batch):
 
 
 def test_every_head_kind_a_task_may_declare_is_one_object():
-    """bert.tasks.base.HEAD_KINDS (what a task may declare, checked without torch) and bert.heads (what builds
+    """bert.tasks.base.head_kinds() (what a task may declare, checked without torch) and bert.heads (what builds
     and runs them) name the same kinds; an unknown kind is refused by name."""
     from bert import heads
     from bert.tasks import TASKS
-    from bert.tasks.base import HEAD_KINDS
+    from bert.tasks.base import head_kinds
 
-    assert sorted(heads.KINDS) == sorted(HEAD_KINDS)
-    assert all(heads.get(kind).name == kind for kind in HEAD_KINDS)
+    assert sorted(heads.KINDS) == sorted(head_kinds())
+    assert all(heads.get(kind).name == kind for kind in head_kinds())
     assert {t.head.kind for t in TASKS.values() if t.head is not None} <= set(heads.KINDS)
     with pytest.raises(ValueError, match="unknown head kind 'bogus'"):
         heads.get("bogus")

@@ -76,7 +76,7 @@ def test_masked_lm_checkpoint_serves_transformers_top_k(tmp_path, architecture):
     directory = save_hf(getattr(transformers, architecture), tmp_path / "mlm")
     hf = getattr(transformers, architecture).from_pretrained(directory).eval()
     model, report = load_for_inference(directory)
-    assert model.attributes == {"fill_mask": "cls"}
+    assert model.attributes == {"fill_mask": "cls", "sparse": "cls"}  # one head, read by both tasks
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight  # tied
     # what a pretraining checkpoint has beyond the masked-LM head is dropped, nothing else
     assert all(k.startswith(("cls.seq_relationship", "bert.pooler")) for k in report.dropped)
@@ -97,13 +97,13 @@ def test_masked_lm_through_the_torch_backend_padded_and_packed(tmp_path):
 
     directory = save_hf(transformers.BertForMaskedLM, tmp_path / "mlm")
     spec = read_model_spec(directory)
-    assert spec.headed_tasks == ["fill_mask"]
+    assert spec.headed_tasks == ["fill_mask", "sparse"]
     padded = torch_backend.TorchBackend(spec, settings())
     packed = torch_backend.TorchBackend(spec, settings(), packed=True)
     assert packed.fast_path["packed"], packed.fast_path["notes"]
     inputs = batch()
     got, want = packed.run(inputs), padded.run(inputs)
-    assert {"fill_mask_scores", "fill_mask_ids", "embed"} <= set(want)
+    assert {"fill_mask_scores", "fill_mask_ids", "sparse", "embed"} <= set(want)
     assert want["fill_mask_ids"].dtype == np.int64 and want["fill_mask_scores"].dtype == np.float32
     problem = torch_backend.mismatch(got, want, 1e-5, 0, where=inputs["attention_mask"] != 0)
     assert not problem, problem

@@ -38,6 +38,7 @@ CALLS = {
     "qa": (("a question?", "a context."), {}),
     "rerank": (("a query", ["a text"]), {}),
     "fill_mask": (("a [MASK] text",), {}),
+    "embed_sparse": (("a text",), {}),
     "zero_shot": (("a text", ["one", "two"]), {}),
 }
 SDK_GETS = {"health": "/health", "ready": "/ready", "info": "/info"}

@@ -163,7 +163,7 @@ def test_buckets_round_up_by_at_most_an_eighth_or_64_tokens():
 # ----------------------------------------------------------------------------- the packed encoder on CPU
 
 
-@pytest.mark.parametrize("kind", ["multi", "qa", "classify", "ner"])
+@pytest.mark.parametrize("kind", ["multi", "qa", "classify", "ner", "sparse"])
 def test_packed_runner_equals_padded_model_for_every_head(kind):
     model = tiny_model(kind)
     runner = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False)

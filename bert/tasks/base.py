@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from bert.tasks.common import Limits, ModelFacts
     from bert.tasks.windows import LongInputs
 
-HEAD_KINDS = ("sequence", "token", "span", "mlm")
 # What a backend hands back for a head of each kind (None: a task served by the encoder itself), named after the
 # task: (suffixes of its outputs, their ranks in a batch, one value per token or not). "span": start and end logits
-# (B, T) each; "mlm": the likeliest tokens' scores and ids (B, T, MLM_CANDIDATES).
+# (B, T) each; "mlm": the likeliest tokens' scores and ids (B, T, MLM_CANDIDATES). A kind declared elsewhere joins
+# with `declare_head_kind`, beside its task (the torch side of the kind is an object in bert/heads.py).
 HEAD_OUTPUTS: dict[str | None, tuple[tuple[str, ...], tuple[int, ...], bool]] = {
     None: (("",), (2,), False),
     "sequence": (("",), (2,), False),
@@ -46,6 +46,24 @@ HEAD_OUTPUTS: dict[str | None, tuple[tuple[str, ...], tuple[int, ...], bool]] = 
     "span": (("_start", "_end"), (2, 2), True),
     "mlm": (("_scores", "_ids"), (3, 3), True),
 }
+
+
+def declare_head_kind(name: str, suffixes: tuple[str, ...], ranks: tuple[int, ...], per_token: bool) -> str:
+    """Add a head kind to HEAD_OUTPUTS (what its task's backend arrays are: see there); the same declaration again
+    is a no-op (a module imported twice), a different one an error."""
+    declared = (tuple(suffixes), tuple(ranks), bool(per_token))
+    if len(declared[0]) != len(declared[1]):
+        raise ValueError(f"head kind {name!r}: one rank per output suffix")
+    if HEAD_OUTPUTS.setdefault(name, declared) != declared:
+        raise ValueError(f"head kind {name!r} is declared twice, differently")
+    return name
+
+
+def head_kinds() -> tuple[str, ...]:
+    """The head kinds a task may declare."""
+    return tuple(kind for kind in HEAD_OUTPUTS if kind is not None)
+
+
 # Candidates per token an "mlm" head hands back (probabilities and ids of its likeliest tokens), not (B, T, V)
 # logits: a 30k vocabulary would make every served sequence tens of megabytes. A request's top_k is at most this.
 MLM_CANDIDATES = 50
@@ -82,8 +100,8 @@ class Head:
     width: int | None = None
 
     def __post_init__(self):
-        if self.kind not in HEAD_KINDS:
-            raise ValueError(f"head kind must be one of {', '.join(HEAD_KINDS)}, got {self.kind!r}")
+        if self.kind not in head_kinds():
+            raise ValueError(f"head kind must be one of {', '.join(head_kinds())}, got {self.kind!r}")
 
 
 REQUIRED = ...  # a request field with no default

@@ -35,7 +35,7 @@ from ._exceptions import (
     error_class_for,
 )
 from ._version import __version__
-from .types import Answer, Entity, Info, Label, MaskCandidate, QAInput, Ranked, ZeroShotResult
+from .types import Answer, Entity, Info, Label, MaskCandidate, QAInput, Ranked, SparseValue, ZeroShotResult
 
 DEFAULT_BASE_URL = "http://localhost:8000"
 DEFAULT_TIMEOUT = 60.0
@@ -51,6 +51,7 @@ NER_AGGREGATIONS = ("first", "simple", "average", "max", "none")
 CLASSIFY_FUNCTIONS = ("softmax", "sigmoid", "none")
 EmbedInput = Union[str, Sequence[str]]
 FillMaskInput = Union[str, Sequence[str]]
+EmbedSparseInput = Union[str, Sequence[str]]
 ZeroShotInput = Union[str, Sequence[str]]
 
 
@@ -461,6 +462,22 @@ def plan_fill_mask(
     return _batched("/fill-mask", bodies, _candidates)
 
 
+def _sparse_vectors(data: Any) -> list[list[SparseValue]]:
+    if not isinstance(data, list):
+        raise BertserveError("/embed_sparse: expected one list of entries per input")
+    return [_parse_list(SparseValue, entries) for entries in data]
+
+
+def plan_embed_sparse(inputs: EmbedSparseInput, *, batch_limit: int | None, **options: Any) -> Plan:
+    """/embed_sparse: always one list of entries per input (a text alone is a list of one), in as many requests as
+    the server's per-request limit needs."""
+    options = _set(**options)  # top_k, prompt_name left at None: not sent
+    if not is_many(inputs):
+        return Plan([Call("POST", "/embed_sparse", {"inputs": inputs, **options})], lambda a: _sparse_vectors(a[0]))
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(_texts(inputs), batch_limit)]
+    return _batched("/embed_sparse", bodies, lambda entries: _parse_list(SparseValue, entries))
+
+
 def plan_zero_shot(
     inputs: ZeroShotInput,
     candidate_labels: str | Sequence[str],
@@ -640,6 +657,39 @@ class Endpoints:
             Planned(
                 inputs,
                 lambda limit: plan_fill_mask(inputs, top_k=top_k, truncate=truncate, batch_limit=limit, model=model),
+            )
+        )
+
+    def embed_sparse(
+        self,
+        inputs: EmbedSparseInput,
+        *,
+        top_k: int | None = None,
+        threshold: float = 0.0,
+        return_tokens: bool = False,
+        truncate: bool = False,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        model: str | None = None,
+    ) -> list[list[SparseValue]]:
+        """The sparse (SPLADE) vector of each text (one list per input, a text alone too): its nonzero entries as
+        SparseValue(index, value) in index order; only those above `threshold`, only the `top_k` largest when
+        given; with `return_tokens` each has its vocabulary word. `truncation_direction` and `prompt_name` are
+        text-embeddings-inference's (the server serves "right" and no prompts)."""
+        return self._run(
+            Planned(
+                inputs,
+                lambda limit: plan_embed_sparse(
+                    inputs,
+                    batch_limit=limit,
+                    top_k=top_k,
+                    threshold=threshold,
+                    return_tokens=return_tokens,
+                    truncate=truncate,
+                    truncation_direction=truncation_direction,
+                    prompt_name=prompt_name,
+                    **_model(model),
+                ),
             )
         )
 

@@ -3,6 +3,8 @@ additions reach the caller instead of breaking the parse."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -50,6 +52,15 @@ class Ranked(_Result):
     index: int
     score: float
     text: str | None = None
+
+
+class SparseValue(_Result):
+    """One nonzero entry of an /embed_sparse vector (text-embeddings-inference's shape): its vocabulary index and
+    value, and the vocabulary word when asked for (`return_tokens=True`)."""
+
+    index: int
+    value: float
+    token: Optional[str] = None
 
 
 class MaskCandidate(_Result):
