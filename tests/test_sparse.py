@@ -244,6 +244,29 @@ def test_sdk_embed_sparse_sync_and_async(server, reference):
     ]
 
 
+def test_haystack_tei_sparse_embedders(server):
+    """Haystack's TEI sparse embedders (huggingface-api-haystack), pointed at the server's root, get /embed_sparse's
+    entries of the default model, sync and async."""
+    import asyncio
+
+    embedders = pytest.importorskip(
+        "haystack_integrations.components.embedders.huggingface_api", reason="needs huggingface-api-haystack (dev)"
+    )
+    from haystack import Document
+
+    ours = _post(server, {"inputs": TEXTS})
+    expected = [([e["index"] for e in entries], [e["value"] for e in entries]) for entries in ours]
+    text = embedders.HuggingFaceTEISparseTextEmbedder(api_base_url=server.url)
+    got = text.run(TEXTS[0])["sparse_embedding"]
+    assert (got.indices, got.values) == expected[0]
+    got = asyncio.run(text.run_async(TEXTS[1]))["sparse_embedding"]
+    assert (got.indices, got.values) == expected[1]
+    documents = embedders.HuggingFaceTEISparseDocumentEmbedder(
+        api_base_url=server.url, batch_size=2, progress_bar=False
+    ).run([Document(content=t) for t in TEXTS])["documents"]
+    assert [(d.sparse_embedding.indices, d.sparse_embedding.values) for d in documents] == expected
+
+
 def test_batch_job_writes_indices_and_values(models, reference, tmp_path):
     import pyarrow.parquet as pq
 
