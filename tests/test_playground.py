@@ -186,3 +186,38 @@ def test_browser_draws_each_task_of_the_server(server, browser):
         else:
             cells = out.find_elements(By.CSS_SELECTOR, "table.matrix td")
             assert len(cells) == 9 and [cells[i].text for i in (0, 4, 8)] == ["1.000"] * 3, [c.text for c in cells]
+
+
+def test_browser_draws_a_masked_lms_candidates_and_sparse_terms(browser, tmp_path):
+    """A masked LM serves fill-mask and sparse: the mask's candidates as bars, and the text's heaviest vocabulary
+    terms as bars scaled to the heaviest, at most the 20 the form asks for, each named by its word."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_compat_support import tiny_bert
+
+    model = tiny_bert(tmp_path / "mlm", "BertForMaskedLM")
+    with Server("--model", str(model)) as server:
+        terms = httpx.post(
+            server.url + "/embed_sparse",
+            json={"inputs": "The Eiffel Tower is in Paris.", "top_k": 20, "return_tokens": True},
+        ).json()[0]
+        browser.get(server.url + "/")
+        WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "tab-sparse"))
+        tabs = [tab.text for tab in browser.find_elements(By.CSS_SELECTOR, "#tabs button")]
+        assert tabs == ["Embeddings", "Fill mask", "Sparse terms"], tabs  # fill_mask in /info: the fill-mask form
+        for task in ("fill-mask", "sparse"):
+            browser.find_element(By.ID, f"tab-{task}").click()
+            browser.find_element(By.CSS_SELECTOR, f"#form-{task} button.run").click()
+            WebDriverWait(browser, 60).until(
+                lambda d, task=task: d.find_elements(By.CSS_SELECTOR, f"#out-{task} .latency[data-status]")
+            )
+            out = browser.find_element(By.ID, f"out-{task}")
+            assert not out.find_elements(By.CSS_SELECTOR, ".error"), out.text
+            shown = [label.text for label in out.find_elements(By.CSS_SELECTOR, ".bar .label")]
+            if task == "fill-mask":
+                assert len(shown) == 5, shown  # the route's default top_k
+            else:
+                heaviest = sorted(terms, key=lambda t: -t["value"])
+                assert shown == [t["token"] for t in heaviest], (shown, heaviest)
+                widths = [f.get_attribute("style") for f in out.find_elements(By.CSS_SELECTOR, ".bar .fill")]
+                assert "width: 100%" in widths[0], widths[0]
