@@ -46,7 +46,13 @@ class HeadKind:
     def build(self, config: BertConfig, width: int) -> nn.Module:
         return nn.Linear(config.hidden_size, width)
 
-    def run(self, module: nn.Module, out: EncoderOutput, dropout: nn.Module) -> tuple[torch.Tensor, ...]:
+    def read(self, module: nn.Module, out: EncoderOutput):
+        """What every kind built on this module starts from, computed once per batch however many kinds read it
+        (the masked-LM logits); `run` gets it. By default the module itself: the kind runs it."""
+        return module
+
+    def run(self, read, out: EncoderOutput, dropout: nn.Module) -> tuple[torch.Tensor, ...]:
+        """The kind's outputs, from `read`'s answer (by default the module)."""
         raise NotImplementedError
 
     def tie(self, module: nn.Module, word_embeddings: nn.Embedding) -> None:
@@ -156,8 +162,11 @@ class MaskedLMHead(HeadKind):
     def build(self, config: BertConfig, width: int) -> nn.Module:
         return BertOnlyMLMHead(config)
 
-    def run(self, module, out, dropout):
-        probs = module.predictions(out.last_hidden_state).float().softmax(dim=-1)
+    def read(self, module, out):
+        return module.predictions(out.last_hidden_state).float()  # (B, T, V) logits, or (N, V) packed
+
+    def run(self, logits, out, dropout):
+        probs = logits.softmax(dim=-1)
         scores, ids = probs.topk(min(MLM_TOP_K, probs.shape[-1]), dim=-1)  # (B, T, K)
         return scores, ids
 
@@ -183,10 +192,10 @@ class SpladeHead(MaskedLMHead):
     def module(self) -> str:
         return MLM.name
 
-    def run(self, module, out, dropout):
+    def run(self, logits, out, dropout):
         # ReLU before the max and log1p after it: log1p is increasing, so the max commutes with it, and padding
         # set to 0 never wins over a real token's ReLU (>= 0); one log per vocabulary entry, not per token.
-        scores = module.predictions(out.last_hidden_state).float().relu()  # (B, T, V), or (N, V) packed
+        scores = logits.relu()  # (B, T, V), or (N, V) packed
         mask = out.attention_mask
         if isinstance(mask, Packing):
             bounds = mask.cu_seqlens.long()

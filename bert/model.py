@@ -599,11 +599,14 @@ class BertForMultiTask(BertPreTrainedModel):
         """Padded (B, T) inputs, or packed (N,) ones with a Packing as attention_mask: sequence heads then give
         one row per sequence (S, ...), the others one per token (N, ...)."""
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        outputs, computed = {}, {}
+        outputs, computed, read = {}, {}, {}
         for name, head in self.heads.items():
-            key = (self.attributes[name], head.kind)
+            attribute, kind = self.attributes[name], heads.get(head.kind)
+            key = (attribute, head.kind)
             if key not in computed:
-                computed[key] = heads.get(head.kind).run(getattr(self, key[0]), out, self.dropout)
+                if attribute not in read:  # kinds sharing a module share its work (a masked LM's logits, once)
+                    read[attribute] = kind.read(getattr(self, attribute), out)
+                computed[key] = kind.run(read[attribute], out, self.dropout)
             outputs.update(zip(TASKS[name].graph_outputs, computed[key]))
         return MultiTaskOutput(outputs, out.embedding)
 

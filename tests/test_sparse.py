@@ -301,3 +301,30 @@ def test_batch_job_writes_indices_and_values(models, reference, tmp_path):
     for indices, values, vector in zip(table["indices"].to_pylist(), table["values"].to_pylist(), reference["bert"]):
         assert indices == np.flatnonzero(vector > 0.25).tolist()
         assert np.abs(np.asarray(values) - vector[indices]).max() < 1e-5
+
+
+def test_a_masked_lm_serving_both_kinds_runs_its_decoder_once_per_batch(models):
+    """fill_mask and sparse read one masked-LM module: its (B, T, V) logits are computed once per forward, not once
+    per kind, and each kind's outputs are what it computes alone."""
+    import torch
+
+    from bert.checkpoint import load_for_inference
+
+    model, _ = load_for_inference(models["bert"])
+    assert {"fill_mask", "sparse"} <= set(model.heads), model.heads
+    calls = []
+    model.cls.predictions.register_forward_hook(lambda module, args, output: calls.append(output.shape))
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102], [101, 7592, 102, 0, 0, 0]])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        both = model(ids, mask, torch.zeros_like(ids)).outputs
+    assert len(calls) == 1, calls
+    alone = {}
+    for task in ("fill_mask", "sparse"):
+        single, _ = load_for_inference(models["bert"])
+        single.heads = {task: single.heads[task]}
+        with torch.no_grad():
+            alone.update(single(ids, mask, torch.zeros_like(ids)).outputs)
+    assert set(alone) == set(both)
+    for name, value in alone.items():
+        assert torch.equal(value, both[name]), name
