@@ -4,10 +4,11 @@ A task (one module in bert/tasks, one `TASK = SomeTask()` instance in it) declar
 - its codec: request items -> model inputs (`encode_request`) and model outputs -> answers (`decode_request`);
 - its head: how it sits on the encoder (`Head`: a kind the model knows how to build, the attribute it has in a
   checkpoint, its width), the arrays a backend hands back for it and their names in an exported graph;
-- its HTTP routes (`Route`: path, its request's fields (`Param`: name, type, default, bounds, help), the response
-  schema's name, how a body becomes items and how the answers are shaped back), which one generic route factory in
-  serving/routes turns into endpoints; the request models are made of the fields (serving/routes/schemas.py), and
-  the fields marked `job` are python -m batch's options too (batch/options.py);
+- its HTTP routes (`Route`: path, its request's fields (`Param`: name, type, default, bounds, help), its answer's
+  type (dataclasses in the task's module, fields described with `described`), how a body becomes items and how the
+  answers are shaped back), which one generic route factory in serving/routes turns into endpoints; the request
+  and response models are made of these declarations (serving/routes/schemas.py), and the fields marked `job` are
+  python -m batch's options too (batch/options.py);
 - its outputs, their ranks and whether they are per token, which follow from its head kind (`HEAD_OUTPUTS`);
 - how batch jobs run it (`JobColumns`: input columns, row -> item, typed result columns) and how export judges
   it (`calibration`, `agreement`);
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from bert.options import flag
@@ -157,15 +158,25 @@ def texts_param(example: str, help: str = "a text or a list of texts", name: str
     return Param(name, Union[str, list[str]], help=help, examples=(example,))
 
 
+def described(help: str, default: Any = REQUIRED):
+    """A field of a task's answer (a dataclass: the type a `Route` answers) with its description, which the
+    response models (serving/routes/schemas.py) give it in the OpenAPI schema; `default`: a field an answer may
+    leave out (REQUIRED: one it always has)."""
+    if default is REQUIRED:
+        return field(metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class Route:
     """One HTTP endpoint of a task. The generic route factory validates the body against `request` (a class
     name in serving/routes/schemas.py), turns it into items and options with `to_items`, runs the task's one
-    inference path, and answers `shape(answers, body)` documented by `response`."""
+    inference path, and answers `shape(answers, body)` documented by `response`: the answer's type, made of the
+    task's dataclasses (`list[list[Label]]`; a name in serving/routes/schemas.py for a shape written out there)."""
 
     path: str
     request: str
-    response: str
+    response: Any
     summary: str
     to_items: Callable[[Any], tuple[list, dict]]  # body -> (items, options)
     shape: Callable[[list, Any, Any], Any]  # (answers, body, info) -> the response content

@@ -44,6 +44,14 @@ from bert.tokenizer import InputTooLong
 FUNCTIONS = ("softmax", "sigmoid", "none")
 
 
+@dataclass
+class Label:
+    """One of a text's labels and its score."""
+
+    label: str
+    score: float
+
+
 def _split_input(item) -> tuple[str, str | None]:
     if isinstance(item, str):
         return item, None
@@ -197,7 +205,8 @@ class ClassifyTask(Task):
         Route(
             "/classify",
             "ClassifyRequest",
-            "ClassifyResponse",
+            # a text: its labels; a list of texts: one list of labels per text
+            Union[list[Label], list[list[Label]]],
             "Classify texts or text pairs",
             to_items=texts_of,
             shape=one_or_list,

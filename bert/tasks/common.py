@@ -1,4 +1,5 @@
-"""Pieces every task codec shares: one unpadded model input, batching it, and a stable softmax."""
+"""Pieces every task codec shares: one unpadded model input, batching it, a stable softmax, and OpenAI's usage
+object that the answers of OpenAI-shaped routes carry."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ class Features:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+@dataclass
+class OpenAIUsage:
+    """The input tokens a request cost, as OpenAI's APIs count them (no output tokens: an encoder generates none)."""
+
+    prompt_tokens: int
+    total_tokens: int
 
 
 def pad_batch(

@@ -7,6 +7,9 @@ likeliest tokens (MLM_CANDIDATES of them, softmax over the whole vocabulary), so
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Union
+
 import numpy as np
 
 from bert.tasks import classify
@@ -20,10 +23,21 @@ from bert.tasks.base import (
     Route,
     Task,
     check_inputs,
+    described,
     texts_of,
     texts_param,
 )
 from bert.tasks.common import Features, Limits, ModelFacts
+
+
+@dataclass
+class MaskCandidate:
+    """A token proposed for one [MASK] of a text."""
+
+    score: float
+    token: int
+    token_str: str
+    sequence: str = described("the text with this [MASK] filled")
 
 
 class NoMaskToken(ValueError):
@@ -97,7 +111,8 @@ class FillMaskTask(Task):
         Route(
             "/fill-mask",
             "FillMaskRequest",
-            "FillMaskResponse",
+            # a text: one list of candidates per [MASK]; a list of texts: that, per text
+            Union[list[list[MaskCandidate]], list[list[list[MaskCandidate]]]],
             "Fill the [MASK] tokens of texts",
             to_items=texts_of,
             shape=lambda answers, body, info=None: answers[0] if isinstance(body.inputs, str) else answers,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import numpy as np
 from tokenizers import decoders
@@ -26,6 +26,7 @@ from bert.tasks.base import (
     TaskOption,
     check_inputs,
     column_of,
+    described,
     one_or_list,
     texts_of,
     texts_param,
@@ -51,6 +52,19 @@ AGGREGATIONS = ("first", "simple", "average", "max", "none")
 DEFAULT_AGGREGATION = "first"
 # Joins word pieces back into text ("new", "##castle" -> "newcastle"), as BertTokenizerFast does.
 _PIECES_TO_TEXT = decoders.WordPiece(prefix="##")
+
+
+@dataclass(kw_only=True)
+class Entity:
+    """An entity found in a text (with aggregation "none": one token and its label)."""
+
+    entity_group: Optional[str] = described("the entity type (aggregation other than none)", None)
+    entity: Optional[str] = described("the token's label (aggregation none)", None)
+    index: Optional[int] = described("token position (aggregation none)", None)
+    score: float
+    word: str
+    start: int = described("character offset of the first character")
+    end: int = described("character offset one past the last character")
 
 
 @dataclass
@@ -504,7 +518,8 @@ class NerTask(Task):
         Route(
             "/ner",
             "NerRequest",
-            "NerResponse",
+            # a text: its entities; a list of texts: one list of entities per text
+            Union[list[Entity], list[list[Entity]]],
             "Find named entities",
             to_items=texts_of,
             shape=one_or_list,

@@ -25,12 +25,24 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
 from bert.options import flag
-from bert.tasks.base import MODEL, Head, JobColumns, Labels, Param, Route, Task, TaskOption, check_texts, column_of
+from bert.tasks.base import (
+    MODEL,
+    Head,
+    JobColumns,
+    Labels,
+    Param,
+    Route,
+    Task,
+    TaskOption,
+    check_texts,
+    column_of,
+    described,
+)
 from bert.tasks.common import (
     CallerGone,
     DataError,
@@ -54,6 +66,16 @@ from bert.tasks.windows import (
 
 MASKED_LOGIT = -10000.0  # what the pipeline writes over question/special-token logits before the softmax
 NO_ANSWER_SENTINEL = 1000000.0  # the pipeline's starting "minimum null score"
+
+
+@dataclass
+class Answer:
+    """A span of the context that answers the question."""
+
+    answer: str
+    score: float
+    start: int = described("character offset into the context")
+    end: int
 
 
 @dataclass
@@ -528,7 +550,9 @@ class QATask(Task):
         Route(
             "/qa",
             "QARequest",
-            "QAResponse",
+            # one item: an answer (a list of answers when top_k > 1); a list of items: one entry per item, and items
+            # may mix top_k 1 and top_k > 1
+            Union[Answer, list[Union[Answer, list[Answer]]]],
             "Answer questions from a context",
             to_items=_qa_items,
             shape=_shape_qa,

@@ -25,15 +25,27 @@ import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 
 from bert.config import ConfigError
 from bert.errors import json_fields, json_type, one_line
 from bert.tasks import classify
-from bert.tasks.base import MODEL, EmptyInput, Head, JobColumns, Labels, Param, Route, Task, TaskOption, check_texts
-from bert.tasks.common import Features, Limits, ModelFacts, bounded_text, open_text, sigmoid
+from bert.tasks.base import (
+    MODEL,
+    EmptyInput,
+    Head,
+    JobColumns,
+    Labels,
+    Param,
+    Route,
+    Task,
+    TaskOption,
+    check_texts,
+    described,
+)
+from bert.tasks.common import Features, Limits, ModelFacts, OpenAIUsage, bounded_text, open_text, sigmoid
 from bert.tasks.qa import HELDOUT_ARTICLES, read_squad_articles, split_heldout
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, pair_template, too_much_work
 from bert.tokenizer import InputTooLong
@@ -397,6 +409,41 @@ def _check_v1(body, info=None) -> None:
     check_texts(body.documents, "documents[{}]")
 
 
+@dataclass
+class Ranked:
+    """A text's place in /rerank's answer (text-embeddings-inference's shape)."""
+
+    index: int = described("the text's position in the request")
+    score: float
+    text: Optional[str] = None
+
+
+@dataclass
+class V1Document:
+    """A document as the request sent it (with `return_documents`)."""
+
+    text: str
+
+
+@dataclass
+class V1Ranked:
+    """A document's place in /v1/rerank's answer."""
+
+    index: int
+    relevance_score: float
+    document: Optional[V1Document] = None  # Cohere's and Jina's shape: their clients read document.text
+
+
+@dataclass(kw_only=True)
+class V1RerankResponse:
+    """/v1/rerank's answer: the shape of infinity, Cohere and Jina."""
+
+    object: Literal["rerank"] = "rerank"
+    model: str
+    results: list[V1Ranked]
+    usage: OpenAIUsage
+
+
 def _v1_shape(values: list[float], body, info) -> dict:
     order = ranked(values)[: body.top_n] if body.top_n is not None else ranked(values)
     tokens = info.tokens
@@ -456,7 +503,7 @@ class RerankTask(Task):
         Route(
             "/rerank",
             "RerankRequest",
-            "RerankResponse",
+            list[Ranked],
             "Rerank texts by relevance to a query (text-embeddings-inference's shape)",
             to_items=_tei_items,
             shape=_tei_shape,
@@ -487,7 +534,7 @@ class RerankTask(Task):
         Route(
             "/v1/rerank",
             "V1RerankRequest",
-            "V1RerankResponse",
+            V1RerankResponse,
             "Rerank documents by relevance to a query (the shape of infinity, Cohere and Jina)",
             to_items=_v1_items,
             shape=_v1_shape,

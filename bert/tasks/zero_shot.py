@@ -13,6 +13,7 @@ The head is the classifier's own: a model that serves classify serves zero-shot 
 from __future__ import annotations
 
 import string
+from dataclasses import dataclass
 from typing import Union
 
 import numpy as np
@@ -28,6 +29,7 @@ from bert.tasks.base import (
     check_inputs,
     check_texts,
     column_of,
+    described,
     one_or_list,
     text_chars,
     texts_param,
@@ -36,6 +38,15 @@ from bert.tasks.common import Features, Limits, ModelFacts, TooMuchWork, bounded
 from bert.tokenizer import InputTooLong
 
 DEFAULT_TEMPLATE = "This example is {}."
+
+
+@dataclass
+class ZeroShotResult:
+    """A text's candidate labels, best first, with their scores."""
+
+    sequence: str = described("the text as sent")
+    labels: list[str] = described("the candidate labels, best first")
+    scores: list[float] = described("each label's score, in the order of `labels`")
 
 
 def parse_labels(candidate_labels) -> list[str]:
@@ -174,7 +185,7 @@ class ZeroShotTask(Task):
         Route(
             "/zero-shot",
             "ZeroShotRequest",
-            "ZeroShotResponse",
+            Union[ZeroShotResult, list[ZeroShotResult]],  # a text: its result; a list of texts: one per text
             "Classify texts into labels chosen per request (an NLI model's entailment)",
             to_items=_items,
             shape=one_or_list,

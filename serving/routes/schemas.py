@@ -1,8 +1,10 @@
 """Request and response bodies. Field names follow Hugging Face pipelines.
 
-Each task's routes (bert/tasks, `Route`) declare their request fields, and the request models are made of those
-declarations here (`request_model`: a route's `request` names its model); a request class's `endpoint_doc` is its
-endpoint's description in the OpenAPI schema. The response models a route names are written out below.
+Each task's routes (bert/tasks, `Route`) declare their request fields and their answer's type, and the models are
+made of those declarations here: the request models of the fields (`request_model`: a route's `request` names its
+model; a request class's `endpoint_doc` is its endpoint's description in the OpenAPI schema), the response models
+of the dataclasses the task declares its answers with (`response_model`). Written out below: what is no task's
+answer (/info, /health, errors) and the /embed and /v1/embeddings answers, which their route names.
 
 Shapes (the client SDK relies on them):
 - /classify: `inputs` a str -> a list of {label, score}; a list -> one such list per input.
@@ -16,12 +18,13 @@ Shapes (the client SDK relies on them):
 
 from __future__ import annotations
 
+import dataclasses
 import types
-from typing import Annotated, ClassVar, Literal, Optional, Union, get_args, get_origin
+from typing import Annotated, ClassVar, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from bert.tasks import base, registry
+from bert.tasks import base, common, registry
 
 TextPair = Annotated[list[str], Field(min_length=2, max_length=2, description="[text, text_pair]")]
 
@@ -81,15 +84,50 @@ def __getattr__(name: str):
     return _REQUESTS[name]
 
 
+_RESPONSES: dict[type, type[BaseModel]] = {}
+
+
+def response_model(kind):
+    """A route's answer type (bert/tasks: `Route.response`) as pydantic reads it: each dataclass a task declares
+    becomes a model of its name, once (a dataclass two answers share is one schema), with its docstring and the
+    descriptions its fields declare (`bert.tasks.base.described`)."""
+    if dataclasses.is_dataclass(kind):
+        if kind not in _RESPONSES:
+            _RESPONSES[kind] = _model_of(kind)
+        return _RESPONSES[kind]
+    args = get_args(kind)
+    if get_origin(kind) in (Union, types.UnionType):
+        return Union[tuple(response_model(a) for a in args)]
+    if get_origin(kind) is list:
+        return list[response_model(args[0])]
+    return kind
+
+
+def _model_of(answer: type) -> type[BaseModel]:
+    hints = get_type_hints(answer)
+    fields = {}
+    for field in dataclasses.fields(answer):
+        if field.default_factory is not dataclasses.MISSING:
+            default = {"default_factory": field.default_factory}
+        else:
+            default = {"default": ... if field.default is dataclasses.MISSING else field.default}
+        fields[field.name] = (
+            response_model(hints[field.name]),
+            Field(**default, description=field.metadata.get("help")),
+        )
+    doc = answer.__doc__
+    if doc is not None and doc.startswith(f"{answer.__name__}("):  # what dataclass writes for a class without one
+        doc = None
+    return create_model(answer.__name__, __doc__=doc, __module__=__name__, **fields)
+
+
+OpenAIUsage = response_model(common.OpenAIUsage)  # the same schema as /v1/rerank's usage
+
+
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: Union[list[float], str]
-
-
-class OpenAIUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
 
 
 class OpenAIEmbeddingResponse(BaseModel):
@@ -97,28 +135,6 @@ class OpenAIEmbeddingResponse(BaseModel):
     data: list[OpenAIEmbedding]
     model: str
     usage: OpenAIUsage
-
-
-class Label(BaseModel):
-    label: str
-    score: float
-
-
-class Entity(BaseModel):
-    entity_group: Optional[str] = Field(None, description="the entity type (aggregation other than none)")
-    entity: Optional[str] = Field(None, description="the token's label (aggregation none)")
-    index: Optional[int] = Field(None, description="token position (aggregation none)")
-    score: float
-    word: str
-    start: int = Field(..., description="character offset of the first character")
-    end: int = Field(..., description="character offset one past the last character")
-
-
-class Answer(BaseModel):
-    answer: str
-    score: float
-    start: int = Field(..., description="character offset into the context")
-    end: int
 
 
 class ErrorBody(BaseModel):
@@ -140,67 +156,7 @@ class OpenAIErrorBody(BaseModel):
     error_type: str
 
 
-ClassifyResponse = Union[list[Label], list[list[Label]]]
 EmbedResponse = list[list[float]]
-NerResponse = Union[list[Entity], list[list[Entity]]]
-# a list request may mix items with top_k 1 (an answer) and top_k > 1 (a list of answers)
-QAResponse = Union[Answer, list[Union[Answer, list[Answer]]]]
-
-
-# ---- rerank: text-embeddings-inference's /rerank, and the /v1/rerank of infinity, Cohere and Jina ----------
-
-
-class Ranked(BaseModel):
-    index: int = Field(..., description="the text's position in the request")
-    score: float
-    text: Optional[str] = None
-
-
-RerankResponse = list[Ranked]
-
-
-class V1Document(BaseModel):
-    text: str
-
-
-class V1Ranked(BaseModel):
-    index: int
-    relevance_score: float
-    document: Optional[V1Document] = None  # Cohere's and Jina's shape: their clients read document.text
-
-
-class V1RerankResponse(BaseModel):
-    object: Literal["rerank"] = "rerank"
-    model: str
-    results: list[V1Ranked]
-    usage: OpenAIUsage
-
-
-# ---- fill-mask: transformers' fill-mask pipeline ---------------------------------------------------------
-
-
-class MaskCandidate(BaseModel):
-    score: float
-    token: int
-    token_str: str
-    sequence: str = Field(..., description="the text with this [MASK] filled")
-
-
-# a text: one list of candidates per [MASK]; a list of texts: that, per text
-FillMaskResponse = Union[list[list[MaskCandidate]], list[list[list[MaskCandidate]]]]
-
-
-# ---- zero-shot: transformers' zero-shot-classification pipeline ------------------------------------------
-
-
-class ZeroShotResult(BaseModel):
-    sequence: str = Field(..., description="the text as sent")
-    labels: list[str] = Field(..., description="the candidate labels, best first")
-    scores: list[float] = Field(..., description="each label's score, in the order of `labels`")
-
-
-# a text: one result; a list of texts: one per text
-ZeroShotResponse = Union[ZeroShotResult, list[ZeroShotResult]]
 
 
 class Status(BaseModel):
