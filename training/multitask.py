@@ -526,15 +526,23 @@ def main_score(task: str, metrics: dict) -> float:
     return registry.get(task).score(metrics)
 
 
+def agreement_key() -> str:
+    """Where metrics.json reports the teacher agreement: under the name of the task whose vectors it measures
+    (the embeddings /embed serves), beside the trained tasks' metrics."""
+    from bert.tasks import embed
+
+    return embed.TASK.name
+
+
 def make_evaluate(evaluators: dict, agreement=None):
-    """Each task's metrics and their mean_score (what best/ is chosen by); with a teacher, "embed" too: the
-    agreement with its embeddings, reported beside the tasks, not part of the mean."""
+    """Each task's metrics and their mean_score (what best/ is chosen by); with a teacher, the agreement with its
+    embeddings too (under `agreement_key()`), reported beside the tasks, not part of the mean."""
 
     def evaluate(model) -> dict:
         results = {task: fn(task_view(model, task)) for task, fn in evaluators.items()}
         results["mean_score"] = sum(main_score(t, results[t]) for t in evaluators) / len(evaluators)
         if agreement is not None:
-            results["embed"] = agreement(model)
+            results[agreement_key()] = agreement(model)
         return results
 
     return evaluate
@@ -543,8 +551,8 @@ def make_evaluate(evaluators: dict, agreement=None):
 def summary_line(metrics: dict) -> str:
     parts = [registry.get(name).summary(metrics[name]) for name in TASKS if name in metrics]
     line = "; ".join(parts) + f"; mean {metrics['mean_score']:.2f}"
-    if "embed" in metrics:
-        line += f"; embedding cosine to the teacher {metrics['embed']['teacher_cosine']:.4f}"
+    if agreement_key() in metrics:
+        line += f"; embedding cosine to the teacher {metrics[agreement_key()]['teacher_cosine']:.4f}"
     return line
 
 
