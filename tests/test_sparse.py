@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 TIMEOUT = 60.0
 VOCAB = 30522
+PROMPTS = {"query": "query: ", "document": "document: "}
 TEXTS = [
     "The capital of France is Paris.",
     "Sparse vectors weigh the words of a text",
@@ -86,6 +87,7 @@ def export(checkpoint, out, precision: str):
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("sparse")
     bert = tiny_bert(root / "bert", "BertForMaskedLM")
+    (bert / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
     modernbert = tiny_modernbert(root / "modernbert")
     return {
         "bert": bert,
@@ -193,6 +195,16 @@ def test_top_k_threshold_and_tokens(server, reference):
     assert np.abs(dense(same)[0] - want[0]).max() < 1e-5
 
 
+def test_prompt_name_puts_the_models_prompt_before_each_text(server):
+    """TEI's prompt_name: the model's prompt of that name (config_sentence_transformers.json) before each text, as
+    /embed does; a model without prompts names none."""
+    prompted = _post(server, {"inputs": TEXTS[:2], "model": "bert", "prompt_name": "query"})
+    assert prompted == _post(server, {"inputs": [PROMPTS["query"] + t for t in TEXTS[:2]], "model": "bert"})
+    assert prompted != _post(server, {"inputs": TEXTS[:2], "model": "bert"})
+    refused = _post(server, {"inputs": "a", "model": "modernbert", "prompt_name": "query"}, 422)["error"]
+    assert "'query'" in refused and "none" in refused, refused
+
+
 HOSTILE = [
     ({"inputs": 5}, 422, "inputs"),
     ({"inputs": ["a", 5]}, 422, "inputs"),
@@ -206,7 +218,8 @@ HOSTILE = [
     ({"inputs": "a", "threshold": "high"}, 422, "threshold"),
     ({"inputs": "a", "return_tokens": "yes"}, 422, "return_tokens"),
     ({"inputs": "a", "pruning": 3}, 422, "pruning"),
-    ({"inputs": "a", "prompt_name": "query"}, 422, "prompt_name"),
+    ({"inputs": "a", "prompt_name": "nope"}, 422, "'nope' is not a prompt of this model; its prompts: query, document"),
+    ({"inputs": "a", "prompt_name": 3}, 422, "prompt_name"),
     ({"inputs": "a", "truncation_direction": "Left"}, 422, "truncation_direction"),
     ({"inputs": "a", "truncation_direction": "middle"}, 422, "truncation_direction"),
     ({"inputs": "word " * 500}, 422, "token"),

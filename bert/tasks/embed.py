@@ -9,6 +9,7 @@ encoder. Vectors equal sentence-transformers' `encode(normalize_embeddings=True)
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,31 @@ def read_pooling(directory) -> Pooling:
             max_length if isinstance(max_length, int) and max_length > 0 else None,
         )
     return Pooling()
+
+
+@functools.lru_cache(maxsize=32)
+def read_prompts(directory: str) -> dict[str, str]:
+    """The prompts of a sentence-transformers model directory (config_sentence_transformers.json's "prompts", name ->
+    the text put before an input); {} when it has none."""
+    try:
+        prompts = json.loads((Path(directory) / "config_sentence_transformers.json").read_text()).get("prompts") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return (
+        {k: v for k, v in prompts.items() if isinstance(k, str) and isinstance(v, str)}
+        if isinstance(prompts, dict)
+        else {}
+    )
+
+
+def prompt(directory, name) -> str:
+    """The text text-embeddings-inference's `prompt_name` puts before each input: the model's prompt of that name;
+    ValueError naming it and the model's prompts when it has none of that name."""
+    prompts = read_prompts(str(directory))
+    if not isinstance(name, str) or name not in prompts:
+        known = ", ".join(prompts) or "none (no config_sentence_transformers.json prompts)"
+        raise ValueError(f"prompt_name: {name!r} is not a prompt of this model; its prompts: {known}")
+    return prompts[name]
 
 
 def _sentence_transformers_pooling(directory: Path, modules: list) -> Pooling:

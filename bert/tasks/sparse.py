@@ -12,18 +12,22 @@ order) and ask for each entry's vocabulary word (`return_tokens`: a "token" besi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
 from bert.tasks import classify
 from bert.tasks.base import (
     MODEL,
+    PROMPT_NAME,
+    TEI_TRUNCATE,
+    TRUNCATION_DIRECTION,
     Head,
     JobColumns,
     Param,
     Route,
     Task,
+    check_direction,
     check_inputs,
     column_of,
     declare_head_kind,
@@ -33,8 +37,6 @@ from bert.tasks.common import Limits, ModelFacts
 
 # one pooled (B, V) output per sequence, named after the task
 SPLADE = declare_head_kind("splade", ("",), (2,), False)
-# text-embeddings-inference's spellings of its truncation_direction
-DIRECTIONS = ("right", "Right", "left", "Left")
 
 
 @dataclass
@@ -70,14 +72,7 @@ def decode(vector, tokenizer=None, *, threshold: float = 0.0, top_k: int | None 
 
 def _check(body, info=None) -> None:
     check_inputs(body, info)
-    if body.truncation_direction.lower() != "right":
-        raise ValueError(
-            "truncation_direction: only 'right' is served: a text is cut at its end ('left' would keep its end)"
-        )
-    if body.prompt_name is not None:
-        raise ValueError(
-            f"prompt_name: {body.prompt_name!r}: /embed_sparse prepends no prompts; send each text with its prompt"
-        )
+    check_direction(body)
 
 
 def _items(body) -> tuple[list, dict]:
@@ -120,24 +115,9 @@ class SparseTask(Task):
                     help="a text or a list of texts",
                     examples=("What is the capital of France?",),
                 ),
-                Param(
-                    "truncate",
-                    Optional[bool],
-                    False,
-                    "cut inputs longer than the model's limit instead of refusing them (null: false)",
-                ),
-                Param(
-                    "truncation_direction",
-                    Literal[DIRECTIONS],
-                    "right",
-                    "which end a cut keeps: only right (the text's start) is served; left is a 422",
-                ),
-                Param(
-                    "prompt_name",
-                    Optional[str],
-                    None,
-                    "text-embeddings-inference's prompt to prepend: none are served here (a name is a 422)",
-                ),
+                TEI_TRUNCATE,
+                TRUNCATION_DIRECTION,
+                PROMPT_NAME,
                 Param(
                     "top_k",
                     Optional[int],

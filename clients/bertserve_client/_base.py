@@ -52,6 +52,7 @@ CLASSIFY_FUNCTIONS = ("softmax", "sigmoid", "none")
 EmbedInput = Union[str, Sequence[str]]
 FillMaskInput = Union[str, Sequence[str]]
 EmbedSparseInput = Union[str, Sequence[str]]
+EmbedAllInput = Union[str, Sequence[str]]
 ZeroShotInput = Union[str, Sequence[str]]
 
 
@@ -468,6 +469,22 @@ def _sparse_vectors(data: Any) -> list[list[SparseValue]]:
     return [_parse_list(SparseValue, entries) for entries in data]
 
 
+def _token_vectors(data: Any) -> list[list[list[float]]]:
+    if not isinstance(data, list) or not all(isinstance(text, list) for text in data):
+        raise BertserveError("/embed_all: expected one list of token vectors per input")
+    return data
+
+
+def plan_embed_all(inputs: EmbedAllInput, *, batch_limit: int | None, **options: Any) -> Plan:
+    """/embed_all: always one list of token vectors per input (a text alone is a list of one), in as many requests
+    as the server's per-request limit needs."""
+    options = _set(**options)  # prompt_name left at None: not sent
+    if not is_many(inputs):
+        return Plan([Call("POST", "/embed_all", {"inputs": inputs, **options})], lambda a: _token_vectors(a[0]))
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(_texts(inputs), batch_limit)]
+    return _batched("/embed_all", bodies, lambda vectors: vectors)
+
+
 def plan_embed_sparse(inputs: EmbedSparseInput, *, batch_limit: int | None, **options: Any) -> Plan:
     """/embed_sparse: always one list of entries per input (a text alone is a list of one), in as many requests as
     the server's per-request limit needs."""
@@ -675,7 +692,8 @@ class Endpoints:
         """The sparse (SPLADE) vector of each text (one list per input, a text alone too): its nonzero entries as
         SparseValue(index, value) in index order; only those above `threshold`, only the `top_k` largest when
         given; with `return_tokens` each has its vocabulary word. `truncation_direction` and `prompt_name` are
-        text-embeddings-inference's (the server serves "right" and no prompts)."""
+        text-embeddings-inference's: the server serves "right", and puts the model's prompt of that name (its
+        sentence-transformers configuration's) before each text."""
         return self._run(
             Planned(
                 inputs,
@@ -685,6 +703,32 @@ class Endpoints:
                     top_k=top_k,
                     threshold=threshold,
                     return_tokens=return_tokens,
+                    truncate=truncate,
+                    truncation_direction=truncation_direction,
+                    prompt_name=prompt_name,
+                    **_model(model),
+                ),
+            )
+        )
+
+    def embed_all(
+        self,
+        inputs: EmbedAllInput,
+        *,
+        truncate: bool = False,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        model: str | None = None,
+    ) -> list[list[list[float]]]:
+        """Every token's vector of each text (one list per input, a text alone too): the encoder's last hidden
+        state, special tokens included, as text-embeddings-inference's /embed_all answers. `prompt_name`: the
+        model's prompt of that name before each text; `truncation_direction`: "right" is served."""
+        return self._run(
+            Planned(
+                inputs,
+                lambda limit: plan_embed_all(
+                    inputs,
+                    batch_limit=limit,
                     truncate=truncate,
                     truncation_direction=truncation_direction,
                     prompt_name=prompt_name,

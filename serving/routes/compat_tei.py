@@ -11,13 +11,12 @@ error (serving/routes/compat.py).
 from __future__ import annotations
 
 import asyncio
-import json
-from functools import lru_cache
 from pathlib import Path
 
 from fastapi import APIRouter, Request
 
 from bert.tasks import hf_api
+from bert.tasks.embed import prompt
 from serving.errors import EmptyInput, NotFound, PayloadTooLarge
 from serving.routes.compat_hf import answer as answer_hf
 from serving.routes.compat_run import endpoint_for, json_object, read_json, refuse, run, served_tasks, validate
@@ -42,26 +41,14 @@ def _drop_nulls(body: dict, *names: str) -> None:
             del body[name]
 
 
-@lru_cache(maxsize=32)
-def _prompts(directory: str) -> dict:
-    """The prompts of a sentence-transformers model directory (config_sentence_transformers.json's "prompts")."""
-    path = Path(directory) / "config_sentence_transformers.json"
-    try:
-        prompts = json.loads(path.read_text()).get("prompts") or {}
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return {k: v for k, v in prompts.items() if isinstance(k, str) and isinstance(v, str)}
-
-
 def _prompt(request: Request, route: str, model, name) -> str:
     """The text TEI's `prompt_name` puts before each input: the served model's prompt of that name."""
     task = endpoint_for(route).task.name
     unit = request.app.state.engine.unit(task, model if isinstance(model, str) else None)
-    prompts = _prompts(str(unit.spec.path))
-    if not isinstance(name, str) or name not in prompts:
-        known = ", ".join(prompts) or "none (no config_sentence_transformers.json prompts)"
-        raise refuse(f"prompt_name: {name!r} is not a prompt of this model; its prompts: {known}")
-    return prompts[name]
+    try:
+        return prompt(unit.spec.path, name)
+    except ValueError as e:
+        raise refuse(str(e)) from None
 
 
 def _with_prompt(request: Request, route: str, body: dict, field: str = "inputs") -> None:

@@ -1,0 +1,152 @@
+"""text-embeddings-inference's /embed_all (the token_embed task) against a real server on a random-init tiny BERT:
+every token's vector equal to transformers' BertModel last_hidden_state, on the torch backend, on an ONNX graph
+exported for the task and on an ONNX encoder graph; TEI's fields (prompt_name from the model's sentence-transformers
+prompts, truncate, truncation_direction); the task served only where asked; the SDK's embed_all; hostile bodies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import httpx
+import numpy as np
+import pytest
+from test_compat_support import tiny_bert
+from test_serving_support import PYTHON, REPO, Server
+
+pytest.importorskip("transformers")
+
+TIMEOUT = 60.0
+MAX_INPUTS = 4
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+TEXTS = ["The capital of France is Paris.", "a", "Token vectors, one per word piece; [CLS] and [SEP] too."]
+LONG = "word " * 200  # more tokens than the model's 128 positions
+
+
+def export(checkpoint, out, task: str):
+    command = [PYTHON, "-m", "export.onnx", "--ckpt", str(checkpoint), "--task", task, "--precision", "fp32"]
+    command += ["--max-seq", "128", "--max-batch", "4", "--out", str(out)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embed-all")
+    bert = tiny_bert(root / "bert", "BertModel")
+    (bert / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
+    return {
+        "torch": bert,
+        "onnx": export(bert, root / "onnx", "token_embed"),
+        "encoder": export(bert, root / "enc", "encoder"),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    args = ["--model", str(models["torch"]), "--max-client-batch-size", str(MAX_INPUTS)]
+    for name, path in models.items():
+        args += ["--token-embed-model", f"{name}={path}"]
+    with Server(*args) as running:
+        yield running
+
+
+def _post(server, body, status: int = 200, path: str = "/embed_all"):
+    response = httpx.post(server.url + path, json=body, timeout=TIMEOUT)
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def reference(directory, texts: list[str]) -> list[np.ndarray]:
+    """transformers' last hidden state of each text, its real tokens only (special tokens included)."""
+    import torch
+    import transformers
+
+    model = transformers.BertModel.from_pretrained(str(directory), attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    found = []
+    for text in texts:  # one at a time: no padding in the reference
+        with torch.no_grad():
+            found.append(model(**tokenizer([text], return_tensors="pt")).last_hidden_state[0].numpy())
+    return found
+
+
+@pytest.mark.parametrize("name", ["torch", "onnx", "encoder"])
+def test_every_token_vector_equals_the_last_hidden_state(server, models, name):
+    answer = _post(server, {"inputs": TEXTS, "model": name})
+    expected = reference(models["torch"], TEXTS)
+    assert len(answer) == len(TEXTS)
+    for vectors, states in zip(answer, expected):
+        assert np.shape(vectors) == states.shape  # a vector per token, [CLS] and [SEP] included
+        np.testing.assert_allclose(np.asarray(vectors), states, atol=1e-5, rtol=0)
+    # a text alone is a list of one (TEI's shape); a batch answers each text as it answers it alone
+    alone = _post(server, {"inputs": TEXTS[1], "model": name})
+    assert len(alone) == 1
+    np.testing.assert_allclose(alone[0], answer[1], atol=1e-6)
+
+
+def test_prompt_name_puts_the_models_prompt_before_each_text(server, models):
+    prompted = _post(server, {"inputs": TEXTS[:2], "prompt_name": "query", "truncate": None})
+    assert prompted == _post(server, {"inputs": [PROMPTS["query"] + t for t in TEXTS[:2]]})
+    assert prompted != _post(server, {"inputs": TEXTS[:2]})
+    refused = _post(server, {"inputs": "a", "prompt_name": "nope"}, 422)["error"]
+    assert "'nope'" in refused and "query" in refused and "passage" in refused, refused
+
+
+def test_truncate_cuts_to_the_models_window_and_right_is_the_only_direction(server):
+    assert "128" in _post(server, {"inputs": LONG}, 422)["error"]
+    assert "128" in _post(server, {"inputs": LONG, "truncate": None}, 422)["error"]  # TEI's null: not cut
+    cut = _post(server, {"inputs": LONG, "truncate": True, "truncation_direction": "Right"})
+    assert len(cut[0]) == 128
+    left = _post(server, {"inputs": "a", "truncation_direction": "left"}, 422)["error"]
+    assert "truncation_direction" in left
+
+
+def test_the_sdk_embed_all_answers_the_routes_vectors(server):
+    from bertserve_client import Client
+
+    with Client(server.url) as client:
+        vectors = client.embed_all(TEXTS, model="torch", prompt_name="passage")
+        alone = client.embed_all(TEXTS[0])
+    assert vectors == _post(server, {"inputs": TEXTS, "model": "torch", "prompt_name": "passage"})
+    assert alone == _post(server, {"inputs": TEXTS[:1]})
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "named"),
+    [
+        ({"inputs": []}, 400, "inputs"),
+        ({"inputs": ["a"] * (MAX_INPUTS + 1)}, 413, "max_client_batch_size"),
+        ({"inputs": "   "}, 400, "inputs"),
+        ({"inputs": ["a", "\u200b"]}, 400, "inputs[1]"),
+        ({"inputs": 5}, 422, "inputs"),
+        ({"inputs": [["a", "b"]]}, 422, "inputs"),
+        ({"inputs": "a", "normalize": True}, 422, "normalize"),
+        ({"inputs": "a", "truncate": "yes"}, 422, "truncate"),
+        ({"inputs": "a", "truncation_direction": "middle"}, 422, "truncation_direction"),
+        ({"inputs": "a", "prompt_name": 3}, 422, "prompt_name"),
+        ({"inputs": "a", "model": "nope"}, 404, "nope"),
+        ({"inputs": "\ud83d"}, 422, "surrogate"),
+        ({}, 422, "inputs"),
+        ([{"inputs": "a"}], 422, "body"),
+    ],
+)
+def test_hostile_bodies_are_json_errors_and_the_server_stays_ready(server, body, status, named):
+    sent = json.dumps(body)  # ASCII: a lone surrogate is sent as JSON's escape
+    response = httpx.post(
+        server.url + "/embed_all", content=sent, headers={"content-type": "application/json"}, timeout=TIMEOUT
+    )
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert named in error["error"] and error["error_type"], error
+    assert httpx.get(server.url + "/ready", timeout=TIMEOUT).status_code == 200
+
+
+def test_a_model_is_asked_for_token_vectors_not_given_them_unasked(models):
+    """Served by a model named for it (--token-embed-model) only: --model alone serves its embeddings, and
+    /embed_all is a JSON 404 naming what the server serves."""
+    with Server("--model", str(models["torch"])) as running:
+        assert httpx.get(running.url + "/info", timeout=TIMEOUT).json()["tasks"] == ["embed"]
+        refused = _post(running, {"inputs": "a"}, 404)
+        assert "token_embed" in refused["error"] and "embed" in refused["error"]
