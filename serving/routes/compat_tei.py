@@ -185,12 +185,20 @@ async def tokenize(request: Request):
 
 @router.post("/decode")
 async def decode(request: Request):
-    """TEI's /decode: token ids (a list, or a list of lists) back to text, one string per list."""
+    """TEI's /decode: token ids (a list, or a list of lists) back to text, one string per list. Checked and decoded
+    in a worker thread, as /tokenize encodes: a body of many ids costs the event loop nothing."""
     body = json_object(await read_json(request), {"ids", "skip_special_tokens"}, "/decode")
     tokenizer = _tokenizer(request)
     ids = body.get("ids")
     batch = ids if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids) else [ids]
     _count(batch if isinstance(ids, list) and ids else [], request, "ids")
+    skip = body.get("skip_special_tokens", True)
+    if not isinstance(skip, bool):
+        raise refuse("skip_special_tokens: Input should be a valid boolean")
+    return await asyncio.to_thread(_decode, tokenizer, ids, batch, skip)
+
+
+def _decode(tokenizer, ids, batch: list, skip: bool) -> list[str]:
     vocab = tokenizer.vocab_size
     for i, row in enumerate(batch):
         if not isinstance(row, list) or not row:
@@ -203,9 +211,6 @@ async def decode(request: Request):
             if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
                 where = f"ids[{i}][{j}]" if len(batch) > 1 or ids is not row else f"ids[{j}]"
                 raise refuse(f"{where}: not a token id of this model (0 to {vocab - 1})")
-    skip = body.get("skip_special_tokens", True)
-    if not isinstance(skip, bool):
-        raise refuse("skip_special_tokens: Input should be a valid boolean")
     return [tokenizer.decode(row, skip_special_tokens=skip) for row in batch]
 
 
