@@ -1,7 +1,8 @@
 """text-embeddings-inference's /embed_all (the token_embed task) against a real server on a random-init tiny BERT:
 every token's vector equal to transformers' BertModel last_hidden_state, on the torch backend, on an ONNX graph
 exported for the task and on an ONNX encoder graph; TEI's fields (prompt_name from the model's sentence-transformers
-prompts, truncate, truncation_direction); the task served only where asked; the SDK's embed_all; hostile bodies."""
+prompts, truncate, truncation_direction); the task served only where asked; the SDK's embed_all; a batch job's
+token_embeddings column; hostile bodies."""
 
 from __future__ import annotations
 
@@ -150,3 +151,17 @@ def test_a_model_is_asked_for_token_vectors_not_given_them_unasked(models):
         assert httpx.get(running.url + "/info", timeout=TIMEOUT).json()["tasks"] == ["embed"]
         refused = _post(running, {"inputs": "a"}, 404)
         assert "token_embed" in refused["error"] and "embed" in refused["error"]
+
+
+def test_batch_job_writes_each_rows_token_vectors(models, tmp_path):
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    command = [PYTHON, "-m", "batch", "--task", "token_embed", "--model", str(models["onnx"])]
+    command += ["--input", str(source), "--output", str(tmp_path / "out"), "--keep", "id"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = pq.read_table(sorted((tmp_path / "out").glob("*.parquet"))).sort_by("id")
+    for vectors, states in zip(table["token_embeddings"].to_pylist(), reference(models["torch"], TEXTS)):
+        np.testing.assert_allclose(np.asarray(vectors), states, atol=1e-5, rtol=0)
