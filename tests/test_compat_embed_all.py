@@ -21,7 +21,6 @@ TIMEOUT = 60.0
 MAX_INPUTS = 4
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 TEXTS = ["The capital of France is Paris.", "a", "Token vectors, one per word piece; [CLS] and [SEP] too."]
-LONG = "word " * 200  # more tokens than the model's 128 positions
 
 
 def export(checkpoint, out, task: str):
@@ -59,17 +58,19 @@ def _post(server, body, status: int = 200, path: str = "/embed_all"):
     return response.json()
 
 
-def reference(directory, texts: list[str]) -> list[np.ndarray]:
-    """transformers' last hidden state of each text, its real tokens only (special tokens included)."""
+def reference(directory, texts: list[str], cut: str | None = None) -> list[np.ndarray]:
+    """transformers' last hidden state of each text, its real tokens only (special tokens included); `cut`: the
+    tokenizer's truncation side, the text cut to the model's 128 positions."""
     import torch
     import transformers
 
     model = transformers.BertModel.from_pretrained(str(directory), attn_implementation="eager").eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), truncation_side=cut or "right")
     found = []
     for text in texts:  # one at a time: no padding in the reference
         with torch.no_grad():
-            found.append(model(**tokenizer([text], return_tensors="pt")).last_hidden_state[0].numpy())
+            inputs = tokenizer([text], return_tensors="pt", truncation=cut is not None, max_length=128)
+            found.append(model(**inputs).last_hidden_state[0].numpy())
     return found
 
 
@@ -95,13 +96,20 @@ def test_prompt_name_puts_the_models_prompt_before_each_text(server, models):
     assert "'nope'" in refused and "query" in refused and "passage" in refused, refused
 
 
-def test_truncate_cuts_to_the_models_window_and_right_is_the_only_direction(server):
-    assert "128" in _post(server, {"inputs": LONG}, 422)["error"]
-    assert "128" in _post(server, {"inputs": LONG, "truncate": None}, 422)["error"]  # TEI's null: not cut
-    cut = _post(server, {"inputs": LONG, "truncate": True, "truncation_direction": "Right"})
-    assert len(cut[0]) == 128
-    left = _post(server, {"inputs": "a", "truncation_direction": "left"}, 422)["error"]
-    assert "truncation_direction" in left
+@pytest.mark.parametrize("name", ["torch", "onnx"])
+def test_truncate_cuts_a_texts_end_or_with_left_its_start(server, models, name):
+    long = " ".join(f"w{i} paris" if i % 7 == 0 else "the cat sat" for i in range(100))  # about 240 tokens
+    assert "128" in _post(server, {"inputs": long, "model": name}, 422)["error"]
+    assert "128" in _post(server, {"inputs": long, "model": name, "truncate": None}, 422)["error"]  # TEI's null
+    for direction in ("Right", "left"):
+        cut = _post(server, {"inputs": long, "model": name, "truncate": True, "truncation_direction": direction})
+        (expected,) = reference(models["torch"], [long], cut=direction.lower())
+        assert np.shape(cut[0]) == expected.shape == (128, 32)
+        np.testing.assert_allclose(np.asarray(cut[0]), expected, atol=1e-5, rtol=0)
+    # a text that fits is not cut, whichever end a cut would keep
+    assert _post(server, {"inputs": TEXTS, "truncate": True, "truncation_direction": "left"}) == _post(
+        server, {"inputs": TEXTS}
+    )
 
 
 def test_the_sdk_embed_all_answers_the_routes_vectors(server):
@@ -164,4 +172,13 @@ def test_batch_job_writes_each_rows_token_vectors(models, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     table = pq.read_table(sorted((tmp_path / "out").glob("*.parquet"))).sort_by("id")
     for vectors, states in zip(table["token_embeddings"].to_pylist(), reference(models["torch"], TEXTS)):
+        np.testing.assert_allclose(np.asarray(vectors), states, atol=1e-5, rtol=0)
+
+
+def test_the_packed_torch_path_answers_the_same_vectors(models):
+    """The torch backend's packed path (the CUDA default; here on CPU): the per-token states of a batch's packed
+    tokens, unpacked per text, equal the padded path's reference."""
+    with Server("--token-embed-model", str(models["torch"]), "--torch-packed", "true") as running:
+        answer = _post(running, {"inputs": TEXTS})
+    for vectors, states in zip(answer, reference(models["torch"], TEXTS)):
         np.testing.assert_allclose(np.asarray(vectors), states, atol=1e-5, rtol=0)

@@ -205,6 +205,35 @@ def test_prompt_name_puts_the_models_prompt_before_each_text(server):
     assert "'query'" in refused and "none" in refused, refused
 
 
+def test_left_truncation_keeps_a_texts_end_as_sparse_encoder_does(server, models):
+    """TEI's truncation_direction "left": a long text's start is cut and its last tokens kept, equal to
+    SparseEncoder with its tokenizer cutting on the left; "right" (the default) keeps its start."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    long = " ".join("the cat sat" if i % 5 else f"w{i} paris" for i in range(300))  # about 700 tokens
+    encoder = SparseEncoder(
+        modules=[
+            MLMTransformer(str(models["bert"]), model_args={"attn_implementation": "eager"}),
+            SpladePooling("max"),
+        ],
+        device="cpu",
+    )
+    encoder.max_seq_length = 128
+    expected = {}
+    for side in ("left", "right"):
+        encoder.tokenizer.truncation_side = side
+        expected[side] = encoder.encode([long], convert_to_tensor=True, convert_to_sparse_tensor=False).float().numpy()
+    body = {"inputs": long, "model": "bert", "truncate": True}
+    left = dense(_post(server, {**body, "truncation_direction": "Left"}))
+    right = dense(_post(server, {**body, "truncation_direction": "right"}))
+    assert np.abs(left - expected["left"]).max() < 1e-5
+    assert np.abs(right - expected["right"]).max() < 1e-5
+    assert np.abs(left - right).max() > 1e-3  # the two cuts keep different tokens
+    short = {"inputs": TEXTS[:2], "model": "bert", "truncate": True}
+    assert _post(server, {**short, "truncation_direction": "left"}) == _post(server, short)  # nothing cut: the same
+
+
 HOSTILE = [
     ({"inputs": 5}, 422, "inputs"),
     ({"inputs": ["a", 5]}, 422, "inputs"),
@@ -220,7 +249,6 @@ HOSTILE = [
     ({"inputs": "a", "pruning": 3}, 422, "pruning"),
     ({"inputs": "a", "prompt_name": "nope"}, 422, "'nope' is not a prompt of this model; its prompts: query, document"),
     ({"inputs": "a", "prompt_name": 3}, 422, "prompt_name"),
-    ({"inputs": "a", "truncation_direction": "Left"}, 422, "truncation_direction"),
     ({"inputs": "a", "truncation_direction": "middle"}, 422, "truncation_direction"),
     ({"inputs": "word " * 500}, 422, "token"),
     ({"inputs": "a", "model": "nope"}, 404, "nope"),

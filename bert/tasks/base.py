@@ -168,7 +168,7 @@ TRUNCATION_DIRECTION = Param(
     "truncation_direction",
     Literal[DIRECTIONS],
     "right",
-    "which end a cut keeps: only right (the text's start) is served; left is a 422",
+    "which end `truncate` cuts: right cuts a text's end (its start is kept), left its start (its end is kept)",
 )
 PROMPT_NAME = Param(
     "prompt_name",
@@ -177,14 +177,6 @@ PROMPT_NAME = Param(
     "the name of a prompt in the model's sentence-transformers configuration (config_sentence_transformers.json's "
     '"prompts"), put before each text; an unknown name is a 422 listing the model\'s prompts',
 )
-
-
-def check_direction(body) -> None:
-    """A cut keeps a text's start: TEI's truncation_direction "left" (keep its end) is refused, naming it."""
-    if body.truncation_direction.lower() != "right":
-        raise ValueError(
-            "truncation_direction: only 'right' is served: a text is cut at its end ('left' would keep its end)"
-        )
 
 
 def texts_param(example: str, help: str = "a text or a list of texts", name: str = "inputs") -> Param:

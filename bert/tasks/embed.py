@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -31,7 +32,7 @@ from bert.tasks.base import (
     texts_of,
     texts_param,
 )
-from bert.tasks.common import Features, Limits, ModelFacts
+from bert.tasks.common import CHUNK_CHARS, Features, Limits, ModelFacts
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, single_template, too_much_work
 
 _ST_POOLING = "sentence_transformers.models.Pooling"
@@ -151,6 +152,57 @@ def _read_json(path: Path):
 def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False) -> list[Features]:
     """Texts -> Features ([CLS] text [SEP]); too long: InputTooLong, or with `truncate` the tail is cut."""
     return classify.encode(tokenizer, list(texts), max_length=max_length, truncate=truncate)
+
+
+def encode_cut(
+    tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False, direction: str = "right"
+) -> list[Features]:
+    """Texts -> Features ([CLS] text [SEP]); too long: InputTooLong, or with `truncate` cut as text-embeddings-inference's
+    `truncation_direction` says: "right" cuts a text's end (encode), "left" its start (the text's last tokens
+    kept). A text that fits is the same either way."""
+    if not truncate or direction.lower() == "right":
+        return encode(tokenizer, texts, max_length=max_length, truncate=truncate)
+    before, after = single_template(tokenizer)
+    capacity = max(0, max_length - len(before) - len(after))
+    found = []
+    for text in texts:
+        ids = _last_ids(tokenizer, text, capacity)
+        found.append(
+            Features(input_ids=[*before, *ids, *after], token_type_ids=[0] * (len(before) + len(ids) + len(after)))
+        )
+    return found
+
+
+def _last_ids(tokenizer, text: str, count: int) -> list[int]:
+    """The ids of a text's last `count` tokens (all of them when it has fewer), specials not added. A long text is
+    tokenised from its end, a piece of CHUNK_CHARS more at a time, so that cutting it costs what its last tokens
+    cost, as `bounded_text` does for its first ones."""
+    backend = getattr(tokenizer, "backend", tokenizer)
+    start = len(text)
+    while True:
+        start = _cut_before(text, start - CHUNK_CHARS)
+        encoding = backend.encode_batch([text[start:]], add_special_tokens=False)[0]
+        ids = encoding.ids
+        if start > 0:
+            # The piece's first word may be tokenised otherwise without what precedes it (a byte-level BPE marks a
+            # word's leading space): only the tokens after it are surely the text's own.
+            first_word = next((i for i, c in enumerate(text[start:]) if c.isspace()), None)
+            own = [i for i, (begin, _) in enumerate(encoding.offsets) if first_word is not None and begin > first_word]
+            ids = ids[own[0] :] if own else []
+        if start == 0 or len(ids) >= count:
+            return ids[max(0, len(ids) - count) :] if count else []
+        time.sleep(0)  # hand the GIL over between pieces
+
+
+def _cut_before(text: str, at: int) -> int:
+    """A cut just after the last white space before `at` (0 at the text's start; `at` in a run of 4 chunks without
+    any)."""
+    if at <= 0:
+        return 0
+    for i in range(at, max(0, at - 4 * CHUNK_CHARS), -1):
+        if text[i - 1].isspace():
+            return i
+    return at
 
 
 def decode(vectors, *, normalize: bool) -> list[list[float]]:

@@ -16,7 +16,6 @@ from typing import Optional, Union
 
 import numpy as np
 
-from bert.tasks import classify
 from bert.tasks.base import (
     MODEL,
     PROMPT_NAME,
@@ -27,13 +26,13 @@ from bert.tasks.base import (
     Param,
     Route,
     Task,
-    check_direction,
     check_inputs,
     column_of,
     declare_head_kind,
     texts_of,
 )
 from bert.tasks.common import Limits, ModelFacts
+from bert.tasks.embed import encode_cut
 
 # one pooled (B, V) output per sequence, named after the task
 SPLADE = declare_head_kind("splade", ("",), (2,), False)
@@ -70,11 +69,6 @@ def decode(vector, tokenizer=None, *, threshold: float = 0.0, top_k: int | None 
     return [{"index": int(i), "value": v, "token": w} for i, v, w in zip(kept.tolist(), values, words)]
 
 
-def _check(body, info=None) -> None:
-    check_inputs(body, info)
-    check_direction(body)
-
-
 def _items(body) -> tuple[list, dict]:
     texts, options = texts_of(body)
     options["truncate"] = bool(options["truncate"])  # TEI's null: its default
@@ -106,7 +100,7 @@ class SparseTask(Task):
             "Sparse (SPLADE) embeddings of texts (text-embeddings-inference's shape)",
             to_items=_items,
             shape=lambda answers, body, info=None: answers,
-            check=_check,
+            check=check_inputs,
             fields=(
                 MODEL,
                 Param(
@@ -152,11 +146,24 @@ class SparseTask(Task):
         return 0  # the tied decoder's width is the vocabulary
 
     def encode_request(
-        self, tokenizer, items: list, limits: Limits, *, truncate: bool = False, top_k: int | None = None, **_
+        self,
+        tokenizer,
+        items: list,
+        limits: Limits,
+        *,
+        truncate: bool = False,
+        truncation_direction: str = "right",
+        top_k: int | None = None,
+        **_,
     ):
         if top_k is not None and top_k > tokenizer.vocab_size:
             raise ValueError(f"top_k: {top_k} is more than this model's vocabulary ({tokenizer.vocab_size} tokens)")
-        return [[f] for f in classify.encode(tokenizer, list(items), max_length=limits.max_length, truncate=truncate)]
+        return [
+            [f]
+            for f in encode_cut(
+                tokenizer, list(items), max_length=limits.max_length, truncate=truncate, direction=truncation_direction
+            )
+        ]
 
     def decode_request(
         self,

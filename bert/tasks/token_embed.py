@@ -16,7 +16,6 @@ from typing import Union
 
 import numpy as np
 
-from bert.tasks import classify
 from bert.tasks.base import (
     MODEL,
     PROMPT_NAME,
@@ -26,17 +25,12 @@ from bert.tasks.base import (
     Param,
     Route,
     Task,
-    check_direction,
     check_inputs,
     column_of,
     texts_of,
 )
 from bert.tasks.common import Limits, ModelFacts
-
-
-def _check(body, info=None) -> None:
-    check_inputs(body, info)
-    check_direction(body)
+from bert.tasks.embed import encode_cut
 
 
 def _items(body) -> tuple[list, dict]:
@@ -64,7 +58,7 @@ class TokenEmbedTask(Task):
             "Every token's vector of texts (text-embeddings-inference's /embed_all)",
             to_items=_items,
             shape=lambda answers, body, info=None: answers,
-            check=_check,
+            check=check_inputs,
             fields=(
                 MODEL,
                 Param(
@@ -90,8 +84,22 @@ class TokenEmbedTask(Task):
         values=lambda answers: {"token_embeddings": column_of(answers, lambda a: a)},
     )
 
-    def encode_request(self, tokenizer, items: list, limits: Limits, *, truncate: bool = False, **_):
-        return [[f] for f in classify.encode(tokenizer, list(items), max_length=limits.max_length, truncate=truncate)]
+    def encode_request(
+        self,
+        tokenizer,
+        items: list,
+        limits: Limits,
+        *,
+        truncate: bool = False,
+        truncation_direction: str = "right",
+        **_,
+    ):
+        return [
+            [f]
+            for f in encode_cut(
+                tokenizer, list(items), max_length=limits.max_length, truncate=truncate, direction=truncation_direction
+            )
+        ]
 
     def decode_request(self, items, features, outputs, facts: ModelFacts, **_):
         return [np.asarray(o[0]["token_embed"], dtype=np.float32).tolist() for o in outputs]

@@ -692,8 +692,8 @@ class Endpoints:
         """The sparse (SPLADE) vector of each text (one list per input, a text alone too): its nonzero entries as
         SparseValue(index, value) in index order; only those above `threshold`, only the `top_k` largest when
         given; with `return_tokens` each has its vocabulary word. `truncation_direction` and `prompt_name` are
-        text-embeddings-inference's: the server serves "right", and puts the model's prompt of that name (its
-        sentence-transformers configuration's) before each text."""
+        text-embeddings-inference's: with `truncate`, "right" cuts a long text's end and "left" its start; the
+        model's prompt of that name (its sentence-transformers configuration's) goes before each text."""
         return self._run(
             Planned(
                 inputs,
@@ -722,7 +722,8 @@ class Endpoints:
     ) -> list[list[list[float]]]:
         """Every token's vector of each text (one list per input, a text alone too): the encoder's last hidden
         state, special tokens included, as text-embeddings-inference's /embed_all answers. `prompt_name`: the
-        model's prompt of that name before each text; `truncation_direction`: "right" is served."""
+        model's prompt of that name before each text; with `truncate`, `truncation_direction` "right" cuts a long
+        text's end and "left" its start."""
         return self._run(
             Planned(
                 inputs,
