@@ -182,3 +182,67 @@ def test_the_packed_torch_path_answers_the_same_vectors(models):
         answer = _post(running, {"inputs": TEXTS})
     for vectors, states in zip(answer, reference(models["torch"], TEXTS)):
         np.testing.assert_allclose(np.asarray(vectors), states, atol=1e-5, rtol=0)
+
+
+def _bpe_tokenizer(directory, corpus: list[str]):
+    """A byte-level BPE tokenizer (RoBERTa's layout: a word's leading space is part of its token) saved as
+    transformers saves one."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True)
+    names = dict(bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>", unk_token="<unk>")
+    transformers.RobertaTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", mask_token="<mask>", **names
+    ).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("chunk", [None, 24])
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_a_left_cut_keeps_the_tokens_transformers_keeps(models, tmp_path, monkeypatch, kind, chunk):
+    """encode_cut with "left" gives the ids of transformers' tokenizer with truncation_side left, for texts short and
+    far longer than the pieces a long text is tokenised in from its end; with pieces of a few words, a piece's first
+    word (tokenised otherwise by a byte-level BPE without the space before it) is often among the tokens kept."""
+    import random
+
+    import transformers
+
+    from bert.tasks import embed
+    from bert.tasks.embed import encode_cut
+    from bert.tokenizer import BertTokenizer
+
+    if chunk is not None:
+        monkeypatch.setattr(embed, "CHUNK_CHARS", chunk)
+
+    rng = random.Random(0)
+    words = [
+        "paris",
+        "the",
+        "capital",
+        "tokenisation",
+        "of",
+        "France,",
+        "naïve",
+        "Zürich.",
+        "x",
+        "antidisestablishment",
+    ]
+    texts = [" ".join(rng.choice(words) for _ in range(n)) for n in (1, 5, 60, 400, 1500, 4000)]
+    texts.append("\n".join(texts[-2:]) + "  trailing  ")
+    directory = models["torch"] if kind == "wordpiece" else _bpe_tokenizer(tmp_path / "bpe", texts * 3)
+    ours = BertTokenizer.from_dir(directory)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(directory), truncation_side="left")
+    for max_length in (4, 16, 128, 512):
+        cut = encode_cut(ours, texts, max_length=max_length, truncate=True, direction="left")
+        expected = [theirs(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+        assert [f.input_ids for f in cut] == expected, max_length
+        assert all(f.token_type_ids == [0] * len(f) for f in cut)
