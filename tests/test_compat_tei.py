@@ -108,8 +108,30 @@ def test_embed_with_teis_fields(server):
     np.testing.assert_allclose(prompted, plain, atol=1e-6)
     assert "passage" in _post(server, "/embed", {"inputs": "a", "prompt_name": "nope"}, 422)["error"]
     assert (
-        "truncation_direction" in _post(server, "/embed", {"inputs": "a", "truncation_direction": "left"}, 422)["error"]
+        "truncation_direction" in _post(server, "/embed", {"inputs": "a", "truncation_direction": "up"}, 422)["error"]
     )
+    assert _post(server, "/embed", {"inputs": ["a"], "truncate": True, "truncation_direction": "left"}) == _post(
+        server, "/embed", {"inputs": ["a"]}
+    )
+
+
+def test_embed_left_truncation_is_sentence_transformers_with_its_tokenizer_cutting_left(server, prompted_minilm):
+    """TEI's truncation_direction "left": a long text's start is cut, its last tokens kept."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+
+    text = "Paris is the capital of France. " * 60 + "Cats purr when they are content. " * 60
+    model = SentenceTransformer(str(prompted_minilm), device="cpu")
+    for side in ("left", "right"):
+        model.tokenizer.truncation_side = side
+        expected = model.encode([text], normalize_embeddings=True)
+        answer = _post(server, "/embed", {"inputs": [text], "truncate": True, "truncation_direction": side})
+        np.testing.assert_allclose(answer, expected, atol=1e-5)
+    left, right = (
+        _post(server, "/embed", {"inputs": [text], "truncate": True, "truncation_direction": side})
+        for side in ("left", "right")
+    )
+    assert np.abs(np.array(left) - np.array(right)).max() > 1e-2  # the two ends of the text
 
 
 def test_rerank_takes_teis_and_infinitys_bodies(server):

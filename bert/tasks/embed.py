@@ -22,7 +22,9 @@ from bert.pooling import DEFAULT_POOLING, POOLINGS
 from bert.tasks import classify
 from bert.tasks.base import (
     MODEL,
+    PROMPT_NAME,
     TRUNCATE,
+    TRUNCATION_DIRECTION,
     JobColumns,
     Param,
     Route,
@@ -233,12 +235,23 @@ class Chunk(Features):
 
 
 def encode_request(
-    tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, chunking: str | None = None, **_
+    tokenizer,
+    items: list[str],
+    limits: Limits,
+    *,
+    truncate: bool = False,
+    truncation_direction: str = "right",
+    chunking: str | None = None,
+    **_,
 ) -> list[list[Features]]:
-    """Texts -> one model input each (too long: InputTooLong, or cut with `truncate`); with `chunking` the
-    whole-word windows of each, at most limits.max_sequences in all (TooMuchWork beyond, before any is built)."""
+    """Texts -> one model input each (too long: InputTooLong, or cut with `truncate` at the end
+    `truncation_direction` names); with `chunking` the whole-word windows of each, at most limits.max_sequences in
+    all (TooMuchWork beyond, before any is built)."""
     if chunking is None:
-        return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+        cut = encode_cut(
+            tokenizer, items, max_length=limits.max_length, truncate=truncate, direction=truncation_direction
+        )
+        return [[f] for f in cut]
     if chunking not in CHUNKINGS:
         raise ValueError(f"chunking must be one of {', '.join(CHUNKINGS)}, got {chunking!r}")
     if truncate:
@@ -369,6 +382,8 @@ class EmbedTask(Task):
                     job=True,
                 ),
                 TRUNCATE,
+                TRUNCATION_DIRECTION,
+                PROMPT_NAME,
                 Param(
                     "chunking",
                     Optional[Literal[CHUNKINGS]],

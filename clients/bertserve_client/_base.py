@@ -326,13 +326,16 @@ def plan_embed(
     batch_limit: int | None,
     chunking: str | None = None,
     dimensions: int | None = None,
+    truncation_direction: str = "right",
+    prompt_name: str | None = None,
     model: str | None = None,
 ) -> Plan:
     """/embed answers a list of vectors even for one text; the SDK gives one vector for one text."""
     options = {
         "normalize": normalize,
         "truncate": truncate,
-        **_set(chunking=chunking, dimensions=dimensions),
+        "truncation_direction": truncation_direction,
+        **_set(chunking=chunking, dimensions=dimensions, prompt_name=prompt_name),
         **_model(model),
     }
     if not is_many(inputs):
@@ -587,11 +590,15 @@ class Endpoints:
         truncate: bool = False,
         chunking: str | None = None,
         dimensions: int | None = None,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
         model: str | None = None,
     ) -> list[float] | list[list[float]]:
         """The vector of one text (a list of floats), or of many texts (one vector per input), unit length
         unless `normalize=False`. `chunking="mean"`: a text longer than the model's window is the token-weighted
-        mean of its windows' vectors; `dimensions`: the first N components only (renormalised)."""
+        mean of its windows' vectors; `dimensions`: the first N components only (renormalised). With `truncate`,
+        `truncation_direction` "left" cuts a long text's start instead of its end; `prompt_name`: the model's
+        prompt of that name (its sentence-transformers configuration's) before each text."""
         return self._run(
             Planned(
                 inputs,
@@ -602,6 +609,8 @@ class Endpoints:
                     batch_limit=limit,
                     chunking=chunking,
                     dimensions=dimensions,
+                    truncation_direction=truncation_direction,
+                    prompt_name=prompt_name,
                     model=model,
                 ),
             )

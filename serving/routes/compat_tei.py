@@ -1,7 +1,7 @@
 """text-embeddings-inference's routes beyond the ones we share (`/embed`, `/rerank`), as TEI documents them:
-`/predict`, `/similarity`, `/tokenize`, `/decode`; TEI's fields on `/embed` (`truncation_direction`,
-`prompt_name`) and `/rerank` (`truncation_direction`), infinity's `/rerank` body beside TEI's (told apart by
-`documents` against `texts`); `/info` with TEI's fields beside ours.
+`/predict`, `/similarity`, `/tokenize`, `/decode`; TEI's nulls on `/embed` (its `truncation_direction` and
+`prompt_name` are our route's fields) and `/rerank` (and its `truncation_direction`), infinity's `/rerank` body beside
+TEI's (told apart by `documents` against `texts`); `/info` with TEI's fields beside ours.
 
 `/embed`, `/rerank` and `/info` are our routes too: the lean path answers every body our route takes, and a body it
 refuses reaches these, which answer it as the other API or, when it is not the other API's, with our route's own
@@ -114,18 +114,6 @@ async def similarity(request: Request):
     if chosen is None:
         raise NotFound("this server serves no embeddings, so no /similarity")
     body = json_object(await read_json(request), {"inputs", "parameters"}, "/similarity")
-    parameters = body.get("parameters")
-    if isinstance(parameters, dict) and parameters.get("prompt_name") is not None:
-        parameters = dict(parameters)
-        prompt = _prompt(request, chosen[1].route, None, parameters.pop("prompt_name"))
-        inputs = body.get("inputs")
-        if isinstance(inputs, dict):
-            body["inputs"] = {
-                **inputs,
-                "source_sentence": prompt + str(inputs.get("source_sentence", "")),
-                "sentences": [prompt + s if isinstance(s, str) else s for s in inputs.get("sentences") or []],
-            }
-        body["parameters"] = parameters
     if isinstance(body.get("parameters"), dict):
         body["parameters"] = {k: v for k, v in body["parameters"].items() if v is not None}
     return await answer_hf(request, chosen[1], body)
@@ -217,16 +205,11 @@ def _decode(tokenizer, ids, batch: list, skip: bool) -> list[str]:
 # ---- TEI's and infinity's fields on the routes we share --------------------------------------------------------
 @router.post("/embed")
 async def embed(request: Request):
-    """Our /embed with TEI's `truncation_direction` and `prompt_name`, and its nulls."""
+    """Our /embed with TEI's nulls for `truncate` and `dimensions` (its defaults, which are ours)."""
     body = await read_json(request)
-    if isinstance(body, dict) and (
-        {"truncation_direction", "prompt_name"} & body.keys()
-        or any(body.get(k, 0) is None for k in ("truncate", "dimensions"))
-    ):
+    if isinstance(body, dict) and any(body.get(k, 0) is None for k in ("truncate", "dimensions")):
         body = dict(body)
-        _cut_at_the_end(body)
-        _drop_nulls(body, "truncate", "dimensions", "prompt_name")
-        _with_prompt(request, _EMBED_ROUTE, body)
+        _drop_nulls(body, "truncate", "dimensions")
         return await run(request, "/embed", body)
     validate("/embed", body)  # our route's own refusal
     return await run(request, "/embed", body)
