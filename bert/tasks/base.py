@@ -27,7 +27,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Optional, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from bert.options import flag
 
@@ -36,9 +36,9 @@ if TYPE_CHECKING:
     from bert.tasks.windows import LongInputs
 
 # What a backend hands back for a head of each kind (a task served by the encoder itself: ENCODER_OUTPUTS), named
-# after the task: (suffixes of its outputs, their ranks in a batch, one value per token or not). "span": start and end logits
-# (B, T) each; "mlm": the likeliest tokens' scores and ids (B, T, MLM_CANDIDATES). A kind declared elsewhere joins
-# with `declare_head_kind`, beside its task (the torch side of the kind is an object in bert/heads.py).
+# after the task: (suffixes of its outputs, their ranks in a batch, one value per token or not). "span": start and
+# end logits (B, T) each; "mlm": the likeliest tokens' scores and ids (B, T, MLM_CANDIDATES). A kind declared
+# elsewhere joins with `declare_head_kind`, beside its task (the torch side of the kind is an object in bert/heads.py).
 HEAD_OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]] = {
     "sequence": (("",), (2,), False),
     "token": (("",), (3,), True),
@@ -161,7 +161,10 @@ TRUNCATE = Param("truncate", bool, False, "cut inputs longer than the model's li
 # text-embeddings-inference's fields of its embedding routes. A route that declares PROMPT_NAME gets each text with
 # the model's prompt of that name before it (the route factory puts it there: serving/routes/api.py).
 TEI_TRUNCATE = Param(
-    "truncate", Optional[bool], False, "cut inputs longer than the model's limit instead of refusing them (null: false)"
+    "truncate",
+    Union[bool, None],
+    False,
+    "cut inputs longer than the model's limit instead of refusing them (null: false)",
 )
 DIRECTIONS = ("right", "Right", "left", "Left")  # TEI's spellings of its truncation_direction
 TRUNCATION_DIRECTION = Param(
@@ -172,7 +175,7 @@ TRUNCATION_DIRECTION = Param(
 )
 PROMPT_NAME = Param(
     "prompt_name",
-    Optional[str],
+    Union[str, None],
     None,
     "the name of a prompt in the model's sentence-transformers configuration (config_sentence_transformers.json's "
     '"prompts"), put before each text; an unknown name is a 422 listing the model\'s prompts',
