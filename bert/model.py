@@ -507,15 +507,21 @@ class BertForQuestionAnswering(BertPreTrainedModel):
 
 class MultiTaskOutput:
     """Every head's outputs under their graph-output names ("classify_logits", "qa_start_logits", ...; the
-    registry's `graph_outputs`), as attributes, plus the pooled `embedding` when asked for (set_pooling)."""
+    registry's `graph_outputs`), as attributes, plus the pooled `embedding` when asked for (set_pooling) and the
+    token states when asked for (BertForMultiTask.gives_token_states)."""
 
-    def __init__(self, outputs: dict[str, torch.Tensor], embedding: torch.Tensor | None = None):
+    def __init__(
+        self,
+        outputs: dict[str, torch.Tensor],
+        embedding: torch.Tensor | None = None,
+        last_hidden_state: torch.Tensor | None = None,
+    ):
         self.outputs = dict(outputs)
         self.embedding = embedding
-        if embedding is not None:  # the tasks without a head read the pooled states under their graph names
-            for task in TASKS.values():
-                if task.head is None:
-                    self.outputs.update(dict.fromkeys(task.graph_outputs, embedding))
+        states = {"embedding": embedding, "last_hidden_state": last_hidden_state}
+        for task in TASKS.values():  # the tasks without a head read the encoder output they declare, as given
+            if task.head is None and states[task.encoder_output] is not None:
+                self.outputs.update(dict.fromkeys(task.graph_outputs, states[task.encoder_output]))
 
     def __getattr__(self, name: str):
         outputs = self.__dict__.get("outputs", {})
@@ -562,6 +568,9 @@ class BertForMultiTask(BertPreTrainedModel):
             ),
         )
         self.dropout = classifier_dropout(config)
+        # Whether forward also hands every token's last hidden state to the tasks without a head that read it (as
+        # set_pooling does the pooled states): off unless asked, since a backend copies every output it is handed.
+        self.gives_token_states = False
         built: dict[str, tuple[str, int]] = {}
         for name, head in self.heads.items():
             attribute, width = self.attributes[name], TASKS[name].head_width(self.task_labels[name])
@@ -608,7 +617,7 @@ class BertForMultiTask(BertPreTrainedModel):
                     read[attribute] = kind.read(getattr(self, attribute), out)
                 computed[key] = kind.run(read[attribute], out, self.dropout)
             outputs.update(zip(TASKS[name].graph_outputs, computed[key]))
-        return MultiTaskOutput(outputs, out.embedding)
+        return MultiTaskOutput(outputs, out.embedding, out.last_hidden_state if self.gives_token_states else None)
 
 
 # Architecture name in config.json -> class. Names match transformers' where the class exists there.

@@ -17,7 +17,7 @@ from bert.tasks import TASKS
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 # A bare encoder's graph (layout "encoder"): its token states, and the pooled [CLS] when it has a pooler.
 ENCODER_OUTPUTS = {"last_hidden_state": ("batch", "sequence"), "pooler_output": ("batch",)}
-POOLED = "embedding"  # the encoder output (EncoderOutput.embedding) that the tasks without a head read
+POOLED = "embedding"  # the encoder output (EncoderOutput.embedding) that the pooled tasks without a head read
 
 
 def _axes(task: str) -> tuple[str, ...]:
@@ -40,12 +40,13 @@ def output_spec(model: BertPreTrainedModel, task: str) -> dict[str, tuple[str, t
             for name, dims in ENCODER_OUTPUTS.items()
             if name != "pooler_output" or getattr(model, "pooler", None) is not None
         }
-    if task == "multi":
-        pooled = [t for t in TASKS if TASKS[t].head is None] if model.encoder_module().pooling else []
+    if task == "multi":  # the heads and the pooled tasks: per-token states are a graph of their own
+        pooled = [t for t in TASKS if TASKS[t].head is None and TASKS[t].encoder_output == POOLED]
+        pooled = pooled if model.encoder_module().pooling else []
         return {name: (name, _axes(t), t) for t in [*model.heads, *pooled] for name in TASKS[t].graph_outputs}
     declared = TASKS[task]
-    if declared.head is None:
-        return {name: (POOLED, _axes(task), task) for name in declared.single_graph_outputs}
+    if declared.head is None:  # the encoder output it reads
+        return {name: (declared.encoder_output, _axes(task), task) for name in declared.single_graph_outputs}
     table_key = {ours: name for name, ours in declared.graph_outputs.items()}  # the model's table is keyed so
     return {name: (table_key[ours], _axes(task), task) for name, ours in declared.single_graph_outputs.items()}
 

@@ -69,6 +69,10 @@ def load_model(path: Path, settings: LoadOptions, explicit: list[str] = ()) -> L
     """The model in `path` as `settings` say to run it; `explicit`: tasks it must serve (ModelError naming what it
     serves instead)."""
     spec = read_model_spec(path)
+    for task in explicit:  # a task any encoder serves, but only where asked (Task.unasked)
+        if task not in spec.tasks and TASKS[task].head is None:
+            spec.tasks.append(task)
+            spec.labels[task] = {}
     if not settings.allow_unverified:
         verify_artifact(spec)  # before the tokenizer or a backend reads any of its files
     if settings.pooling and spec.pooling.source == "default":  # the flag fills in what the directory omits

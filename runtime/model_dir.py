@@ -127,6 +127,7 @@ def read_model_spec(path: Path) -> ModelSpec:
         raise ModelError(f"{path} holds no model.onnx, model.plan or model.safetensors")
 
     labels: dict[str, dict[int, str]] = {}
+    task = None
     task_labels = config.get("task_labels") or manifest.get("task_labels")
     if task_labels:
         try:
@@ -160,8 +161,9 @@ def read_model_spec(path: Path) -> ModelSpec:
         raise ModelError(
             f"{path}: task_labels names {unknown}, not tasks with a head ({', '.join(registry.with_heads())})"
         )
-    # Any encoder serves the tasks without a head of their own (embed), beside its heads.
-    tasks = list(labels) + [t for t in TASKS if TASKS[t].head is None]
+    # Any encoder serves the tasks without a head of their own (embed), beside its heads; those served only where
+    # asked (Task.unasked) when the directory was made for one (its config's task) or a server asks (load_model).
+    tasks = list(labels) + [t for t in TASKS if TASKS[t].head is None and (TASKS[t].unasked or t == task)]
     try:
         pooling = read_pooling(path)
     except PoolingError as e:

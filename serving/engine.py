@@ -155,7 +155,12 @@ class Engine:
                 asked.setdefault((resolve_model_path(model.source), model.name), (model, [], False))[1].append(task)
         built: dict[Path, ModelUnit] = {}  # one backend per directory, whatever names it goes by
         for (path, name), (model, explicit, every) in asked.items():
-            unit = self._build_unit(path, explicit, shared=built.get(path))
+            # a directory is loaded once, for every task any of its names is given for (a task served only where
+            # asked is then in the backend every name shares)
+            load_for = (
+                explicit if path in built else [t for (p, _), (_, ts, _) in asked.items() if p == path for t in ts]
+            )
+            unit = self._build_unit(path, load_for, shared=built.get(path))
             built.setdefault(path, unit)
             unit.name, unit.named = name, model.named
             self.units.append(unit)

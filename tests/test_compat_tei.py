@@ -6,7 +6,9 @@ takes is answered as before, and one that is neither gets our route's own error.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import httpx
 import numpy as np
@@ -106,8 +108,30 @@ def test_embed_with_teis_fields(server):
     np.testing.assert_allclose(prompted, plain, atol=1e-6)
     assert "passage" in _post(server, "/embed", {"inputs": "a", "prompt_name": "nope"}, 422)["error"]
     assert (
-        "truncation_direction" in _post(server, "/embed", {"inputs": "a", "truncation_direction": "left"}, 422)["error"]
+        "truncation_direction" in _post(server, "/embed", {"inputs": "a", "truncation_direction": "up"}, 422)["error"]
     )
+    assert _post(server, "/embed", {"inputs": ["a"], "truncate": True, "truncation_direction": "left"}) == _post(
+        server, "/embed", {"inputs": ["a"]}
+    )
+
+
+def test_embed_left_truncation_is_sentence_transformers_with_its_tokenizer_cutting_left(server, prompted_minilm):
+    """TEI's truncation_direction "left": a long text's start is cut, its last tokens kept."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+
+    text = "Paris is the capital of France. " * 60 + "Cats purr when they are content. " * 60
+    model = SentenceTransformer(str(prompted_minilm), device="cpu")
+    for side in ("left", "right"):
+        model.tokenizer.truncation_side = side
+        expected = model.encode([text], normalize_embeddings=True)
+        answer = _post(server, "/embed", {"inputs": [text], "truncate": True, "truncation_direction": side})
+        np.testing.assert_allclose(answer, expected, atol=1e-5)
+    left, right = (
+        _post(server, "/embed", {"inputs": [text], "truncate": True, "truncation_direction": side})
+        for side in ("left", "right")
+    )
+    assert np.abs(np.array(left) - np.array(right)).max() > 1e-2  # the two ends of the text
 
 
 def test_rerank_takes_teis_and_infinitys_bodies(server):
@@ -196,3 +220,38 @@ def test_bad_bodies_are_json_4xx_naming_the_field(server, path, body, status, na
     assert response.status_code == status, response.text
     assert set(response.json()) == {"error", "error_type"} and named in response.json()["error"]
     assert httpx.get(server.url + "/ready", timeout=TIMEOUT).status_code == 200
+
+
+def test_decode_runs_off_the_event_loop():
+    """/decode checks and decodes its ids in a worker thread, as /tokenize encodes: a body of many ids never holds
+    the event loop (in the thread that decodes there is no running loop)."""
+    from fastapi.testclient import TestClient
+
+    from serving.app import create_app
+    from serving.settings import Settings
+
+    with TestClient(create_app(Settings(model=DEMO))) as client:
+        deadline = time.monotonic() + TIMEOUT
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        engine = client.app.state.engine
+        tokenizer = engine.unit(engine.tasks[0]).tokenizer
+        decode, on_loop = tokenizer.decode, []
+
+        def watched(*args, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(True)
+            except RuntimeError:
+                on_loop.append(False)
+            return decode(*args, **kwargs)
+
+        tokenizer.decode = watched
+        try:
+            ids = [[101, 7592, 2088, 102]] * 8
+            answer = client.post("/decode", json={"ids": ids})
+        finally:
+            del tokenizer.decode
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == [decode(ids[0])] * 8
+    assert on_loop == [False] * 8

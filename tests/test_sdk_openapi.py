@@ -39,6 +39,7 @@ CALLS = {
     "rerank": (("a query", ["a text"]), {}),
     "fill_mask": (("a [MASK] text",), {}),
     "embed_sparse": (("a text",), {}),
+    "embed_all": (("a text",), {}),
     "zero_shot": (("a text", ["one", "two"]), {}),
 }
 SDK_GETS = {"health": "/health", "ready": "/ready", "info": "/info"}

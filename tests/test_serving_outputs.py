@@ -30,13 +30,18 @@ def test_floats_become_float32_token_ids_stay_integers_and_unknown_outputs_are_d
 
 
 def test_an_encoder_graph_s_token_states_are_pooled_for_a_task_without_a_head():
+    """A task without a head gets the encoder output it declares: the token states pooled, or the states as they
+    are (per token)."""
     hidden = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
     mask = np.array([[1, 1, 1], [1, 0, 0]])
     headless = [t for t in TASKS if TASKS[t].head is None]
     out = task_outputs({HIDDEN_STATES: hidden}, headless, mask)
+    pooled = [t for t in headless if TASKS[t].encoder_output != HIDDEN_STATES]
+    assert pooled and set(headless) - set(pooled)
     for task in headless:
+        expected = [hidden[0].mean(axis=0), hidden[1, 0]] if task in pooled else hidden
         for name in TASKS[task].outputs:
-            np.testing.assert_array_equal(out[name], [hidden[0].mean(axis=0), hidden[1, 0]])
+            np.testing.assert_array_equal(out[name], expected)
 
 
 def test_a_task_whose_outputs_are_missing_is_an_error_naming_it():

@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 TIMEOUT = 60.0
 VOCAB = 30522
+PROMPTS = {"query": "query: ", "document": "document: "}
 TEXTS = [
     "The capital of France is Paris.",
     "Sparse vectors weigh the words of a text",
@@ -86,6 +87,7 @@ def export(checkpoint, out, precision: str):
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("sparse")
     bert = tiny_bert(root / "bert", "BertForMaskedLM")
+    (bert / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
     modernbert = tiny_modernbert(root / "modernbert")
     return {
         "bert": bert,
@@ -193,6 +195,45 @@ def test_top_k_threshold_and_tokens(server, reference):
     assert np.abs(dense(same)[0] - want[0]).max() < 1e-5
 
 
+def test_prompt_name_puts_the_models_prompt_before_each_text(server):
+    """TEI's prompt_name: the model's prompt of that name (config_sentence_transformers.json) before each text, as
+    /embed does; a model without prompts names none."""
+    prompted = _post(server, {"inputs": TEXTS[:2], "model": "bert", "prompt_name": "query"})
+    assert prompted == _post(server, {"inputs": [PROMPTS["query"] + t for t in TEXTS[:2]], "model": "bert"})
+    assert prompted != _post(server, {"inputs": TEXTS[:2], "model": "bert"})
+    refused = _post(server, {"inputs": "a", "model": "modernbert", "prompt_name": "query"}, 422)["error"]
+    assert "'query'" in refused and "none" in refused, refused
+
+
+def test_left_truncation_keeps_a_texts_end_as_sparse_encoder_does(server, models):
+    """TEI's truncation_direction "left": a long text's start is cut and its last tokens kept, equal to
+    SparseEncoder with its tokenizer cutting on the left; "right" (the default) keeps its start."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    long = " ".join("the cat sat" if i % 5 else f"w{i} paris" for i in range(300))  # about 700 tokens
+    encoder = SparseEncoder(
+        modules=[
+            MLMTransformer(str(models["bert"]), model_args={"attn_implementation": "eager"}),
+            SpladePooling("max"),
+        ],
+        device="cpu",
+    )
+    encoder.max_seq_length = 128
+    expected = {}
+    for side in ("left", "right"):
+        encoder.tokenizer.truncation_side = side
+        expected[side] = encoder.encode([long], convert_to_tensor=True, convert_to_sparse_tensor=False).float().numpy()
+    body = {"inputs": long, "model": "bert", "truncate": True}
+    left = dense(_post(server, {**body, "truncation_direction": "Left"}))
+    right = dense(_post(server, {**body, "truncation_direction": "right"}))
+    assert np.abs(left - expected["left"]).max() < 1e-5
+    assert np.abs(right - expected["right"]).max() < 1e-5
+    assert np.abs(left - right).max() > 1e-3  # the two cuts keep different tokens
+    short = {"inputs": TEXTS[:2], "model": "bert", "truncate": True}
+    assert _post(server, {**short, "truncation_direction": "left"}) == _post(server, short)  # nothing cut: the same
+
+
 HOSTILE = [
     ({"inputs": 5}, 422, "inputs"),
     ({"inputs": ["a", 5]}, 422, "inputs"),
@@ -206,8 +247,8 @@ HOSTILE = [
     ({"inputs": "a", "threshold": "high"}, 422, "threshold"),
     ({"inputs": "a", "return_tokens": "yes"}, 422, "return_tokens"),
     ({"inputs": "a", "pruning": 3}, 422, "pruning"),
-    ({"inputs": "a", "prompt_name": "query"}, 422, "prompt_name"),
-    ({"inputs": "a", "truncation_direction": "Left"}, 422, "truncation_direction"),
+    ({"inputs": "a", "prompt_name": "nope"}, 422, "'nope' is not a prompt of this model; its prompts: query, document"),
+    ({"inputs": "a", "prompt_name": 3}, 422, "prompt_name"),
     ({"inputs": "a", "truncation_direction": "middle"}, 422, "truncation_direction"),
     ({"inputs": "word " * 500}, 422, "token"),
     ({"inputs": "a", "model": "nope"}, 404, "nope"),

@@ -36,16 +36,24 @@ if TYPE_CHECKING:
     from bert.tasks.common import Limits, ModelFacts
     from bert.tasks.windows import LongInputs
 
-# What a backend hands back for a head of each kind (None: a task served by the encoder itself), named after the
-# task: (suffixes of its outputs, their ranks in a batch, one value per token or not). "span": start and end logits
-# (B, T) each; "mlm": the likeliest tokens' scores and ids (B, T, MLM_CANDIDATES). A kind declared elsewhere joins
-# with `declare_head_kind`, beside its task (the torch side of the kind is an object in bert/heads.py).
-HEAD_OUTPUTS: dict[str | None, tuple[tuple[str, ...], tuple[int, ...], bool]] = {
-    None: (("",), (2,), False),
+# What a backend hands back for a head of each kind (a task served by the encoder itself: ENCODER_OUTPUTS), named
+# after the task: (suffixes of its outputs, their ranks in a batch, one value per token or not). "span": start and
+# end logits (B, T) each; "mlm": the likeliest tokens' scores and ids (B, T, MLM_CANDIDATES). A kind declared
+# elsewhere joins with `declare_head_kind`, beside its task (the torch side of the kind is an object in bert/heads.py).
+HEAD_OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]] = {
     "sequence": (("",), (2,), False),
     "token": (("",), (3,), True),
     "span": (("_start", "_end"), (2, 2), True),
     "mlm": (("_scores", "_ids"), (3, 3), True),
+}
+
+
+# What a task without a head answers from, by the name of the encoder's output it reads (bert/model.py's
+# EncoderOutput), in HEAD_OUTPUTS' terms: the pooled sentence vector (B, H), or every token's last hidden state
+# (B, T, H).
+ENCODER_OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[int, ...], bool]] = {
+    "embedding": (("",), (2,), False),
+    "last_hidden_state": (("",), (3,), True),
 }
 
 
@@ -62,7 +70,7 @@ def declare_head_kind(name: str, suffixes: tuple[str, ...], ranks: tuple[int, ..
 
 def head_kinds() -> tuple[str, ...]:
     """The head kinds a task may declare."""
-    return tuple(kind for kind in HEAD_OUTPUTS if kind is not None)
+    return tuple(HEAD_OUTPUTS)
 
 
 # Candidates per token an "mlm" head hands back (probabilities and ids of its likeliest tokens), not (B, T, V)
@@ -151,6 +159,28 @@ MODEL = Param(
     "is a 404 listing them",
 )
 TRUNCATE = Param("truncate", bool, False, "cut inputs longer than the model's limit instead of refusing them")
+# text-embeddings-inference's fields of its embedding routes. A route that declares PROMPT_NAME gets each text with
+# the model's prompt of that name before it (the route factory puts it there: serving/routes/api.py).
+TEI_TRUNCATE = Param(
+    "truncate",
+    Union[bool, None],
+    False,
+    "cut inputs longer than the model's limit instead of refusing them (null: false)",
+)
+DIRECTIONS = ("right", "Right", "left", "Left")  # TEI's spellings of its truncation_direction
+TRUNCATION_DIRECTION = Param(
+    "truncation_direction",
+    Literal[DIRECTIONS],
+    "right",
+    "which end `truncate` cuts: right cuts a text's end (its start is kept), left its start (its end is kept)",
+)
+PROMPT_NAME = Param(
+    "prompt_name",
+    Union[str, None],
+    None,
+    "the name of a prompt in the model's sentence-transformers configuration (config_sentence_transformers.json's "
+    '"prompts"), put before each text; an unknown name is a 422 listing the model\'s prompts',
+)
 
 
 def texts_param(example: str, help: str = "a text or a list of texts", name: str = "inputs") -> Param:
@@ -299,6 +329,9 @@ class Task:
     name: ClassVar[str]
     order: ClassVar[int] = 100  # where it stands in listings (registration order of the built-in tasks)
     head: ClassVar[Head | None]  # None: served by the encoder itself (embed)
+    encoder_output: ClassVar[str] = "embedding"  # without a head: the encoder output it reads (ENCODER_OUTPUTS)
+    # Served by every model that can serve it; False: only by a model the server names for it (--<task>-model).
+    unasked: ClassVar[bool] = True
     # transformers classes of a checkpoint made for this task alone; the first is the one we write
     architectures: ClassVar[tuple[str, ...]] = ()
     labelled: ClassVar[bool] = False  # its head predicts named labels (id2label)
@@ -344,22 +377,25 @@ class Task:
         the one-line refusal of a model given for this task alone (--TASK-model). "" says nothing more."""
         return ""
 
-    # ---- what a backend hands back for it: its head kind says (HEAD_OUTPUTS) ------------------------------
+    # ---- what a backend hands back for it: its head kind says (HEAD_OUTPUTS), else its encoder output ------
+    @property
+    def _declared_outputs(self) -> tuple[tuple[str, ...], tuple[int, ...], bool]:
+        return HEAD_OUTPUTS[self.head.kind] if self.head else ENCODER_OUTPUTS[self.encoder_output]
+
     @property
     def outputs(self) -> tuple[str, ...]:
         """The backend's arrays for this task, named after it: "classify" (B, L), "ner" (B, T, L), "qa_start"."""
-        suffixes = HEAD_OUTPUTS[self.head.kind if self.head else None][0]
-        return tuple(self.name + suffix for suffix in suffixes)
+        return tuple(self.name + suffix for suffix in self._declared_outputs[0])
 
     @property
     def output_ranks(self) -> tuple[int, ...]:
         """Each output's dimensions in a batch: (B, L) 2, (B, T, L) 3."""
-        return HEAD_OUTPUTS[self.head.kind if self.head else None][1]
+        return self._declared_outputs[1]
 
     @property
     def per_token(self) -> bool:
         """Whether its outputs have a row per token (sliced to each sequence's length)."""
-        return HEAD_OUTPUTS[self.head.kind if self.head else None][2]
+        return self._declared_outputs[2]
 
     @property
     def architecture(self) -> str | None:

@@ -9,7 +9,9 @@ encoder. Vectors equal sentence-transformers' `encode(normalize_embeddings=True)
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -20,7 +22,9 @@ from bert.pooling import DEFAULT_POOLING, POOLINGS
 from bert.tasks import classify
 from bert.tasks.base import (
     MODEL,
+    PROMPT_NAME,
     TRUNCATE,
+    TRUNCATION_DIRECTION,
     JobColumns,
     Param,
     Route,
@@ -30,7 +34,7 @@ from bert.tasks.base import (
     texts_of,
     texts_param,
 )
-from bert.tasks.common import Features, Limits, ModelFacts
+from bert.tasks.common import CHUNK_CHARS, Features, Limits, ModelFacts
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, single_template, too_much_work
 
 _ST_POOLING = "sentence_transformers.models.Pooling"
@@ -84,6 +88,31 @@ def read_pooling(directory) -> Pooling:
     return Pooling()
 
 
+@functools.lru_cache(maxsize=32)
+def read_prompts(directory: str) -> dict[str, str]:
+    """The prompts of a sentence-transformers model directory (config_sentence_transformers.json's "prompts", name ->
+    the text put before an input); {} when it has none."""
+    try:
+        prompts = json.loads((Path(directory) / "config_sentence_transformers.json").read_text()).get("prompts") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return (
+        {k: v for k, v in prompts.items() if isinstance(k, str) and isinstance(v, str)}
+        if isinstance(prompts, dict)
+        else {}
+    )
+
+
+def prompt(directory, name) -> str:
+    """The text text-embeddings-inference's `prompt_name` puts before each input: the model's prompt of that name;
+    ValueError naming it and the model's prompts when it has none of that name."""
+    prompts = read_prompts(str(directory))
+    if not isinstance(name, str) or name not in prompts:
+        known = ", ".join(prompts) or "none (no config_sentence_transformers.json prompts)"
+        raise ValueError(f"prompt_name: {name!r} is not a prompt of this model; its prompts: {known}")
+    return prompts[name]
+
+
 def _sentence_transformers_pooling(directory: Path, modules: list) -> Pooling:
     types = [m.get("type", "") for m in modules if isinstance(m, dict)]
     pooling_module = next((m for m in modules if isinstance(m, dict) and m.get("type") == _ST_POOLING), None)
@@ -127,6 +156,57 @@ def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool
     return classify.encode(tokenizer, list(texts), max_length=max_length, truncate=truncate)
 
 
+def encode_cut(
+    tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False, direction: str = "right"
+) -> list[Features]:
+    """Texts -> Features ([CLS] text [SEP]); too long: InputTooLong, or with `truncate` cut as text-embeddings-inference's
+    `truncation_direction` says: "right" cuts a text's end (encode), "left" its start (the text's last tokens
+    kept). A text that fits is the same either way."""
+    if not truncate or direction.lower() == "right":
+        return encode(tokenizer, texts, max_length=max_length, truncate=truncate)
+    before, after = single_template(tokenizer)
+    capacity = max(0, max_length - len(before) - len(after))
+    found = []
+    for text in texts:
+        ids = _last_ids(tokenizer, text, capacity)
+        found.append(
+            Features(input_ids=[*before, *ids, *after], token_type_ids=[0] * (len(before) + len(ids) + len(after)))
+        )
+    return found
+
+
+def _last_ids(tokenizer, text: str, count: int) -> list[int]:
+    """The ids of a text's last `count` tokens (all of them when it has fewer), specials not added. A long text is
+    tokenised from its end, a piece of CHUNK_CHARS more at a time, so that cutting it costs what its last tokens
+    cost, as `bounded_text` does for its first ones."""
+    backend = getattr(tokenizer, "backend", tokenizer)
+    start = len(text)
+    while True:
+        start = _cut_before(text, start - CHUNK_CHARS)
+        encoding = backend.encode_batch([text[start:]], add_special_tokens=False)[0]
+        ids = encoding.ids
+        if start > 0:
+            # The piece's first word may be tokenised otherwise without what precedes it (a byte-level BPE marks a
+            # word's leading space): only the tokens after it are surely the text's own.
+            first_word = next((i for i, c in enumerate(text[start:]) if c.isspace()), None)
+            own = [i for i, (begin, _) in enumerate(encoding.offsets) if first_word is not None and begin > first_word]
+            ids = ids[own[0] :] if own else []
+        if start == 0 or len(ids) >= count:
+            return ids[max(0, len(ids) - count) :] if count else []
+        time.sleep(0)  # hand the GIL over between pieces
+
+
+def _cut_before(text: str, at: int) -> int:
+    """A cut just after the last white space before `at` (0 at the text's start; `at` in a run of 4 chunks without
+    any)."""
+    if at <= 0:
+        return 0
+    for i in range(at, max(0, at - 4 * CHUNK_CHARS), -1):
+        if text[i - 1].isspace():
+            return i
+    return at
+
+
 def decode(vectors, *, normalize: bool) -> list[list[float]]:
     """Pooled vectors (B, H) -> lists of floats, scaled to unit length when asked (as torch's F.normalize)."""
     vectors = np.asarray(vectors, dtype=np.float32)
@@ -155,12 +235,23 @@ class Chunk(Features):
 
 
 def encode_request(
-    tokenizer, items: list[str], limits: Limits, *, truncate: bool = False, chunking: str | None = None, **_
+    tokenizer,
+    items: list[str],
+    limits: Limits,
+    *,
+    truncate: bool = False,
+    truncation_direction: str = "right",
+    chunking: str | None = None,
+    **_,
 ) -> list[list[Features]]:
-    """Texts -> one model input each (too long: InputTooLong, or cut with `truncate`); with `chunking` the
-    whole-word windows of each, at most limits.max_sequences in all (TooMuchWork beyond, before any is built)."""
+    """Texts -> one model input each (too long: InputTooLong, or cut with `truncate` at the end
+    `truncation_direction` names); with `chunking` the whole-word windows of each, at most limits.max_sequences in
+    all (TooMuchWork beyond, before any is built)."""
     if chunking is None:
-        return [[f] for f in encode(tokenizer, items, max_length=limits.max_length, truncate=truncate)]
+        cut = encode_cut(
+            tokenizer, items, max_length=limits.max_length, truncate=truncate, direction=truncation_direction
+        )
+        return [[f] for f in cut]
     if chunking not in CHUNKINGS:
         raise ValueError(f"chunking must be one of {', '.join(CHUNKINGS)}, got {chunking!r}")
     if truncate:
@@ -291,6 +382,8 @@ class EmbedTask(Task):
                     job=True,
                 ),
                 TRUNCATE,
+                TRUNCATION_DIRECTION,
+                PROMPT_NAME,
                 Param(
                     "chunking",
                     Optional[Literal[CHUNKINGS]],

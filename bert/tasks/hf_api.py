@@ -43,14 +43,6 @@ def _never(why: str) -> Callable[[Any], str | None]:
     return lambda value: None if value is None else why
 
 
-RIGHT = _only(
-    None,
-    "right",
-    "Right",
-    why="only 'right' is served: a text is cut at its end (truncation_direction 'left' would keep its end)",
-)
-
-
 @dataclass(frozen=True)
 class Pipeline:
     """One Hub pipeline tag served by one of our routes."""
@@ -139,12 +131,8 @@ def _has_similarity_inputs(inputs) -> bool:
     )
 
 
-_IGNORED_EMBED = {
-    "truncation_direction": Param(refuse=RIGHT),
-    "prompt_name": Param(
-        refuse=_never("this server has no prompts to prepend; send the text with its prompt"),
-    ),
-}
+# text-embeddings-inference's fields, which our /embed takes
+_TEI_EMBED = {"truncation_direction": Param("truncation_direction"), "prompt_name": Param("prompt_name")}
 
 PIPELINES: dict[str, tuple[Pipeline, ...]] = {
     "classify": (
@@ -213,7 +201,7 @@ PIPELINES: dict[str, tuple[Pipeline, ...]] = {
                 "encoding_format": Param(
                     refuse=_only(None, "float", why="only 'float' is answered here (base64: /v1/embeddings)")
                 ),
-                **_IGNORED_EMBED,
+                **_TEI_EMBED,
             },
             _with_inputs,
             lambda answer, inputs, params: answer,
@@ -223,7 +211,7 @@ PIPELINES: dict[str, tuple[Pipeline, ...]] = {
         Pipeline(
             "sentence-similarity",
             "/embed",
-            {"truncate": Param("truncate"), **_IGNORED_EMBED},
+            {"truncate": Param("truncate"), **_TEI_EMBED},
             _similarity_body,
             _similarities,
             claims=lambda body: _has_similarity_inputs(body.get("inputs")),

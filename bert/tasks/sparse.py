@@ -12,13 +12,15 @@ order) and ask for each entry's vocabulary word (`return_tokens`: a "token" besi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
-from bert.tasks import classify
 from bert.tasks.base import (
     MODEL,
+    PROMPT_NAME,
+    TEI_TRUNCATE,
+    TRUNCATION_DIRECTION,
     Head,
     JobColumns,
     Param,
@@ -30,11 +32,10 @@ from bert.tasks.base import (
     texts_of,
 )
 from bert.tasks.common import Limits, ModelFacts
+from bert.tasks.embed import encode_cut
 
 # one pooled (B, V) output per sequence, named after the task
 SPLADE = declare_head_kind("splade", ("",), (2,), False)
-# text-embeddings-inference's spellings of its truncation_direction
-DIRECTIONS = ("right", "Right", "left", "Left")
 
 
 @dataclass
@@ -68,18 +69,6 @@ def decode(vector, tokenizer=None, *, threshold: float = 0.0, top_k: int | None 
     return [{"index": int(i), "value": v, "token": w} for i, v, w in zip(kept.tolist(), values, words)]
 
 
-def _check(body, info=None) -> None:
-    check_inputs(body, info)
-    if body.truncation_direction.lower() != "right":
-        raise ValueError(
-            "truncation_direction: only 'right' is served: a text is cut at its end ('left' would keep its end)"
-        )
-    if body.prompt_name is not None:
-        raise ValueError(
-            f"prompt_name: {body.prompt_name!r}: /embed_sparse prepends no prompts; send each text with its prompt"
-        )
-
-
 def _items(body) -> tuple[list, dict]:
     texts, options = texts_of(body)
     options["truncate"] = bool(options["truncate"])  # TEI's null: its default
@@ -111,7 +100,7 @@ class SparseTask(Task):
             "Sparse (SPLADE) embeddings of texts (text-embeddings-inference's shape)",
             to_items=_items,
             shape=lambda answers, body, info=None: answers,
-            check=_check,
+            check=check_inputs,
             fields=(
                 MODEL,
                 Param(
@@ -120,24 +109,9 @@ class SparseTask(Task):
                     help="a text or a list of texts",
                     examples=("What is the capital of France?",),
                 ),
-                Param(
-                    "truncate",
-                    Optional[bool],
-                    False,
-                    "cut inputs longer than the model's limit instead of refusing them (null: false)",
-                ),
-                Param(
-                    "truncation_direction",
-                    Literal[DIRECTIONS],
-                    "right",
-                    "which end a cut keeps: only right (the text's start) is served; left is a 422",
-                ),
-                Param(
-                    "prompt_name",
-                    Optional[str],
-                    None,
-                    "text-embeddings-inference's prompt to prepend: none are served here (a name is a 422)",
-                ),
+                TEI_TRUNCATE,
+                TRUNCATION_DIRECTION,
+                PROMPT_NAME,
                 Param(
                     "top_k",
                     Optional[int],
@@ -172,11 +146,24 @@ class SparseTask(Task):
         return 0  # the tied decoder's width is the vocabulary
 
     def encode_request(
-        self, tokenizer, items: list, limits: Limits, *, truncate: bool = False, top_k: int | None = None, **_
+        self,
+        tokenizer,
+        items: list,
+        limits: Limits,
+        *,
+        truncate: bool = False,
+        truncation_direction: str = "right",
+        top_k: int | None = None,
+        **_,
     ):
         if top_k is not None and top_k > tokenizer.vocab_size:
             raise ValueError(f"top_k: {top_k} is more than this model's vocabulary ({tokenizer.vocab_size} tokens)")
-        return [[f] for f in classify.encode(tokenizer, list(items), max_length=limits.max_length, truncate=truncate)]
+        return [
+            [f]
+            for f in encode_cut(
+                tokenizer, list(items), max_length=limits.max_length, truncate=truncate, direction=truncation_direction
+            )
+        ]
 
     def decode_request(
         self,

@@ -52,6 +52,7 @@ CLASSIFY_FUNCTIONS = ("softmax", "sigmoid", "none")
 EmbedInput = Union[str, Sequence[str]]
 FillMaskInput = Union[str, Sequence[str]]
 EmbedSparseInput = Union[str, Sequence[str]]
+EmbedAllInput = Union[str, Sequence[str]]
 ZeroShotInput = Union[str, Sequence[str]]
 
 
@@ -325,13 +326,16 @@ def plan_embed(
     batch_limit: int | None,
     chunking: str | None = None,
     dimensions: int | None = None,
+    truncation_direction: str = "right",
+    prompt_name: str | None = None,
     model: str | None = None,
 ) -> Plan:
     """/embed answers a list of vectors even for one text; the SDK gives one vector for one text."""
     options = {
         "normalize": normalize,
         "truncate": truncate,
-        **_set(chunking=chunking, dimensions=dimensions),
+        "truncation_direction": truncation_direction,
+        **_set(chunking=chunking, dimensions=dimensions, prompt_name=prompt_name),
         **_model(model),
     }
     if not is_many(inputs):
@@ -468,6 +472,22 @@ def _sparse_vectors(data: Any) -> list[list[SparseValue]]:
     return [_parse_list(SparseValue, entries) for entries in data]
 
 
+def _token_vectors(data: Any) -> list[list[list[float]]]:
+    if not isinstance(data, list) or not all(isinstance(text, list) for text in data):
+        raise BertserveError("/embed_all: expected one list of token vectors per input")
+    return data
+
+
+def plan_embed_all(inputs: EmbedAllInput, *, batch_limit: int | None, **options: Any) -> Plan:
+    """/embed_all: always one list of token vectors per input (a text alone is a list of one), in as many requests
+    as the server's per-request limit needs."""
+    options = _set(**options)  # prompt_name left at None: not sent
+    if not is_many(inputs):
+        return Plan([Call("POST", "/embed_all", {"inputs": inputs, **options})], lambda a: _token_vectors(a[0]))
+    bodies = [{"inputs": chunk, **options} for chunk in _chunks(_texts(inputs), batch_limit)]
+    return _batched("/embed_all", bodies, lambda vectors: vectors)
+
+
 def plan_embed_sparse(inputs: EmbedSparseInput, *, batch_limit: int | None, **options: Any) -> Plan:
     """/embed_sparse: always one list of entries per input (a text alone is a list of one), in as many requests as
     the server's per-request limit needs."""
@@ -570,11 +590,15 @@ class Endpoints:
         truncate: bool = False,
         chunking: str | None = None,
         dimensions: int | None = None,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
         model: str | None = None,
     ) -> list[float] | list[list[float]]:
         """The vector of one text (a list of floats), or of many texts (one vector per input), unit length
         unless `normalize=False`. `chunking="mean"`: a text longer than the model's window is the token-weighted
-        mean of its windows' vectors; `dimensions`: the first N components only (renormalised)."""
+        mean of its windows' vectors; `dimensions`: the first N components only (renormalised). With `truncate`,
+        `truncation_direction` "left" cuts a long text's start instead of its end; `prompt_name`: the model's
+        prompt of that name (its sentence-transformers configuration's) before each text."""
         return self._run(
             Planned(
                 inputs,
@@ -585,6 +609,8 @@ class Endpoints:
                     batch_limit=limit,
                     chunking=chunking,
                     dimensions=dimensions,
+                    truncation_direction=truncation_direction,
+                    prompt_name=prompt_name,
                     model=model,
                 ),
             )
@@ -675,7 +701,8 @@ class Endpoints:
         """The sparse (SPLADE) vector of each text (one list per input, a text alone too): its nonzero entries as
         SparseValue(index, value) in index order; only those above `threshold`, only the `top_k` largest when
         given; with `return_tokens` each has its vocabulary word. `truncation_direction` and `prompt_name` are
-        text-embeddings-inference's (the server serves "right" and no prompts)."""
+        text-embeddings-inference's: with `truncate`, "right" cuts a long text's end and "left" its start; the
+        model's prompt of that name (its sentence-transformers configuration's) goes before each text."""
         return self._run(
             Planned(
                 inputs,
@@ -685,6 +712,33 @@ class Endpoints:
                     top_k=top_k,
                     threshold=threshold,
                     return_tokens=return_tokens,
+                    truncate=truncate,
+                    truncation_direction=truncation_direction,
+                    prompt_name=prompt_name,
+                    **_model(model),
+                ),
+            )
+        )
+
+    def embed_all(
+        self,
+        inputs: EmbedAllInput,
+        *,
+        truncate: bool = False,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        model: str | None = None,
+    ) -> list[list[list[float]]]:
+        """Every token's vector of each text (one list per input, a text alone too): the encoder's last hidden
+        state, special tokens included, as text-embeddings-inference's /embed_all answers. `prompt_name`: the
+        model's prompt of that name before each text; with `truncate`, `truncation_direction` "right" cuts a long
+        text's end and "left" its start."""
+        return self._run(
+            Planned(
+                inputs,
+                lambda limit: plan_embed_all(
+                    inputs,
+                    batch_limit=limit,
                     truncate=truncate,
                     truncation_direction=truncation_direction,
                     prompt_name=prompt_name,

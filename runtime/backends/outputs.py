@@ -50,14 +50,12 @@ def task_outputs(
             array = array.astype(np.float32)  # float16 graphs; integer outputs (token ids) stay integers
         for key in mapping.get(name, ()):
             out[key] = array
-    if HIDDEN_STATES in named:  # an encoder graph: the pooled embedding is computed here
+    if HIDDEN_STATES in named:  # an encoder graph: the pooled embedding is computed here, the token states are it
         for task in registry.missing_outputs([t for t in tasks if TASKS[t].head is None], out):
-            out.update(
-                {
-                    name: pool(named[HIDDEN_STATES], attention_mask, (pooling or Pooling()).mode)
-                    for name in TASKS[task].outputs
-                }
-            )
+            states = named[HIDDEN_STATES]
+            if TASKS[task].encoder_output != HIDDEN_STATES:
+                states = pool(states, attention_mask, (pooling or Pooling()).mode)
+            out.update(dict.fromkeys(TASKS[task].outputs, states))
     missing = registry.missing_outputs(tasks, out)
     if missing:
         raise ModelError(f"the model gave outputs {sorted(named)}, none for task(s) {missing}")

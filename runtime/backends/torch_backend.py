@@ -79,6 +79,9 @@ class TorchBackend(Backend):
         self.model.set_attention_implementation("sdpa")
         if any(TASKS[t].head is None for t in self.tasks):  # pooled states come out of the heads' forward pass
             self.model.set_pooling(spec.pooling.mode)
+        self.model.gives_token_states = any(
+            TASKS[t].head is None and TASKS[t].encoder_output == "last_hidden_state" for t in self.tasks
+        )
         self.model.eval()
 
         cuda = self.device.type == "cuda"

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from bert.tasks import registry
 from bert.tasks.base import EmptyInput, Route, Task, TooManyInputs
+from bert.tasks.embed import prompt
 from serving.batcher import Ticket
 from serving.engine import Timing, version
 from serving.errors import OPENAI_PREFIX, ClientClosed, Unavailable, refusal
@@ -212,6 +213,9 @@ class TaskEndpoint:
             count_items(items, settings.max_client_batch_size, route.batch_field)
             if route.check is not None:
                 route.check(body, RouteInfo(engine, task, Timing(), unit))
+            name = options.pop("prompt_name", None)  # a route's PROMPT_NAME field: the model's prompt before each text
+            if name is not None:
+                items = [prompt(unit.spec.path, name) + item for item in items]
         except (ValueError, TypeError) as e:  # a refusal (EmptyInput, TooManyInputs, a field named): the table's
             raise refusal(e) from None
         return items, options, unit

@@ -1,7 +1,7 @@
 """text-embeddings-inference's routes beyond the ones we share (`/embed`, `/rerank`), as TEI documents them:
-`/predict`, `/similarity`, `/tokenize`, `/decode`; TEI's fields on `/embed` (`truncation_direction`,
-`prompt_name`) and `/rerank` (`truncation_direction`), infinity's `/rerank` body beside TEI's (told apart by
-`documents` against `texts`); `/info` with TEI's fields beside ours.
+`/predict`, `/similarity`, `/tokenize`, `/decode`; TEI's nulls on `/embed` (its `truncation_direction` and
+`prompt_name` are our route's fields) and `/rerank` (and its `truncation_direction`), infinity's `/rerank` body beside
+TEI's (told apart by `documents` against `texts`); `/info` with TEI's fields beside ours.
 
 `/embed`, `/rerank` and `/info` are our routes too: the lean path answers every body our route takes, and a body it
 refuses reaches these, which answer it as the other API or, when it is not the other API's, with our route's own
@@ -11,13 +11,12 @@ error (serving/routes/compat.py).
 from __future__ import annotations
 
 import asyncio
-import json
-from functools import lru_cache
 from pathlib import Path
 
 from fastapi import APIRouter, Request
 
 from bert.tasks import hf_api
+from bert.tasks.embed import prompt
 from serving.errors import EmptyInput, NotFound, PayloadTooLarge
 from serving.routes.compat_hf import answer as answer_hf
 from serving.routes.compat_run import endpoint_for, json_object, read_json, refuse, run, served_tasks, validate
@@ -42,26 +41,14 @@ def _drop_nulls(body: dict, *names: str) -> None:
             del body[name]
 
 
-@lru_cache(maxsize=32)
-def _prompts(directory: str) -> dict:
-    """The prompts of a sentence-transformers model directory (config_sentence_transformers.json's "prompts")."""
-    path = Path(directory) / "config_sentence_transformers.json"
-    try:
-        prompts = json.loads(path.read_text()).get("prompts") or {}
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return {k: v for k, v in prompts.items() if isinstance(k, str) and isinstance(v, str)}
-
-
 def _prompt(request: Request, route: str, model, name) -> str:
     """The text TEI's `prompt_name` puts before each input: the served model's prompt of that name."""
     task = endpoint_for(route).task.name
     unit = request.app.state.engine.unit(task, model if isinstance(model, str) else None)
-    prompts = _prompts(str(unit.spec.path))
-    if not isinstance(name, str) or name not in prompts:
-        known = ", ".join(prompts) or "none (no config_sentence_transformers.json prompts)"
-        raise refuse(f"prompt_name: {name!r} is not a prompt of this model; its prompts: {known}")
-    return prompts[name]
+    try:
+        return prompt(unit.spec.path, name)
+    except ValueError as e:
+        raise refuse(str(e)) from None
 
 
 def _with_prompt(request: Request, route: str, body: dict, field: str = "inputs") -> None:
@@ -127,18 +114,6 @@ async def similarity(request: Request):
     if chosen is None:
         raise NotFound("this server serves no embeddings, so no /similarity")
     body = json_object(await read_json(request), {"inputs", "parameters"}, "/similarity")
-    parameters = body.get("parameters")
-    if isinstance(parameters, dict) and parameters.get("prompt_name") is not None:
-        parameters = dict(parameters)
-        prompt = _prompt(request, chosen[1].route, None, parameters.pop("prompt_name"))
-        inputs = body.get("inputs")
-        if isinstance(inputs, dict):
-            body["inputs"] = {
-                **inputs,
-                "source_sentence": prompt + str(inputs.get("source_sentence", "")),
-                "sentences": [prompt + s if isinstance(s, str) else s for s in inputs.get("sentences") or []],
-            }
-        body["parameters"] = parameters
     if isinstance(body.get("parameters"), dict):
         body["parameters"] = {k: v for k, v in body["parameters"].items() if v is not None}
     return await answer_hf(request, chosen[1], body)
@@ -198,12 +173,20 @@ async def tokenize(request: Request):
 
 @router.post("/decode")
 async def decode(request: Request):
-    """TEI's /decode: token ids (a list, or a list of lists) back to text, one string per list."""
+    """TEI's /decode: token ids (a list, or a list of lists) back to text, one string per list. Checked and decoded
+    in a worker thread, as /tokenize encodes: a body of many ids costs the event loop nothing."""
     body = json_object(await read_json(request), {"ids", "skip_special_tokens"}, "/decode")
     tokenizer = _tokenizer(request)
     ids = body.get("ids")
     batch = ids if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids) else [ids]
     _count(batch if isinstance(ids, list) and ids else [], request, "ids")
+    skip = body.get("skip_special_tokens", True)
+    if not isinstance(skip, bool):
+        raise refuse("skip_special_tokens: Input should be a valid boolean")
+    return await asyncio.to_thread(_decode, tokenizer, ids, batch, skip)
+
+
+def _decode(tokenizer, ids, batch: list, skip: bool) -> list[str]:
     vocab = tokenizer.vocab_size
     for i, row in enumerate(batch):
         if not isinstance(row, list) or not row:
@@ -216,25 +199,17 @@ async def decode(request: Request):
             if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
                 where = f"ids[{i}][{j}]" if len(batch) > 1 or ids is not row else f"ids[{j}]"
                 raise refuse(f"{where}: not a token id of this model (0 to {vocab - 1})")
-    skip = body.get("skip_special_tokens", True)
-    if not isinstance(skip, bool):
-        raise refuse("skip_special_tokens: Input should be a valid boolean")
     return [tokenizer.decode(row, skip_special_tokens=skip) for row in batch]
 
 
 # ---- TEI's and infinity's fields on the routes we share --------------------------------------------------------
 @router.post("/embed")
 async def embed(request: Request):
-    """Our /embed with TEI's `truncation_direction` and `prompt_name`, and its nulls."""
+    """Our /embed with TEI's nulls for `truncate` and `dimensions` (its defaults, which are ours)."""
     body = await read_json(request)
-    if isinstance(body, dict) and (
-        {"truncation_direction", "prompt_name"} & body.keys()
-        or any(body.get(k, 0) is None for k in ("truncate", "dimensions"))
-    ):
+    if isinstance(body, dict) and any(body.get(k, 0) is None for k in ("truncate", "dimensions")):
         body = dict(body)
-        _cut_at_the_end(body)
-        _drop_nulls(body, "truncate", "dimensions", "prompt_name")
-        _with_prompt(request, _EMBED_ROUTE, body)
+        _drop_nulls(body, "truncate", "dimensions")
         return await run(request, "/embed", body)
     validate("/embed", body)  # our route's own refusal
     return await run(request, "/embed", body)
