@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from bert.tasks.base import (
     texts_of,
     texts_param,
 )
-from bert.tasks.common import CHUNK_CHARS, Features, Limits, ModelFacts
+from bert.tasks.common import CHUNK_CHARS, Features, Limits, ModelFacts, OpenAIUsage
 from bert.tasks.windows import LongInputs, TooManyWindows, cut_texts, single_template, too_much_work
 
 _ST_POOLING = "sentence_transformers.models.Pooling"
@@ -335,6 +335,25 @@ def _check_openai(body, info=None) -> None:
     check_dimensions(body.dimensions, info)
 
 
+@dataclass(kw_only=True)
+class OpenAIEmbedding:
+    """One input's vector in OpenAI's embeddings answer: floats, or base64 of little-endian float32."""
+
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Union[list[float], str]
+
+
+@dataclass(kw_only=True)
+class OpenAIEmbeddingResponse:
+    """/v1/embeddings' answer: OpenAI's shape."""
+
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
 def _openai_shape(vectors: list, body, info) -> dict:
     """OpenAI's embeddings response: floats or base64 little-endian float32, and the input tokens as usage."""
     import base64
@@ -366,7 +385,7 @@ class EmbedTask(Task):
         Route(
             "/embed",
             "EmbedRequest",
-            "EmbedResponse",
+            list[list[float]],
             "Embed texts (text-embeddings-inference's shape)",
             to_items=texts_of,
             shape=lambda answers, body, info=None: answers,
@@ -407,7 +426,7 @@ class EmbedTask(Task):
         Route(
             "/v1/embeddings",
             "OpenAIEmbeddingRequest",
-            "OpenAIEmbeddingResponse",
+            OpenAIEmbeddingResponse,
             "Embed texts (OpenAI's shape)",
             to_items=_openai_items,
             shape=_openai_shape,

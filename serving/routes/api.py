@@ -258,7 +258,7 @@ def task_routes() -> APIRouter:
                 endpoint,
                 methods=["POST"],
                 name=endpoint.__name__,
-                response_model=schemas.response_model(schema_class(route.response)),
+                response_model=schemas.response_model(route.response),
                 responses=_OPENAI_ERRORS if route.path.startswith(OPENAI_PREFIX) else _ERRORS,
                 tags=["inference"],
                 summary=route.summary,

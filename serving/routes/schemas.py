@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Annotated, ClassVar, Literal, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, ClassVar, Optional, Union, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -124,19 +124,6 @@ def _model_of(answer: type) -> type[BaseModel]:
 OpenAIUsage = response_model(common.OpenAIUsage)  # the same schema as /v1/rerank's usage
 
 
-class OpenAIEmbedding(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: Union[list[float], str]
-
-
-class OpenAIEmbeddingResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[OpenAIEmbedding]
-    model: str
-    usage: OpenAIUsage
-
-
 class ErrorBody(BaseModel):
     error: str
     error_type: str
@@ -154,9 +141,6 @@ class OpenAIErrorBody(BaseModel):
 
     error: OpenAIError
     error_type: str
-
-
-EmbedResponse = list[list[float]]
 
 
 class Status(BaseModel):
