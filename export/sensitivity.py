@@ -52,7 +52,6 @@ COSINE_ESTIMATE_SHARE = 0.5
 QUANTISABLE = ("MatMul", "Attention", "Gemm", "EmbedLayerNormalization", "Gather")
 WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Attention": 1, "Gather": 0, "EmbedLayerNormalization": 2}
 KINDS = ("embeddings", "attention", "attention-output", "ffn-in", "ffn-out", "other")
-CALIBRATION_SETS = ("sentences", "qa", "rerank", "zero_shot")
 # how the quantised MatMuls' activations are scaled: one scale per token (row), what the export writes, or per tensor
 # (onnxruntime's dynamic quantisation, one scale for the whole batch), kept for comparison
 # (docs/export.md, "int8: batch-invariant answers")
@@ -80,59 +79,93 @@ class Calibration:
         return [(name, i, b) for name, batches in self.batches.items() for i, b in enumerate(batches)]
 
 
+def _sentence_items(extra):
+    texts = [(t,) for t in (*SENTENCES, *CALIBRATION_SENTENCES, *extra["sentences"])]
+    return [texts, list(extra["pairs"])]  # texts, then pairs: each batch is of one arity
+
+
+def _question_context_items(extra):
+    return [[*QUESTION_CONTEXTS, *CALIBRATION_QA, *extra["pairs"]]]
+
+
+def _ranked_group_items(extra):
+    from bert.tasks.rerank import sentence_spans
+
+    contexts = [c for _, c in QUESTION_CONTEXTS]
+    groups = [[(q, c) for c in contexts] for q, _ in QUESTION_CONTEXTS]
+    groups += [[(q, context[a:b]) for a, b in sentence_spans(context)] for q, context in CALIBRATION_QA]
+    return [group for group in (*groups, *extra["groups"]) if len(group) > 1]
+
+
+def _hypothesis_items(extra):
+    groups = [[(s, ZERO_SHOT_TEMPLATE.format(label)) for label in ZERO_SHOT_LABELS] for s in SENTENCES]
+    return [group for group in (*groups, *extra["groups"]) if group]
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """One set of calibration inputs a task declares it is judged on (`Task.calibration` names it): `items(extra)`
+    gives its inputs from the shipped samples and a --calibration file's, as lists of same-arity tuples that are
+    batched `batch_size` at a time, or (`ranked`) as one query's candidate pairs per batch; `takes` says which of
+    the file's kinds of input ("sentences", "pairs", "groups") it reads."""
+
+    items: Callable[[dict], list]
+    takes: tuple[str, ...]
+    ranked: bool = False
+
+
+# Rerank's queries are each ranked against every short context and, for the long contexts, against the sentences
+# of their own paragraph (as a reranker is asked); a zero-shot text against each label's hypothesis.
+CALIBRATION_SETS = {
+    "sentences": CalibrationSet(_sentence_items, ("sentences", "pairs")),
+    "question_contexts": CalibrationSet(_question_context_items, ("pairs",)),
+    "ranked_groups": CalibrationSet(_ranked_group_items, ("groups",), ranked=True),
+    "hypotheses": CalibrationSet(_hypothesis_items, ("groups",), ranked=True),
+}
+RANKED_GROUP_MAX = 64  # candidates of one query in one batch
+
+
 def build_calibration(
     tokenizer, needed: set[str], max_seq: int, extra: dict[str, list] | None = None, batch_size: int = 8
 ) -> Calibration:
     """The shipped samples (export/samples.py: the parity samples and the calibration-only ones) plus a
-    --calibration file's inputs, for the sets `needed`. Rerank's queries are each ranked against every short
-    context and, for the long contexts, against the sentences of their own paragraph (as a reranker is asked)."""
-    from bert.tasks.rerank import sentence_spans
-
+    --calibration file's inputs, for the sets `needed` (CALIBRATION_SETS' names)."""
+    unknown = sorted(set(needed) - set(CALIBRATION_SETS))
+    if unknown:
+        raise ValueError(f"no calibration set named {unknown}; the sets are {sorted(CALIBRATION_SETS)}")
     extra = extra or {"sentences": [], "pairs": [], "groups": []}
     keys = ("input_ids", "attention_mask", "token_type_ids")
 
-    def encode(first, second=None):
-        if second is None:
-            encoded = tokenizer(list(first), max_length=max_seq, truncation=True)
-        else:
-            encoded = tokenizer(list(first), list(second), max_length=max_seq, truncation="longest_first")
+    def encode(rows):
+        columns = [list(column) for column in zip(*rows)]
+        truncation = True if len(columns) == 1 else "longest_first"
+        encoded = tokenizer(*columns, max_length=max_seq, truncation=truncation)
         return {k: np.asarray(encoded[k], dtype=np.int64) for k in keys}
 
-    def chunks(items, size):
-        return [items[i : i + size] for i in range(0, len(items), size)]
-
     calibration = Calibration()
-    if "sentences" in needed:
-        texts = list(SENTENCES) + list(CALIBRATION_SENTENCES) + list(extra["sentences"])
-        batches = [encode(chunk) for chunk in chunks(texts, batch_size)]
-        batches += [encode(*zip(*chunk)) for chunk in chunks(list(extra["pairs"]), batch_size)]
-        calibration.batches["sentences"] = batches
-    if "qa" in needed:
-        pairs = list(QUESTION_CONTEXTS) + list(CALIBRATION_QA) + list(extra["pairs"])
-        calibration.batches["qa"] = [encode(*zip(*chunk)) for chunk in chunks(pairs, batch_size)]
-    if "rerank" in needed:
-        contexts = [c for _, c in QUESTION_CONTEXTS]
-        groups = [[(q, c) for c in contexts] for q, _ in QUESTION_CONTEXTS]
-        groups += [[(q, context[a:b]) for a, b in sentence_spans(context)] for q, context in CALIBRATION_QA]
-        groups += list(extra["groups"])
-        calibration.batches["rerank"] = [encode(*zip(*group[:64])) for group in groups if len(group) > 1]
-    if "zero_shot" in needed:
-        groups = [[(s, ZERO_SHOT_TEMPLATE.format(label)) for label in ZERO_SHOT_LABELS] for s in SENTENCES]
-        groups += list(extra["groups"])
-        calibration.batches["zero_shot"] = [encode(*zip(*group[:64])) for group in groups if group]
+    for name in CALIBRATION_SETS:
+        if name not in needed:
+            continue
+        made = CALIBRATION_SETS[name]
+        if made.ranked:
+            calibration.batches[name] = [encode(group[:RANKED_GROUP_MAX]) for group in made.items(extra)]
+        else:
+            calibration.batches[name] = [
+                encode(rows[i : i + batch_size]) for rows in made.items(extra) for i in range(0, len(rows), batch_size)
+            ]
     return calibration
 
 
 def unused_calibration(extra: dict[str, list] | None, built: set[str]) -> str:
-    """What of a --calibration file's inputs no calibration set `built` takes (build_calibration's rules), in
+    """What of a --calibration file's inputs no calibration set `built` takes (CALIBRATION_SETS' `takes`), in
     words ("3 texts, 2 ranked groups"), or ""."""
     extra = extra or {}
-    takes = {"sentences": {"sentences"}, "pairs": {"sentences", "qa"}, "groups": {"rerank", "zero_shot"}}
+    taken = {kind for name in built for kind in CALIBRATION_SETS[name].takes}
     words = {"sentences": "text", "pairs": "text pair", "groups": "ranked group"}
     left = [
         f"{len(extra[k])} {words[k]}{'s' if len(extra[k]) != 1 else ''}"
-        for k in takes
-        if extra.get(k) and not takes[k] & built
+        for k in words
+        if extra.get(k) and k not in taken
     ]
     return ", ".join(left)
 

@@ -94,9 +94,9 @@ def test_calibration_inputs_no_output_is_judged_on_are_named():
 
     extra = {"sentences": ["a", "b"], "pairs": [("q", "c")], "groups": [[("q", "a"), ("q", "b")]]}
     assert unused_calibration(extra, {"sentences"}) == "1 ranked group"
-    assert unused_calibration(extra, {"qa"}) == "2 texts, 1 ranked group"
-    assert unused_calibration(extra, {"sentences", "rerank"}) == ""
-    assert unused_calibration(None, {"qa"}) == ""
+    assert unused_calibration(extra, {"question_contexts"}) == "2 texts, 1 ranked group"
+    assert unused_calibration(extra, {"sentences", "ranked_groups"}) == ""
+    assert unused_calibration(None, {"question_contexts"}) == ""
 
 
 @pytest.fixture(scope="module")
@@ -316,11 +316,14 @@ def test_every_task_is_judged_by_what_its_users_see():
         "ner": ({"logits": (None, tok, "ner")}, {"logits": ("labels", True, "sentences")}),
         "qa": (
             {"start_logits": (None, tok, "qa"), "end_logits": (None, tok, "qa")},
-            {"start_logits": ("positions", True, "qa"), "end_logits": ("positions", True, "qa")},
+            {
+                "start_logits": ("positions", True, "question_contexts"),
+                "end_logits": ("positions", True, "question_contexts"),
+            },
         ),
         "embed": ({"embedding": (None, seq, "embed")}, {"embedding": ("cosine", False, "sentences")}),
-        "rerank": ({"logits": (None, seq, "rerank")}, {"logits": ("ranked", False, "rerank")}),
-        "zero_shot": ({"logits": (None, seq, "zero_shot")}, {"logits": ("labels", False, "zero_shot")}),
+        "rerank": ({"logits": (None, seq, "rerank")}, {"logits": ("ranked", False, "ranked_groups")}),
+        "zero_shot": ({"logits": (None, seq, "zero_shot")}, {"logits": ("labels", False, "hypotheses")}),
         "encoder": ({"last_hidden_state": (None, tok, None)}, {"last_hidden_state": ("cosine", True, "sentences")}),
     }
     for task, (spec, expected) in cases.items():
@@ -335,7 +338,7 @@ def test_qa_int8_is_searched_on_question_context_pairs(tmp_path):
     args = ["--ckpt", "tiny", "--random-init", "--task", "qa", "--out", str(out), "--max-seq", "64"]
     assert cli([*args, "--precision", "int8", "--int8-scope", "auto", "--int8-trials", "4"]) == 0
     quantization = json.loads((out / "manifest.json").read_text())["quantization"]
-    assert quantization["calibration"] == {"qa": 32}
+    assert quantization["calibration"] == {"question_contexts": 32}
     assert quantization["outputs"]["start_logits"]["kind"] == "positions" and quantization["trials"] <= 4
 
 
@@ -344,14 +347,14 @@ def test_calibration_has_long_contexts_and_entity_dense_sentences():
     from export.samples import CALIBRATION_QA, CALIBRATION_SENTENCES, QUESTION_CONTEXTS, SENTENCES
 
     tokenizer = BertTokenizer.from_dir(Path(__file__).resolve().parents[1] / "serving" / "demo_model")
-    calibration = sensitivity.build_calibration(tokenizer, {"sentences", "qa", "rerank"}, 256)
+    calibration = sensitivity.build_calibration(tokenizer, {"sentences", "question_contexts", "ranked_groups"}, 256)
     sizes = calibration.size()
     assert sizes["sentences"] == len(SENTENCES) + len(CALIBRATION_SENTENCES)
-    assert sizes["qa"] == len(QUESTION_CONTEXTS) + len(CALIBRATION_QA)
+    assert sizes["question_contexts"] == len(QUESTION_CONTEXTS) + len(CALIBRATION_QA)
     # the long contexts are whole paragraphs, kept whole (not cut) at 256 tokens
-    longest = max(b["attention_mask"].sum(1).max() for b in calibration.batches["qa"])
+    longest = max(b["attention_mask"].sum(1).max() for b in calibration.batches["question_contexts"])
     assert 120 < longest < 256
     # rerank: the short contexts' queries, and each long-context question against its paragraph's sentences
-    ranked = calibration.batches["rerank"]
+    ranked = calibration.batches["ranked_groups"]
     assert len(ranked) == len(QUESTION_CONTEXTS) + len(CALIBRATION_QA)
     assert all(len(b["input_ids"]) >= 4 for b in ranked[len(QUESTION_CONTEXTS) :])

@@ -347,8 +347,9 @@ class Task:
 
     # How python -m batch runs it; None: batch jobs do not run it.
     job: ClassVar[JobColumns | None] = None
-    # Export's verification and int8 search: the calibration inputs it is judged on (export/samples.py's sets:
-    # "sentences", "qa" question/context pairs, "rerank" query groups, "zero_shot" label hypotheses), and what
+    # Export's verification and int8 search: the calibration inputs it is judged on (export/sensitivity.py's
+    # CALIBRATION_SETS: "sentences", "question_contexts", "ranked_groups" of a query's candidates, "hypotheses" of a
+    # text's labels), and what
     # "agreement" with fp32 means for it (None: its head kind's, bert/heads.py: labels, positions, top-1 token).
     calibration: ClassVar[str] = "sentences"
     agreement: ClassVar[str | None] = None

@@ -596,7 +596,7 @@ class QATask(Task):
         to_item=lambda texts, options: _job_item(texts, options),
         options=lambda o: {},  # each item carries its own
     )
-    calibration = "qa"
+    calibration = "question_contexts"
     long_inputs = LONG_INPUTS
     trainable = True
     main_metric = "f1"

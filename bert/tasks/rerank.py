@@ -566,7 +566,7 @@ class RerankTask(Task):
         values=lambda answers: {"score": answers},
         to_item=lambda texts, options: list(texts),
     )
-    calibration = "rerank"
+    calibration = "ranked_groups"
     agreement = "ranked"  # what a user of a reranker sees: the text it puts first
 
     def serves(self, config: dict) -> bool:

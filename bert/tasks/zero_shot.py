@@ -242,7 +242,7 @@ class ZeroShotTask(Task):
             "scores": column_of(answers, lambda a: a["scores"]),
         },
     )
-    calibration = "zero_shot"
+    calibration = "hypotheses"
 
     def job_problems(self, options: dict) -> list[str]:
         labels = options["candidate_labels"]
