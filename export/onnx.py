@@ -276,6 +276,11 @@ def main(argv=None) -> None:
             extra_calibration = read_calibration(args.calibration)
         except CalibrationError as e:
             raise UsageError(str(e)) from None
+        if args.int8_distill and not any(extra_calibration.values()):
+            raise UsageError(
+                f"--calibration {args.calibration} holds no inputs to distill on; give text, one input a line, or "
+                "leave --calibration out to distill on the built-in text"
+            )
 
     import onnx
 
