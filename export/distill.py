@@ -40,7 +40,7 @@ INV255 = torch.tensor(1 / 255, dtype=torch.float32)
 TINY = 1e-12  # pertoken.py's floor on a row's scale
 GELU_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
 HELD_OUT_EVERY = 4  # every 4th calibration batch of each set is held out of training, for the agreement figure
-LEARNING_RATE = 2e-5
+LEARNING_RATE = 1e-6  # Adam moves every weight about this much a step; more outran int8's own error (docs/export.md)
 
 
 class DistillError(ValueError):
@@ -184,6 +184,7 @@ def output_loss(kind: str, token_level: bool, teacher: torch.Tensor, student: to
 class Distillation:
     steps: int
     seed: int
+    learning_rate: float
     seconds: float
     train_inputs: dict[str, int]
     held_out_inputs: dict[str, int]
@@ -200,7 +201,7 @@ class Distillation:
         return {
             "steps": self.steps,
             "seed": self.seed,
-            "learning_rate": LEARNING_RATE,
+            "learning_rate": self.learning_rate,
             "seconds": round(self.seconds, 1),
             "train_inputs": self.train_inputs,
             "held_out_inputs": self.held_out_inputs,
@@ -257,7 +258,9 @@ def _judged_present(judged, calibration):
     return {n: j for n, j in judged.items() if calibration.batches.get(j[2])}
 
 
-def distill(model, wrapper, config, calibration, judged, *, steps: int, seed: int = 0, note=print) -> Distillation:
+def distill(
+    model, wrapper, config, calibration, judged, *, steps: int, seed: int = 0, lr: float = LEARNING_RATE, note=print
+) -> Distillation:
     """Train `model` (in place; the wrapper's model) against a frozen fp32 copy of itself, for `steps` steps of
     one calibration batch each, through its fake-quantised int8 forward. Deterministic for a seed on one machine
     and thread count."""
@@ -281,6 +284,7 @@ def distill(model, wrapper, config, calibration, judged, *, steps: int, seed: in
     for p in teacher.parameters():
         p.requires_grad_(False)
     teacher_wrapper = ExportWrapper(teacher, wrapper.task)
+    note(f"the fp32 teacher's outputs on {sum(len(b['input_ids']) for _, b in work)} training inputs ...")
     with torch.no_grad():
         taught = [_outputs(teacher_wrapper, b) for _, b in work]
         held_reference = [_outputs(teacher_wrapper, b) for _, _, b in held.flat()]
@@ -288,12 +292,13 @@ def distill(model, wrapper, config, calibration, judged, *, steps: int, seed: in
     for p in frozen:  # read as uint8 tables, not trained
         p.requires_grad_(False)
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimiser = torch.optim.AdamW(trained, lr=LEARNING_RATE, weight_decay=0.0)
+    optimiser = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda i: 1.0 - i / steps)
     losses: list[float] = []
-    started = time.perf_counter()
+    began = time.perf_counter()
     with fake_quantised(model, config):
         before = torch_agreement(held_reference, wrapper, held, judged) if held.flat() else {}
+        started = time.perf_counter()
         order: list[int] = []
         report_every = max(1, steps // 10)
         for step in range(steps):
@@ -318,7 +323,7 @@ def distill(model, wrapper, config, calibration, judged, *, steps: int, seed: in
                 first = time.perf_counter() - started
                 note(
                     f"distilling: {steps} steps of one calibration batch, about {first * steps:.0f} s "
-                    f"(first step {first:.2f} s); loss {losses[0]:.4g}"
+                    f"(from the first step, {first:.2f} s); loss {losses[0]:.4g}"
                 )
             elif (step + 1) % report_every == 0 or step + 1 == steps:
                 spent = time.perf_counter() - started
@@ -338,7 +343,8 @@ def distill(model, wrapper, config, calibration, judged, *, steps: int, seed: in
     return Distillation(
         steps=steps,
         seed=seed,
-        seconds=time.perf_counter() - started,
+        learning_rate=lr,
+        seconds=time.perf_counter() - began,
         train_inputs={n: sum(len(b["input_ids"]) for b in bs) for n, bs in train.batches.items()},
         held_out_inputs=held.size(),
         before=before,

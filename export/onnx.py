@@ -133,6 +133,16 @@ class OnnxOptions:
         maximum=100_000,
     )
     distill_seed: int = option(0, metavar="N", help="with --int8-distill: the seed of the batch order", minimum=0)
+    distill_lr: float = option(
+        1e-6,
+        metavar="X",
+        help=(
+            "with --int8-distill: Adam's learning rate (each weight moves about this much a step; 2e-5 made the "
+            "demo model's int8 answers worse, docs/export.md)"
+        ),
+        above=0,
+        maximum=1e-2,
+    )
     calibration: str | None = option(
         None,
         metavar="FILE",
@@ -571,9 +581,8 @@ def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibra
         tokenizer, {on for _, _, on in judged.values()}, min(shape_range["max_seq"], 256), extra_calibration
     )
     with progress(
-        f"distilling for the all-int8 graph ({args.distill_steps} steps, seed {args.distill_seed}, calibration "
-        + ", ".join(f"{n} {k}" for k, n in calibration.size().items())
-        + ")"
+        f"distilling for the all-int8 graph ({args.distill_steps} steps, seed {args.distill_seed}, learning rate "
+        f"{args.distill_lr:g}, calibration " + ", ".join(f"{n} {k}" for k, n in calibration.size().items()) + ")"
     ):
         try:
             result = distill.distill(
@@ -584,6 +593,7 @@ def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibra
                 judged,
                 steps=args.distill_steps,
                 seed=args.distill_seed,
+                lr=args.distill_lr,
                 note=progress.note,
             )
         except distill.DistillError as e:
