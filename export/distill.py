@@ -313,7 +313,10 @@ def distill(
                 for n, (kind, token_level, judged_on) in judged.items()
                 if judged_on == name
             ]
-            loss = sum(t for t in terms if t is not None)
+            terms = [t for t in terms if t is not None]
+            if not terms:
+                raise DistillError(f"no float output of this model is judged on the {name} calibration set")
+            loss = sum(terms)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
