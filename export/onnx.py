@@ -114,6 +114,35 @@ class OnnxOptions:
         ),
         minimum=1,
     )
+    int8_distill: bool = option(
+        False,
+        help=(
+            "with --precision int8: before exporting, train the weights for --distill-steps steps so that the "
+            "all-int8 graph (--int8-scope all, implied) answers as the fp32 checkpoint does: the checkpoint is the "
+            "teacher, a copy of it runs each MatMul through the int8 graph's own rounding (per-channel weights, "
+            "per-token activations) and learns the teacher's outputs on the calibration text (the shipped samples "
+            "and --calibration FILE; no labels). A quarter of that text is held out and the manifest's "
+            "distillation records the graph's agreement on it. Opt-in: it takes minutes for a MiniLM-sized model"
+        ),
+    )
+    distill_steps: int = option(
+        200,
+        metavar="N",
+        help="with --int8-distill: training steps, one calibration batch (8 texts, or one ranked query) each",
+        minimum=1,
+        maximum=100_000,
+    )
+    distill_seed: int = option(0, metavar="N", help="with --int8-distill: the seed of the batch order", minimum=0)
+    distill_lr: float = option(
+        1e-6,
+        metavar="X",
+        help=(
+            "with --int8-distill: Adam's learning rate (each weight moves about this much a step; 2e-5 made the "
+            "demo model's int8 answers worse, docs/export.md)"
+        ),
+        above=0,
+        maximum=1e-2,
+    )
     calibration: str | None = option(
         None,
         metavar="FILE",
@@ -257,6 +286,11 @@ def main(argv=None) -> None:
             extra_calibration = read_calibration(args.calibration)
         except CalibrationError as e:
             raise UsageError(str(e)) from None
+        if args.int8_distill and not any(extra_calibration.values()):
+            raise UsageError(
+                f"--calibration {args.calibration} holds no inputs to distill on; give text, one input a line, or "
+                "leave --calibration out to distill on the built-in text"
+            )
 
     import onnx
 
@@ -287,9 +321,15 @@ def main(argv=None) -> None:
         raise UsageError(
             f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
         )
+    if args.int8_distill:
+        if args.precision != "int8":
+            raise UsageError(f"--int8-distill needs --precision int8 (got {args.precision})")
+        if args.int8_scope not in ("auto", "all"):
+            raise UsageError(f"--int8-distill trains for --int8-scope all (got {args.int8_scope})")
+        args.int8_scope = "all"
     quantizing = args.precision in ("int8", "auto")
     searching = quantizing and args.int8_scope == "auto"
-    progress = Progress(total=(6 if args.no_verify else 8) + searching + (args.precision == "auto"))
+    progress = Progress(total=(6 if args.no_verify else 8) + searching + (args.precision == "auto") + args.int8_distill)
     loading = time.perf_counter()
     load_model(source)
     progress.done(
@@ -315,7 +355,10 @@ def main(argv=None) -> None:
     pooling_mode = source.pooling.mode if pools(source.task) else None
     table_keys = {name: key for name, (key, _, _) in wrapper.spec.items()}  # graph output -> model output
 
-    if not args.no_verify:
+    distillation = None
+    if args.int8_distill:  # before anything is written: an interrupted run leaves no trace
+        distillation = distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibration, progress)
+    if not args.no_verify:  # the weights exported (distilled ones: the teacher's figures are the distillation's)
         with progress(f"running torch on {sum(len(b['input_ids']) for b in batches)} sample inputs"):
             reference = parity.torch_outputs(wrapper, batches)  # the model as trained: sdpa attention
 
@@ -461,6 +504,13 @@ def main(argv=None) -> None:
                     + (f", {len(per_token)} with per-token activations" if per_token else "")
                 )
                 int8_graphs = {"int8": (int8_path, quantization)}
+                if distillation is not None:
+                    quantization["distilled"] = True
+                    distillation.graph_agreement = held_out_agreement(int8_path, distillation, wrapper, source.task)
+                    progress.note(
+                        "distilled int8 on held-out text: "
+                        + ", ".join(f"{n} {describe_agreement(v)}" for n, v in distillation.graph_agreement.items())
+                    )
         if args.precision == "auto":
             with progress("timing the candidates on this machine"):
                 choice = choose_precision(
@@ -501,11 +551,100 @@ def main(argv=None) -> None:
                     | ({k: v for k, v in described.items() if k not in quantization} if search else {})
                     | {"fp32_matmuls": len(quantization["fp32_nodes"])}
                 )
+            if distillation is not None:
+                manifest["distillation"] = distillation.manifest
+                manifest["parity"]["reference"] = (
+                    "torch fp32 of the distilled weights (agreement with the checkpoint's own: distillation), "
+                    "the shipped sample text (export/samples.py)"
+                )
             if choice:
                 manifest["precision_choice"] = {k: v for k, v in choice.items() if k != "line"}
             write_manifest(tmp, manifest)
 
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
+
+
+def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibration, progress):
+    """Quantization-aware distillation of source.model in place (export/distill.py); returns its record."""
+    import hashlib
+
+    import torch
+
+    from . import distill, sensitivity
+    from .wrapper import dummy_inputs
+
+    with torch.no_grad():  # the judged outputs' dtypes: token ids are not scored
+        example = wrapper(*dummy_inputs(source.config))
+    wrapper.dtypes = {n: str(t.dtype).removeprefix("torch.") for n, t in zip(wrapper.output_names, example)}
+    judged = judged_outputs(wrapper, source.task)
+    calibration = sensitivity.build_calibration(
+        tokenizer, {on for _, _, on in judged.values()}, min(shape_range["max_seq"], 256), extra_calibration
+    )
+    with progress(
+        f"distilling for the all-int8 graph ({args.distill_steps} steps, seed {args.distill_seed}, learning rate "
+        f"{args.distill_lr:g}, calibration " + ", ".join(f"{n} {k}" for k, n in calibration.size().items()) + ")"
+    ):
+        try:
+            result = distill.distill(
+                source.model,
+                wrapper,
+                source.config,
+                calibration,
+                judged,
+                steps=args.distill_steps,
+                seed=args.distill_seed,
+                lr=args.distill_lr,
+                note=progress.note,
+            )
+        except distill.DistillError as e:
+            raise UsageError(str(e)) from None
+        progress.note(
+            "held-out agreement of the fake-quantised model: before "
+            + ", ".join(f"{n} {describe_agreement(v)}" for n, v in result.before.items())
+            + "; after "
+            + ", ".join(f"{n} {describe_agreement(v)}" for n, v in result.after.items())
+        )
+    text = {"built_in": "export/samples.py calibration text", "calibration_file": None}
+    if args.calibration:
+        digest = hashlib.sha256(Path(args.calibration).read_bytes()).hexdigest()
+        text["calibration_file"] = {"path": str(Path(args.calibration).resolve()), "sha256": digest}
+    result.judged = judged
+    result.manifest = {
+        "distilled": True,
+        "teacher": {
+            "checkpoint": source.name,
+            "sha256": source.checkpoint_sha256,
+            "random_init": source.random_init,
+        },
+        "text": text,
+        **result.describe(),
+    }
+    return result
+
+
+def held_out_agreement(int8_path: Path, distillation, wrapper, task: str) -> dict:
+    """The int8 graph's agreement with the teacher on the text the distillation held out (export/sensitivity.py's
+    measure); recorded in the manifest beside what the fake-quantised model gave."""
+    from . import distill, sensitivity
+
+    held = distillation.held_out
+    judged = distill._judged_present(distillation.judged, held)
+    if not held.flat() or not judged:
+        distillation.manifest["held_out_agreement"] = None
+        return {}
+    candidate = sensitivity.run_graph(int8_path, held, list(wrapper.output_names))
+    _, _, outputs = sensitivity.judge(distillation.held_reference, candidate, held, judged)
+    measured = distill.figures(outputs)
+    distillation.manifest["held_out_agreement"] = {
+        "measured_on": "the int8 graph written, onnxruntime CPU, against the fp32 teacher in torch",
+        "outputs": measured,
+    }
+    return measured
+
+
+def describe_agreement(figures: dict) -> str:
+    value = figures["agreement"]
+    return ("agreement n/a" if value is None else f"agreement {value:.4f}") + f", rms {figures['relative_rms']:.2e}"
 
 
 def artifact_config(config, source, wrapper, model_class: str):
