@@ -334,8 +334,9 @@ def plan_embed(
     options = {
         "normalize": normalize,
         "truncate": truncate,
-        "truncation_direction": truncation_direction,
+        # the default is not sent, so that a server from before the field answers as it did
         **_set(chunking=chunking, dimensions=dimensions, prompt_name=prompt_name),
+        **({"truncation_direction": truncation_direction} if truncation_direction != "right" else {}),
         **_model(model),
     }
     if not is_many(inputs):
