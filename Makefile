@@ -8,10 +8,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 # torch first, pinned: this version's CPU wheel is on disk; an unpinned torch pulls GBs of CUDA packages.
+# pip compiles the packages' bytecode as it installs them (no --no-compile): where PYTHONDONTWRITEBYTECODE is set,
+# every server and command the suite starts would otherwise compile what it imports again (docs/testing.md).
 TORCH  ?= torch==2.13.0
 # The suite in parallel, one test file per worker (a file's module fixtures are made once): much of a test's time
-# is a server or a command starting on one core (README, "Tests"). PYTEST_ARGS= runs it in one process.
-PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
+# is a server or a command starting on one core (README, "Tests"). Files go out in collection order, the longest
+# first (tests/conftest.py's LONG_FILES), not xdist's most-tests-first. PYTEST_ARGS= runs it in one process.
+PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 .PHONY: serve test test-fast lint demo setup setup-dev clean gpu-kit gpu-kit-dry-run
 

@@ -110,8 +110,37 @@ SLOW_TESTS = frozenset(
 )
 
 
+# The files that take longest, longest first (pytest --durations=0, summed per file). `make test` hands whole files
+# to its workers in collection order (--dist loadfile --no-loadscope-reorder), so these start first and the many
+# short files fill in at the end: in xdist's own order (most tests first) the run ended on a few long files, one
+# worker busy and the other idle.
+LONG_FILES = (
+    "test_family_parity.py",
+    "test_task_rerank.py",
+    "test_crash_checkpoints.py",
+    "test_serving_embed.py",
+    "test_export_minilm.py",
+    "test_artifact_integrity.py",
+    "test_task_fill_mask.py",
+    "test_export_int8_batch_invariance.py",
+    "test_gpu_kit.py",
+    "test_export_onnx.py",
+    "test_task_zero_shot.py",
+    "test_serving_api.py",
+    "test_serving_shutdown.py",
+    "test_family_training_export.py",
+    "test_families.py",
+    "test_modernbert.py",
+    "test_tracing.py",
+    "test_serving_onnx.py",
+    "test_bench_peers.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = item.path.name
         if name not in FAST_FILES or f"{name}::{item.originalname}" in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept

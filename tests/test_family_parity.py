@@ -8,7 +8,7 @@ HEAD_SCALE so that their scores spread over (0, 1): a random head at transformer
 text about 0.5 and every QA span about 1 / len², which would make an absolute tolerance on scores vacuous.
 
 One real server (`python -m serving`, torch backend) per family serves the three heads, and:
-- /classify on all 872 SST-2 dev sentences equals transformers' `pipeline("text-classification", top_k=None)`
+- /classify on SST-2 dev sentences equals transformers' `pipeline("text-classification", top_k=None)`
   (softmax, every label): the same labels in the same order, scores within 1e-5;
 - /ner on CoNLL-2003 valid sentences (each sent as its words joined by single spaces) equals
   `pipeline("token-classification", aggregation_strategy="first")`: the same entities (group, start, end), scores
@@ -24,14 +24,14 @@ One real server (`python -m serving`, torch backend) per family serves the three
   same float operations, so the scores come out identical; a family server whose positions were off by one
   answered 30 of the first 100 questions differently (checked once by hand).
 
-The suite compares every SST-2 dev sentence, every third CoNLL-2003 valid sentence (1,084 of 3,250, spread over
-the file) and the first 200 held-out questions; BERTSERVE_TEST_FULL=1 compares all 3,250 sentences and 500
+The suite compares every other SST-2 dev sentence (436 of 872), every sixth CoNLL-2003 valid sentence (542 of
+3,250), both spread over their file, and the first 200 held-out questions (the first 100 alone have no decisive
+answer, which the QA test requires); BERTSERVE_TEST_FULL=1 compares all 872 and 3,250 sentences and 500
 questions (the README's families section gives that run's figures).
 
 The pipelines run batched (32 texts, sorted by length) while the server answers the same texts, CHUNK per
-request. Heavy (marked slow): the reference pipelines and the servers each run MiniLM over ~70k CoNLL tokens,
-~20k SST-2 tokens and ~95k SQuAD tokens per family; 7.5 min for the three families on 2 CPU cores shared with two
-training jobs.
+request. Heavy (marked slow): the reference pipelines and the servers each run MiniLM over ~35k CoNLL tokens,
+~10k SST-2 tokens and ~95k SQuAD tokens per family.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ CHUNK = 32  # inputs per request: the server's --max-client-batch-size, set expl
 TOL = 1e-5
 FULL = os.environ.get("BERTSERVE_TEST_FULL") == "1"
 QUESTIONS = 500 if FULL else 200
-CONLL_STEP = 1 if FULL else 3  # every CONLL_STEP-th valid sentence
+SST2_STEP = 1 if FULL else 2  # every SST2_STEP-th dev sentence
+CONLL_STEP = 1 if FULL else 6  # every CONLL_STEP-th valid sentence
 HELDOUT_ARTICLES = 10
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 HEADS = {  # our task -> transformers' Auto class, its labels
@@ -228,10 +229,11 @@ def pipeline_all(pipe, texts: list[str], batch_size: int = 32) -> list:
     return answers
 
 
-def test_classify_all_sst2_dev_equals_pipeline(family, sst2_dev):
+def test_classify_sst2_dev_equals_pipeline(family, sst2_dev):
     model_type, dirs, server, _ = family
     texts = [sentence for sentence, _ in sst2_dev]
     assert len(texts) == 872
+    texts = texts[::SST2_STEP]
     pipe = transformers.pipeline("text-classification", model=str(dirs["classify"]), top_k=None, device="cpu")
     ours, theirs = served_and_pipeline(server.url, "/classify", pipe, texts, top_k=None)
     worst = 0.0

@@ -43,9 +43,21 @@ def onnx_artifact(minilm_dir, tmp_path_factory):
     return out
 
 
+KEY = "sk-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def minilm_server(minilm_dir):
+    """MiniLM on the torch backend, behind an API key (the `openai` client sends one): one server for the tests
+    of this file that read its answers; the ONNX export and the multi-task checkpoint have their own."""
+    with Server("--model", str(minilm_dir), "--api-key", KEY) as server:
+        yield server
+
+
 def _embed_all(url: str, sentences: list[str], batch: int) -> np.ndarray:
     vectors = []
-    with httpx.Client(base_url=url, timeout=60) as client:
+    with httpx.Client(base_url=url, timeout=60, headers=AUTH) as client:
         for i in range(0, len(sentences), batch):
             body = {"inputs": sentences[i] if batch == 1 else sentences[i : i + batch]}
             response = client.post("/embed", json=body)
@@ -55,36 +67,38 @@ def _embed_all(url: str, sentences: list[str], batch: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("backend,tolerance", [("torch", 1e-5), ("onnx", 1e-4)])
-def test_embed_equals_sentence_transformers_on_sst2_dev(
-    backend, tolerance, minilm_dir, onnx_artifact, sentences, reference
-):
-    model = minilm_dir if backend == "torch" else onnx_artifact
-    with Server("--model", str(model)) as server:
-        info = httpx.get(server.url + "/info").json()
-        assert info["tasks"] == ["embed"]
-        assert info["embedding"]["pooling"] == "mean" and info["embedding"]["dimensions"] == 384
-        batched = _embed_all(server.url, sentences, 32)
-        single = _embed_all(server.url, sentences, 1)
+def test_embed_equals_sentence_transformers_on_sst2_dev(backend, tolerance, request, sentences, reference):
+    if backend == "torch":
+        server = request.getfixturevalue("minilm_server")
+    else:
+        server = Server("--model", str(request.getfixturevalue("onnx_artifact")), "--api-key", KEY)
+        request.addfinalizer(server.stop)
+        server.wait_ready()
+    info = httpx.get(server.url + "/info", headers=AUTH).json()
+    assert info["tasks"] == ["embed"]
+    assert info["embedding"]["pooling"] == "mean" and info["embedding"]["dimensions"] == 384
+    batched = _embed_all(server.url, sentences, 32)
+    single = _embed_all(server.url, sentences, 1)
     errors = {"batched": float(np.abs(batched - reference).max()), "single": float(np.abs(single - reference).max())}
     print(f"bar 1, {backend}: {len(sentences)} SST-2 dev sentences, max |bertserve - sentence-transformers| {errors}")
     assert batched.shape == reference.shape == single.shape
     assert errors["batched"] <= tolerance and errors["single"] <= tolerance, errors
 
 
-def test_openai_client_reads_the_same_vectors(minilm_dir, sentences, reference):
+def test_openai_client_reads_the_same_vectors(minilm_server, sentences, reference):
     openai = pytest.importorskip("openai")
     texts = sentences[:32]  # the default max_client_batch_size
-    with Server("--model", str(minilm_dir), "--api-key", "sk-test") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test", max_retries=0)
-        default = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)  # base64 on the wire
-        floats = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
-        one = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0])
-        with pytest.raises(openai.UnprocessableEntityError):
-            client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], dimensions=385)
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).embeddings.create(
-                model="m", input="x"
-            )
+    server = minilm_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    default = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)  # base64 on the wire
+    floats = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
+    one = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0])
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], dimensions=385)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).embeddings.create(
+            model="m", input="x"
+        )
     for result in (default, floats):
         vectors = np.asarray([d.embedding for d in sorted(result.data, key=lambda d: d.index)])
         assert np.abs(vectors - reference[:32]).max() <= 1e-5
@@ -92,11 +106,10 @@ def test_openai_client_reads_the_same_vectors(minilm_dir, sentences, reference):
     assert np.abs(np.asarray(one.data[0].embedding) - reference[0]).max() <= 1e-5
 
 
-def test_v1_embeddings_wire_format(minilm_dir, reference, sentences):
-    with Server("--model", str(minilm_dir)) as server:
-        raw = httpx.post(
-            server.url + "/v1/embeddings", json={"input": sentences[:2], "model": "m", "encoding_format": "base64"}
-        ).json()
+def test_v1_embeddings_wire_format(minilm_server, reference, sentences):
+    with httpx.Client(base_url=minilm_server.url, headers=AUTH, timeout=60) as client:
+        raw = client.post("/v1/embeddings", json={"input": sentences[:2], "model": "m", "encoding_format": "base64"})
+        raw = raw.json()
         assert raw["object"] == "list" and [d["index"] for d in raw["data"]] == [0, 1]
         decoded = np.frombuffer(base64.b64decode(raw["data"][1]["embedding"]), dtype="<f4")
         assert np.abs(decoded - reference[1]).max() <= 1e-5
@@ -109,10 +122,10 @@ def test_v1_embeddings_wire_format(minilm_dir, reference, sentences):
             ({"input": "x", "encoding_format": "hex"}, 422),
             ({"input": "x", "extra": 1}, 422),
         ]:
-            response = httpx.post(server.url + "/v1/embeddings", json=body)
+            response = client.post("/v1/embeddings", json=body)
             assert response.status_code == status, (body, response.text)
             assert set(response.json()) == {"error", "error_type"}
-        unnormalised = httpx.post(server.url + "/embed", json={"inputs": "a film", "normalize": False}).json()[0]
+        unnormalised = client.post("/embed", json={"inputs": "a film", "normalize": False}).json()[0]
         assert abs(np.linalg.norm(unnormalised) - 1) > 1e-3  # raw pooled vector: not unit length
 
 

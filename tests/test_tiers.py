@@ -6,13 +6,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import FAST_FILES, SLOW_TESTS
+from conftest import FAST_FILES, LONG_FILES, SLOW_TESTS
 
 TESTS = Path(__file__).resolve().parent
 
 
 def test_every_fast_file_exists():
     assert sorted(name for name in FAST_FILES if not (TESTS / name).is_file()) == []
+
+
+def test_every_long_file_exists_once():
+    assert sorted(name for name in LONG_FILES if not (TESTS / name).is_file()) == []
+    assert len(set(LONG_FILES)) == len(LONG_FILES)
 
 
 def test_every_slow_test_is_a_test_of_a_fast_file():
