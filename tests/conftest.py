@@ -144,9 +144,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
-
-
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than the cores, as much of a test's time is a server or command starting while
-    its worker waits (`--maxprocesses` still caps it)."""
-    return (os.cpu_count() or 1) + 1
