@@ -202,7 +202,7 @@ class Route:
     """One HTTP endpoint of a task. The generic route factory validates the body against `request` (a class
     name in serving/routes/schemas.py), turns it into items and options with `to_items`, runs the task's one
     inference path, and answers `shape(answers, body)` documented by `response`: the answer's type, made of the
-    task's dataclasses (`list[list[Label]]`; a name in serving/routes/schemas.py for a shape written out there)."""
+    task's dataclasses (`list[list[Label]]`) or of plain values (`list[list[float]]`)."""
 
     path: str
     request: str
@@ -224,6 +224,13 @@ def texts_of(body) -> tuple[list, dict]:
     options."""
     inputs = body.inputs
     return ([inputs] if isinstance(inputs, str) else list(inputs)), body.model_dump(exclude={"inputs"})
+
+
+def tei_texts_of(body) -> tuple[list, dict]:
+    """`texts_of` for a body with TEI_TRUNCATE, whose null means its default (false)."""
+    texts, options = texts_of(body)
+    options["truncate"] = bool(options["truncate"])
+    return texts, options
 
 
 def one_or_list(answers: list, body, info=None):

@@ -156,6 +156,14 @@ def encode(tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool
     return classify.encode(tokenizer, list(texts), max_length=max_length, truncate=truncate)
 
 
+def encode_each(tokenizer, texts: list, limits: Limits, *, truncate: bool, truncation_direction: str) -> list:
+    """One window per text (`encode_cut` at the model's limit), in the per-item lists an `encode_request` gives."""
+    cut = encode_cut(
+        tokenizer, list(texts), max_length=limits.max_length, truncate=truncate, direction=truncation_direction
+    )
+    return [[f] for f in cut]
+
+
 def encode_cut(
     tokenizer, texts: list[str], *, max_length: int = 512, truncate: bool = False, direction: str = "right"
 ) -> list[Features]:
@@ -248,10 +256,7 @@ def encode_request(
     `truncation_direction` names); with `chunking` the whole-word windows of each, at most limits.max_sequences in
     all (TooMuchWork beyond, before any is built)."""
     if chunking is None:
-        cut = encode_cut(
-            tokenizer, items, max_length=limits.max_length, truncate=truncate, direction=truncation_direction
-        )
-        return [[f] for f in cut]
+        return encode_each(tokenizer, items, limits, truncate=truncate, truncation_direction=truncation_direction)
     if chunking not in CHUNKINGS:
         raise ValueError(f"chunking must be one of {', '.join(CHUNKINGS)}, got {chunking!r}")
     if truncate:

@@ -12,7 +12,7 @@ order) and ask for each entry's vocabulary word (`return_tokens`: a "token" besi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 import numpy as np
 
@@ -29,10 +29,11 @@ from bert.tasks.base import (
     check_inputs,
     column_of,
     declare_head_kind,
-    texts_of,
+    tei_texts_of,
+    texts_param,
 )
 from bert.tasks.common import Limits, ModelFacts
-from bert.tasks.embed import encode_cut
+from bert.tasks.embed import encode_each
 
 # one pooled (B, V) output per sequence, named after the task
 SPLADE = declare_head_kind("splade", ("",), (2,), False)
@@ -69,12 +70,6 @@ def decode(vector, tokenizer=None, *, threshold: float = 0.0, top_k: int | None 
     return [{"index": int(i), "value": v, "token": w} for i, v, w in zip(kept.tolist(), values, words)]
 
 
-def _items(body) -> tuple[list, dict]:
-    texts, options = texts_of(body)
-    options["truncate"] = bool(options["truncate"])  # TEI's null: its default
-    return texts, options
-
-
 def _columns(answers: list) -> dict[str, list]:
     return {
         "indices": column_of(answers, lambda a: [e["index"] for e in a]),
@@ -98,17 +93,12 @@ class SparseTask(Task):
             "EmbedSparseRequest",
             list[list[SparseValue]],
             "Sparse (SPLADE) embeddings of texts (text-embeddings-inference's shape)",
-            to_items=_items,
+            to_items=tei_texts_of,
             shape=lambda answers, body, info=None: answers,
             check=check_inputs,
             fields=(
                 MODEL,
-                Param(
-                    "inputs",
-                    Union[str, list[str]],
-                    help="a text or a list of texts",
-                    examples=("What is the capital of France?",),
-                ),
+                texts_param("What is the capital of France?"),
                 TEI_TRUNCATE,
                 TRUNCATION_DIRECTION,
                 PROMPT_NAME,
@@ -158,12 +148,7 @@ class SparseTask(Task):
     ):
         if top_k is not None and top_k > tokenizer.vocab_size:
             raise ValueError(f"top_k: {top_k} is more than this model's vocabulary ({tokenizer.vocab_size} tokens)")
-        return [
-            [f]
-            for f in encode_cut(
-                tokenizer, list(items), max_length=limits.max_length, truncate=truncate, direction=truncation_direction
-            )
-        ]
+        return encode_each(tokenizer, items, limits, truncate=truncate, truncation_direction=truncation_direction)
 
     def decode_request(
         self,

@@ -12,8 +12,6 @@ the model's input length each (422 beyond, or cut with `truncate`), so at most t
 
 from __future__ import annotations
 
-from typing import Union
-
 import numpy as np
 
 from bert.tasks.base import (
@@ -22,21 +20,15 @@ from bert.tasks.base import (
     TEI_TRUNCATE,
     TRUNCATION_DIRECTION,
     JobColumns,
-    Param,
     Route,
     Task,
     check_inputs,
     column_of,
-    texts_of,
+    tei_texts_of,
+    texts_param,
 )
 from bert.tasks.common import Limits, ModelFacts
-from bert.tasks.embed import encode_cut
-
-
-def _items(body) -> tuple[list, dict]:
-    texts, options = texts_of(body)
-    options["truncate"] = bool(options["truncate"])  # TEI's null: its default
-    return texts, options
+from bert.tasks.embed import encode_each
 
 
 class TokenEmbedTask(Task):
@@ -56,17 +48,12 @@ class TokenEmbedTask(Task):
             "EmbedAllRequest",
             list[list[list[float]]],
             "Every token's vector of texts (text-embeddings-inference's /embed_all)",
-            to_items=_items,
+            to_items=tei_texts_of,
             shape=lambda answers, body, info=None: answers,
             check=check_inputs,
             fields=(
                 MODEL,
-                Param(
-                    "inputs",
-                    Union[str, list[str]],
-                    help="a text or a list of texts",
-                    examples=("What is the capital of France?",),
-                ),
+                texts_param("What is the capital of France?"),
                 TEI_TRUNCATE,
                 TRUNCATION_DIRECTION,
                 PROMPT_NAME,
@@ -94,12 +81,7 @@ class TokenEmbedTask(Task):
         truncation_direction: str = "right",
         **_,
     ):
-        return [
-            [f]
-            for f in encode_cut(
-                tokenizer, list(items), max_length=limits.max_length, truncate=truncate, direction=truncation_direction
-            )
-        ]
+        return encode_each(tokenizer, items, limits, truncate=truncate, truncation_direction=truncation_direction)
 
     def decode_request(self, items, features, outputs, facts: ModelFacts, **_):
         return [np.asarray(o[0]["token_embed"], dtype=np.float32).tolist() for o in outputs]
