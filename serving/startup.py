@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -76,11 +77,20 @@ class _LoadingHandler(BaseHTTPRequestHandler):
         pass
 
 
+class _LoadingServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # A client that gives up while the model loads (a health probe's timeout, a reset) is not the server's
+        # error: no traceback in the log for it. Anything else is still printed.
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
 class LoadingResponder:
     """Answers on `sock` from a thread until stop(); the socket stays open for the server that follows."""
 
     def __init__(self, sock: socket.socket):
-        self._server = ThreadingHTTPServer(sock.getsockname()[:2], _LoadingHandler, bind_and_activate=False)
+        self._server = _LoadingServer(sock.getsockname()[:2], _LoadingHandler, bind_and_activate=False)
         self._server.socket.close()
         self._server.socket = sock
         self._server.daemon_threads = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import time
 
@@ -157,3 +158,22 @@ def test_the_settings_validate_the_new_flags():
         run.stderr
     )
     assert "BERTSERVE_DRAIN_DELAY_S" in _serve("--help").stdout
+
+
+def test_a_client_that_resets_while_the_model_loads_leaves_no_traceback(capfd):
+    from serving.startup import LoadingResponder, listen
+
+    sock = listen("127.0.0.1", 0)
+    responder = LoadingResponder(sock)
+    try:
+        for _ in range(20):
+            client = socket.create_connection(sock.getsockname()[:2])
+            client.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
+            client.close()
+        answer = httpx.get(f"http://127.0.0.1:{sock.getsockname()[1]}/health", timeout=5)
+        assert answer.status_code == 200, answer.text
+    finally:
+        responder.stop()
+        sock.close()
+    assert "Traceback" not in capfd.readouterr().err
