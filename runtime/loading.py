@@ -69,7 +69,7 @@ def load_model(path: Path, settings: LoadOptions, explicit: list[str] = ()) -> L
     """The model in `path` as `settings` say to run it; `explicit`: tasks it must serve (ModelError naming what it
     serves instead)."""
     spec = read_model_spec(path)
-    for task in explicit:  # a task any encoder serves, but only where asked (Task.unasked)
+    for task in explicit:  # a task any encoder serves, but only where asked (not Task.served_by_default)
         if task not in spec.tasks and TASKS[task].head is None:
             spec.tasks.append(task)
             spec.labels[task] = {}

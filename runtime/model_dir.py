@@ -162,8 +162,10 @@ def read_model_spec(path: Path) -> ModelSpec:
             f"{path}: task_labels names {unknown}, not tasks with a head ({', '.join(registry.with_heads())})"
         )
     # Any encoder serves the tasks without a head of their own (embed), beside its heads; those served only where
-    # asked (Task.unasked) when the directory was made for one (its config's task) or a server asks (load_model).
-    tasks = list(labels) + [t for t in TASKS if TASKS[t].head is None and (TASKS[t].unasked or t == task)]
+    # asked (not Task.served_by_default) when the directory was made for one (its config's task) or a server asks
+    # for one (load_model).
+    tasks = list(labels)
+    tasks += [t for t in TASKS if TASKS[t].head is None and (TASKS[t].served_by_default or t == task)]
     try:
         pooling = read_pooling(path)
     except PoolingError as e:

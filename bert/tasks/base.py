@@ -338,7 +338,7 @@ class Task:
     head: ClassVar[Head | None]  # None: served by the encoder itself (embed)
     encoder_output: ClassVar[str] = "embedding"  # without a head: the encoder output it reads (ENCODER_OUTPUTS)
     # Served by every model that can serve it; False: only by a model the server names for it (--<task>-model).
-    unasked: ClassVar[bool] = True
+    served_by_default: ClassVar[bool] = True
     # transformers classes of a checkpoint made for this task alone; the first is the one we write
     architectures: ClassVar[tuple[str, ...]] = ()
     labelled: ClassVar[bool] = False  # its head predicts named labels (id2label)

@@ -38,7 +38,7 @@ class TokenEmbedTask(Task):
     order = 45
     head = None
     encoder_output = "last_hidden_state"
-    unasked = False
+    served_by_default = False
     architectures = ("BertModel",)
     graph_outputs = {"token_embeddings": "token_embed"}
     single_graph_outputs = {"token_embeddings": "token_embed"}
