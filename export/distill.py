@@ -15,10 +15,11 @@ the same numbers the int8 graph computes:
   EmbedLayerNormalization) are read as onnxruntime's weight-only quantisation stores them: uint8, one asymmetric
   range per table. They are not trained.
 
-Gradients pass the rounding unchanged (straight-through estimator). The teacher is the fp32 model; the loss is the
-task's own agreement target on unlabeled text: the label distribution (classify, zero-shot, NER per token), the
-start and end distributions over a text's tokens (QA), the order of a query's texts (rerank), cosine to the
-teacher's vector (embeddings), and for every float output its squared error relative to the teacher's spread.
+Gradients pass the rounding unchanged (straight-through estimator). The teacher is the fp32 model. The recipe is
+block-wise reconstruction: one encoder layer at a time, in order, the student's layer is fed what the student's
+layers before it (already trained) give on unlabeled text, and learns, through its fake-quantised forward, to give
+what the teacher's same layer gives on the teacher's own input (squared error over the teacher's variance, real
+tokens only). The embeddings and whatever follows the last layer (pooler, heads) are not trained.
 Figures: docs/export.md, "int8: quantization-aware distillation".
 """
 
@@ -29,6 +30,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -40,7 +42,8 @@ INV255 = torch.tensor(1 / 255, dtype=torch.float32)
 TINY = 1e-12  # pertoken.py's floor on a row's scale
 GELU_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
 HELD_OUT_EVERY = 4  # every 4th calibration batch of each set is held out of training, for the agreement figure
-LEARNING_RATE = 1e-6  # Adam moves every weight about this much a step; more outran int8's own error (docs/export.md)
+LEARNING_RATE = 3e-5  # Adam's step on a layer's weights; the measured recipe (docs/export.md)
+RECIPE = "block-wise reconstruction"
 
 
 class DistillError(ValueError):
@@ -152,37 +155,18 @@ def fake_quantised(model: nn.Module, config):
 
 
 # ------------------------------------------------------------------------------------------------ the loss
-def _kl(teacher: torch.Tensor, student: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """KL(teacher || student) of the softmaxes along `dim`, averaged over the other axes."""
-    t = F.log_softmax(teacher, dim=dim)
-    s = F.log_softmax(student, dim=dim)
-    return (t.exp() * (t - s)).sum(dim).mean()
-
-
-def output_loss(kind: str, token_level: bool, teacher: torch.Tensor, student: torch.Tensor, mask: torch.Tensor):
-    """One output's distance from the teacher's, by what its agreement compares (export/sensitivity.py)."""
-    if not teacher.is_floating_point():
-        return None
-    real = mask.bool()
-    t, s = (teacher[real], student[real]) if token_level and kind != "positions" else (teacher, student)
-    spread = t.var(unbiased=False).clamp(min=1e-6)
-    loss = F.mse_loss(s, t) / spread
-    if kind == "cosine":
-        loss = loss + (1 - F.cosine_similarity(s.reshape(-1, s.shape[-1]), t.reshape(-1, t.shape[-1]), dim=-1)).mean()
-    elif kind == "positions":  # over each text's real tokens
-        neg = torch.finfo(t.dtype).min / 2
-        loss = loss + _kl(t.masked_fill(~real, neg), s.masked_fill(~real, neg), dim=1)
-    elif kind == "ranked":  # over the query's texts
-        loss = loss + _kl(t.reshape(len(t), -1)[:, 0], s.reshape(len(s), -1)[:, 0], dim=0)
-    elif kind == "labels" and t.shape[-1] > 1:
-        loss = loss + _kl(t, s)
-    return loss
+def relative_error(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A layer's output against the teacher's, over the batch's real tokens: squared error over the teacher's
+    variance."""
+    s, t = student[mask], teacher[mask]
+    return F.mse_loss(s, t) / t.var(unbiased=False).clamp(min=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------- the training
 @dataclass
 class Distillation:
-    steps: int
+    steps: int  # per layer
+    layers: int
     seed: int
     learning_rate: float
     seconds: float
@@ -191,6 +175,7 @@ class Distillation:
     before: dict[str, dict]  # held-out figures of the fake-quantised student, undistilled / distilled
     after: dict[str, dict]
     losses: list[float] = field(default_factory=list)
+    layer_losses: list[tuple[float, float]] = field(default_factory=list)  # per layer: its first / last tenth
     held_out: object = None  # the held-out Calibration and the teacher's outputs on it, for the graph's own figure
     held_reference: list = field(default_factory=list)
     judged: dict = field(default_factory=dict)
@@ -199,7 +184,10 @@ class Distillation:
 
     def describe(self) -> dict:
         return {
-            "steps": self.steps,
+            "recipe": RECIPE,
+            "steps": self.steps * self.layers,
+            "steps_per_layer": self.steps,
+            "layers": self.layers,
             "seed": self.seed,
             "learning_rate": self.learning_rate,
             "seconds": round(self.seconds, 1),
@@ -210,6 +198,7 @@ class Distillation:
             "fake_quant_agreement_after": self.after,
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
+            "layer_loss_first_last_tenth": [[round(a, 8), round(b, 8)] for a, b in self.layer_losses],
         }
 
 
@@ -258,25 +247,62 @@ def _judged_present(judged, calibration):
     return {n: j for n, j in judged.items() if calibration.batches.get(j[2])}
 
 
+class _Stop(Exception):
+    """Raised from a hook once it has what it came for: the rest of the forward is not needed."""
+
+
+def _layers(model: nn.Module) -> list[nn.Module]:
+    from bert.model import BertLayer
+
+    return [m for m in model.modules() if isinstance(m, BertLayer)]
+
+
+def _layer_inputs(wrapper, layers, batches, first_only: bool):
+    """Per batch, what the first layer reads (the embeddings' output) and, unless first_only, each layer's other
+    arguments (its mask, rotary tables, relative positions: a windowed layer has its own mask)."""
+    hidden: list[torch.Tensor] = []
+    extra: list[list] = [[] for _ in layers]
+
+    def grab(index, module, args, kwargs):
+        if index == 0:
+            hidden.append(args[0])
+        if not first_only:
+            extra[index].append((args[1:], kwargs))
+        if first_only or index == len(layers) - 1:
+            raise _Stop
+
+    hooks = [layer.register_forward_pre_hook(partial(grab, i), with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                try:
+                    wrapper(*_tensors(batch))
+                except _Stop:
+                    pass
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return hidden, extra
+
+
 def distill(
     model, wrapper, config, calibration, judged, *, steps: int, seed: int = 0, lr: float = LEARNING_RATE, note=print
 ) -> Distillation:
-    """Train `model` (in place; the wrapper's model) against a frozen fp32 copy of itself, for `steps` steps of
-    one calibration batch each, through its fake-quantised int8 forward. Deterministic for a seed on one machine
-    and thread count."""
+    """Train `model` (in place; the wrapper's model) layer by layer, `steps` steps of one calibration batch each
+    per encoder layer: each layer, fed what the layers before it (already trained) give through their
+    fake-quantised int8 forward, learns to give what the frozen fp32 teacher's same layer gives on the teacher's
+    own input. Deterministic for a seed on one machine and thread count."""
     from .wrapper import ExportWrapper
 
     if steps < 1:
         raise DistillError(f"distillation needs at least 1 step, got {steps}")
     train, held = split(calibration)
-    work = [
-        (name, b)
-        for name, batches in train.batches.items()
-        for b in batches
-        if any(j[2] == name for j in judged.values())
-    ]
+    work = [b for name, batches in train.batches.items() for b in batches if any(j[2] == name for j in judged.values())]
     if not work:
         raise DistillError("distillation has no calibration text that any output of this model is judged on")
+    layers = _layers(model)
+    if not layers:
+        raise DistillError("distillation found no encoder layer to train in this model")
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model.eval()  # no dropout: the student is judged as it is served
@@ -284,67 +310,90 @@ def distill(
     for p in teacher.parameters():
         p.requires_grad_(False)
     teacher_wrapper = ExportWrapper(teacher, wrapper.task)
-    note(f"the fp32 teacher's outputs on {sum(len(b['input_ids']) for _, b in work)} training inputs ...")
+    teacher_layers = _layers(teacher)
+    note(
+        f"the fp32 teacher's outputs on {sum(held.size().values())} held-out inputs and its first layer's input on "
+        f"{sum(len(b['input_ids']) for b in work)} training inputs ..."
+    )
     with torch.no_grad():
-        taught = [_outputs(teacher_wrapper, b) for _, b in work]
         held_reference = [_outputs(teacher_wrapper, b) for _, _, b in held.flat()]
-    frozen = [p for p in _embedding_tensors(model, config) if p.requires_grad]
-    for p in frozen:  # read as uint8 tables, not trained
+    taught, _ = _layer_inputs(teacher_wrapper, teacher_layers, work, first_only=True)
+    masks = [torch.from_numpy(np.asarray(b["attention_mask"])).bool() for b in work]
+    trainable = {p: p.requires_grad for p in model.parameters()}
+    for p in trainable:
         p.requires_grad_(False)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    optimiser = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda i: 1.0 - i / steps)
+    total = steps * len(layers)
+    report_every = max(1, total // 10)
+    timed = min(3, steps)
     losses: list[float] = []
+    layer_losses: list[tuple[float, float]] = []
     began = time.perf_counter()
-    with fake_quantised(model, config):
-        before = torch_agreement(held_reference, wrapper, held, judged) if held.flat() else {}
-        started = time.perf_counter()
-        order: list[int] = []
-        report_every = max(1, steps // 10)
-        for step in range(steps):
-            if not order:
-                order = torch.randperm(len(work), generator=generator).tolist()
-            index = order.pop()
-            name, batch = work[index]
-            student = _outputs(wrapper, batch)
-            mask = torch.from_numpy(np.asarray(batch["attention_mask"]))
-            terms = [
-                output_loss(kind, token_level, taught[index][n], student[n], mask)
-                for n, (kind, token_level, judged_on) in judged.items()
-                if judged_on == name
-            ]
-            terms = [t for t in terms if t is not None]
-            if not terms:
-                raise DistillError(f"no float output of this model is judged on the {name} calibration set")
-            loss = sum(terms)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            schedule.step()
-            losses.append(loss.item())
-            if step == 0:
-                first = time.perf_counter() - started
-                note(
-                    f"distilling: {steps} steps of one calibration batch, about {first * steps:.0f} s "
-                    f"(from the first step, {first:.2f} s); loss {losses[0]:.4g}"
-                )
-            elif (step + 1) % report_every == 0 or step + 1 == steps:
-                spent = time.perf_counter() - started
-                left = spent / (step + 1) * (steps - step - 1)
-                bar = "#" * round(20 * (step + 1) / steps)
-                note(
-                    f"[{bar:<20}] step {step + 1}/{steps}, loss {np.mean(losses[-report_every:]):.4g}, "
-                    f"{spent:.0f} s, about {left:.0f} s left"
-                )
-        after = torch_agreement(held_reference, wrapper, held, judged) if held.flat() else {}
-    for p in model.parameters():
-        p.grad = None
-    for p in frozen:
-        p.requires_grad_(True)
-    if any(not math.isfinite(v) for v in losses):
-        raise DistillError("distillation diverged (a loss that is not finite); try fewer steps")
+    try:
+        with fake_quantised(model, config):
+            before = torch_agreement(held_reference, wrapper, held, judged) if held.flat() else {}
+            started = time.perf_counter()
+            inputs, extra = _layer_inputs(wrapper, layers, work, first_only=False)
+            for index, (layer, teacher_layer) in enumerate(zip(layers, teacher_layers)):
+                prepared = time.perf_counter()
+                with torch.no_grad():
+                    taught = [teacher_layer(x, *a, **k) for x, (a, k) in zip(taught, extra[index])]
+                prepared = time.perf_counter() - prepared
+                trained = list(layer.parameters())
+                for p in trained:
+                    p.requires_grad_(True)
+                optimiser = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
+                schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda i: 1.0 - i / steps)
+                order: list[int] = []
+                mark = len(losses)
+                stepping = time.perf_counter()
+                for step in range(steps):
+                    if not order:
+                        order = torch.randperm(len(work), generator=generator).tolist()
+                    j = order.pop()
+                    args, kwargs = extra[index][j]
+                    loss = relative_error(layer(inputs[j], *args, **kwargs), taught[j], masks[j])
+                    optimiser.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimiser.step()
+                    schedule.step()
+                    losses.append(loss.item())
+                    done = index * steps + step + 1
+                    spent = time.perf_counter() - started
+                    if index == 0 and step + 1 == timed:
+                        # each layer: its steps, and two passes over the text (the teacher's layer, then the
+                        # trained student's, to feed the next)
+                        per_step = (time.perf_counter() - stepping) / timed
+                        estimate = len(layers) * (steps * per_step + 2 * prepared)
+                        note(
+                            f"distilling: {len(layers)} layers x {steps} steps of one calibration batch, about "
+                            f"{estimate:.0f} s (from the first {timed} steps, {per_step:.2f} s a step); "
+                            f"loss {losses[0]:.4g}"
+                        )
+                    if done % report_every == 0 or step + 1 == steps:
+                        left = spent / done * (total - done)
+                        bar = "#" * round(20 * done / total)
+                        since = losses[max(mark, len(losses) - report_every) :]
+                        note(
+                            f"[{bar:<20}] layer {index + 1}/{len(layers)}, step {done}/{total}, "
+                            f"loss {np.mean(since):.4g}, {spent:.0f} s, about {left:.0f} s left"
+                        )
+                tenth = max(1, steps // 10)
+                layer_losses.append((float(np.mean(losses[mark : mark + tenth])), float(np.mean(losses[-tenth:]))))
+                for p in trained:
+                    p.requires_grad_(False)
+                    p.grad = None
+                if not all(math.isfinite(v) for v in losses[mark:]):
+                    raise DistillError("distillation diverged (a loss that is not finite); try a lower --distill-lr")
+                with torch.no_grad():
+                    inputs = [layer(x, *a, **k) for x, (a, k) in zip(inputs, extra[index])]
+            after = torch_agreement(held_reference, wrapper, held, judged) if held.flat() else {}
+    finally:
+        for p, flag in trainable.items():
+            p.requires_grad_(flag)
+            p.grad = None
     return Distillation(
         steps=steps,
+        layers=len(layers),
         seed=seed,
         learning_rate=lr,
         seconds=time.perf_counter() - began,
@@ -353,6 +402,7 @@ def distill(
         before=before,
         after=after,
         losses=losses,
+        layer_losses=layer_losses,
         held_out=held,
         held_reference=[{n: v.numpy() for n, v in r.items()} for r in held_reference],
         judged=judged,

@@ -117,29 +117,30 @@ class OnnxOptions:
     int8_distill: bool = option(
         False,
         help=(
-            "with --precision int8: before exporting, train the weights for --distill-steps steps so that the "
-            "all-int8 graph (--int8-scope all, implied) answers as the fp32 checkpoint does: the checkpoint is the "
-            "teacher, a copy of it runs each MatMul through the int8 graph's own rounding (per-channel weights, "
-            "per-token activations) and learns the teacher's outputs on the calibration text (the shipped samples "
-            "and --calibration FILE; no labels). A quarter of that text is held out and the manifest's "
-            "distillation records the graph's agreement on it. Opt-in: it takes minutes for a MiniLM-sized model"
+            "with --precision int8: before exporting, train the weights so that the all-int8 graph (--int8-scope "
+            "all, implied) answers as the fp32 checkpoint does: the checkpoint is the teacher, a copy of it runs "
+            "each MatMul through the int8 graph's own rounding (per-channel weights, per-token activations) and, "
+            "one encoder layer at a time (block-wise reconstruction), learns to give the teacher's layer output on "
+            "the calibration text (the shipped samples and --calibration FILE; no labels). A quarter of that text "
+            "is held out and the manifest's distillation records the graph's agreement on it. Opt-in: it takes "
+            "minutes for a MiniLM-sized model"
         ),
     )
     distill_steps: int = option(
-        200,
+        300,
         metavar="N",
-        help="with --int8-distill: training steps, one calibration batch (8 texts, or one ranked query) each",
+        help=(
+            "with --int8-distill: training steps per encoder layer, one calibration batch (8 texts, or one ranked "
+            "query) each"
+        ),
         minimum=1,
         maximum=100_000,
     )
     distill_seed: int = option(0, metavar="N", help="with --int8-distill: the seed of the batch order", minimum=0)
     distill_lr: float = option(
-        1e-6,
+        3e-5,
         metavar="X",
-        help=(
-            "with --int8-distill: Adam's learning rate (each weight moves about this much a step; 2e-5 made the "
-            "demo model's int8 answers worse, docs/export.md)"
-        ),
+        help="with --int8-distill: Adam's learning rate, decayed linearly to 0 over each layer's steps",
         above=0,
         maximum=1e-2,
     )
@@ -581,7 +582,7 @@ def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibra
         tokenizer, {on for _, _, on in judged.values()}, min(shape_range["max_seq"], 256), extra_calibration
     )
     with progress(
-        f"distilling for the all-int8 graph ({args.distill_steps} steps, seed {args.distill_seed}, learning rate "
+        f"distilling for the all-int8 graph ({args.distill_steps} steps a layer, seed {args.distill_seed}, learning rate "
         f"{args.distill_lr:g}, calibration " + ", ".join(f"{n} {k}" for k, n in calibration.size().items()) + ")"
     ):
         try:
