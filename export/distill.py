@@ -285,6 +285,33 @@ def _layer_inputs(wrapper, layers, batches, first_only: bool):
     return hidden, extra
 
 
+def _fit_layer(layer, inputs, taught, extra, masks, steps: int, lr: float, generator):
+    """Train `layer` alone (AdamW, lr decayed linearly to 0) so that on each batch's input it gives the teacher's
+    output, one batch a step in a seeded order; yields each step's loss. Its weights are trainable only meanwhile."""
+    trained = list(layer.parameters())
+    for p in trained:
+        p.requires_grad_(True)
+    optimiser = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda i: 1.0 - i / steps)
+    order: list[int] = []
+    try:
+        for _ in range(steps):
+            if not order:
+                order = torch.randperm(len(inputs), generator=generator).tolist()
+            j = order.pop()
+            args, kwargs = extra[j]
+            loss = relative_error(layer(inputs[j], *args, **kwargs), taught[j], masks[j])
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            schedule.step()
+            yield loss.item()
+    finally:
+        for p in trained:
+            p.requires_grad_(False)
+            p.grad = None
+
+
 def distill(
     model, wrapper, config, calibration, judged, *, steps: int, seed: int = 0, lr: float = LEARNING_RATE, note=print
 ) -> Distillation:
@@ -338,25 +365,11 @@ def distill(
                 with torch.no_grad():
                     taught = [teacher_layer(x, *a, **k) for x, (a, k) in zip(taught, extra[index])]
                 prepared = time.perf_counter() - prepared
-                trained = list(layer.parameters())
-                for p in trained:
-                    p.requires_grad_(True)
-                optimiser = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
-                schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda i: 1.0 - i / steps)
-                order: list[int] = []
                 mark = len(losses)
                 stepping = time.perf_counter()
-                for step in range(steps):
-                    if not order:
-                        order = torch.randperm(len(work), generator=generator).tolist()
-                    j = order.pop()
-                    args, kwargs = extra[index][j]
-                    loss = relative_error(layer(inputs[j], *args, **kwargs), taught[j], masks[j])
-                    optimiser.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimiser.step()
-                    schedule.step()
-                    losses.append(loss.item())
+                for loss in _fit_layer(layer, inputs, taught, extra[index], masks, steps, lr, generator):
+                    losses.append(loss)
+                    step = len(losses) - mark - 1
                     done = index * steps + step + 1
                     spent = time.perf_counter() - started
                     if index == 0 and step + 1 == timed:
@@ -379,9 +392,6 @@ def distill(
                         )
                 tenth = max(1, steps // 10)
                 layer_losses.append((float(np.mean(losses[mark : mark + tenth])), float(np.mean(losses[-tenth:]))))
-                for p in trained:
-                    p.requires_grad_(False)
-                    p.grad = None
                 if not all(math.isfinite(v) for v in losses[mark:]):
                     raise DistillError("distillation diverged (a loss that is not finite); try a lower --distill-lr")
                 with torch.no_grad():
