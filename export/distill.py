@@ -352,7 +352,7 @@ def distill(
     total = steps * len(layers)
     report_every = max(1, total // 10)
     warm = 1 if steps > 1 else 0  # the first step builds the kernels and buffers the rest reuse: not timed
-    timed = min(3, steps - warm)
+    timed = min(10, steps - warm)
     losses: list[float] = []
     layer_losses: list[tuple[float, float]] = []
     began = time.perf_counter()
