@@ -56,6 +56,10 @@ KINDS = ("embeddings", "attention", "attention-output", "ffn-in", "ffn-out", "ot
 # (onnxruntime's dynamic quantisation, one scale for the whole batch), kept for comparison
 # (docs/export.md, "int8: batch-invariant answers")
 SCHEMES = ("per-token", "per-tensor")
+# The search's per-token rows (export/pertoken.py MODES): each row its own range and zero point. Its two reductions
+# a row cost the all-int8 graph a few percent against "auto" (symmetric but where a GELU feeds the MatMul), and
+# the search then keeps far fewer groups fp32 for the same agreement (docs/export.md, "int8: asymmetric rows").
+ROWS = "asymmetric"
 # Groups whose integer kernels save next to no time (a gather of embedding rows; the pooler and the heads, one small
 # MatMul each) but whose int8 weights move every answer: kept fp32 before any layer's group (docs/export.md).
 CHEAP = ("embeddings", "head")
@@ -420,10 +424,12 @@ def scheme_of_nodes(model: onnx.ModelProto, nodes, scheme: str) -> dict[str, str
     return {n: "per-token" if n in per_token else "weights-only" for n in nodes if n in per_token | tables}
 
 
-def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outliers=None) -> Path:
+def build_int8(
+    fused_path: Path, out_path: Path, schemes: dict[str, str], outliers=None, rows: str | None = None
+) -> Path:
     """The fused graph with each node of `schemes` quantised as it says (per-tensor first, by onnxruntime's
     quantize_dynamic, which leaves the other nodes as they are; then per-token, with `outliers`: node -> input
-    channels kept fp32); every other node stays fp32."""
+    channels kept fp32, and `rows`: export/pertoken.py's mode, ROWS unless given); every other node stays fp32."""
     from .pertoken import per_token
     from .variants import quantize_dynamic_graph, save
 
@@ -436,7 +442,8 @@ def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outlie
         model = onnx.load(str(out_path))
     else:
         model = onnx.load(str(fused_path))
-    return save(per_token(model, tokens, outliers={n: c for n, c in (outliers or {}).items() if n in tokens}), out_path)
+    channels = {n: c for n, c in (outliers or {}).items() if n in tokens}
+    return save(per_token(model, tokens, rows or ROWS, outliers=channels), out_path)
 
 
 def outlier_channels(fused_path: Path, calibration: Calibration, nodes) -> dict[str, list[int]]:
@@ -522,6 +529,7 @@ class Search:
             "method": "per-tensor" if per_tensor else "per-row",
             "weights": "int8 per channel",
             "activations": "uint8 per tensor, one scale for the whole batch" if per_tensor else SCHEME,
+            "row_mode": ROWS if per_token else None,
             "batch_invariant": not per_tensor,
             "scope": "auto",
             "scheme": self.scheme,

@@ -205,7 +205,13 @@ def weight_only_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 def quantize_int8(
-    fused_path: Path, out_path: Path, scope: str = "skip-ffn-output", excluded=None, per_token_nodes=(), outliers=None
+    fused_path: Path,
+    out_path: Path,
+    scope: str = "skip-ffn-output",
+    excluded=None,
+    per_token_nodes=(),
+    outliers=None,
+    rows: str | None = None,
 ) -> dict:
     """int8 for CPU on the fused graph: int8 weights per output channel, and each activation row (one token of one
     text) quantised with its own scale at run time (export/pertoken.py), so a text's answer is the same whatever
@@ -216,11 +222,15 @@ def quantize_int8(
     Scope "all" quantises every MatMul and fused Attention; "skip-ffn-output" keeps each layer's FFN output
     projection fp32 (its input, the GELU output, has a long tail); "auto" keeps `excluded` fp32 and quantises
     `per_token_nodes`, the nodes export/sensitivity.py's search chose, with `outliers` (node -> input channels) fp32
-    beside the int8 product. Returns what was done, for the manifest."""
+    beside the int8 product. `rows` (export/pertoken.py's modes): scope auto's default is the rows the search
+    measured (export/sensitivity.py ROWS), the other scopes' "auto" (what --int8-distill's fake quantisation
+    computes). Returns what was done, for the manifest."""
     from .pertoken import SCHEME, rewritable
+    from .sensitivity import ROWS
 
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
+    rows = rows or (ROWS if scope == "auto" else "auto")
     graph = onnx.load(str(fused_path), load_external_data=False)
     if scope == "skip-ffn-output":
         excluded = ffn_output_matmuls(graph)
@@ -246,15 +256,15 @@ def quantize_int8(
     if per_token_nodes:
         from .pertoken import per_token
 
-        per_token(
-            quantized, per_token_nodes, outliers={n: c for n, c in (outliers or {}).items() if n in per_token_nodes}
-        )
+        channels = {n: c for n, c in (outliers or {}).items() if n in per_token_nodes}
+        per_token(quantized, per_token_nodes, rows, outliers=channels)
     split = split_skip_layer_norm(quantized)
     save(quantized, out_path)
     return {
         "method": "per-row",
         "weights": "int8 per channel",
         "activations": SCHEME,
+        "row_mode": rows,
         "batch_invariant": True,
         "scope": scope,
         "fp32_nodes": list(excluded),

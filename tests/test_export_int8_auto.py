@@ -208,6 +208,9 @@ def test_an_attention_kept_fp32_for_its_value_quantises_its_query_and_key(tiny_f
     # per-token scales take in a few loud channels that a per-tensor scale could not, and step 4 takes the loud one
     # out: here step 4 is handed a quiet channel instead, so that the attention stays fp32 and step 5 runs
     monkeypatch.setattr(sensitivity, "outlier_channels", lambda path, calibration, nodes: {n: [0] for n in nodes})
+    # symmetric rows but after a GELU: the shipped asymmetric rows meet the target here with every group int8
+    # (the next test), so steps 3-5 would not run
+    monkeypatch.setattr(sensitivity, "ROWS", "auto")
     notes = []
     found = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
     assert "layer 1 attention" in [g.label for g in found.kept]
@@ -227,13 +230,25 @@ def test_an_attention_kept_fp32_for_its_value_quantises_its_query_and_key(tiny_f
     assert nodes["Attention_1/v"] == "MatMul" and nodes["Attention_1/qk/per_token/MatMulIntegerToFloat"]
 
 
-def test_a_group_kept_fp32_for_an_outlier_channel_is_int8_with_that_channel_fp32(tiny_fused, tmp_path):
+def test_a_group_kept_fp32_for_an_outlier_channel_is_int8_with_that_channel_fp32(tiny_fused, tmp_path, monkeypatch):
     from bert.tokenizer import BertTokenizer
     from export.variants import quantize_int8
 
     calibration = sensitivity.build_calibration(BertTokenizer.from_dir(tiny_fused.parent), {"sentences"}, 32)
     judged = {"logits": ("cosine", False, "sentences")}
     planted = planted_value_outlier(tiny_fused, tmp_path / "planted.onnx", channels=(5,))
+    # the shipped rows (each its own range and zero point) meet the target with every group int8, and the export
+    # writes those rows; symmetric rows (below) need the attention's loud channel taken out
+    assert sensitivity.ROWS == "asymmetric"
+    shipped = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=lambda line: None)
+    assert shipped.kept == [] and len(shipped.trials) == 1 and shipped.chosen.agreement >= 0.99
+    rows = [n for n, how in shipped.quantised.items() if how == "per-token"]
+    written = quantize_int8(planted, tmp_path / "shipped.onnx", "auto", [], rows)
+    assert written["row_mode"] == "asymmetric"
+    reference = sensitivity.run_graph(planted, calibration, ["logits"])
+    answers = sensitivity.run_graph(tmp_path / "shipped.onnx", calibration, ["logits"])
+    assert sensitivity.judge(reference, answers, calibration, judged)[0] == shipped.chosen.agreement
+    monkeypatch.setattr(sensitivity, "ROWS", "auto")
     notes = []
     found = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
     # step 3 keeps the attention fp32; step 4 finds the loud channel and quantises the rest of its input
