@@ -33,6 +33,10 @@ MODES = ("auto", "symmetric", "asymmetric")
 # unused), symmetric elsewhere (LayerNorm and attention outputs straddle zero; two reductions fewer)
 GELU_OPS = ("BiasGelu", "FastGelu", "Gelu")  # as fused by onnxruntime
 SCHEME = "uint8, one scale per row: per token of each text, never shared across the texts of a batch"
+# The rows of the default search's graphs (export/sensitivity.py), measured and written alike: each row its own range
+# and zero point. Its two reductions a row cost the all-int8 graph a few percent against "auto", and the search then
+# keeps far fewer groups fp32 for the same agreement (docs/export.md, "int8: asymmetric rows").
+SEARCH_ROWS = "asymmetric"
 
 
 class PerTokenError(ValueError):

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from . import pertoken
 from .pertoken import QK, SCHEME, rewritable
 from .samples import (
     CALIBRATION_QA,
@@ -56,10 +57,6 @@ KINDS = ("embeddings", "attention", "attention-output", "ffn-in", "ffn-out", "ot
 # (onnxruntime's dynamic quantisation, one scale for the whole batch), kept for comparison
 # (docs/export.md, "int8: batch-invariant answers")
 SCHEMES = ("per-token", "per-tensor")
-# The search's per-token rows (export/pertoken.py MODES): each row its own range and zero point. Its two reductions
-# a row cost the all-int8 graph a few percent against "auto" (symmetric but where a GELU feeds the MatMul), and
-# the search then keeps far fewer groups fp32 for the same agreement (docs/export.md, "int8: asymmetric rows").
-ROWS = "asymmetric"
 # Groups whose integer kernels save next to no time (a gather of embedding rows; the pooler and the heads, one small
 # MatMul each) but whose int8 weights move every answer: kept fp32 before any layer's group (docs/export.md).
 CHEAP = ("embeddings", "head")
@@ -429,7 +426,7 @@ def build_int8(
 ) -> Path:
     """The fused graph with each node of `schemes` quantised as it says (per-tensor first, by onnxruntime's
     quantize_dynamic, which leaves the other nodes as they are; then per-token, with `outliers`: node -> input
-    channels kept fp32, and `rows`: export/pertoken.py's mode, ROWS unless given); every other node stays fp32."""
+    channels kept fp32, and `rows`: export/pertoken.py's mode, SEARCH_ROWS unless given); every other node stays fp32."""
     from .pertoken import per_token
     from .variants import quantize_dynamic_graph, save
 
@@ -443,7 +440,7 @@ def build_int8(
     else:
         model = onnx.load(str(fused_path))
     channels = {n: c for n, c in (outliers or {}).items() if n in tokens}
-    return save(per_token(model, tokens, rows or ROWS, outliers=channels), out_path)
+    return save(per_token(model, tokens, rows or pertoken.SEARCH_ROWS, outliers=channels), out_path)
 
 
 def outlier_channels(fused_path: Path, calibration: Calibration, nodes) -> dict[str, list[int]]:
@@ -529,7 +526,7 @@ class Search:
             "method": "per-tensor" if per_tensor else "per-row",
             "weights": "int8 per channel",
             "activations": "uint8 per tensor, one scale for the whole batch" if per_tensor else SCHEME,
-            "row_mode": ROWS if per_token else None,
+            "row_mode": pertoken.SEARCH_ROWS if per_token else None,
             "batch_invariant": not per_tensor,
             "scope": "auto",
             "scheme": self.scheme,

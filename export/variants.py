@@ -223,14 +223,14 @@ def quantize_int8(
     projection fp32 (its input, the GELU output, has a long tail); "auto" keeps `excluded` fp32 and quantises
     `per_token_nodes`, the nodes export/sensitivity.py's search chose, with `outliers` (node -> input channels) fp32
     beside the int8 product. `rows` (export/pertoken.py's modes): scope auto's default is the rows the search
-    measured (export/sensitivity.py ROWS), the other scopes' "auto" (what --int8-distill's fake quantisation
+    measured (export/pertoken.py SEARCH_ROWS), the other scopes' "auto" (what --int8-distill's fake quantisation
     computes). Returns what was done, for the manifest."""
+    from . import pertoken
     from .pertoken import SCHEME, rewritable
-    from .sensitivity import ROWS
 
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
-    rows = rows or (ROWS if scope == "auto" else "auto")
+    rows = rows or (pertoken.SEARCH_ROWS if scope == "auto" else "auto")
     graph = onnx.load(str(fused_path), load_external_data=False)
     if scope == "skip-ffn-output":
         excluded = ffn_output_matmuls(graph)

@@ -253,7 +253,13 @@ def test_an_interrupted_distillation_leaves_the_old_artifact_whole(tmp_path):
             if "distilling:" in line or time.monotonic() > deadline:
                 break
         proc.send_signal(sig)
-        rest = proc.communicate(timeout=60)[1]
+        try:
+            rest = proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(
+                f"{sig.name}: still running 60 s later; then: {proc.communicate()[1][-3000:]}"
+            ) from None
         assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL)
         if sig == signal.SIGINT:
             assert rest.strip().splitlines()[-1] == "interrupted"

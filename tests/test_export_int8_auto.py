@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("torch")
 
-from export import sensitivity  # noqa: E402
+from export import pertoken, sensitivity  # noqa: E402
 from export.onnx import OnnxOptions, cli  # noqa: E402
 from export.samples import CalibrationError, read_calibration  # noqa: E402
 
@@ -210,7 +210,7 @@ def test_an_attention_kept_fp32_for_its_value_quantises_its_query_and_key(tiny_f
     monkeypatch.setattr(sensitivity, "outlier_channels", lambda path, calibration, nodes: {n: [0] for n in nodes})
     # symmetric rows but after a GELU: the shipped asymmetric rows meet the target here with every group int8
     # (the next test), so steps 3-5 would not run
-    monkeypatch.setattr(sensitivity, "ROWS", "auto")
+    monkeypatch.setattr(pertoken, "SEARCH_ROWS", "auto")
     notes = []
     found = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
     assert "layer 1 attention" in [g.label for g in found.kept]
@@ -239,7 +239,7 @@ def test_a_group_kept_fp32_for_an_outlier_channel_is_int8_with_that_channel_fp32
     planted = planted_value_outlier(tiny_fused, tmp_path / "planted.onnx", channels=(5,))
     # the shipped rows (each its own range and zero point) meet the target with every group int8, and the export
     # writes those rows; symmetric rows (below) need the attention's loud channel taken out
-    assert sensitivity.ROWS == "asymmetric"
+    assert pertoken.SEARCH_ROWS == "asymmetric"
     shipped = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=lambda line: None)
     assert shipped.kept == [] and len(shipped.trials) == 1 and shipped.chosen.agreement >= 0.99
     rows = [n for n, how in shipped.quantised.items() if how == "per-token"]
@@ -248,7 +248,7 @@ def test_a_group_kept_fp32_for_an_outlier_channel_is_int8_with_that_channel_fp32
     reference = sensitivity.run_graph(planted, calibration, ["logits"])
     answers = sensitivity.run_graph(tmp_path / "shipped.onnx", calibration, ["logits"])
     assert sensitivity.judge(reference, answers, calibration, judged)[0] == shipped.chosen.agreement
-    monkeypatch.setattr(sensitivity, "ROWS", "auto")
+    monkeypatch.setattr(pertoken, "SEARCH_ROWS", "auto")
     notes = []
     found = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
     # step 3 keeps the attention fp32; step 4 finds the loud channel and quantises the rest of its input
