@@ -247,6 +247,9 @@ def test_an_interrupted_distillation_leaves_the_old_artifact_whole(tmp_path):
             env=env,
             stderr=subprocess.PIPE,
             text=True,
+            # SIGINT's default action, as from a terminal: a shell starts a background command with SIGINT ignored,
+            # and a child inherits that (Python then installs no KeyboardInterrupt handler)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 120
         for line in proc.stderr:  # the time estimate: the training has begun
