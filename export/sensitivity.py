@@ -421,12 +421,10 @@ def scheme_of_nodes(model: onnx.ModelProto, nodes, scheme: str) -> dict[str, str
     return {n: "per-token" if n in per_token else "weights-only" for n in nodes if n in per_token | tables}
 
 
-def build_int8(
-    fused_path: Path, out_path: Path, schemes: dict[str, str], outliers=None, rows: str | None = None
-) -> Path:
+def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outliers=None) -> Path:
     """The fused graph with each node of `schemes` quantised as it says (per-tensor first, by onnxruntime's
     quantize_dynamic, which leaves the other nodes as they are; then per-token, with `outliers`: node -> input
-    channels kept fp32, and `rows`: export/pertoken.py's mode, SEARCH_ROWS unless given); every other node stays fp32."""
+    channels kept fp32, rows as export/pertoken.py's SEARCH_ROWS says); every other node stays fp32."""
     from .pertoken import per_token
     from .variants import quantize_dynamic_graph, save
 
@@ -440,7 +438,7 @@ def build_int8(
     else:
         model = onnx.load(str(fused_path))
     channels = {n: c for n, c in (outliers or {}).items() if n in tokens}
-    return save(per_token(model, tokens, rows or pertoken.SEARCH_ROWS, outliers=channels), out_path)
+    return save(per_token(model, tokens, pertoken.SEARCH_ROWS, outliers=channels), out_path)
 
 
 def outlier_channels(fused_path: Path, calibration: Calibration, nodes) -> dict[str, list[int]]:
