@@ -197,8 +197,11 @@ def test_drain_delay_keeps_serving_while_ready_says_503(tmp_path):
             sent: list[tuple[float, object]] = []  # (seconds after SIGTERM it was sent, response or exception)
             signalled = [None]
 
-            async def client():  # closed loop, new requests all through the delay
-                while signalled[0] is None or time.monotonic() - signalled[0] < delay - 0.3:
+            async def client():  # closed loop, new requests through the delay's first half
+                # Sent no later than that, a request reaches the server well inside the delay even on a loaded
+                # machine; one sent just before the delay ends may be read after it (a 503, or a connection
+                # closed unread at exit): the contract's other side, not a fault.
+                while signalled[0] is None or time.monotonic() - signalled[0] < delay / 2:
                     at = time.monotonic() - (signalled[0] or time.monotonic())
                     try:
                         sent.append((at, await c.post("/classify", json={"inputs": TEXT})))
