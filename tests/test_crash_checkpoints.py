@@ -46,7 +46,7 @@ TINY = {
 STEPS = 96
 LAST_PHASES = ("weights", "optimizer", "state", "manifest", "publish", "cleanup")
 BEST_PHASES = ("weights", "metrics", "publish", "cleanup")
-RANDOM_KILLS = 6
+RANDOM_KILLS = 3
 
 
 @pytest.fixture(scope="module")

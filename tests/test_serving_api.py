@@ -311,7 +311,7 @@ def test_schemathesis_fuzz(server, tmp_path):
         "--max-examples",
         "120",
         "--max-time",
-        "60",
+        "25",
         "--workers",
         "2",
         "--seed",
