@@ -109,3 +109,75 @@ def test_minilm_int8_embeddings_do_not_depend_on_the_batch(minilm_dir, tmp_path)
     exact = answers(session, tokenizer, texts, 1)
     cosines = [float((a[0] @ e[0]) / np.linalg.norm(a[0]) / np.linalg.norm(e[0])) for a, e in zip(alone, exact)]
     assert reference <= TOLERANCE and min(cosines) > 0.97
+
+
+@pytest.mark.parametrize("task", ["classify", "embed"])
+def test_served_int8_answers_do_not_depend_on_who_else_is_calling(task, tmp_path):
+    """Through the server, 32 clients at once: each of 200 mixed texts asked alone and inside requests of 8 and 32
+    texts, in shuffled order, so that the batcher puts every text together with others' texts each time. Every
+    answer equals the text's own alone answer: the same label and, within 1e-5, the same scores and vectors."""
+    import asyncio
+    import random
+
+    import httpx
+    from test_serving_support import Server
+
+    out = tmp_path / "artifact"
+    export(out, "--ckpt", "tiny", "--random-init", "--task", task, "--precision", "int8", "--int8-scope", "all")
+    texts = mixed_texts(200)
+    requests = [[i] for i in range(len(texts))]
+    requests += [list(range(i, min(i + size, len(texts)))) for size in (8, 32) for i in range(0, len(texts), size)]
+    random.Random(5).shuffle(requests)
+    route = "/classify" if task == "classify" else "/embed"
+    extra = {"top_k": None} if task == "classify" else {}
+
+    async def ask_all(url: str) -> list[tuple[list[int], list]]:
+        queue = list(requests)
+        got = []
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+            async def worker():
+                while queue:
+                    ids = queue.pop()
+                    response = await client.post(route, json={"inputs": [texts[i] for i in ids], **extra})
+                    assert response.status_code == 200, response.text
+                    got.append((ids, response.json()))
+
+            await asyncio.gather(*(worker() for _ in range(32)))
+        return got
+
+    # Batches of up to 32 sequences of any lengths (the CPU defaults: 4, and at most 25 % padding), each waiting
+    # 5 ms for others to join.
+    flags = ("--max-batch-requests", "32", "--max-padding", "1", "--max-wait-ms", "5")
+    with Server("--model", str(out), *flags) as server:
+        got = asyncio.run(ask_all(server.url))
+        metrics = httpx.get(server.url + "/metrics").text
+    assert len(got) == len(requests)
+    sums = {
+        line.split("{")[0].split(" ")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(("bertserve_batch_size_sum", "bertserve_batch_size_count"))
+    }
+    per_batch = sums["bertserve_batch_size_sum"] / sums["bertserve_batch_size_count"]
+    per_request = sum(map(len, requests)) / len(requests)
+    alone = {ids[0]: answer[0] for ids, answer in got if len(ids) == 1}
+
+    def flat(answer) -> tuple[list, np.ndarray]:  # (labels in order, scores or the vector)
+        if task == "embed":
+            return [], np.asarray(answer)
+        return [a["label"] for a in answer], np.asarray([a["score"] for a in answer])
+
+    worst, compared = 0.0, 0
+    for ids, answer in got:
+        for i, one in zip(ids, answer, strict=True):
+            labels, values = flat(one)
+            want_labels, want = flat(alone[i])
+            assert labels == want_labels, (texts[i], labels, want_labels)
+            worst = max(worst, float(np.abs(values - want).max()))
+            compared += 1
+    print(
+        f"\n{task}: {compared} answers of {len(texts)} texts through 32 clients, {per_request:.1f} texts per request, "
+        f"{per_batch:.1f} per batch; largest change {worst:.1e}"
+    )
+    assert compared == 3 * len(texts) and worst <= TOLERANCE, worst
+    assert per_batch > 1.5 * per_request  # fewer batches than requests: the batcher put requests together

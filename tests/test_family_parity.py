@@ -60,8 +60,8 @@ SEED = 0
 CHUNK = 32  # inputs per request: the server's --max-client-batch-size, set explicitly below
 TOL = 1e-5
 FULL = os.environ.get("BERTSERVE_TEST_FULL") == "1"
-QUESTIONS = 500 if FULL else 120
-SST2_STEP = 1 if FULL else 3  # every SST2_STEP-th dev sentence
+QUESTIONS = 500 if FULL else 200
+SST2_STEP = 1 if FULL else 2  # every SST2_STEP-th dev sentence
 CONLL_STEP = 1 if FULL else 10  # every CONLL_STEP-th valid sentence
 HELDOUT_ARTICLES = 10
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
