@@ -406,6 +406,7 @@ def catalog(
             # to classify's labels alone, not to heads this benchmark never calls
             ours("bertserve-ort-fp32", export(hf, "fp32")),
             ours("bertserve-default", export(hf, None), engine=DEFAULT_ENGINE, precision="default"),
+            ours("bertserve-int8-all", export(hf, "int8", "all"), precision="int8 (every group)"),
             baseline_peer("baseline-torch-fp32", task, classify_source, threads),
             *theirs(hf),
         ]
@@ -417,6 +418,7 @@ def catalog(
             ours("bertserve-torch-bf16", source, BF16, "torch", "bf16"),
             ours("bertserve-ort-fp32", export(source, "fp32")),
             ours("bertserve-default", export(source, None), engine=DEFAULT_ENGINE, precision="default"),
+            ours("bertserve-int8-all", export(source, "int8", "all"), precision="int8 (every group)"),
             *theirs(source),
         ]
     raise ValueError(f"no peers for task {task!r}")
