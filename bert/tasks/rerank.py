@@ -188,16 +188,16 @@ def squad_queries(
         sentences = [(at, context[a:b]) for at, (context, spans, _) in enumerate(paragraphs) for a, b in spans]
         words = [_words(text) for _, text in sentences]
         df = Counter(w for ws in words for w in ws)
-        column = {w: k for k, w in enumerate(df)}
-        # The article's sentences x its words, each cell the word's IDF where the sentence has it: a question's
-        # overlap with every sentence is then one column gather and sum, not a set intersection per sentence. The
-        # shared words' IDFs are summed in ascending order, so that overlaps of equal worth (words of equal document
-        # frequency) score exactly equal and the earlier sentence comes first, whatever the words.
-        weights = np.zeros((len(sentences), len(column)))
-        idf = np.array([math.log((len(sentences) + 1) / (c + 0.5)) for c in df.values()])
+        idf = {w: math.log((len(sentences) + 1) / (c + 0.5)) for w, c in df.items()}
+        # Per word, the article's sentences holding it: a question's overlap with every sentence is then a sum over
+        # its own words' sentences (memory as the article's words, time as their postings), not a set intersection
+        # per sentence. The IDFs are added in ascending order, so that overlaps of equal worth (words of equal
+        # document frequency) score exactly equal and the earlier sentence comes first, whatever the words.
+        postings: dict[str, list[int]] = {}
         for j, ws in enumerate(words):
-            cols = [column[w] for w in ws]
-            weights[j, cols] = idf[cols]
+            for w in ws:
+                postings.setdefault(w, []).append(j)
+        holding = {w: np.array(js) for w, js in postings.items()}
         paragraph_of = np.array([p for p, _ in sentences])
         queries = []
         for at, (context, spans, qas) in enumerate(paragraphs):
@@ -214,8 +214,9 @@ def squad_queries(
                     continue
                 texts = [context[a:b] for a, b in spans]
                 if article_negatives > 0:
-                    asked = sorted(column[w] for w in _words(qa["question"]) if w in column)
-                    scores = np.sort(weights[:, asked], axis=1).sum(axis=1)  # equal IDF multisets: equal sums
+                    scores = np.zeros(len(sentences))
+                    for weight, w in sorted((idf[w], w) for w in _words(qa["question"]) if w in idf):
+                        scores[holding[w]] += weight
                     others = np.flatnonzero(paragraph_of != at)
                     # The highest overlap first, the earlier sentence first among equals.
                     picked = others[np.argsort(-scores[others], kind="stable")[:article_negatives]].tolist()
