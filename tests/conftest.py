@@ -18,6 +18,10 @@ DATA_DIR = Path(os.environ.get("BERTSERVE_TEST_DATA", REPO.parent / "shared" / "
 # elsewhere.
 os.environ.setdefault("BERTSERVE_ONNX_PRECISION", "fp32")
 os.environ.setdefault("BERTSERVE_ONNX_INT8_SCOPE", "skip-ffn-output")
+# One thread for a test process's own torch work (reference models, pipelines), as the servers and commands it
+# starts already have: the suite runs one worker per core, and two workers of two threads each on two cores ran
+# the long files 8 % slower (docs/testing.md). Set before torch is imported; a test may still ask for more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def minilm_path() -> Path | None:
