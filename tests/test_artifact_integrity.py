@@ -1,7 +1,8 @@
 """Artifacts survive any kill, a full disk leaves nothing behind, and the server serves an artifact directory only
 as its manifest describes it.
 
-- `python -m export.onnx` SIGKILLed over an existing artifact at 15 moments: the directory then serves the
+- `python -m export.onnx` SIGKILLed over an existing artifact at 11 moments (each run a process of its own, forked
+  from one that has imported torch and onnxruntime: tests/forkserver.py): the directory then serves the
   complete old artifact or the complete new one (labels and logits of each), never a mix.
 - A full disk (a small tmpfs): one `error:` line naming the path and the reason, exit 2, nothing left behind,
   the previous artifact untouched.
@@ -27,6 +28,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
+
+from forkserver import ForkServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = (
@@ -73,15 +76,31 @@ def make_checkpoint(directory: Path, labels: list[str], seed: int) -> Path:
     return directory
 
 
+# What an export imports before it writes anything, imported once by the fork server its runs here come from
+# (tests/forkserver.py): each is a real process, killed by a real SIGKILL. The product's export modules are not
+# among them: tests/export_pausing.py wraps export.manifest's functions before the exporter imports them.
+EXPORT_IMPORTS = ["torch", "onnx", "onnxruntime", "onnxruntime.transformers.optimizer", "safetensors.torch"]
+_FORKS: list[ForkServer] = []
+
+
+def forks() -> ForkServer:
+    if not _FORKS:
+        _FORKS.append(ForkServer(EXPORT_IMPORTS, env=env()))
+    return _FORKS[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_forks():
+    yield
+    while _FORKS:
+        _FORKS.pop().close()
+
+
 def export(checkpoint: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "export.onnx", "--ckpt", str(checkpoint), "--out", str(out), *extra],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = ["-m", "export.onnx", "--ckpt", str(checkpoint), "--out", str(out), *extra]
+    child = forks().start(argv, env=env(), stderr=subprocess.PIPE)
+    _, stderr = child.communicate(300)
+    return subprocess.CompletedProcess([sys.executable, *argv], child.returncode, "", stderr)
 
 
 def served(path: Path, **settings) -> tuple[list[str], np.ndarray] | str:
@@ -347,9 +366,7 @@ class Export:
 
     def __init__(self, command: list[str]):
         self.started = time.monotonic()
-        self.process = subprocess.Popen(
-            command, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        self.process = forks().start(command[1:], env=env(), stderr=subprocess.PIPE)
         self.lines: list[tuple[float, str]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()

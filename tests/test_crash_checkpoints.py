@@ -1,6 +1,7 @@
 """Training checkpoints survive any kill and any full disk.
 
-The real fine-tuning CLI runs in a subprocess and is SIGKILLed at 17 moments: at random times, and inside
+The real fine-tuning CLI runs in a process of its own (forked from one that has imported it: tests/forkserver.py)
+and is SIGKILLed at 17 moments: at random times, and inside
 each phase of a save (weights, optimizer, trainer state, manifest, between the two renames, before the
 previous copy is removed; and the same for best/), reached through the BERTSERVE_PAUSE_AT hook. After every
 kill it resumes with --resume run/last; at the end its weights, optimizer and best/ are bit for bit those of
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from forkserver import ForkServer
 
 from bert.atomic import PAUSE_ENV, WriteError
 from bert.checkpoint import MANIFEST_NAME, load_checkpoint, save_checkpoint, verify_manifest, write_manifest
@@ -47,6 +49,8 @@ STEPS = 96
 LAST_PHASES = ("weights", "optimizer", "state", "manifest", "publish", "cleanup")
 BEST_PHASES = ("weights", "metrics", "publish", "cleanup")
 RANDOM_KILLS = 3
+# What a run of the fine-tuning CLI imports before its first step, imported once by the fork server.
+FINETUNE_IMPORTS = ["torch", "training.finetune"]
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +118,29 @@ def cli_env(**extra) -> dict:
     return dict(env, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
 
 
+_FORKS: list[ForkServer] = []
+
+
+def forks() -> ForkServer:
+    """The fork server this module's runs of the fine-tuning CLI come from (tests/forkserver.py): each is a real
+    process killed by a real SIGKILL, without importing torch and the trainer again each time."""
+    if not _FORKS:
+        _FORKS.append(ForkServer(FINETUNE_IMPORTS, env=cli_env()))
+    return _FORKS[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_forks():
+    yield
+    while _FORKS:
+        _FORKS.pop().close()
+
+
 def finetune(assets, out, *extra, env=None, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "training.finetune", *finetune_args(assets, out, *extra)],
-        cwd=REPO,
-        env=env or cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    argv = ["-m", "training.finetune", *finetune_args(assets, out, *extra)]
+    child = forks().start(argv, env=env or cli_env(), stderr=subprocess.PIPE)
+    _, stderr = child.communicate(timeout)
+    return subprocess.CompletedProcess([sys.executable, *argv], child.returncode, "", stderr)
 
 
 class Run:
@@ -130,14 +148,8 @@ class Run:
 
     def __init__(self, assets, out, *extra, pause_at: str | None = None):
         env = cli_env(**({PAUSE_ENV: pause_at} if pause_at else {}))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "training.finetune", *finetune_args(assets, out, *extra)],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        argv = ["-m", "training.finetune", *finetune_args(assets, out, *extra)]
+        self.proc = forks().start(argv, env=env, stderr=subprocess.PIPE)
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

@@ -1,0 +1,242 @@
+"""The product's commands as forks of one process that has imported them once: for tests that start a command
+dozens of times to kill it at chosen moments.
+
+Each start of `python -m training.finetune` or `python -m export.onnx` imports torch and the product (about 1.5 s
+of CPU) before it reaches the moment a kill test is after. `ForkServer(modules)` imports `modules` once in a
+process of its own; `start(argv)` then forks a child of it that runs `python ARGV` as a fresh interpreter would:
+`-m MODULE ARGS` through runpy as `__main__` (or a script path), with the environment, working directory and
+standard streams given, as a real process that a real SIGKILL stops. Only the imports are shared, and nothing
+computes in the forking process, so no thread pool is forked. The child answers Popen's `pid`, `poll`, `wait`,
+`kill`, `send_signal`, `returncode` and `stderr` (a pipe, text, when asked for).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Child:
+    """One forked command: the part of subprocess.Popen's interface the kill tests use."""
+
+    def __init__(self, server: ForkServer, pid: int, stderr):
+        self.server, self.pid, self.stderr, self.args = server, pid, stderr, None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.server.exits.get(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.server.changed:
+            while self.pid not in self.server.exits:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(f"forked pid {self.pid}", timeout)
+                if self.server.dead:
+                    raise RuntimeError(f"the fork server exited; pid {self.pid}'s end is unknown")
+                self.server.changed.wait(left if left is not None else 1.0)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """("", everything on stderr) once the child ends; on timeout it is killed and TimeoutExpired raised."""
+        chunks: list[str] = []
+        reader = threading.Thread(target=lambda: chunks.append(self.stderr.read()), daemon=True)
+        reader.start()
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait(30)
+            raise
+        reader.join(30)
+        self.stderr.close()
+        return "", "".join(chunks)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    def __init__(self, modules: list[str], env: dict | None = None, cwd: Path = REPO):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        self.env = dict(env if env is not None else os.environ)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, str(theirs.fileno()), *modules],
+            pass_fds=[theirs.fileno()],
+            cwd=cwd,
+            env=self.env,
+        )
+        theirs.close()
+        self.exits: dict[int, int] = {}
+        self.replies: list[dict] = []
+        self.changed = threading.Condition()
+        self.dead = False
+        self.lock = threading.Lock()  # one start at a time
+        threading.Thread(target=self._listen, daemon=True).start()
+        self._reply(timeout=120)  # {"ready": true} once the modules are imported
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            with self.changed:
+                if not data:
+                    self.dead = True
+                    self.changed.notify_all()
+                    return
+                message = json.loads(data)
+                if "exit" in message:
+                    self.exits[message["exit"]] = message["code"]
+                else:
+                    self.replies.append(message)
+                self.changed.notify_all()
+
+    def _reply(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not self.replies:
+                if self.dead:
+                    raise RuntimeError(f"the fork server exited with {self.proc.wait()}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the fork server did not answer")
+                self.changed.wait(left)
+            return self.replies.pop(0)
+
+    def start(self, argv: list[str], env: dict | None = None, cwd: Path = REPO, stderr=None) -> Child:
+        """Fork `python ARGV`. stderr: subprocess.PIPE (a text pipe on .stderr) or None (this process's);
+        stdout goes to /dev/null."""
+        read_end = None
+        err_fd = os.dup(2)
+        if stderr == subprocess.PIPE:
+            read_end, err_fd_pipe = os.pipe()
+            os.close(err_fd)
+            err_fd = err_fd_pipe
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            request = {"argv": list(argv), "env": dict(env if env is not None else self.env), "cwd": str(cwd)}
+            with self.lock:
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [null, null, err_fd])
+                reply = self._reply(timeout=60)
+        finally:
+            os.close(null)
+            os.close(err_fd)
+        stream = os.fdopen(read_end, "r", encoding="utf-8", errors="replace") if read_end is not None else None
+        return Child(self, reply["pid"], stream)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the listening thread; the server sees the end and exits
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _run_child(request: dict, fds: list[int]) -> None:
+    """In the forked child: become `python ARGV` and exit with its code."""
+    import runpy
+    import traceback
+
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = request["cwd"]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = str(Path(argv[0]).resolve().parent)
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    os._exit(code)
+
+
+def _serve(fd: int, modules: list[str]) -> None:
+    sock = socket.socket(fileno=fd)
+    for name in modules:
+        importlib.import_module(name)
+    for name in modules:  # a command module is run afresh as __main__ (as `python -m` does), without runpy's warning
+        if "." in name and hasattr(sys.modules[name], "main"):
+            sys.modules.pop(name)
+    sock.send(json.dumps({"ready": True}).encode())
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.02)
+        while True:  # report every child that has ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+        if not ready:
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+        if not data:  # the test process closed its end
+            return
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _run_child(json.loads(data), fds)
+        for fd in fds:
+            os.close(fd)
+        sock.send(json.dumps({"pid": pid}).encode())
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    _serve(int(sys.argv[1]), sys.argv[2:])
