@@ -77,6 +77,9 @@ class Child:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
 
 class ForkServer:
     def __init__(self, modules: list[str], env: dict | None = None, cwd: Path = REPO):
@@ -128,24 +131,41 @@ class ForkServer:
                 self.changed.wait(left)
             return self.replies.pop(0)
 
-    def start(self, argv: list[str], env: dict | None = None, cwd: Path = REPO, stderr=None) -> Child:
-        """Fork `python ARGV`. stderr: subprocess.PIPE (a text pipe on .stderr) or None (this process's);
-        stdout goes to /dev/null."""
+    def start(self, argv: list[str], env: dict | None = None, cwd: Path = REPO, stdout=None, stderr=None) -> Child:
+        """Fork `python ARGV`. stdout and stderr as Popen takes them: None (this process's), subprocess.DEVNULL,
+        subprocess.PIPE (a text pipe on .stderr; stderr only), subprocess.STDOUT (stderr only), a file or an fd."""
+        opened: list[int] = []
+
+        def fd_for(target, ours: int) -> int:
+            if target is None:
+                fd = os.dup(ours)
+            elif target == subprocess.DEVNULL:
+                fd = os.open(os.devnull, os.O_RDWR)
+            elif isinstance(target, int) and target >= 0:
+                fd = os.dup(target)
+            else:
+                fd = os.dup(target.fileno())
+            opened.append(fd)
+            return fd
+
         read_end = None
-        err_fd = os.dup(2)
-        if stderr == subprocess.PIPE:
-            read_end, err_fd_pipe = os.pipe()
-            os.close(err_fd)
-            err_fd = err_fd_pipe
-        null = os.open(os.devnull, os.O_RDWR)
         try:
+            out_fd = fd_for(stdout, 1)
+            if stderr == subprocess.PIPE:
+                read_end, err_fd = os.pipe()
+                opened.append(err_fd)
+            elif stderr == subprocess.STDOUT:
+                err_fd = out_fd
+            else:
+                err_fd = fd_for(stderr, 2)
+            in_fd = fd_for(subprocess.DEVNULL, 0)
             request = {"argv": list(argv), "env": dict(env if env is not None else self.env), "cwd": str(cwd)}
             with self.lock:
-                socket.send_fds(self.sock, [json.dumps(request).encode()], [null, null, err_fd])
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [in_fd, out_fd, err_fd])
                 reply = self._reply(timeout=60)
         finally:
-            os.close(null)
-            os.close(err_fd)
+            for fd in opened:
+                os.close(fd)
         stream = os.fdopen(read_end, "r", encoding="utf-8", errors="replace") if read_end is not None else None
         return Child(self, reply["pid"], stream)
 
@@ -162,8 +182,8 @@ class ForkServer:
             self.proc.wait()
 
 
-def _run_child(request: dict, fds: list[int]) -> None:
-    """In the forked child: become `python ARGV` and exit with its code."""
+def _run_child(request: dict, fds: list[int]) -> int:
+    """In the forked child: become `python ARGV`; its exit code (the interpreter then exits as after a script)."""
     import runpy
     import traceback
 
@@ -193,25 +213,26 @@ def _run_child(request: dict, fds: list[int]) -> None:
         else:
             print(e.code, file=sys.stderr)
             code = 1
+    except KeyboardInterrupt:  # as the interpreter ends on one: the traceback, then killed by SIGINT
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         traceback.print_exc()
         code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-    os._exit(code)
+    return code
 
 
-def _serve(fd: int, modules: list[str]) -> None:
+def _serve(fd: int, modules: list[str]) -> int:
     sock = socket.socket(fileno=fd)
     for name in modules:
-        importlib.import_module(name)
-    for name in modules:  # a command module is run afresh as __main__ (as `python -m` does), without runpy's warning
-        if "." in name and hasattr(sys.modules[name], "main"):
-            sys.modules.pop(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional dependency not installed: the child imports what it needs itself
+            continue
+        if "." in name and hasattr(sys.modules[name], "main"):  # a command module is run afresh as __main__,
+            sys.modules.pop(name)  # as `python -m` does, without runpy's warning
     sock.send(json.dumps({"ready": True}).encode())
     while True:
         ready, _, _ = select.select([sock], [], [], 0.02)
@@ -227,16 +248,39 @@ def _serve(fd: int, modules: list[str]) -> None:
             continue
         data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
         if not data:  # the test process closed its end
-            return
+            return 0
         pid = os.fork()
         if pid == 0:
             sock.close()
-            _run_child(json.loads(data), fds)
+            return _run_child(json.loads(data), fds)
         for fd in fds:
             os.close(fd)
         sock.send(json.dumps({"pid": pid}).encode())
 
 
+def _end_child(code: int) -> None:
+    """Exit a child as the interpreter would (non-daemon threads joined, atexit handlers run, streams flushed), but
+    without the C++ static destructors of the libraries the fork server imported: they would join threads that live
+    only in the fork server, and abort."""
+    import atexit
+
+    try:
+        threading._shutdown()
+    except Exception:
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code & 0xFF if code >= 0 else 1)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    _serve(int(sys.argv[1]), sys.argv[2:])
+    server_pid = os.getpid()
+    code = _serve(int(sys.argv[1]), sys.argv[2:])
+    if os.getpid() != server_pid:
+        _end_child(code)
+    sys.exit(code)
