@@ -15,9 +15,10 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 TORCH  ?= torch==2.13.0
 UV_PIN ?= uv==0.13.9
 UV_INSTALL := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
-# The suite in parallel, one test file per worker (a file's module fixtures are made once): much of a test's time
-# is a server or a command starting on one core (README, "Tests"). Files go out in collection order, the longest
-# first (tests/conftest.py's LONG_FILES), not xdist's most-tests-first. PYTEST_ARGS= runs it in one process.
+# The suite in parallel, one test file per worker (a file's module fixtures are made once), one core each: servers
+# and commands start as forks of a process that imported torch once (tests/forkserver.py, docs/testing.md). Files
+# go out in collection order, the longest first (tests/conftest.py's LONG_FILES), not xdist's most-tests-first.
+# PYTEST_ARGS= runs it in one process.
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 
 .PHONY: serve test test-fast lint bytecode demo setup setup-dev clean gpu-kit gpu-kit-dry-run
