@@ -182,6 +182,35 @@ class ForkServer:
             self.proc.wait()
 
 
+class Lazy:
+    """A fork server started on first use: `forks = Lazy(modules, env)` at a test module's top, `forks()` where a
+    command starts, and `_close_forks = forks.fixture()` to close it after the module (env: a function giving the
+    server's environment)."""
+
+    def __init__(self, modules: list[str], env):
+        self.modules, self.env, self.server = modules, env, None
+
+    def __call__(self) -> ForkServer:
+        if self.server is None:
+            self.server = ForkServer(self.modules, env=self.env())
+        return self.server
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def fixture(self):
+        import pytest
+
+        @pytest.fixture(scope="module", autouse=True)
+        def close_forks():
+            yield
+            self.close()
+
+        return close_forks
+
+
 def _run_child(request: dict, fds: list[int]) -> int:
     """In the forked child: become `python ARGV`; its exit code (the interpreter then exits as after a script)."""
     import runpy

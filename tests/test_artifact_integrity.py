@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
-from forkserver import ForkServer  # noqa: E402
+from forkserver import Lazy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = (
@@ -80,20 +80,8 @@ def make_checkpoint(directory: Path, labels: list[str], seed: int) -> Path:
 # (tests/forkserver.py): each is a real process, killed by a real SIGKILL. The product's export modules are not
 # among them: tests/export_pausing.py wraps export.manifest's functions before the exporter imports them.
 EXPORT_IMPORTS = ["torch", "onnx", "onnxruntime", "onnxruntime.transformers.optimizer", "safetensors.torch"]
-_FORKS: list[ForkServer] = []
-
-
-def forks() -> ForkServer:
-    if not _FORKS:
-        _FORKS.append(ForkServer(EXPORT_IMPORTS, env=env()))
-    return _FORKS[0]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_forks():
-    yield
-    while _FORKS:
-        _FORKS.pop().close()
+forks = Lazy(EXPORT_IMPORTS, lambda: env())
+_close_forks = forks.fixture()
 
 
 def export(checkpoint: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from forkserver import ForkServer
+from forkserver import Lazy
 
 from bert.atomic import PAUSE_ENV, WriteError
 from bert.checkpoint import MANIFEST_NAME, load_checkpoint, save_checkpoint, verify_manifest, write_manifest
@@ -118,22 +118,10 @@ def cli_env(**extra) -> dict:
     return dict(env, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
 
 
-_FORKS: list[ForkServer] = []
-
-
-def forks() -> ForkServer:
-    """The fork server this module's runs of the fine-tuning CLI come from (tests/forkserver.py): each is a real
-    process killed by a real SIGKILL, without importing torch and the trainer again each time."""
-    if not _FORKS:
-        _FORKS.append(ForkServer(FINETUNE_IMPORTS, env=cli_env()))
-    return _FORKS[0]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_forks():
-    yield
-    while _FORKS:
-        _FORKS.pop().close()
+# The fork server this module's runs of the fine-tuning CLI come from (tests/forkserver.py): each is a real process
+# killed by a real SIGKILL, without importing torch and the trainer again each time.
+forks = Lazy(FINETUNE_IMPORTS, lambda: cli_env())
+_close_forks = forks.fixture()
 
 
 def finetune(assets, out, *extra, env=None, timeout=120) -> subprocess.CompletedProcess:

@@ -3,6 +3,7 @@ real `python -m serving` process on a free loopback port."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+from forkserver import Lazy
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -179,21 +181,12 @@ SERVER_IMPORTS = [
     "tokenizers",
     "onnx",
 ]
-_SERVER_FORKS: list = []
-
-
-def server_forks():
-    """This process's fork server for servers, started on first use and closed when the process exits."""
-    if not _SERVER_FORKS:
-        import atexit
-
-        from forkserver import ForkServer
-
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
-        forks = ForkServer(SERVER_IMPORTS, env=env)
-        atexit.register(forks.close)
-        _SERVER_FORKS.append(forks)
-    return _SERVER_FORKS[0]
+# This process's fork server for servers: started on first use (with the environment then), closed at exit.
+server_forks = Lazy(
+    SERVER_IMPORTS,
+    lambda: {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"},
+)
+atexit.register(server_forks.close)
 
 
 class Server:
