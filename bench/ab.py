@@ -42,7 +42,15 @@ from bench.common import REPO, machine, print_table, write_json
 from bench.cpu import CpuMeter, wait_until_quiet
 from bench.peers import WORK, PeerUnavailable
 from bench.peers import catalog as peer_catalog
-from bench.server_bench import ServerFailed, add_quiet_arguments, load, serve, server_counters, work_items
+from bench.server_bench import (
+    ServerFailed,
+    add_quiet_arguments,
+    batch_figures,
+    load,
+    serve,
+    server_counters,
+    work_items,
+)
 
 TASKS = ("classify", "embed", "rerank")
 
@@ -86,7 +94,10 @@ def side_peer(task: str, root: Path, args) -> object:
         )
     work = args.work_dir / ("ab-" + hashlib.sha256(str(root).encode()).hexdigest()[:10])
     peers = peer_catalog.catalog(task, args.classify_model, args.threads, work, False, root, args.rerank_model)
-    return next(peer for peer in peers if peer.name == args.peer)
+    for peer in peers:
+        if peer.name == args.peer:
+            return peer
+    raise PeerUnavailable(f"no peer {args.peer!r} for {task}; choose from {', '.join(p.name for p in peers)}")
 
 
 def run_servers(task: str, roots: dict[str, Path], args, rows: list[dict]) -> dict:
@@ -94,6 +105,7 @@ def run_servers(task: str, roots: dict[str, Path], args, rows: list[dict]) -> di
     peers = {side: side_peer(task, root, args) for side, root in roots.items()}
     items = work_items(task, args.sample)
     out = {}
+    bodies = {side: [peer.adapter.body(item) for item in items] for side, peer in peers.items()}
     with contextlib.ExitStack() as stack:
         running = {}
         for side, peer in peers.items():
@@ -106,23 +118,17 @@ def run_servers(task: str, roots: dict[str, Path], args, rows: list[dict]) -> di
             for r in range(args.rounds):
                 check = wait_until_quiet(pids, args.max_other_cpu, args.busy, args.busy_wait, args.check_seconds)
                 for side in order(r):
-                    peer, (proc, url) = peers[side], running[side]
-                    bodies = [peer.adapter.body(item) for item in items]
+                    (proc, url), path = running[side], peers[side].adapter.path
                     port = int(url.rsplit(":", 1)[1])
                     counted = server_counters(port)
                     result = asyncio.run(
-                        load(url + peer.adapter.path, bodies, c, args.seconds, args.warmup, "raw", CpuMeter(proc.pid))
+                        load(url + path, bodies[side], c, args.seconds, args.warmup, "raw", CpuMeter(proc.pid))
                     )
-                    after = server_counters(port)
                     if result["errors"] or not result["ok"]:
                         raise RuntimeError(
                             f"{side} ({roots[side]}): {result['errors']} errors, status {result['status']}"
                         )
-                    batches = after.get("bertserve_batch_size_count", 0) - counted.get("bertserve_batch_size_count", 0)
-                    if batches:
-                        result["mean_batch"] = (
-                            after["bertserve_batch_size_sum"] - counted["bertserve_batch_size_sum"]
-                        ) / batches
+                    result.update(batch_figures(counted, server_counters(port), args.seconds + args.warmup))
                     measured[side].append(result["requests_per_s"])
                     rows.append(
                         {"task": task, "concurrency": c, "round": r, "side": side, "busy": check["busy"], **result}
@@ -154,9 +160,8 @@ def run_batch(roots: dict[str, Path], args) -> dict:
                 shutil.rmtree(out, ignore_errors=True)
             found = ROWS_PER_S.findall(run.stdout + run.stderr)
             if run.returncode != 0 or not found:
-                raise RuntimeError(
-                    f"batch job in {roots[side]} (exit {run.returncode}): {(run.stdout + run.stderr)[-800:]}"
-                )
+                said = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()] or ["no output"]
+                raise RuntimeError(f"batch job in {roots[side]} (exit {run.returncode}): {said[-1].strip()}")
             measured[side].append(float(found[-1]))
             print(f"batch     round {r + 1} {side:6s} {measured[side][-1]:8.1f} rows/s", flush=True)
     return compare(measured["before"], measured["after"])
@@ -220,7 +225,12 @@ def main(argv=None) -> int:
         p.error(f"unknown tasks {sorted(unknown)}; choose from {', '.join(TASKS)}")
     if args.rounds < 1 or args.seconds <= 0:
         p.error("--rounds must be at least 1 and --seconds positive")
-    args.levels = [int(c) for c in args.concurrency.split(",") if c]
+    try:
+        args.levels = [int(c) for c in args.concurrency.split(",") if c]
+    except ValueError:
+        p.error(f"--concurrency {args.concurrency!r}: a comma list of whole numbers")
+    if not args.levels or min(args.levels) < 1:
+        p.error("--concurrency needs at least one level of 1 client or more")
     results: dict = {
         "machine": machine(),
         "command": [sys.executable, "-m", "bench.ab", *(argv if argv is not None else sys.argv[1:])],
@@ -236,8 +246,8 @@ def main(argv=None) -> int:
             results["servers"][task] = run_servers(task, roots, args, results["rows"])
         if args.batch_args:
             results["batch"] = run_batch(roots, args)
-    except (PeerUnavailable, ServerFailed, RuntimeError, StopIteration) as e:
-        print(f"error: {getattr(e, 'headline', None) or e or 'no such peer: ' + args.peer}", file=sys.stderr)
+    except (PeerUnavailable, ServerFailed, RuntimeError) as e:
+        print(f"error: {getattr(e, 'headline', None) or e}", file=sys.stderr)
         return 2
     print_summary(results)
     out = args.out or REPO / "bench" / "results" / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"

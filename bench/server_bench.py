@@ -321,6 +321,21 @@ def server_counters(port: int) -> dict[str, float]:
     }
 
 
+def batch_figures(before: dict[str, float], after: dict[str, float], window_s: float) -> dict[str, float]:
+    """From two server_counters readings: the mean batch between them and the share of `window_s` the model ran;
+    {} where the server counted no batch (not bertserve, or idle)."""
+    batches = after.get("bertserve_batch_size_count", 0) - before.get("bertserve_batch_size_count", 0)
+    if batches <= 0:
+        return {}
+    return {
+        "mean_batch": (after["bertserve_batch_size_sum"] - before["bertserve_batch_size_sum"]) / batches,
+        "model_busy_share": (
+            after["bertserve_inference_duration_seconds_sum"] - before["bertserve_inference_duration_seconds_sum"]
+        )
+        / window_s,
+    }
+
+
 @dataclass
 class QuietPolicy:
     """What to do when other processes use the CPU before a level (see bench.cpu.wait_until_quiet)."""
@@ -358,13 +373,7 @@ def run_levels(
         r["busy"] = check["busy"] or r["other_cpu_cores"] > quiet.max_other_cores
         if r["server_cpu_cores"]:
             r["requests_per_server_cpu_s"] = r["requests_per_s"] / r["server_cpu_cores"]
-        after = server_counters(port)
-        if after.get("bertserve_batch_size_count", 0) > before.get("bertserve_batch_size_count", 0):
-            batches = after["bertserve_batch_size_count"] - before["bertserve_batch_size_count"]
-            r["mean_batch"] = (after["bertserve_batch_size_sum"] - before["bertserve_batch_size_sum"]) / batches
-            r["model_busy_share"] = (
-                after["bertserve_inference_duration_seconds_sum"] - before["bertserve_inference_duration_seconds_sum"]
-            ) / (seconds + warmup)
+        r.update(batch_figures(before, server_counters(port), seconds + warmup))
         rows.append({"peer": peer.name, "server": peer.server, "task": peer.task, "concurrency": c, **r})
         extra = (
             f"  batch {r['mean_batch']:5.1f}  model busy {100 * r['model_busy_share']:3.0f} %"

@@ -31,7 +31,7 @@ class Child:
     """One forked command: the part of subprocess.Popen's interface the kill tests use."""
 
     def __init__(self, server: ForkServer, pid: int, stderr):
-        self.server, self.pid, self.stderr, self.args = server, pid, stderr, None
+        self.server, self.pid, self.stderr = server, pid, stderr
 
     @property
     def returncode(self) -> int | None:

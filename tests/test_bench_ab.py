@@ -85,3 +85,12 @@ def test_a_checkout_that_is_not_one_is_one_line_and_exit_2(tmp_path, capsys):
     assert ab.main(["--before", str(tmp_path), "--task", "classify"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "is not a bertserve checkout" in err
+
+
+def test_a_level_that_is_no_number_or_a_peer_that_is_none_is_one_line_and_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        ab.main(["--before", str(REPO), "--concurrency", "8,x"])
+    assert stopped.value.code == 2 and "--concurrency '8,x'" in capsys.readouterr().err
+    assert ab.main(["--before", str(REPO), "--task", "classify", "--peer", "nope", "--work-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: no peer 'nope' for classify; choose from bertserve-")
