@@ -195,8 +195,12 @@ def _random_source(name: str, task: str, seed: int) -> Source:
             f"--random-init cannot make a multi-task model; pick --task {', '.join(registry.names())} or encoder"
         )
     config = BertConfig.preset(name)
-    if task in registry.TASKS and registry.TASKS[task].labelled:
+    declared = registry.TASKS.get(task)
+    if declared is not None and declared.labelled:
         config = config.with_labels([f"LABEL_{i}" for i in range(2)])
+    elif declared is not None and declared.head is not None and declared.head.width not in (None, config.num_labels):
+        # a head of fixed width (a cross-encoder's one logit) sized by the preset's label count
+        config = config.with_labels([f"LABEL_{i}" for i in range(declared.head.width)])
     config = dataclasses.replace(config, task=None if task in LAYOUTS else task)
     tokenizer_dir = fallback_tokenizer_dir()
     if tokenizer_dir is None:
