@@ -446,6 +446,9 @@ def main(argv=None) -> None:
         model_path = tmp / MODEL_FILE
         if quantizing:
             fused_path = variants.save(fused, tmp / "fused.onnx")  # the quantiser's input, not published
+            if args.precision == "auto":  # the fp32 candidate, as --precision fp32 writes it
+                variants.split_skip_layer_norm(fused.model)
+                fp32_path = variants.save(fused, tmp / "fp32.onnx")
             del fused
             judged = judged_outputs(wrapper, source.task)
             calibration = sensitivity.build_calibration(
@@ -483,6 +486,7 @@ def main(argv=None) -> None:
         served = bf16.WEIGHTS_FILE if args.precision == "bf16" else MODEL_FILE
         with progress(f"writing {served} ({args.precision})"):
             if args.precision == "fp32":
+                variants.split_skip_layer_norm(fused.model)  # Add + LayerNormalization: faster on CPU
                 variants.save(fused, model_path)
             elif args.precision == "fp16":
                 variants.save(variants.to_fp16(fused), model_path)
@@ -515,15 +519,17 @@ def main(argv=None) -> None:
         if args.precision == "auto":
             with progress("timing the candidates on this machine"):
                 choice = choose_precision(
-                    fused_path, {k: p for k, (p, _) in int8_graphs.items()}, calibration, search, args.int8_agreement
+                    fp32_path, {k: p for k, (p, _) in int8_graphs.items()}, calibration, search, args.int8_agreement
                 )
                 precision = choice["chosen"]
                 graph = choice["graph"]
-                (int8_graphs[graph][0] if precision == "int8" else fused_path).rename(model_path)
+                (int8_graphs[graph][0] if precision == "int8" else fp32_path).rename(model_path)
                 progress.note(choice["line"])
                 quantization = int8_graphs[graph][1] if precision == "int8" else None
         if quantizing:
-            scratch = (fused_path, fused_path.with_name(fused_path.name + ".data"), tmp / "int8.onnx")
+            scratch = [
+                tmp / name for name in ("fused.onnx", "fused.onnx.data", "fp32.onnx", "fp32.onnx.data", "int8.onnx")
+            ]
             for leftover in scratch:
                 leftover.unlink(missing_ok=True)
         if args.precision in ("fp32", "fp16", "bf16"):
@@ -706,12 +712,15 @@ def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, 
     for name in int8_paths:
         agreement = agreements.get(name)
         meets = agreement is None or agreement >= target
-        if name == "int8" and search is not None and search.groups and not search.quantised:
+        unquantised = name == "int8" and search is not None and bool(search.groups) and not search.quantised
+        if unquantised:
             meets = False  # nothing quantised: the int8 graph is fp32 under another name
         # int8's speed is the median of the passes' ratios: the passes of a turn ran back to back, so a busy moment
         # of a shared machine weighs on all alike, where the medians may come from different moments
         speed = float(np.median([f / i for f, i in zip(passes["fp32"], passes[name])]))
         candidates[name] = {"seconds": timings[name], "agreement": agreement, "meets_target": meets, "speed": speed}
+        if unquantised:
+            candidates[name]["nothing_quantised"] = True
     faithful = [n for n in int8_paths if candidates[n]["meets_target"] and candidates[n]["speed"] > 1]
     graph = max(faithful, key=lambda n: candidates[n]["speed"]) if faithful else "fp32"
     chosen = "fp32" if graph == "fp32" else "int8"
@@ -722,7 +731,13 @@ def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, 
         return (
             f"{name} {c['speed']:.2f}x the speed of fp32"
             + (f", agreement {c['agreement']:.4f}" if c["agreement"] is not None else "")
-            + ("" if c["meets_target"] else f" (below the {target:.1%} target)")
+            + (
+                ""
+                if c["meets_target"]
+                else " (every group kept fp32: nothing quantised)"
+                if c.get("nothing_quantised")
+                else f" (below the {target:.1%} target)"
+            )
         )
 
     times = ", ".join(f"{name} {c['seconds'] * 1e3:.1f} ms" for name, c in candidates.items())

@@ -297,8 +297,9 @@ def quantize_dynamic_graph(fused_path: Path, out_path: Path, *, exclude=(), only
 
 def split_skip_layer_norm(model: onnx.ModelProto) -> int:
     """Replace each fused SkipLayerNormalization by Add (+ Add for its bias) and the standard
-    LayerNormalization (opset >= 17; otherwise the graph is left as it is). On CPU, onnxruntime 1.31
-    runs the pair faster than its fused kernel (docs/export.md, "int8 LayerNorm"). Returns how many were split."""
+    LayerNormalization (opset >= 17; otherwise the graph is left as it is). On CPU, onnxruntime runs the
+    pair faster than its fused kernel (docs/export.md, "LayerNorm on CPU"): the fp32 and int8 graphs are
+    split, the fp16 one (for GPUs) is not. Returns how many were split."""
     from onnx import helper
 
     if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) < 17:

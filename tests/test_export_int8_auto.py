@@ -185,11 +185,12 @@ def planted_value_outlier(fused, out, layer: int = 1, channels=(5,)):
     model = onnx.load(str(fused))
     attention = next(n for n in model.graph.node if n.name == f"Attention_{layer}")
     norm = next(n for n in model.graph.node if attention.input[0] in n.output)
+    at = 2 if norm.op_type == "SkipLayerNormalization" else 1  # the fp32 export splits it: Add + LayerNormalization
     index = {t.name: i for i, t in enumerate(model.graph.initializer)}
-    gamma = numpy_helper.to_array(model.graph.initializer[index[norm.input[2]]]).copy()
+    gamma = numpy_helper.to_array(model.graph.initializer[index[norm.input[at]]]).copy()
     gamma[list(channels)] *= 300.0
     model.graph.initializer.append(numpy_helper.from_array(gamma, "planted_gamma"))  # LayerNorms may share theirs
-    norm.input[2] = "planted_gamma"
+    norm.input[at] = "planted_gamma"
     weight = numpy_helper.to_array(model.graph.initializer[index[attention.input[1]]]).copy()
     weight[list(channels), :] = 0.0
     weight[:, 2 * weight.shape[1] // 3 :] *= 50.0

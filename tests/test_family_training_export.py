@@ -168,14 +168,19 @@ def test_fp32_and_portable_exports_equal_transformers_with_fused_attention(asset
     else:
         assert manifest["pooling"]["pooling"] == "mean"  # no sentence-transformers files: mean, as theirs
 
-    # fused: counted in the file itself, not only in the manifest
+    # fused: counted in the file itself, not only in the manifest; each SkipLayerNormalization split back into
+    # Add + LayerNormalization for the CPU (export/variants.py split_skip_layer_norm)
     fused = node_counts(artifact / "model.onnx")
     assert contrib(fused, "Attention") == LAYERS
-    assert contrib(fused, "SkipLayerNormalization") == 2 * LAYERS
+    assert (
+        contrib(fused, "SkipLayerNormalization") == 0
+        and manifest["fused_operators"]["SkipLayerNormalization"] == 2 * LAYERS
+    )
     assert contrib(fused, "EmbedLayerNormalization") == EMBED_LAYER_NORM[model_type]
     assert manifest["fused_operators"]["Attention"] == LAYERS
-    if EMBED_LAYER_NORM[model_type] == 0:  # the unfused embeddings: the standard LayerNormalization remains
-        assert fused.get(("ai.onnx", "LayerNormalization"), 0) == 1
+    # the split ones, and the unfused embeddings' own where EmbedLayerNormalization did not fuse
+    unfused_embeddings = 1 if EMBED_LAYER_NORM[model_type] == 0 else 0
+    assert fused.get(("ai.onnx", "LayerNormalization"), 0) == 2 * LAYERS + unfused_embeddings
 
     # portable: standard ONNX ops only (what TensorRT parses), a valid model
     portable = node_counts(artifact / "model.portable.onnx")
@@ -320,7 +325,7 @@ def test_minilm_in_family_layout_exports_as_embed_with_every_layer_fused(tmp_pat
     assert manifest["task"] == "embed" and manifest["pooling"]["pooling"] == "mean"
     counts = node_counts(tmp_path / "artifact" / "model.onnx")
     assert contrib(counts, "Attention") == 6  # every layer
-    assert contrib(counts, "SkipLayerNormalization") == 12
+    assert manifest["fused_operators"]["SkipLayerNormalization"] == 12  # in the file: split, Add + LayerNormalization
     assert contrib(counts, "EmbedLayerNormalization") == EMBED_LAYER_NORM[layout]
 
     texts = [sentence for sentence, _ in sst2_dev[:64]]
