@@ -290,6 +290,17 @@ async def batch_sizes(url: str) -> tuple[float, float]:
     return found["sum"], found["count"]
 
 
+def unreachable(url: str) -> str | None:
+    """Why the server at `url` cannot be measured (not answering, or not ready), or None."""
+    import httpx
+
+    try:
+        status = httpx.get(url.rstrip("/") + "/ready", timeout=10).status_code
+    except httpx.HTTPError as e:
+        return f"no server answers there ({e})"
+    return None if status == 200 else f"the server is not ready (/ready answered {status})"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m evals.batch_invariance", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="the export (python -m export.onnx's --out)")
@@ -303,9 +314,18 @@ def main(argv=None) -> int:
     if not (args.model / "manifest.json").is_file():
         print(f"--model {args.model}: no manifest.json there (an export's directory)", file=sys.stderr)
         return 2
+    if args.url and (problem := unreachable(args.url)):
+        print(f"--url {args.url}: {problem}", file=sys.stderr)
+        return 2
     results = in_process(args.model, args.data, args.count)
     if args.url:
-        results += asyncio.run(through_server(args.url, args.model, args.data, args.count, args.clients))
+        from bertserve_client import BertserveError
+
+        try:
+            results += asyncio.run(through_server(args.url, args.model, args.data, args.count, args.clients))
+        except BertserveError as e:
+            print(f"--url {args.url}: {e}", file=sys.stderr)
+            return 2
     for r in results:
         print(
             f"{r['check']}: {r['set']}: {r['inputs']} inputs, {r['decisions_changed']} decisions changed, "

@@ -71,7 +71,16 @@ def test_through_a_server_under_concurrent_clients(task, tmp_path, data_dir):
     assert served["sequences_per_batch"] > 1.5  # the batcher put callers' inputs together
 
 
-def test_not_an_export_is_one_line_and_exit_2(tmp_path, capsys):
+def test_not_an_export_or_no_server_is_one_line_and_exit_2(tmp_path, capsys):
     assert batch_invariance.main(["--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "manifest.json" in err[0]
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "manifest.json").write_text("{}")
+    assert batch_invariance.main(["--model", str(tmp_path), "--url", f"http://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no server answers there" in err[0]
