@@ -307,10 +307,12 @@ async def collect(url: str, bodies: list[dict], concurrency: int = 8) -> list[tu
     return out
 
 
-def server_counters(port: int) -> dict[str, float]:
-    """bertserve's batch counters from /metrics (sum and count of batch sizes, model seconds); {} elsewhere."""
+def server_counters(server: int | str) -> dict[str, float]:
+    """bertserve's batch counters from /metrics (sum and count of batch sizes, model seconds); {} elsewhere.
+    `server`: a port on 127.0.0.1, or a base URL."""
+    base = f"http://127.0.0.1:{server}" if isinstance(server, int) else server.rstrip("/")
     try:
-        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        response = httpx.get(f"{base}/metrics", timeout=5)
     except httpx.HTTPError:
         return {}
     wanted = ("bertserve_batch_size_sum", "bertserve_batch_size_count", "bertserve_inference_duration_seconds_sum")

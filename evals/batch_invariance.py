@@ -27,10 +27,12 @@ import asyncio
 import json
 import random
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.server_bench import batch_figures, server_counters
 from evals.int8_agreement import (
     DATA,
     KEYS,
@@ -39,6 +41,7 @@ from evals.int8_agreement import (
     best_span,
     conll,
     heldout_articles,
+    judged_outputs,
     squad_heldout,
     sst2,
 )
@@ -47,44 +50,27 @@ SIZES = (8, 32)
 
 
 def input_sets(manifest: dict, names: list[str], data: Path, count: int) -> list[dict]:
-    """The held-out inputs per graph output: title, output name, how a decision is read ("label", "tokens", "span",
-    "top", None), first texts, second texts (pairs) or None, and for "top" the query each pair belongs to."""
+    """The held-out inputs per judged set of graph outputs (evals.int8_agreement's judged_outputs): its kind, title,
+    outputs, first texts, second texts (pairs) or None, and for a reranker the query each pair belongs to."""
     sets = []
-    for name in names:
-        if name in ("logits", "classify_logits") and manifest["task"] in ("classify", "multi"):
-            sets.append({"title": "SST-2 dev labels", "outputs": [name], "decide": "label", "first": sst2(data, count)})
-        elif name == "ner_logits" or (name == "logits" and manifest["task"] == "ner"):
-            sets.append(
-                {"title": "CoNLL-2003 valid tokens", "outputs": [name], "decide": "tokens", "first": conll(data, count)}
-            )
-        elif name == "embedding":
-            sets.append(
-                {"title": "SST-2 dev embeddings", "outputs": [name], "decide": None, "first": sst2(data, count)}
-            )
-    starts = [n for n in names if n.endswith("start_logits")]
-    if starts:
-        pairs = squad_heldout(data, count)
-        sets.append(
-            {
-                "title": "SQuAD held-out answers",
-                "outputs": [starts[0], starts[0].replace("start", "end")],
-                "decide": "span",
-                "first": [q for q, _ in pairs],
-                "second": [c for _, c in pairs],
-            }
-        )
-    if manifest["task"] == "rerank":
-        queries = article_queries(heldout_articles(data), count)
-        sets.append(
-            {
+    for kind, outputs in judged_outputs(manifest["task"], names).items():
+        s = {"kind": kind, "outputs": outputs, "second": None}
+        if kind in ("classify", "embeddings"):
+            s |= {"title": f"SST-2 dev {'labels' if kind == 'classify' else 'embeddings'}", "first": sst2(data, count)}
+        elif kind == "ner":
+            s |= {"title": "CoNLL-2003 valid tokens", "first": conll(data, count)}
+        elif kind == "qa":
+            pairs = squad_heldout(data, count)
+            s |= {"title": "SQuAD held-out answers", "first": [q for q, _ in pairs], "second": [c for _, c in pairs]}
+        else:
+            queries = article_queries(heldout_articles(data), count)
+            s |= {
                 "title": "SQuAD held-out top text of 20",
-                "outputs": [names[0]],
-                "decide": "top",
                 "first": [q for q, texts in queries for _ in texts],
                 "second": [t for _, texts in queries for t in texts],
                 "query": [i for i, (_, texts) in enumerate(queries) for _ in texts],
             }
-        )
+        sets.append(s)
     return sets
 
 
@@ -92,7 +78,7 @@ def per_input(session, tokenizer, s: dict, order: list[int], size: int) -> tuple
     """Run the inputs of set `s` in `order`, `size` a batch; per input (in the set's order) its outputs over its
     own tokens and its features."""
     first = [s["first"][i] for i in order]
-    second = None if s.get("second") is None else [s["second"][i] for i in order]
+    second = None if s["second"] is None else [s["second"][i] for i in order]
     names = {i.name for i in session.get_inputs()}
     outputs, features = [None] * len(order), [None] * len(order)
     at = 0
@@ -113,19 +99,19 @@ def per_input(session, tokenizer, s: dict, order: list[int], size: int) -> tuple
 
 def decisions(s: dict, outputs: list[dict], features: list[dict]) -> list:
     """What a user reads off each input's outputs (per query for a reranker)."""
-    how, out = s["decide"], s["outputs"]
-    if how == "label":
+    how, out = s["kind"], s["outputs"]
+    if how == "classify":
         return [int(o[out[0]].argmax()) for o in outputs]
-    if how == "tokens":
+    if how == "ner":
         return [tuple(o[out[0]].argmax(-1).tolist()) for o in outputs]
-    if how == "span":
+    if how == "qa":
         found = []
         for o, f in zip(outputs, features):
             allowed = f["token_type_ids"] == 1
             allowed[-1] = False  # the final [SEP]
             found.append(best_span(o[out[0]], o[out[1]], allowed))
         return found
-    if how == "top":
+    if how == "rerank":
         best: dict[int, tuple[float, int]] = {}
         for i, (o, query) in enumerate(zip(outputs, s["query"])):
             score = float(np.asarray(o[out[0]]).reshape(-1)[0])
@@ -206,14 +192,14 @@ def server_requests(manifest: dict, names: list[str], data: Path, count: int) ->
     """(route method, the inputs of one request) per input: the SDK method and its first argument."""
     calls = []
     for s in input_sets(manifest, names, data, count):
-        if s["decide"] == "top":
+        if s["kind"] == "rerank":
             queries: dict[int, list] = {}
             for q, first, second in zip(s["query"], s["first"], s["second"]):
                 queries.setdefault(q, [first, []])[1].append(second)
             calls += [("rerank", [query, texts]) for query, texts in queries.values()]
             continue
-        method = {"label": "classify", "tokens": "ner", "span": "qa", None: "embed"}[s["decide"]]
-        items = s["first"] if s.get("second") is None else list(zip(s["first"], s["second"]))
+        method = "embed" if s["kind"] == "embeddings" else s["kind"]  # the SDK's method of the route
+        items = s["first"] if s["second"] is None else list(zip(s["first"], s["second"]))
         calls += [(method, [item]) for item in items]
     return calls
 
@@ -245,7 +231,7 @@ async def through_server(url: str, model: Path, data: Path, count: int, clients:
                 requests += [ids[j : j + step] for j in range(0, len(ids), step)]
         random.Random(seed).shuffle(requests)
         queue, got = list(requests), []
-        before = await batch_sizes(url)
+        before, started = server_counters(url), time.monotonic()
 
         async def worker():
             while queue:
@@ -257,7 +243,7 @@ async def through_server(url: str, model: Path, data: Path, count: int, clients:
                 got.extend((i, plain(a)) for i, a in zip(ids, answers, strict=True))
 
         await asyncio.gather(*(worker() for _ in range(clients)))
-        after = await batch_sizes(url)
+        figures = batch_figures(before, server_counters(url), time.monotonic() - started)
     worst, changed = 0.0, 0
     for i, answer in got:
         want = alone[i][0] if calls[i][0] != "rerank" else alone[i]
@@ -271,23 +257,9 @@ async def through_server(url: str, model: Path, data: Path, count: int, clients:
             "answers": len(got),
             "decisions_changed": changed,
             "largest_change": worst,
-            "sequences_per_batch": (after[0] - before[0]) / max(after[1] - before[1], 1),
+            "sequences_per_batch": figures.get("mean_batch", 0.0),
         }
     ]
-
-
-async def batch_sizes(url: str) -> tuple[float, float]:
-    """(sequences, batches) the server has run so far, from its /metrics."""
-    import httpx
-
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        text = (await http.get("/metrics")).text
-    found = {"sum": 0.0, "count": 0.0}
-    for line in text.splitlines():
-        for key in found:
-            if line.startswith(f"bertserve_batch_size_{key}"):
-                found[key] += float(line.rsplit(" ", 1)[1])
-    return found["sum"], found["count"]
 
 
 def unreachable(url: str) -> str | None:

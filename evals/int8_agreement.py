@@ -108,6 +108,20 @@ def best_span(start: np.ndarray, end: np.ndarray, allowed: np.ndarray) -> tuple[
     return divmod(i, n)
 
 
+def judged_outputs(task: str, names: list[str]) -> dict[str, list[str]]:
+    """The graph outputs each held-out set reads, for an export of `task` (its manifest's) with outputs `names`:
+    classify (SST-2 labels), ner (CoNLL-2003 spans), qa (SQuAD answers: start, end), embeddings (SST-2 cosines),
+    rerank (a SQuAD question's top text); a set the graph has no output for is left out."""
+    sets = {
+        "classify": [n for n in names if n in ("logits", "classify_logits")] if task in ("classify", "multi") else [],
+        "ner": [n for n in names if n == "ner_logits" or (n == "logits" and task == "ner")][:1],
+        "qa": [next((n for n in names if n.endswith(end)), None) for end in ("start_logits", "end_logits")],
+        "embeddings": [n for n in names if n == "embedding"],
+        "rerank": names[:1] if task == "rerank" else [],
+    }
+    return {what: outputs for what, outputs in sets.items() if outputs and None not in outputs}
+
+
 def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, ner_limit=None, qa_limit=None) -> dict:
     import onnxruntime as ort
 
@@ -126,15 +140,14 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
     def both(batches, wanted):
         return run(ref, wanted, batches), run(cand, wanted, batches)
 
-    classify = (
-        [n for n in names if n in ("logits", "classify_logits")] if manifest["task"] in ("classify", "multi") else []
-    )
+    judged = judged_outputs(manifest["task"], names)
+    classify = judged.get("classify")
     if classify:
         sentences = sst2(data, limit)
         r, c = both(batched(tokenizer, sentences), classify)
         same = np.concatenate([a.argmax(-1) == b.argmax(-1) for a, b in zip(r[classify[0]], c[classify[0]])])
         figures["classify (SST-2 dev labels)"] = {"n": int(same.size), "agreement": float(same.mean())}
-    ner = [n for n in names if n == "ner_logits" or (n == "logits" and manifest["task"] == "ner")]
+    ner = judged.get("ner")
     if ner:
         ner_labels = labels["ner"] if isinstance(labels, dict) else labels
         batches = batched(tokenizer, conll(data, ner_limit or limit))
@@ -148,22 +161,22 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
                 both_found += len(sa & sb)
                 either += len(sa | sb)
         figures["ner (CoNLL-2003 valid entity spans)"] = {"spans": either, "agreement": both_found / max(either, 1)}
-    qa = [n for n in names if n.endswith("start_logits")], [n for n in names if n.endswith("end_logits")]
-    if qa[0]:
+    if "qa" in judged:
+        start, end = judged["qa"]
         pairs = squad_heldout(data, qa_limit or limit)
         batches = batched(tokenizer, [q for q, _ in pairs], [c for _, c in pairs], size=16)
-        r, c = both(batches, [qa[0][0], qa[1][0]])
+        r, c = both(batches, [start, end])
         same = total = 0
         for i, batch in enumerate(batches):
             for row in range(len(batch["input_ids"])):
                 allowed = (batch["token_type_ids"][row] == 1) & batch["attention_mask"][row].astype(bool)
                 allowed[batch["attention_mask"][row].sum() - 1] = False  # the final [SEP]
-                a = best_span(r[qa[0][0]][i][row], r[qa[1][0]][i][row], allowed)
-                b = best_span(c[qa[0][0]][i][row], c[qa[1][0]][i][row], allowed)
+                a = best_span(r[start][i][row], r[end][i][row], allowed)
+                b = best_span(c[start][i][row], c[end][i][row], allowed)
                 same += a == b
                 total += 1
         figures["qa (SQuAD held-out answers)"] = {"n": total, "agreement": same / total}
-    if "embedding" in names:
+    if "embeddings" in judged:
         sentences = sst2(data, limit)
         r, c = both(batched(tokenizer, sentences), ["embedding"])
         a, b = np.concatenate(r["embedding"]), np.concatenate(c["embedding"])
@@ -173,7 +186,7 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
             "agreement": float((cos >= 0.99).mean()),
             "min_cosine": float(cos.min()),
         }
-    if manifest["task"] == "rerank":
+    if "rerank" in judged:
         heldout = heldout_articles(data)
         for what, queries in (
             ("rerank (SQuAD held-out top-1 sentence)", paragraph_queries(heldout, qa_limit or limit)),

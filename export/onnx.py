@@ -523,15 +523,13 @@ def main(argv=None) -> None:
                 )
                 precision = choice["chosen"]
                 graph = choice["graph"]
-                (int8_graphs[graph][0] if precision == "int8" else fp32_path).rename(model_path)
+                variants.move(int8_graphs[graph][0] if precision == "int8" else fp32_path, model_path)
                 progress.note(choice["line"])
                 quantization = int8_graphs[graph][1] if precision == "int8" else None
         if quantizing:
-            scratch = [
-                tmp / name for name in ("fused.onnx", "fused.onnx.data", "fp32.onnx", "fp32.onnx.data", "int8.onnx")
-            ]
-            for leftover in scratch:
-                leftover.unlink(missing_ok=True)
+            for name in ("fused.onnx", "fp32.onnx", "int8.onnx"):  # what was not moved to model.onnx
+                for leftover in (tmp / name, variants.data_file(tmp / name)):
+                    leftover.unlink(missing_ok=True)
         if args.precision in ("fp32", "fp16", "bf16"):
             del fused
         if not args.no_verify:
@@ -711,16 +709,19 @@ def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, 
     candidates = {"fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True}}
     for name in int8_paths:
         agreement = agreements.get(name)
-        meets = agreement is None or agreement >= target
-        unquantised = name == "int8" and search is not None and bool(search.groups) and not search.quantised
-        if unquantised:
-            meets = False  # nothing quantised: the int8 graph is fp32 under another name
+        refused = None if agreement is None or agreement >= target else f"below the {target:.1%} target"
+        if name == "int8" and search is not None and search.groups and not search.quantised:
+            refused = "every group kept fp32: nothing quantised"  # the int8 graph is fp32 under another name
         # int8's speed is the median of the passes' ratios: the passes of a turn ran back to back, so a busy moment
         # of a shared machine weighs on all alike, where the medians may come from different moments
         speed = float(np.median([f / i for f, i in zip(passes["fp32"], passes[name])]))
-        candidates[name] = {"seconds": timings[name], "agreement": agreement, "meets_target": meets, "speed": speed}
-        if unquantised:
-            candidates[name]["nothing_quantised"] = True
+        candidates[name] = {
+            "seconds": timings[name],
+            "agreement": agreement,
+            "meets_target": refused is None,
+            "speed": speed,
+            **({"refused": refused} if refused else {}),
+        }
     faithful = [n for n in int8_paths if candidates[n]["meets_target"] and candidates[n]["speed"] > 1]
     graph = max(faithful, key=lambda n: candidates[n]["speed"]) if faithful else "fp32"
     chosen = "fp32" if graph == "fp32" else "int8"
@@ -731,13 +732,7 @@ def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, 
         return (
             f"{name} {c['speed']:.2f}x the speed of fp32"
             + (f", agreement {c['agreement']:.4f}" if c["agreement"] is not None else "")
-            + (
-                ""
-                if c["meets_target"]
-                else " (every group kept fp32: nothing quantised)"
-                if c.get("nothing_quantised")
-                else f" (below the {target:.1%} target)"
-            )
+            + (f" ({c['refused']})" if "refused" in c else "")
         )
 
     times = ", ".join(f"{name} {c['seconds'] * 1e3:.1f} ms" for name, c in candidates.items())

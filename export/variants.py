@@ -351,9 +351,32 @@ def save(model_or_onnx_model, path: Path) -> Path:
         str(path),
         save_as_external_data=large,
         all_tensors_to_one_file=True,
-        location=path.name + ".data" if large else None,
+        location=data_file(path).name if large else None,
     )
     return path
+
+
+def data_file(path: Path) -> Path:
+    """Where `save` puts a large graph's weights: beside it, named after it."""
+    return path.with_name(path.name + ".data")
+
+
+def move(src: Path, dst: Path) -> Path:
+    """Rename a graph `save` wrote to `dst`, replacing what was there; a large graph's weights file moves with it
+    (the graph names that file, so the name inside is rewritten)."""
+    for old in (dst, data_file(dst)):
+        old.unlink(missing_ok=True)
+    if not data_file(src).exists():
+        return src.rename(dst)
+    proto = onnx.load_model(str(src), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = data_file(dst).name
+    data_file(src).rename(data_file(dst))
+    onnx.save_model(proto, str(dst))
+    src.unlink()
+    return dst
 
 
 def _byte_size_ok(proto) -> bool:

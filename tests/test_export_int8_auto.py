@@ -374,3 +374,22 @@ def test_calibration_has_long_contexts_and_entity_dense_sentences():
     ranked = calibration.batches["ranked_groups"]
     assert len(ranked) == len(QUESTION_CONTEXTS) + len(CALIBRATION_QA)
     assert all(len(b["input_ids"]) >= 4 for b in ranked[len(QUESTION_CONTEXTS) :])
+
+
+def test_precision_choice_says_why_an_int8_graph_is_refused(tiny_fused, tmp_path):
+    """An int8 graph that kept every group fp32 is fp32 under another name: refused as such, not as 'below the
+    target' beside an agreement of 1.0; one below the target says so."""
+    from types import SimpleNamespace
+
+    from bert.tokenizer import BertTokenizer
+    from export.onnx import choose_precision
+
+    calibration = sensitivity.build_calibration(BertTokenizer.from_dir(tiny_fused.parent), {"sentences"}, 32)
+    kept_all = SimpleNamespace(groups=["g"], quantised={}, chosen=SimpleNamespace(agreement=1.0))
+    choice = choose_precision(tiny_fused, {"int8": tiny_fused}, calibration, kept_all, 0.995)
+    int8 = choice["candidates"]["int8"]
+    assert choice["graph"] == "fp32" and not int8["meets_target"]
+    assert int8["refused"] == "every group kept fp32: nothing quantised" and "nothing quantised" in choice["line"]
+    low = SimpleNamespace(groups=["g"], quantised={"n": "per-token"}, chosen=SimpleNamespace(agreement=0.9))
+    int8 = choose_precision(tiny_fused, {"int8": tiny_fused}, calibration, low, 0.995)["candidates"]["int8"]
+    assert int8["refused"] == "below the 99.5% target" and "refused" not in choice["candidates"]["fp32"]

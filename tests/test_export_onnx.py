@@ -289,3 +289,37 @@ def test_int8_graph_splits_skip_layer_norm_into_add_and_layer_norm(tmp_path, min
     a = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     b = ort.InferenceSession(str(tmp_path / "split.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_moving_a_graph_moves_its_weights_file_and_the_name_inside(tmp_path):
+    """A graph saved with its weights in a file beside it (what export/variants.py save does over 1.8 GB) still loads
+    after variants.move renames it over another graph: the weights file follows and the graph names the new file."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from export import variants
+
+    weight = np.arange(12, dtype=np.float32).reshape(3, 4)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src, dst = tmp_path / "fp32.onnx", tmp_path / "model.onnx"
+    onnx.save_model(model, str(src), save_as_external_data=True, location="fp32.onnx.data", size_threshold=0)
+    dst.write_bytes(b"an older graph")
+    variants.data_file(dst).write_bytes(b"its weights")
+    assert variants.move(src, dst) == dst
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
+    x = np.ones((1, 3), np.float32)
+    (y,) = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.array_equal(y, x @ weight)
+    # a graph with its weights inside moves as one file
+    onnx.save_model(model, str(src))
+    variants.move(src, dst)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
