@@ -283,6 +283,10 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, default=DATA, help="the shared data directory")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args(argv)
+    for flag, value in (("--count", args.count), ("--clients", args.clients)):
+        if value < 1:
+            print(f"{flag} {value}: give 1 or more", file=sys.stderr)
+            return 2
     if not (args.model / "manifest.json").is_file():
         print(f"--model {args.model}: no manifest.json there (an export's directory)", file=sys.stderr)
         return 2

@@ -75,6 +75,10 @@ def test_not_an_export_or_no_server_is_one_line_and_exit_2(tmp_path, capsys):
     assert batch_invariance.main(["--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "manifest.json" in err[0]
+    for flag in ("--count", "--clients"):
+        assert batch_invariance.main(["--model", str(tmp_path), flag, "0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"{flag} 0: give 1 or more"]
     import socket
 
     with socket.socket() as s:  # a port nothing listens on
