@@ -122,9 +122,11 @@ SPAN = register(SpanHead())
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias is not False)
+        # to the word embeddings' width: ELECTRA's generator maps hidden_size down to its embedding_size
+        width = config.embedding_width
+        self.dense = nn.Linear(config.hidden_size, width, bias=config.classifier_bias is not False)
         self.act = activation(getattr(config, config.family.transform_activation) or config.hidden_act)
-        self.LayerNorm = layer_norm(config)
+        self.LayerNorm = layer_norm(config, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.act(self.dense(x)))
@@ -134,7 +136,7 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # weight tied to word embeddings
+        self.decoder = nn.Linear(config.embedding_width, config.vocab_size, bias=False)  # tied to word embeddings
         # one output bias, saved once as cls.predictions.bias; none where the config says so (decoder_bias)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias is not False else None
         self.decoder.bias = self.bias

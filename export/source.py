@@ -142,7 +142,19 @@ def _checkpoint_source(ckpt: str, task: str) -> Source:
 
     directory = resolve_checkpoint(ckpt)
     config = BertConfig.from_json_file(directory)
-    stored = checkpoint_task(config, directory)
+    try:
+        stored = checkpoint_task(config, directory)
+    except SourceError:
+        if task == "auto" or not (task == "encoder" or task in POOLED_TASKS):
+            raise SourceError(
+                f"{ckpt}: architectures {config.architectures} carry no head we read"
+                + (
+                    "; --task embed exports its encoder"
+                    if task == "auto"
+                    else f" (--task {task} needs one; --task embed exports its encoder)"
+                )
+            ) from None
+        stored = "encoder"
     task = stored if task == "auto" else task
     if stored == "multi" and not (task in ("multi", "encoder") or task in POOLED_TASKS):
         raise SourceError(

@@ -1,7 +1,7 @@
 """DistilBERT: BERT's encoder under its own config keys and parameter names, without token types, with a
 ReLU pre_classifier as the first-token layer (and, as a config option, sinusoidal positions)."""
 
-from .base import Family
+from .base import ARCHITECTURE_SUFFIXES, Family
 
 FAMILY = Family(
     "distilbert",
@@ -33,6 +33,14 @@ FAMILY = Family(
         (".output_layer_norm.", ".output.LayerNorm."),
     ),
     sequence_pooler="pre_classifier",
+    architecture_suffixes=(*ARCHITECTURE_SUFFIXES, "ForMaskedLM"),
+    # the masked-LM head: vocab_transform, the activation, vocab_layer_norm, vocab_projector tied to the word table
+    head_prefixes=(
+        ("vocab_transform.", "cls.predictions.transform.dense."),
+        ("vocab_layer_norm.", "cls.predictions.transform.LayerNorm."),
+        ("vocab_projector.weight", "cls.predictions.decoder.weight"),
+        ("vocab_projector.bias", "cls.predictions.bias"),
+    ),
     token_types=False,
     pooler_activation="relu",
     bare_pooler=False,
