@@ -9,8 +9,9 @@ the same numbers the int8 graph computes:
   (s = max|w| / 127, round half to even, clipped to +-127), and its input per row (one token) as pertoken.py's
   "auto" mode does: symmetric (s = max|x| / 127, at least 1e-12) except where a GELU feeds it (a layer's
   feed-forward output), which takes the row's own range, zero included (s = (max - min) / 255, x rounded within
-  [round(min / s), that + 255] steps). A Linear called on one vector per text (the pooler, a classifier on [CLS])
-  is a Gemm in the graph and stays fp32 there, so here too;
+  [round(min / s), that + 255] steps). A Linear with a bias called on one vector per text (the pooler, a
+  classifier on [CLS]) is a Gemm in the graph and stays fp32 there, so here too; one without a bias (ModernBERT's
+  head) is a MatMul there, quantised per row (one text), so here too;
 - the embedding tables (and the embedding LayerNorm's weights where onnxruntime fuses it into
   EmbedLayerNormalization) are read as onnxruntime's weight-only quantisation stores them: uint8, one asymmetric
   range per table. They are not trained.
@@ -139,7 +140,7 @@ def fake_quantised(model: nn.Module, config):
             weight = module.weight
             if id(weight) in originals:  # a decoder tied to the word table: its MatMul has its own fp32 copy
                 weight = _ste(weight, originals[id(weight)])
-            if x.dim() < 3:  # one vector per text: a Gemm in the graph, kept fp32
+            if x.dim() < 3 and module.bias is not None:  # one vector per text: a Gemm in the graph, kept fp32
                 return F.linear(x, weight, module.bias)
             return F.linear(fake_rows(x, asym), fake_weight(weight), module.bias)
 
