@@ -145,8 +145,13 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
     if classify:
         sentences = sst2(data, limit)
         r, c = both(batched(tokenizer, sentences), classify)
-        same = np.concatenate([a.argmax(-1) == b.argmax(-1) for a, b in zip(r[classify[0]], c[classify[0]])])
-        figures["classify (SST-2 dev labels)"] = {"n": int(same.size), "agreement": float(same.mean())}
+        fp32_scores, scores = np.concatenate(r[classify[0]]), np.concatenate(c[classify[0]])
+        same = fp32_scores.argmax(-1) == scores.argmax(-1)
+        figures["classify (SST-2 dev labels)"] = {
+            "n": int(same.size),
+            "agreement": float(same.mean()),
+            **near_ties(top_gaps(fp32_scores), same),
+        }
     ner = judged.get("ner")
     if ner:
         ner_labels = labels["ner"] if isinstance(labels, dict) else labels
@@ -192,12 +197,39 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
             ("rerank (SQuAD held-out top-1 sentence)", paragraph_queries(heldout, qa_limit or limit)),
             ("rerank (SQuAD held-out top-1 of 20 article sentences)", article_queries(heldout, qa_limit or limit)),
         ):
-            same = 0
+            same, gaps = [], []
             for question, texts in queries:
                 r, c = both(batched(tokenizer, [question] * len(texts), texts, size=64), [names[0]])
-                same += int(np.concatenate(r[names[0]])[:, 0].argmax() == np.concatenate(c[names[0]])[:, 0].argmax())
-            figures[what] = {"n": len(queries), "agreement": same / max(len(queries), 1)}
+                fp32_scores, scores = np.concatenate(r[names[0]])[:, 0], np.concatenate(c[names[0]])[:, 0]
+                same.append(fp32_scores.argmax() == scores.argmax())
+                gaps.append(top_gaps(fp32_scores[None])[0])
+            figures[what] = {
+                "n": len(queries),
+                "agreement": float(np.mean(same)) if same else 0.0,
+                **near_ties(np.array(gaps), np.array(same, dtype=bool)),
+            }
     return figures
+
+
+def top_gaps(scores: np.ndarray) -> np.ndarray:
+    """fp32's margin of each decision: its best score less its second best (labels' logits, a query's texts)."""
+    if scores.shape[-1] < 2:
+        return np.full(scores.shape[:-1], np.inf)
+    top = np.sort(scores, axis=-1)
+    return top[..., -1] - top[..., -2]
+
+
+def near_ties(gaps: np.ndarray, same: np.ndarray) -> dict:
+    """How close to a tie fp32 itself was where the candidate decided otherwise: the fp32 margins of the changed
+    decisions (at most 20, smallest first), and the share of all decisions with a margin at most the largest of
+    those (a decision that close can tip under any perturbation of the scores)."""
+    changed = np.sort(gaps[~same])
+    if changed.size == 0:
+        return {"changed_fp32_margins": []}
+    return {
+        "changed_fp32_margins": [round(float(g), 4) for g in changed[:20]],
+        "share_within_largest_changed_margin": float((gaps <= changed.max()).mean()),
+    }
 
 
 def paragraph_queries(heldout: list[dict], limit: int | None) -> list[tuple[str, list[str]]]:

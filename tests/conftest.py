@@ -71,6 +71,7 @@ FAST_FILES = frozenset(
         "test_client.py",
         "test_demo_model.py",
         "test_deploy_files.py",
+        "test_eval_int8_agreement.py",
         "test_export_triton.py",
         "test_import_cycles.py",
         "test_model.py",
