@@ -85,8 +85,8 @@ class _JobOptions:
     device: str = option("cpu", choices=("cpu", "cuda"), help="cpu | cuda")
     precision: str | None = option(
         "auto",
-        choices=("auto", "fp32", "fp16", "bf16"),
-        help="torch backend: fp32 | fp16 | bf16; auto: bf16 matmuls for an embed job on a checkpoint on a CPU with "
+        choices=("auto", "fp32", "fp16", "bf16", "int8", "fp8"),
+        help="torch backend: fp32 | fp16 | bf16 | int8 | fp8 (as the server's --precision); auto: bf16 matmuls for an embed job on a checkpoint on a CPU with "
         "AMX or AVX512-BF16 (over 2x fp32 there, cosine >= 0.99 with fp32), else fp32 on cpu, fp16 on cuda; "
         "an artifact's precision is fixed at export time (an int8 export is an int8 job)",
     )

@@ -38,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bert.precision import asymmetric_linears
+
 INV127 = torch.tensor(1 / 127, dtype=torch.float32)
 INV255 = torch.tensor(1 / 255, dtype=torch.float32)
 TINY = 1e-12  # pertoken.py's floor on a row's scale
-GELU_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
 HELD_OUT_EVERY = 4  # every 4th calibration batch of each set is held out of training, for the agreement figure
 LEARNING_RATE = 3e-5  # Adam's step on a layer's weights; the measured recipe (docs/export.md)
 RECIPE = "block-wise reconstruction"
@@ -87,22 +88,6 @@ def dequantised_table(table: np.ndarray) -> np.ndarray:
     return ((q.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)).astype(np.float32)
 
 
-def _asymmetric_linears(model: nn.Module, config) -> set[int]:
-    """The Linears a fused GELU feeds (each layer's feed-forward output): pertoken.py gives their rows their own
-    range. A gated MLP's product or a non-GELU activation feeds them through a Mul or Relu: symmetric."""
-    from bert.blocks.mlp import PlainIntermediate
-
-    if config.hidden_act not in GELU_ACTS:
-        return set()
-    found = set()
-    for module in model.modules():
-        intermediate = getattr(module, "intermediate", None)
-        output = getattr(module, "output", None)
-        if isinstance(intermediate, PlainIntermediate) and isinstance(getattr(output, "dense", None), nn.Linear):
-            found.add(id(output.dense))
-    return found
-
-
 def _embedding_tensors(model: nn.Module, config) -> list[nn.Parameter]:
     """What the int8 graph reads as uint8 tables: each embedding table, and the embedding LayerNorm's weight and
     bias where onnxruntime fuses them into EmbedLayerNormalization."""
@@ -124,11 +109,12 @@ def _embedding_tensors(model: nn.Module, config) -> list[nn.Parameter]:
 
 
 @contextmanager
-def fake_quantised(model: nn.Module, config):
-    """Within the block, `model` computes what its all-int8 graph computes (up to float summation order)."""
-    asymmetric = _asymmetric_linears(model, config)
+def fake_quantised(model: nn.Module, config, tables: bool = True):
+    """Within the block, `model` computes what its all-int8 graph computes (up to float summation order); with
+    `tables` False, its embedding tables stay fp32 (what bert.precision.low_precision_matmuls computes)."""
+    asymmetric = asymmetric_linears(model, config)
     originals: dict[int, torch.Tensor] = {}
-    for p in _embedding_tensors(model, config):
+    for p in _embedding_tensors(model, config) if tables else ():
         originals[id(p)] = p.data
         p.data = torch.from_numpy(dequantised_table(p.data.numpy()))
     patched = []
@@ -151,7 +137,7 @@ def fake_quantised(model: nn.Module, config):
     finally:
         for module in patched:
             del module.forward
-        for p in _embedding_tensors(model, config):
+        for p in _embedding_tensors(model, config) if tables else ():
             p.data = originals[id(p)]
 
 

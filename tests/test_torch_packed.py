@@ -208,6 +208,23 @@ def test_packed_path_runs_the_models_own_modules():
     assert not any("fused" in key for key in model.state_dict())  # not a parameter: checkpoints unchanged
 
 
+def test_packed_runner_runs_int8_products_as_the_padded_model_does():
+    """With int8 matrix products (bert/precision.py) the packed path stacks query, key and value as int8 (a stacked
+    fp32 QKV weight would bypass them) and, each row quantised on its own, answers as the padded batch does."""
+    from bert.precision import low_precision_matmuls
+
+    model = tiny_model("multi")
+    fp32 = padded_outputs(model, random_batch([1, 30, 17, 24, 5], width=32, seed=1))
+    low_precision_matmuls(model, model.config)
+    runner = PackedRunner(PackedEncoder(model), torch.device("cpu"), graphs=False)
+    stacked = [a.fused_qkv for a in model.modules() if hasattr(a, "fused_qkv")]
+    assert len(stacked) == 2 and all(callable(f) for f in stacked)  # int8 products, not a stacked fp32 weight
+    batch = random_batch([1, 30, 17, 24, 5], width=32, seed=1)
+    got, want = ours(runner.run(pack(batch))), padded_outputs(model, batch)
+    assert_close(got, want, batch, atol=1e-4, rtol=1e-4)  # float summation order only (decisive heads: x20)
+    assert any(not np.allclose(want[k], fp32[k], atol=1e-3) for k in want)  # int8 ran: not the fp32 answers
+
+
 @pytest.mark.parametrize("mode", ["cls", "mean"])
 def test_packed_pooling_equals_padded_pooling(mode):
     model = tiny_model("classify")

@@ -7,6 +7,8 @@ Workloads (random-init weights, seeded; transformers loads the very checkpoint b
 - BERT-large QA, fp16: fixed shapes 384 x batch 1, 8, 32, 128 (every token real), and real SQuAD windows
   (question + context, lengths from squad_windows.json: encoded by the serving QA codec) in batches of 32;
 - BERT-base classification, fp16: 128 x batch 1 and 128.
+Then bertserve's pieces one by one, and the same model with --precision int8 (and fp8 on compute capability 8.9+):
+each activation row its own scale, int8 (fp8) GEMMs, agreement with transformers' fp16 beside the speed.
 
 Both sides get the same numpy batch and return numpy logits: host-to-device copy, forward, device-to-host
 copy, as a user's code and our server do. transformers gets what a user would give it: for the real
@@ -323,16 +325,27 @@ def main(argv=None) -> int:
         context = contexts.get(name)
         if context is None:
             return
-        for variant, options in (
-            ("bertserve-padded", {"packed": False}),
-            ("bertserve-packed-no-graphs", {"packed": True, "cuda_graphs": False}),
+        variants = [
+            ("bertserve-padded", precision, {"packed": False}),
+            ("bertserve-packed-no-graphs", precision, {"packed": True, "cuda_graphs": False}),
             # opt-in, not the default: tanh-approximate GELU in the GEMM's epilogue
-            ("bertserve-gelu-epilogue", {"packed": True, "gelu_epilogue": True}),
-        ):
+            ("bertserve-gelu-epilogue", precision, {"packed": True, "gelu_epilogue": True}),
+            # --precision int8 / fp8: each activation row its own scale (bert/precision.py), the all-int8 export's
+            # arithmetic through cuBLASLt's int8 GEMMs, and the same in fp8 (torch._scaled_mm, row-wise scales)
+            ("bertserve-int8", "int8", fast),
+        ]
+        if cuda and torch.cuda.get_device_capability() >= (8, 9):
+            variants.append(("bertserve-fp8", "fp8", fast))
+        for variant, variant_precision, options in variants:
             if deadline.left() < 8 * seconds + 30:
                 report.data["summary"]["stopped_early"] = f"deadline reached before {name} {variant}"
                 return
-            piece = bertserve_backend(context["ckpt"], device, precision, **options)
+            try:
+                piece = bertserve_backend(context["ckpt"], device, variant_precision, **options)
+            except Exception as e:  # noqa: BLE001 - a kernel this torch or GPU lacks: recorded, the rest goes on
+                report.data["backends"][f"{name}/{variant}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                report.save()
+                continue
             report.data["backends"][f"{name}/{variant}"] = piece.fast_path
             context[variant] = piece
             first = context["workloads"][workloads[0]][0]

@@ -11,6 +11,7 @@ layer's inputs (bert/blocks/positions.py), so any kind takes them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +42,11 @@ class DotProductAttention(nn.Module):
         self.implementation = "sdpa"
         # Query, key and value stacked (3H, H) for one GEMM instead of three: made by fuse_qkv (the varlen path,
         # and padded batches after it), a plain attribute (not in the state dict), stale if the weights change.
-        self.fused_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.fused_qkv: tuple[torch.Tensor, torch.Tensor | None] | Callable | None = None  # or int8 products
 
     def fuse_qkv(self) -> None:
+        if getattr(self.query, "low_precision", None):  # int8 / fp8 products (bert/precision.py) stacked there
+            return  # already; a stacked fp32 copy would bypass them
         with torch.no_grad():
             linears = (self.query, self.key, self.value)
             self.fused_qkv = (
@@ -53,8 +56,8 @@ class DotProductAttention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values, each (..., nh, hs) for x (..., H)."""
-        if self.fused_qkv is not None:
-            qkv = F.linear(x, *self.fused_qkv)
+        if self.fused_qkv is not None:  # (weight, bias), or int8 / fp8 products (bert/precision.py)
+            qkv = self.fused_qkv(x) if callable(self.fused_qkv) else F.linear(x, *self.fused_qkv)
             return qkv.view(qkv.shape[:-1] + (3, self.num_heads, self.head_size)).unbind(-3)
         return tuple(
             lin(x).view(x.shape[:-1] + (self.num_heads, self.head_size)) for lin in (self.query, self.key, self.value)
@@ -81,7 +84,10 @@ class DotProductAttention(nn.Module):
         tables of this layer's rotary positions, if it has them; relative: what disentangled attention reads."""
         if isinstance(mask, Packing):
             return self.forward_varlen(x, mask, rope, relative)
-        q, k, v = (self.split_heads(lin(x)) for lin in (self.query, self.key, self.value))  # (B, nh, T, hs)
+        if callable(self.fused_qkv):  # int8 / fp8 products of query, key and value at once (bert/precision.py)
+            q, k, v = (t.transpose(1, 2) for t in self.project(x))
+        else:
+            q, k, v = (self.split_heads(lin(x)) for lin in (self.query, self.key, self.value))  # (B, nh, T, hs)
         if rope is not None:
             q, k = rotate(q, rope), rotate(k, rope)
         bias = self.score_bias(q, k, relative)
@@ -141,7 +147,8 @@ class DisentangledAttention(DotProductAttention):
         shape = q.shape[:2] + index.shape
 
         def heads_of(linear: nn.Linear) -> torch.Tensor:  # (nh, 2 * span, hs)
-            return linear(table).view(-1, self.num_heads, self.head_size).transpose(0, 1)
+            # fp32 whatever the model's products: weights alone (the int8 graph folds them to constants)
+            return F.linear(table, linear.weight, linear.bias).view(-1, self.num_heads, self.head_size).transpose(0, 1)
 
         scores = torch.zeros((), dtype=q.dtype, device=q.device)
         if "c2p" in self.relative_terms:

@@ -1,4 +1,4 @@
-"""PyTorch backend: a checkpoint dir on CPU (fp32/bf16) or CUDA (fp16/bf16).
+"""PyTorch backend: a checkpoint dir on CPU (fp32/bf16/int8) or CUDA (fp16/bf16/int8/fp8).
 
 The only runtime module that imports torch (with torch_packed.py, its fast path). Two ways to run a batch:
 - padded: the model's own forward on the (B, T) batch, SDPA attention (with no mask when no row is
@@ -17,7 +17,7 @@ import logging
 import numpy as np
 import torch
 
-from bert.precision import bf16_matmuls
+from bert.precision import INT8_KINDS, bf16_matmuls, low_precision_matmuls
 from bert.tasks import TASKS, Features, pad_batch
 from runtime.backends.base import Backend, BatchOutputs, threads_per_run
 from runtime.backends.outputs import task_outputs
@@ -35,8 +35,10 @@ log = logging.getLogger("bertserve")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Largest difference from the padded path that the packed path may show on the probe batch, as
 # (absolute, relative to the largest output): fp32 differs by summation order only; fp16/bf16 by
-# rounding in a different attention kernel (measured differences are far below these).
-TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (3e-2, 2e-2), "bf16": (6e-2, 4e-2)}
+# rounding in a different attention kernel (measured differences are far below these); int8/fp8 by a value that
+# summation order tips across a rounding boundary (then its row moves by a step).
+TOLERANCE = {"fp32": (1e-4, 1e-4), "fp16": (3e-2, 2e-2), "bf16": (6e-2, 4e-2), "int8": (6e-2, 4e-2)}
+TOLERANCE["fp8"] = TOLERANCE["int8"]
 
 
 class TorchBackend(Backend):
@@ -71,6 +73,14 @@ class TorchBackend(Backend):
             # rounding the residual stream, LayerNorms and heads
             self.model, _ = load_for_inference(spec.path, dtype=torch.float32, device=self.device)
             bf16_matmuls(self.model)
+        elif self.precision in INT8_KINDS:
+            # int8 (fp8) matrix products with each activation row its own scale, the rest fp32 (bert/precision.py):
+            # the arithmetic of the all-int8 export, answers independent of the batch
+            self.model, _ = load_for_inference(spec.path, dtype=torch.float32, device=self.device)
+            try:
+                low_precision_matmuls(self.model, self.model.config, self.precision)
+            except ValueError as e:
+                raise ModelError(f"--precision {self.precision}: {e}") from None
         else:
             self.model, _ = load_for_inference(spec.path, dtype=DTYPES[self.precision], device=self.device)
         missing = [t for t in spec.headed_tasks if t not in self.model.heads]
