@@ -79,22 +79,31 @@ def graph_outputs(path: Path, wrapper, inputs) -> list[np.ndarray]:
     return sess.run(wrapper.output_names, feed)
 
 
-def test_the_fake_quantised_forward_is_the_int8_graph(hard, tmp_path):
-    """Per-channel int8 weights, per-token activations (asymmetric behind a GELU), uint8 embedding tables, heads on
-    one vector per text fp32: the student computes what the exported graph computes, far closer than fp32 does,
-    and leaves the model as it was (every family and task: the test below)."""
-    ckpt, task = str(hard[0]), "classify"
+def three_ways(ckpt: str, task: str, tmp_path: Path, texts: int, width: int, padded_after: int | None = None):
+    """`ckpt` exported as the all-int8 graph, and the same inputs (every other text padded after `padded_after`
+    tokens, if given) through that graph, the fake-quantised student and the fp32 model: (wrapper, inputs, the
+    graph's outputs, the student's, fp32's)."""
     args = ["--ckpt", ckpt, "--task", task, "--precision", "int8", "--int8-scope", "all", "--no-verify"]
     assert cli([*args, "--out", str(tmp_path / "art"), "--max-seq", "64"]) == 0
     source = loaded(ckpt, task)
     wrapper = ExportWrapper(source.model, source.task)
-    inputs = dummy_inputs(source.config, batch=3, seq=12)
-    mask = inputs[1].numpy().astype(bool)
+    inputs = dummy_inputs(source.config, batch=texts, seq=width)
+    if padded_after is not None:
+        inputs[1][1::2, padded_after:] = 0
     graph = graph_outputs(tmp_path / "art" / "model.onnx", wrapper, inputs)
     with torch.no_grad():
         fp32 = [t.numpy() for t in wrapper(*inputs)]
         with distill.fake_quantised(source.model, source.config):
             fake = [t.numpy() for t in wrapper(*inputs)]
+    return wrapper, inputs, graph, fake, fp32
+
+
+def test_the_fake_quantised_forward_is_the_int8_graph(hard, tmp_path):
+    """Per-channel int8 weights, per-token activations (asymmetric behind a GELU), uint8 embedding tables, heads on
+    one vector per text fp32: the student computes what the exported graph computes, far closer than fp32 does,
+    and leaves the model as it was (every family and task: the test below)."""
+    wrapper, inputs, graph, fake, fp32 = three_ways(str(hard[0]), "classify", tmp_path, texts=3, width=12)
+    mask = inputs[1].numpy().astype(bool)
     for g, f, p in zip(graph, fake, fp32):
         if g.ndim >= 2 and g.shape[:2] == mask.shape:
             g, f, p = g[mask], f[mask], p[mask]
@@ -165,18 +174,8 @@ def test_the_fake_quantised_forward_is_the_int8_graph_in_every_family_and_task(
     token types, ELECTRA's embedding projection and generator head, ModernBERT's gated MLP, bias-free head and
     rotary attention, DeBERTa's disentangled attention), and every task's head: the student computes it."""
     ckpt = family_checkpoint(model_type, task, tmp_path_factory.getbasetemp(), minilm_dir)
-    args = ["--ckpt", str(ckpt), "--task", task, "--precision", "int8", "--int8-scope", "all", "--no-verify"]
-    assert cli([*args, "--out", str(tmp_path / "art"), "--max-seq", "64"]) == 0
-    source = loaded(str(ckpt), task)
-    wrapper = ExportWrapper(source.model, source.task)
-    inputs = dummy_inputs(source.config, batch=16, seq=10)
-    inputs[1][1::2, 6:] = 0  # every other text padded
+    wrapper, inputs, graph, fake, fp32 = three_ways(str(ckpt), task, tmp_path, texts=16, width=10, padded_after=6)
     mask = inputs[1].numpy().astype(bool)
-    graph = graph_outputs(tmp_path / "art" / "model.onnx", wrapper, inputs)
-    with torch.no_grad():
-        fp32 = [t.numpy() for t in wrapper(*inputs)]
-        with distill.fake_quantised(source.model, source.config):
-            fake = [t.numpy() for t in wrapper(*inputs)]
     # Per text (rows are quantised on their own, so one text's numbers never touch another's): the same numbers up
     # to float summation order, except where that order tips one value across a rounding boundary, which then
     # moves the rest of its text (about 1 text in 16 here); fp32 is far from the graph in every text.
