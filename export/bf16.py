@@ -97,6 +97,18 @@ class Bf16Session:
         outputs = self.runner(feed)
         return [outputs[name] for name in names]
 
+    def get_outputs(self) -> list:
+        """The outputs by name, as onnxruntime's session lists them (objects with a `name`)."""
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(name=name) for name in self.runner.outputs]
+
+    def get_inputs(self) -> list:
+        """The inputs it reads, as onnxruntime's session lists them (token types: zeros where not given)."""
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(name=name) for name in ("input_ids", "attention_mask", "token_type_ids")]
+
 
 def session(directory: Path, options=None):
     """onnxruntime's session on the artifact's model.onnx, or a Bf16Session where the artifact is bf16 weights."""

@@ -129,3 +129,20 @@ def test_bf16_units_read_the_cpu_flags(monkeypatch, tmp_path):
     assert bf16_units() == []
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n")
     assert bf16_units() == ["amx_bf16"]
+
+
+def test_the_evals_read_a_bf16_artifact_as_they_read_a_graph(artifact):
+    """evals.int8_agreement and evals.batch_invariance open any export with export.bf16.session: for bf16 weights
+    it lists inputs and outputs by name and runs them as onnxruntime's session does (it lacked both lists, and
+    evals.batch_invariance failed on a bf16 artifact)."""
+    from evals.batch_invariance import in_process  # noqa: F401 - what reads these lists
+    from export import bf16
+
+    session = bf16.session(artifact)
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
+    names = [o.name for o in session.get_outputs()]
+    assert names == ["logits"]
+    ids = np.array([[2, 7, 9, 3, 0]], dtype=np.int64)
+    feed = {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64), "token_type_ids": np.zeros_like(ids)}
+    (logits,) = session.run(names, feed)
+    assert logits.shape == (1, 3) and np.isfinite(logits).all()
