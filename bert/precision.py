@@ -3,7 +3,10 @@
 A model cast to bfloat16 whole rounds its residual stream, LayerNorms and heads to 8 bits of mantissa at every
 layer; casting only the encoder layers' Linear weights (and each call's input) keeps the time those units save (the
 matmuls are almost all of it) while the embeddings, LayerNorms, residual additions and heads stay fp32: a Linear's
-bf16 output added to the fp32 residual stream gives fp32 (docs/export.md, "bf16")."""
+bf16 output added to the fp32 residual stream gives fp32 (docs/export.md, "bf16").
+
+int8 and fp8 matmuls (low_precision_matmuls, below): the all-int8 export's arithmetic in torch, each activation row
+its own scale, for the torch backend's --precision int8 / fp8 (docs/serving.md, "Backends")."""
 
 from __future__ import annotations
 
