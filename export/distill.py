@@ -10,7 +10,8 @@ the same numbers the int8 graph computes:
   "auto" mode does: symmetric (s = max|x| / 127, at least 1e-12) except where a GELU feeds it (a layer's
   feed-forward output), which takes the row's own range, zero included (s = (max - min) / 255, x rounded within
   [round(min / s), that + 255] steps). A Linear with a bias called on one vector per text (the pooler, a
-  classifier on [CLS]) is a Gemm in the graph and stays fp32 there, so here too; one without a bias (ModernBERT's
+  classifier on [CLS]) is a Gemm in the graph and stays fp32 there, so here too (bert.precision.quantised_linears
+  tells them apart, as for the torch backend's int8); one without a bias (ModernBERT's
   head) is a MatMul there, quantised per row (one text), so here too;
 - the embedding tables (and the embedding LayerNorm's weights where onnxruntime fuses it into
   EmbedLayerNormalization) are read as onnxruntime's weight-only quantisation stores them: uint8, one asymmetric
@@ -38,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bert.precision import asymmetric_linears
+from bert.precision import asymmetric_linears, quantised_linears
 
 INV127 = torch.tensor(1 / 127, dtype=torch.float32)
 INV255 = torch.tensor(1 / 255, dtype=torch.float32)
@@ -113,21 +114,20 @@ def fake_quantised(model: nn.Module, config, tables: bool = True):
     """Within the block, `model` computes what its all-int8 graph computes (up to float summation order); with
     `tables` False, its embedding tables stay fp32 (what bert.precision.low_precision_matmuls computes)."""
     asymmetric = asymmetric_linears(model, config)
+    quantised = {id(m) for m in quantised_linears(model)}  # what the graph quantises: the others stay fp32
     originals: dict[int, torch.Tensor] = {}
     for p in _embedding_tensors(model, config) if tables else ():
         originals[id(p)] = p.data
         p.data = torch.from_numpy(dequantised_table(p.data.numpy()))
     patched = []
     for module in model.modules():
-        if not isinstance(module, nn.Linear):
+        if id(module) not in quantised:
             continue
 
         def forward(x, module=module, asym=id(module) in asymmetric):
             weight = module.weight
             if id(weight) in originals:  # a decoder tied to the word table: its MatMul has its own fp32 copy
                 weight = _ste(weight, originals[id(weight)])
-            if x.dim() < 3 and module.bias is not None:  # one vector per text: a Gemm in the graph, kept fp32
-                return F.linear(x, weight, module.bias)
             return F.linear(fake_rows(x, asym), fake_weight(weight), module.bias)
 
         module.forward = forward
