@@ -111,44 +111,52 @@ def quantised_linears(model) -> list:
     return [m for m in linears if m.bias is None or max(ranks.get(id(m), {3})) >= 3]
 
 
-def _int8_rows(x, asymmetric: bool):
-    """Rows of x (M, K) as int8 for torch._int_mm, their scales (M, 1) and, asymmetric, the offset (M, 1) to add
-    back per output: x ~ scale * (q + shift) where shift is 0 (symmetric) or 128 + the row's zero offset."""
+def int8_weights(w):
+    """A Linear's weight (out, in) as the int8 graph holds it: its integers (float, -127..127) and one symmetric
+    scale per output channel (out, 1)."""
+    import torch
+
+    scale = w.abs().amax(dim=1, keepdim=True) / 127.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return torch.clamp(torch.round(w / scale), -127, 127), scale
+
+
+def int8_rows(x, asymmetric: bool):
+    """Each row of x (its last axis) as the int8 graph quantises it at run time: the integers (float, -128..127),
+    the row's scale and, asymmetric, its shift: x ~ scale * (steps + shift), where shift is 128 + the row's zero
+    offset (None: symmetric, 0)."""
     import torch
 
     if not asymmetric:
         # max |x| (two plain reductions: faster on CPU than abs().amax(), linalg's norm or aminmax)
         largest = torch.maximum(x.amax(dim=-1, keepdim=True), x.amin(dim=-1, keepdim=True).neg_())
         scale = torch.clamp(largest * (1 / 127), min=TINY_SCALE)
-        steps = (x / scale).round_().clamp_(-128, 127)
-        return steps.to(torch.int8), scale, None
+        return (x / scale).round_().clamp_(-128, 127), scale, None
     low, high = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)
     scale = torch.clamp((high.clamp(min=0.0) - low.clamp(max=0.0)) * (1 / 255), min=TINY_SCALE)
     shift = torch.round(low.clamp(max=0.0) / scale) + 128
     # the uint8 row clamp(round(x / s) - offset, 0, 255), less 128: the same integers, as int8
-    steps = (x / scale).round_().sub_(shift).clamp_(-128, 127)
-    return steps.to(torch.int8), scale, shift
+    return (x / scale).round_().sub_(shift).clamp_(-128, 127), scale, shift
 
 
 class _LowPrecisionLinear:
-    """The forward of one nn.Linear through int8 (or fp8) matrix products, from a quantised copy of its weight."""
+    """A Linear's forward through int8 (or fp8) matrix products, from a quantised copy of its weight (out, in) and
+    its bias (or None)."""
 
-    def __init__(self, module, kind: str, asymmetric: bool):
+    def __init__(self, weight, bias, kind: str, asymmetric: bool):
         import torch
 
-        self.module, self.kind, self.asymmetric = module, kind, asymmetric
-        w = module.weight.detach().float()
+        self.kind, self.asymmetric = kind, asymmetric
+        w = weight.detach().float()
         if kind == "int8":
-            scale = w.abs().amax(dim=1, keepdim=True) / 127.0
-            scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-            q = torch.clamp(torch.round(w / scale), -127, 127)
+            q, scale = int8_weights(w)
             self.weight = q.to(torch.int8).t().contiguous()  # (in, out) for torch._int_mm
             self.column_sums = q.sum(dim=1).view(1, -1) if asymmetric else None
         else:
             scale = torch.clamp(w.abs().amax(dim=1, keepdim=True) / E4M3_MAX, min=TINY_SCALE)
             self.weight = (w / scale).to(torch.float8_e4m3fn).t()  # column-major (in, out), as _scaled_mm takes it
         self.weight_scale = scale.view(1, -1)
-        self.bias = None if module.bias is None else module.bias.detach().float()
+        self.bias = None if bias is None else bias.detach().float()
 
     def __call__(self, x):
         import torch
@@ -163,7 +171,8 @@ class _LowPrecisionLinear:
                 q, self.weight, scale_a=scale, scale_b=self.weight_scale, out_dtype=torch.bfloat16
             ).float()
         else:
-            q, scale, shift = _int8_rows(rows, self.asymmetric)
+            steps, scale, shift = int8_rows(rows, self.asymmetric)
+            q = steps.to(torch.int8)
             padded = q.shape[0]
             if q.is_cuda and padded <= 16:  # cuBLASLt's int8 product wants more than 16 rows
                 q = F.pad(q, (0, 0, 0, 17 - padded))
@@ -191,7 +200,7 @@ def low_precision_matmuls(model, config, kind: str = "int8"):
     asymmetric = asymmetric_linears(model, config) if kind == "int8" else set()
     quantised = quantised_linears(model)
     for module in quantised:
-        module.forward = _LowPrecisionLinear(module, kind, id(module) in asymmetric)
+        module.forward = _LowPrecisionLinear(module.weight, module.bias, kind, id(module) in asymmetric)
         module.low_precision = kind  # read by the blocks that would otherwise multiply the fp32 weight themselves
     for module in model.modules():
         if getattr(module, "epilogue_capable", False):  # the GELU-in-GEMM epilogue multiplies the fp32 weight
@@ -199,14 +208,8 @@ def low_precision_matmuls(model, config, kind: str = "int8"):
         if hasattr(module, "fused_qkv"):  # one product for query, key and value: one row scale serves all three
             linears = (module.query, module.key, module.value)
             if all(m in quantised and id(m) not in asymmetric for m in linears):
-                stacked = torch.nn.Linear(module.query.in_features, sum(m.out_features for m in linears))
-                stacked.weight.data = torch.cat([m.weight.detach() for m in linears])
-                stacked.bias = (
-                    None
-                    if module.query.bias is None
-                    else torch.nn.Parameter(torch.cat([m.bias.detach() for m in linears]))
-                )
-                module.fused_qkv = _LowPrecisionLinear(stacked, kind, False)
+                bias = None if module.query.bias is None else torch.cat([m.bias for m in linears])
+                module.fused_qkv = _LowPrecisionLinear(torch.cat([m.weight for m in linears]), bias, kind, False)
             else:
                 module.fused_qkv = None
     return model

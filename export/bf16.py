@@ -99,15 +99,17 @@ class Bf16Session:
 
     def get_outputs(self) -> list:
         """The outputs by name, as onnxruntime's session lists them (objects with a `name`)."""
-        from types import SimpleNamespace
-
-        return [SimpleNamespace(name=name) for name in self.runner.outputs]
+        return _named(self.runner.outputs)
 
     def get_inputs(self) -> list:
         """The inputs it reads, as onnxruntime's session lists them (token types: zeros where not given)."""
-        from types import SimpleNamespace
+        return _named(("input_ids", "attention_mask", "token_type_ids"))
 
-        return [SimpleNamespace(name=name) for name in ("input_ids", "attention_mask", "token_type_ids")]
+
+def _named(names) -> list:
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(name=name) for name in names]
 
 
 def session(directory: Path, options=None):

@@ -39,11 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bert.precision import asymmetric_linears, quantised_linears
+from bert.precision import asymmetric_linears, int8_rows, int8_weights, quantised_linears
 
-INV127 = torch.tensor(1 / 127, dtype=torch.float32)
-INV255 = torch.tensor(1 / 255, dtype=torch.float32)
-TINY = 1e-12  # pertoken.py's floor on a row's scale
 HELD_OUT_EVERY = 4  # every 4th calibration batch of each set is held out of training, for the agreement figure
 LEARNING_RATE = 3e-5  # Adam's step on a layer's weights; the measured recipe (docs/export.md)
 RECIPE = "block-wise reconstruction"
@@ -60,23 +57,14 @@ def _ste(x: torch.Tensor, quantised: torch.Tensor) -> torch.Tensor:
 
 def fake_weight(w: torch.Tensor) -> torch.Tensor:
     """nn.Linear weight (out, in) as the int8 graph holds it: one symmetric scale per output channel."""
-    scale = w.detach().abs().amax(dim=1, keepdim=True) / 127.0
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    return _ste(w, torch.clamp(torch.round(w.detach() / scale), -127, 127) * scale)
+    q, scale = int8_weights(w.detach())
+    return _ste(w, q * scale)
 
 
 def fake_rows(x: torch.Tensor, asymmetric: bool) -> torch.Tensor:
     """x quantised with one scale per row (its last axis), as export/pertoken.py's graph does at run time."""
-    d = x.detach()
-    if not asymmetric:
-        scale = torch.clamp(d.abs().amax(dim=-1, keepdim=True) * INV127, min=TINY)
-        return _ste(x, torch.clamp(torch.round(d / scale), -128, 127) * scale)
-    high = torch.clamp(d.amax(dim=-1, keepdim=True), min=0.0)
-    low = torch.clamp(d.amin(dim=-1, keepdim=True), max=0.0)
-    scale = torch.clamp((high - low) * INV255, min=TINY)
-    offset = torch.round(low / scale)
-    steps = torch.clamp(torch.round(d / scale) - offset, 0, 255) + offset
-    return _ste(x, steps * scale)
+    steps, scale, shift = int8_rows(x.detach(), asymmetric)
+    return _ste(x, (steps if shift is None else steps + shift) * scale)
 
 
 def dequantised_table(table: np.ndarray) -> np.ndarray:
