@@ -258,7 +258,8 @@ class Engine:
         return list(owners.values())
 
     def max_batch_requests(self, unit: ModelUnit) -> int:
-        return min(x for x in (self.settings.effective_max_batch_requests, unit.backend.max_batch_size) if x)
+        wanted = self.settings.effective_max_batch_requests(unit.backend.cpu_batch_requests)
+        return min(x for x in (wanted, unit.backend.max_batch_size) if x)
 
     def start(self) -> None:
         for unit in self._backend_owners():

@@ -111,8 +111,8 @@ class _Settings(BaseSettings):
     max_batch_requests: Optional[int] = Field(
         None,
         ge=1,
-        description="most sequences in one batch (default 4 on cpu, where a bigger batch of short texts "
-        "mostly adds padding; 32 on cuda)",
+        description="most sequences in one batch (default on cpu: 4 for onnxruntime, where a bigger batch of "
+        "short texts mostly adds padding, 32 for the torch backend; 32 on cuda)",
     )
     max_padding: Optional[float] = Field(
         None,
@@ -252,11 +252,11 @@ class _Settings(BaseSettings):
         # --inference-workers).
         return self.inference_workers or (1 if self.device == "cuda" else 2)
 
-    @property
-    def effective_max_batch_requests(self) -> int:
-        # On CPU a batch buys little per sequence and costs padding, so small batches serve more requests
-        # (figures: docs/serving.md, --max-batch-requests). On a GPU the batch is the point.
-        return self.max_batch_requests or (32 if self.device == "cuda" else 4)
+    def effective_max_batch_requests(self, cpu_default: int = 4) -> int:
+        """The flag, else 32 on a GPU (the batch is the point) and on a CPU the backend's own `cpu_default`
+        (onnxruntime's 4: a batch buys it little per sequence and costs padding; figures: docs/serving.md,
+        --max-batch-requests)."""
+        return self.max_batch_requests or (32 if self.device == "cuda" else cpu_default)
 
     @property
     def effective_max_padding(self) -> float | None:

@@ -199,9 +199,10 @@ def test_settings_from_env(monkeypatch):
 def test_batch_request_cap_defaults_by_device():
     from serving.settings import Settings
 
-    assert Settings().effective_max_batch_requests == 4  # cpu: bigger batches of short texts mostly add padding
-    assert Settings(device="cuda").effective_max_batch_requests == 32
-    assert Settings(max_batch_requests=16).effective_max_batch_requests == 16
+    assert Settings().effective_max_batch_requests() == 4  # cpu: bigger batches of short texts mostly add padding
+    assert Settings().effective_max_batch_requests(32) == 32  # the torch backend's: it pays per batch
+    assert Settings(device="cuda").effective_max_batch_requests() == 32
+    assert Settings(max_batch_requests=16).effective_max_batch_requests(32) == 16
 
 
 def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):

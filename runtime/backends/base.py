@@ -92,6 +92,10 @@ class Backend:
     concurrent_runs = False  # True: run_batch() may be called from several threads at once
     pad_token_id = 0  # what padding is made of (the engine sets its tokenizer's)
     pad_to_multiple_of: int | None = None  # padded widths rounded up to a multiple of this (tensor-core shapes)
+    # Sequences a batch holds on a CPU when --max-batch-requests is not given. Small for onnxruntime, whose kernels
+    # cost little per batch, so a bigger batch of short texts mostly adds padding; the torch backend pays its
+    # per-operator cost once per batch and sets more (figures: docs/serving.md, --max-batch-requests).
+    cpu_batch_requests = 4
 
     def __init__(self, spec: ModelSpec):
         self.spec = spec

@@ -44,6 +44,7 @@ TOLERANCE["fp8"] = TOLERANCE["int8"]
 class TorchBackend(Backend):
     name = "torch"
     concurrent_runs = True  # inference under no_grad keeps no state between calls (the packed runner locks)
+    cpu_batch_requests = 32  # each operator's Python and dispatch cost is paid once per batch
 
     def __init__(
         self,
