@@ -71,9 +71,10 @@ class OnnxOptions:
         "auto",
         choices=PRECISIONS,
         help=(
-            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives, times them on this "
-            "machine on the calibration inputs and writes the fastest one that meets --int8-agreement (the manifest's "
-            "precision says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
+            "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives (scope auto: the "
+            "search's, once with each row's own range and once with auto rows), times them on this machine on the "
+            "calibration inputs and writes the fastest one that meets --int8-agreement (the manifest's precision "
+            "says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
             "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + int8 weights per "
             "channel and activations with one scale per token of each text, so an answer does not depend on its "
             "batch (for CPUs); bf16: the checkpoint's own weights as model.safetensors instead of model.onnx, "
@@ -299,7 +300,7 @@ def main(argv=None) -> None:
     from bert.checkpoint import save_tokenizer_files
     from bert.tokenizer import BertTokenizer
 
-    from . import bf16, parity, sensitivity, variants
+    from . import bf16, parity, pertoken, sensitivity, variants
     from .source import check_source, checkpoint_task, load_model
     from .wrapper import INPUT_NAMES, ExportWrapper, dummy_inputs, dynamic_axes, prepare_for_export
 
@@ -443,6 +444,7 @@ def main(argv=None) -> None:
             progress.note("fused operators: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
 
         quantization, search, choice, precision = None, None, None, args.precision
+        searches: dict = {}  # int8 graph name -> its search (--precision auto: one per row mode)
         model_path = tmp / MODEL_FILE
         if quantizing:
             fused_path = variants.save(fused, tmp / "fused.onnx")  # the quantiser's input, not published
@@ -464,25 +466,35 @@ def main(argv=None) -> None:
                 + ", ".join(f"{n} {k}" for k, n in calibration.size().items())
                 + ")"
             ):
-                search = sensitivity.search(
-                    fused_path,
-                    calibration,
-                    judged,
-                    target=args.int8_agreement,
-                    budget=args.int8_trials,
-                    note=progress.note,
-                )
-                described = search.describe()["group_schemes"].items()
-                split = [label for label, how in described if "query and key" in how]
-                outlying = [label for label, how in described if "outlier" in how]
-                progress.note(
-                    f"kept fp32: {', '.join(g.label for g in search.kept) or 'nothing'}"
-                    f" ({len(search.fp32_nodes)} of the quantisable nodes"
-                    + (f"; int8 with outlier channels fp32 in {', '.join(outlying)}" if outlying else "")
-                    + (f"; query and key int8, value fp32 in {', '.join(split)}" if split else "")
-                    + "); agreement "
-                    + (f"{search.chosen.agreement:.4f}" if search.chosen.agreement is not None else "not measured")
-                )
+                # --precision auto: once per row mode (the second only where the first quantised something), each
+                # search's graph then timed; --precision int8: the default rows' alone
+                for rows in pertoken.AUTO_ROWS if args.precision == "auto" else pertoken.AUTO_ROWS[:1]:
+                    if searches and not search.quantised:
+                        break
+                    if searches:
+                        progress.note(f"searching again with {rows} rows (export/pertoken.py MODES) ...")
+                    search = sensitivity.search(
+                        fused_path,
+                        calibration,
+                        judged,
+                        target=args.int8_agreement,
+                        budget=args.int8_trials,
+                        note=progress.note,
+                        rows=rows,
+                    )
+                    searches[int8_graph_name(rows)] = search
+                    described = search.describe()["group_schemes"].items()
+                    split = [label for label, how in described if "query and key" in how]
+                    outlying = [label for label, how in described if "outlier" in how]
+                    progress.note(
+                        f"{rows} rows: kept fp32: {', '.join(g.label for g in search.kept) or 'nothing'}"
+                        f" ({len(search.fp32_nodes)} of the quantisable nodes"
+                        + (f"; int8 with outlier channels fp32 in {', '.join(outlying)}" if outlying else "")
+                        + (f"; query and key int8, value fp32 in {', '.join(split)}" if split else "")
+                        + "); agreement "
+                        + (f"{search.chosen.agreement:.4f}" if search.chosen.agreement is not None else "not measured")
+                    )
+                search = next(iter(searches.values()))
         served = bf16.WEIGHTS_FILE if args.precision == "bf16" else MODEL_FILE
         with progress(f"writing {served} ({args.precision})"):
             if args.precision == "fp32":
@@ -494,21 +506,24 @@ def main(argv=None) -> None:
                 artifact_config(config, source, wrapper, model_class).save(tmp)
                 bf16.write_weights(source.checkpoint_dir, tmp)
             else:
-                int8_path = tmp / "int8.onnx" if args.precision == "auto" else model_path
-                per_token = [n for n, how in search.quantised.items() if how == "per-token"] if search else ()
-                quantization = variants.quantize_int8(
-                    fused_path,
-                    int8_path,
-                    args.int8_scope,
-                    search.fp32_nodes if search else None,
-                    per_token,
-                    search.outliers if search else None,
-                )
-                progress.note(
-                    f"int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} nodes kept fp32"
-                    + (f", {len(per_token)} with per-token activations" if per_token else "")
-                )
-                int8_graphs = {"int8": (int8_path, quantization)}
+                int8_graphs = {}
+                for name, found in searches.items() if searches else [("int8", None)]:
+                    int8_path = tmp / f"{name}.onnx" if args.precision == "auto" else model_path
+                    per_token = [n for n, how in found.quantised.items() if how == "per-token"] if found else ()
+                    quantization = variants.quantize_int8(
+                        fused_path,
+                        int8_path,
+                        args.int8_scope,
+                        found.fp32_nodes if found else None,
+                        per_token,
+                        found.outliers if found else None,
+                        rows=found.rows if found else None,
+                    )
+                    progress.note(
+                        f"{name}: int8 scope {args.int8_scope}: {len(quantization['fp32_nodes'])} nodes kept fp32"
+                        + (f", {len(per_token)} with per-token activations ({found.rows} rows)" if per_token else "")
+                    )
+                    int8_graphs[name] = (int8_path, quantization)
                 if distillation is not None:
                     quantization["distilled"] = True
                     distillation.graph_agreement = held_out_agreement(int8_path, distillation, wrapper, source.task)
@@ -519,15 +534,17 @@ def main(argv=None) -> None:
         if args.precision == "auto":
             with progress("timing the candidates on this machine"):
                 choice = choose_precision(
-                    fp32_path, {k: p for k, (p, _) in int8_graphs.items()}, calibration, search, args.int8_agreement
+                    fp32_path, {k: p for k, (p, _) in int8_graphs.items()}, calibration, searches, args.int8_agreement
                 )
                 precision = choice["chosen"]
                 graph = choice["graph"]
                 variants.move(int8_graphs[graph][0] if precision == "int8" else fp32_path, model_path)
                 progress.note(choice["line"])
                 quantization = int8_graphs[graph][1] if precision == "int8" else None
+                search = searches.get(graph, search)  # the manifest describes the search of the graph written
         if quantizing:
-            for name in ("fused.onnx", "fp32.onnx", "int8.onnx"):  # what was not moved to model.onnx
+            leftovers = ["fused.onnx", "fp32.onnx", "int8.onnx", *(f"{name}.onnx" for name in searches)]
+            for name in dict.fromkeys(leftovers):  # what was not moved to model.onnx
                 for leftover in (tmp / name, variants.data_file(tmp / name)):
                     leftover.unlink(missing_ok=True)
         if args.precision in ("fp32", "fp16", "bf16"):
@@ -696,21 +713,31 @@ def sensitivity_set(task: str | None) -> str:
     return TASKS[task].calibration if task in TASKS else "sentences"
 
 
-def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, search, target: float) -> dict:
-    """Time fp32 and the int8 graphs (`int8`: the search's, per-row activation scales) on the calibration inputs here; the fastest one meeting the
-    agreement target wins, fp32 unless an int8 graph is faster."""
+def int8_graph_name(rows: str) -> str:
+    """The name a search's int8 graph has among --precision auto's candidates: `int8` for the default rows
+    (export/pertoken.py SEARCH_ROWS), `int8-<mode>-rows` for another row mode."""
+    from .pertoken import SEARCH_ROWS
+
+    return "int8" if rows == SEARCH_ROWS else f"int8-{rows}-rows"
+
+
+def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, searches, target: float) -> dict:
+    """Time fp32 and the int8 graphs (each a search's, `searches`: graph name -> Search, per-row activation scales)
+    on the calibration inputs here; the fastest one meeting the agreement target wins, fp32 unless an int8 graph
+    is faster."""
     import numpy as np
 
     from .sensitivity import time_graphs
 
-    agreements = {"int8": search.chosen.agreement if search else None}
+    agreements = {name: found.chosen.agreement for name, found in (searches or {}).items()}
     passes = time_graphs({"fp32": fp32_path, **int8_paths}, calibration, every_pass=True)
     timings = {name: float(np.median(seconds)) for name, seconds in passes.items()}
     candidates = {"fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True}}
     for name in int8_paths:
         agreement = agreements.get(name)
         refused = None if agreement is None or agreement >= target else f"below the {target:.1%} target"
-        if name == "int8" and search is not None and search.groups and not search.quantised:
+        found = (searches or {}).get(name)
+        if found is not None and found.groups and not found.quantised:
             refused = "every group kept fp32: nothing quantised"  # the int8 graph is fp32 under another name
         # int8's speed is the median of the passes' ratios: the passes of a turn ran back to back, so a busy moment
         # of a shared machine weighs on all alike, where the medians may come from different moments

@@ -37,6 +37,9 @@ SCHEME = "uint8, one scale per row: per token of each text, never shared across 
 # and zero point. Its two reductions a row cost the all-int8 graph a few percent against "auto", and the search then
 # keeps far fewer groups fp32 for the same agreement (docs/export.md, "int8: asymmetric rows").
 SEARCH_ROWS = "asymmetric"
+# --precision auto searches once more with `auto` rows and times both graphs: where both keep the same groups fp32,
+# auto's cheaper rows win (docs/export.md, "int8: which rows, by timing").
+AUTO_ROWS = (SEARCH_ROWS, "auto")
 
 
 class PerTokenError(ValueError):

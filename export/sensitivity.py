@@ -421,10 +421,12 @@ def scheme_of_nodes(model: onnx.ModelProto, nodes, scheme: str) -> dict[str, str
     return {n: "per-token" if n in per_token else "weights-only" for n in nodes if n in per_token | tables}
 
 
-def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outliers=None) -> Path:
+def build_int8(
+    fused_path: Path, out_path: Path, schemes: dict[str, str], outliers=None, rows: str | None = None
+) -> Path:
     """The fused graph with each node of `schemes` quantised as it says (per-tensor first, by onnxruntime's
     quantize_dynamic, which leaves the other nodes as they are; then per-token, with `outliers`: node -> input
-    channels kept fp32, rows as export/pertoken.py's SEARCH_ROWS says); every other node stays fp32."""
+    channels kept fp32, `rows` export/pertoken.py's row mode, default SEARCH_ROWS); every other node stays fp32."""
     from .pertoken import per_token
     from .variants import quantize_dynamic_graph, save
 
@@ -438,7 +440,7 @@ def build_int8(fused_path: Path, out_path: Path, schemes: dict[str, str], outlie
     else:
         model = onnx.load(str(fused_path))
     channels = {n: c for n, c in (outliers or {}).items() if n in tokens}
-    return save(per_token(model, tokens, pertoken.SEARCH_ROWS, outliers=channels), out_path)
+    return save(per_token(model, tokens, rows or pertoken.SEARCH_ROWS, outliers=channels), out_path)
 
 
 def outlier_channels(fused_path: Path, calibration: Calibration, nodes) -> dict[str, list[int]]:
@@ -504,6 +506,7 @@ class Search:
     scheme: str = "per-tensor"
     schemes: dict[str, str] = field(default_factory=dict)  # every quantisable grouped node -> its scheme_of_nodes
     outliers: dict[str, list[int]] = field(default_factory=dict)  # node -> input channels kept fp32 (per-token)
+    rows: str = pertoken.SEARCH_ROWS  # the per-token rows' mode (export/pertoken.py MODES)
 
     @property
     def fp32_nodes(self) -> list[str]:
@@ -524,7 +527,7 @@ class Search:
             "method": "per-tensor" if per_tensor else "per-row",
             "weights": "int8 per channel",
             "activations": "uint8 per tensor, one scale for the whole batch" if per_tensor else SCHEME,
-            "row_mode": pertoken.SEARCH_ROWS if per_token else None,
+            "row_mode": self.rows if per_token else None,
             "batch_invariant": not per_tensor,
             "scope": "auto",
             "scheme": self.scheme,
@@ -561,10 +564,12 @@ def search(
     budget: int,
     note: Callable[[str], None] = print,
     scheme: str = "per-token",
+    rows: str | None = None,
 ) -> Search:
     """judged: output name -> (agreement kind, token level, calibration set). Returns the fewest groups that, kept
-    fp32, meet `target`, the others quantised as `scheme` says (scheme_of_nodes); `note` shows each trial as it
-    ends."""
+    fp32, meet `target`, the others quantised as `scheme` says (scheme_of_nodes; per-token rows as `rows` says);
+    `note` shows each trial as it ends."""
+    rows = rows or pertoken.SEARCH_ROWS
     model = onnx.load(str(fused_path), load_external_data=False)
     groups = groups_of(model, budget)
     schemes = scheme_of_nodes(model, [n for g in groups for n in g.nodes], scheme)
@@ -582,7 +587,7 @@ def search(
         chosen = {n: s for n, s in how.items() if n not in excluded and (only is None or n in only)}
         with tempfile.TemporaryDirectory(dir=fused_path.parent) as scratch:
             path = Path(scratch) / "trial.onnx"
-            build_int8(fused_path, path, chosen, outliers if channels is None else channels)
+            build_int8(fused_path, path, chosen, outliers if channels is None else channels, rows)
             candidate = run_graph(path, calibration, names)
         trial = Trial(what, tuple(exclude), *judge(reference, candidate, calibration, judged))
         trials.append(trial)
@@ -608,6 +613,7 @@ def search(
             scheme=scheme,
             schemes=schemes,
             outliers=dict(outliers),
+            rows=rows,
         )
 
     def most_that_meet(count: int, trial_of: Callable[[int], Trial], chosen: Trial, reserve: int) -> tuple[int, Trial]:

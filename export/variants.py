@@ -211,6 +211,7 @@ def quantize_int8(
     excluded=None,
     per_token_nodes=(),
     outliers=None,
+    rows: str | None = None,
 ) -> dict:
     """int8 for CPU on the fused graph: int8 weights per output channel, and each activation row (one token of one
     text) quantised with its own scale at run time (export/pertoken.py), so a text's answer is the same whatever
@@ -221,15 +222,15 @@ def quantize_int8(
     Scope "all" quantises every MatMul and fused Attention; "skip-ffn-output" keeps each layer's FFN output
     projection fp32 (its input, the GELU output, has a long tail); "auto" keeps `excluded` fp32 and quantises
     `per_token_nodes`, the nodes export/sensitivity.py's search chose, with `outliers` (node -> input channels) fp32
-    beside the int8 product. Rows (export/pertoken.py's modes): scope auto's are those the search measured
-    (SEARCH_ROWS), the other scopes' "auto" (what --int8-distill's fake quantisation computes). Returns what was
-    done, for the manifest."""
+    beside the int8 product. Rows (export/pertoken.py's modes): `rows`, else scope auto's the search's default
+    (SEARCH_ROWS; give the mode the search measured with) and the other scopes' "auto" (what --int8-distill's fake
+    quantisation computes). Returns what was done, for the manifest."""
     from . import pertoken
     from .pertoken import SCHEME, rewritable
 
     if scope not in INT8_SCOPES:
         raise ValueError(f"int8 scope must be one of {INT8_SCOPES}, got {scope!r}")
-    rows = pertoken.SEARCH_ROWS if scope == "auto" else "auto"
+    rows = rows or (pertoken.SEARCH_ROWS if scope == "auto" else "auto")
     graph = onnx.load(str(fused_path), load_external_data=False)
     if scope == "skip-ffn-output":
         excluded = ffn_output_matmuls(graph)
