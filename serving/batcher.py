@@ -96,12 +96,20 @@ class ComputeGate:
         self._served: dict[object, int] = {}  # owner -> the number of its last grant (who was served least recently)
         self._ended: dict[object, float] = {}  # owner -> when its last batch ended
         self._one_at_a_time: set[int] = set()  # ids of backends whose runs cannot overlap
+        self._passing: set[object] = set()  # owners that want the device only while they wait (no linger)
         self._busy: set[int] = set()  # those of them running now
         self._grants = itertools.count(1)
 
     def one_at_a_time(self, backend) -> None:
         """`backend` runs one batch at a time, whichever batchers share it."""
         self._one_at_a_time.add(id(backend))
+
+    def passing(self, owner) -> None:
+        """`owner` wants the device only while a batch of it waits or runs, not for `linger_s` after: a model that
+        answers again another's unsure items (--TASK-verify-model) runs now and then, a few sequences at a time;
+        lingering, it would hold the model it verifies to all slots but one nearly all the time."""
+        with self._changed:
+            self._passing.add(owner)
 
     def acquire(self, owner, backend, stopping: Callable[[], bool]) -> bool:
         """Wait until `owner` may run a batch on `backend`; False when `stopping()` comes true first."""
@@ -132,7 +140,8 @@ class ComputeGate:
             if not self._running[owner]:
                 del self._running[owner]
             self._busy.discard(id(backend))
-            self._ended[owner] = time.monotonic()
+            if owner not in self._passing:
+                self._ended[owner] = time.monotonic()
             self._changed.notify_all()
 
     def contended(self, owner) -> bool:

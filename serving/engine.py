@@ -279,6 +279,8 @@ class Engine:
                 labels={"task": "+".join(unit.tasks) or "verify", "model": unit.name},
                 gate=self.gate,
             )
+            if unit in self.verify.values():
+                self.gate.passing(unit.batcher)
             unit.batcher.start()
 
     async def stop(self) -> None:

@@ -361,18 +361,14 @@ def _task_fields(task) -> dict:
                 None,
                 description=f"a second, exact model for {routes} (e.g. the fp32 export beside an int8 --model): an "
                 f"item whose best two answers are closer than {flag}-verify-margin is answered again by it, so a "
-                "fast model's answers agree with the exact one's (docs/serving.md, \"Fast QA\")",
+                "fast model's answers agree with the exact one's (docs/serving.md, \"Fast answers\")",
             ),
         )
+        margin = task.verify_margin
+        bounds = {k: v for k, v in (("ge", margin.minimum), ("le", margin.maximum)) if v is not None}
         fields[f"{task.name}_verify_margin"] = (
             float,
-            Field(
-                0.1,
-                ge=0,
-                le=1,
-                description=f"with {flag}-verify-model: recompute an item whose best answer's score leads the "
-                "second's by less than this (scores are probabilities, 0-1)",
-            ),
+            Field(margin.default, description=f"with {flag}-verify-model: {margin.help}", **bounds),
         )
     return fields
 

@@ -476,3 +476,24 @@ def test_while_another_model_wants_the_device_a_loaded_one_leaves_it_a_slot():
     assert one.acquire(quiet, backend, lambda: False)
     one.release(quiet, backend)
     assert one.small_batches(busy)  # one slot: none can be kept free, so the loaded model's batches are small
+
+
+def test_a_verify_model_wants_the_device_only_while_its_batch_waits_or_runs():
+    """A passing owner (--TASK-verify-model's batcher) does not linger: once its batch ends, the model it verifies
+    holds every slot again; while its batch runs, that model holds all but one, as beside any other model."""
+    from serving.batcher import ComputeGate
+
+    gate = ComputeGate(2, linger_s=60)
+    fast, verify, backend = object(), object(), object()
+    gate.passing(verify)
+    assert gate.acquire(verify, backend, lambda: False)
+    assert gate.contended(fast)  # it runs now
+    gate.release(verify, backend)
+    assert not gate.contended(fast)  # ended: no linger
+    assert gate.acquire(fast, backend, lambda: False) and gate.acquire(fast, backend, lambda: False)  # both slots
+    gate.release(fast, backend)
+    gate.release(fast, backend)
+    other = object()  # an ordinary model lingers as before
+    assert gate.acquire(other, backend, lambda: False)
+    gate.release(other, backend)
+    assert gate.contended(fast)

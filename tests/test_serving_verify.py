@@ -9,7 +9,7 @@ import subprocess
 
 import httpx
 import pytest
-from test_serving_support import CONTEXT, PYTHON, QA_ITEMS, REPO, Server, build_checkpoint
+from test_serving_support import CONTEXT, PYTHON, QA_ITEMS, REPO, Server, build_checkpoint, minilm_dir
 
 from bert.tasks import TASKS
 from bert.tasks import qa as qa_codec
@@ -127,3 +127,132 @@ def test_the_server_says_what_it_verified_and_refuses_a_bad_verify_model_in_one_
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--qa-verify-model" in errors[0] and "Traceback" not in done.stderr
+
+
+# ---- /rerank: the texts near its query's best are scored again -------------------------------------------
+QUERY = "where is the eiffel tower?"
+TEXTS = [
+    "The Eiffel Tower is in Paris.",
+    "Berlin is the capital of Germany.",
+    "Bananas are yellow and grow in bunches on large plants.",
+    "Paris is in France.",
+    "The tower was built in 1889 for the world's fair, and it is made of wrought iron.",
+    "Rome has many old churches.",
+    "The tower is 330 metres tall.",
+    "Lyon is a city in France.",
+]
+
+
+@pytest.fixture(scope="module")
+def rerankers(tmp_path_factory):
+    """Two one-output cross-encoders with different weights (fast and exact), written by transformers."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    made = {}
+    for name, seed in (("fast", 0), ("exact", 1)):
+        directory = tmp_path_factory.mktemp("rerank-verify") / name
+        config = transformers.BertConfig(
+            vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            num_labels=1,
+        )  # fmt: skip
+        torch.manual_seed(seed)
+        model = transformers.BertForSequenceClassification(config).eval()
+        with torch.no_grad():
+            model.classifier.weight.mul_(30)  # spread the scores: an order to test
+        model.save_pretrained(directory)
+        transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(directory)
+        made[name] = directory
+    return made
+
+
+def rerank(pairs, **settings):
+    """(logits, pairs verified) of one rerank request's (query, text) pairs through a fresh engine."""
+    engine = Engine(Settings(threads=1, **settings), Metrics())
+    engine.load()
+    timing = Timing()
+
+    async def scenario():
+        engine.start()
+        try:
+            unit, task = engine.unit("rerank"), TASKS["rerank"]
+            return await engine.infer(unit, task, pairs, {"raw_scores": True}, ticket=Ticket(), timing=timing)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(scenario()), timing.verified
+
+
+def test_rerank_scores_again_the_texts_near_the_best_and_the_best_with_them(rerankers):
+    pairs = [(QUERY, t) for t in TEXTS]
+    fast, _ = rerank(pairs, model=str(rerankers["fast"]))
+    exact, _ = rerank(pairs, model=str(rerankers["exact"]))
+    order = sorted(range(len(fast)), key=lambda i: -fast[i])
+    assert sorted(range(len(exact)), key=lambda i: -exact[i])[0] != order[0]  # the models disagree on the best
+    # a margin between the 3rd and 4th text's distance to the best: the best and the next two are scored again
+    behind = [fast[order[0]] - fast[i] for i in order]
+    margin = (behind[2] + behind[3]) / 2
+    assert behind[1] < margin  # the best leads by less than the margin, so it is scored again too
+    mixed, verified = rerank(
+        pairs, model=str(rerankers["fast"]), rerank_verify_model=str(rerankers["exact"]), rerank_verify_margin=margin
+    )
+    again = set(order[:3])
+    assert verified == 3
+    assert mixed == [exact[i] if i in again else fast[i] for i in range(len(pairs))]
+    # the best leads by more than the margin: nothing is scored again
+    alone, verified = rerank(
+        pairs,
+        model=str(rerankers["fast"]),
+        rerank_verify_model=str(rerankers["exact"]),
+        rerank_verify_margin=behind[1] * 0.999,
+    )
+    assert (alone, verified) == (fast, 0)
+    every, verified = rerank(
+        pairs, model=str(rerankers["fast"]), rerank_verify_model=str(rerankers["exact"]), rerank_verify_margin=1e9
+    )
+    assert (every, verified) == (exact, len(pairs))
+    # a query's only text has nothing to be put above: never scored again
+    one, verified = rerank(
+        pairs[:1], model=str(rerankers["fast"]), rerank_verify_model=str(rerankers["exact"]), rerank_verify_margin=1e9
+    )
+    assert verified == 0 and one == pytest.approx(fast[:1], abs=1e-5)  # alone: no padding, last digits may move
+
+
+def test_rerank_margins_are_per_query():
+    from bert.tasks import rerank as rerank_codec
+
+    pairs = [("a", "x"), ("b", "x"), ("a", "y"), ("a", "z"), ("c", "x")]
+    outputs = [[{"rerank": [v]}] for v in (2.0, 5.0, 1.5, -1.0)] + [[{"rerank": [0.0]}, {"rerank": [3.0]}]]
+    found = rerank_codec.margins(pairs, outputs)
+    assert found[0] == pytest.approx(0.5) and found[2] == pytest.approx(0.5) and found[3] == pytest.approx(3.0)
+    assert found[1] == found[4] == float("inf")  # alone under their query (the last: its best window, 3.0)
+
+
+def test_the_server_verifies_rerank_and_says_so(rerankers):
+    with Server(
+        "--model",
+        str(rerankers["fast"]),
+        "--rerank-verify-model",
+        str(rerankers["exact"]),
+        "--rerank-verify-margin",
+        "1000",
+    ) as server:
+        r = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS[:4]}, timeout=30)
+        assert r.status_code == 200 and r.headers["x-verified-items"] == "4", (r.status_code, r.headers)
+        r = httpx.post(server.url + "/v1/rerank", json={"query": QUERY, "documents": TEXTS[:3], "top_n": 1}, timeout=30)
+        assert r.status_code == 200 and r.headers["x-verified-items"] == "3"
+        info = httpx.get(server.url + "/info", timeout=5).json()
+        assert info["verify"]["rerank"]["margin"] == 1000
+        r = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": []}, timeout=5)
+        assert r.status_code == 400 and "error" in r.json()  # no texts: refused as without a verify model
+        assert httpx.get(server.url + "/ready", timeout=5).status_code == 200
+    done = subprocess.run(
+        [PYTHON, "-m", "serving", "--model", str(rerankers["fast"]), "--rerank-verify-margin", "-1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "verify" in errors[0] and "Traceback" not in done.stderr

@@ -441,8 +441,12 @@ class Task:
         return text_chars(items)
 
     def margins(self, items: list, features: list, outputs: list, facts: ModelFacts, **options) -> list[float] | None:
-        """Per item, how sure its answer is (None: the task has no notion of it and is never re-answered)."""
+        """Per item, how sure its answer is (None: the task has no notion of it and is never re-answered): an item
+        whose margin is under --<task>-verify-margin is answered again by --<task>-verify-model."""
         return None
+
+    # A task with `margins` declares its --<task>-verify-margin here: default, bounds and what the unit is.
+    verify_margin: ClassVar[TaskOption | None] = None
 
     # ---- training hooks (torch imported inside) -------------------------------------------------------
     # python -m training.finetune / multitask / evaluate call these and never name a task. `cfg` is a

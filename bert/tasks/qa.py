@@ -626,6 +626,15 @@ class QATask(Task):
     def margins(self, items, features, outputs, facts, **options):
         return margins(items, features, outputs, facts, **options)
 
+    verify_margin = TaskOption(
+        "verify_margin",
+        0.1,
+        "recompute a question whose best answer's score leads the second's by less than this (scores are "
+        "probabilities, 0-1)",
+        minimum=0,
+        maximum=1,
+    )
+
     # ---- training hooks: SQuAD questions (QAExample), windowed --------------------
     train_options = (
         TaskOption("doc_stride", 128, "qa: context tokens neighbouring windows share", minimum=1),

@@ -67,6 +67,34 @@ def ranked(values: list[float]) -> list[int]:
     return sorted(range(len(values)), key=lambda i: -values[i])
 
 
+def best_logits(outputs: list) -> list[float]:
+    """Per (query, text) pair, its logit: MaxP, a long text is as relevant as its best window (the sigmoid keeps
+    the logits' order)."""
+    return [float(max(np.asarray(s["rerank"], dtype=np.float32).reshape(-1)[0] for s in o)) for o in outputs]
+
+
+def margins(pairs: list, outputs: list) -> list[float]:
+    """Per (query, text) pair, how sure its query's top text is of this pair: for the query's best text, its lead
+    over the second best; for any other, how far it trails the best (logits; inf for a query's only text). Every
+    text closer to its query's best than the verify margin is then scored again, the best with them, so the
+    exact model decides among all texts the fast one could have put in the wrong order at the top: a fast model
+    whose logits are within half the margin of the exact one's puts the exact one's best text first."""
+    logits = best_logits(outputs)
+    by_query: dict[str, list[int]] = {}
+    for i, pair in enumerate(pairs):
+        by_query.setdefault(pair[0], []).append(i)
+    found = [math.inf] * len(pairs)
+    for indices in by_query.values():
+        if len(indices) < 2:
+            continue
+        ordered = sorted(indices, key=lambda i: -logits[i])
+        top = logits[ordered[0]]
+        found[ordered[0]] = top - logits[ordered[1]]
+        for i in ordered[1:]:
+            found[i] = top - logits[i]
+    return found
+
+
 # ---- long documents: scored by their best window (MaxP) ------------------------------------------------
 LONG_INPUTS = LongInputs(
     merge="the document's score is its best window's (MaxP)",
@@ -592,9 +620,18 @@ class RerankTask(Task):
         return encode_windows(tokenizer, items, limits)
 
     def decode_request(self, items, features, outputs, facts: ModelFacts, *, raw_scores: bool = False, **_):
-        # MaxP: a document is as relevant as its best window (the sigmoid keeps the logits' order)
-        best = [max(np.asarray(s["rerank"], dtype=np.float32).reshape(-1)[0] for s in o) for o in outputs]
-        return scores(np.asarray(best)[:, None], raw=raw_scores)
+        return scores(np.asarray(best_logits(outputs))[:, None], raw=raw_scores)
+
+    def margins(self, items, features, outputs, facts, **_):
+        return margins(items, outputs)
+
+    verify_margin = TaskOption(
+        "verify_margin",
+        0.3,
+        "recompute the best text of a query and every text whose logit is within this of it, where two or more "
+        "are (logits, the model's raw scores)",
+        minimum=0,
+    )
 
     # ---- training hooks: queries with candidate texts (RerankQuery) --------------------------------------
     trainable = True
