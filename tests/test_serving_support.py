@@ -84,6 +84,36 @@ def build_checkpoint(directory: Path, task: str = "multi", seed: int = 0, max_po
     return directory
 
 
+RERANK_QUERY = "where is the eiffel tower?"
+RERANK_TEXTS = [
+    "The Eiffel Tower is in Paris.",
+    "Berlin is the capital of Germany.",
+    "Bananas are yellow and grow in bunches on large plants.",
+    "Paris is in France.",
+    "The tower was built in 1889 for the world's fair, and it is made of wrought iron.",
+]
+
+
+def build_cross_encoder(directory: Path, seed: int = 0) -> Path:
+    """A tiny one-output BertForSequenceClassification written by transformers (random weights, the head spread so
+    that texts get distinct scores) with MiniLM's tokenizer."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=1
+    )
+    torch.manual_seed(seed)
+    model = transformers.BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.mul_(30)  # random heads give near-equal scores: spread them so order is tested
+    model.save_pretrained(directory)
+    transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(directory)
+    return directory
+
+
 ONNX_OUTPUTS = {
     "multi": ["classify_logits", "ner_logits", "qa_start_logits", "qa_end_logits"],
     "classify": ["logits"],

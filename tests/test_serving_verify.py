@@ -9,7 +9,19 @@ import subprocess
 
 import httpx
 import pytest
-from test_serving_support import CONTEXT, PYTHON, QA_ITEMS, REPO, Server, build_checkpoint, minilm_dir
+from test_serving_support import (
+    CONTEXT,
+    PYTHON,
+    QA_ITEMS,
+    REPO,
+    RERANK_TEXTS,
+    Server,
+    build_checkpoint,
+    build_cross_encoder,
+)
+from test_serving_support import (
+    RERANK_QUERY as QUERY,
+)
 
 from bert.tasks import TASKS
 from bert.tasks import qa as qa_codec
@@ -36,8 +48,8 @@ def models(tmp_path_factory):
     }
 
 
-def run(items, **settings):
-    """(answers, items verified) of one /qa request through a fresh engine."""
+def run(items, task="qa", options=None, **settings):
+    """(answers, items verified) of one request of `task` through a fresh engine."""
     engine = Engine(Settings(threads=1, **settings), Metrics())
     engine.load()
     timing = Timing()
@@ -45,7 +57,8 @@ def run(items, **settings):
     async def scenario():
         engine.start()
         try:
-            return await engine.infer(engine.unit("qa"), TASKS["qa"], items, {}, ticket=Ticket(), timing=timing)
+            unit = engine.unit(task)
+            return await engine.infer(unit, TASKS[task], items, options or {}, ticket=Ticket(), timing=timing)
         finally:
             await engine.stop()
 
@@ -117,70 +130,33 @@ def test_the_server_says_what_it_verified_and_refuses_a_bad_verify_model_in_one_
         r = httpx.post(server.url + "/qa", json={"question": "q", "context": "c", "top_k": "2"}, timeout=5)
         assert r.status_code == 422 and r.json()["error_type"] == "validation"
         assert httpx.get(server.url + "/ready", timeout=5).status_code == 200
-    done = subprocess.run(
-        [PYTHON, "-m", "serving", "--model", str(models["fast"]), "--qa-verify-model", str(models["classify"])],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    assert "--qa-verify-model" in refused_at_start(
+        "--model", str(models["fast"]), "--qa-verify-model", str(models["classify"])
     )
-    assert done.returncode == 2
+
+
+def refused_at_start(*args: str) -> str:
+    """`python -m serving ARGS` exits 2 with one `error:` line and no traceback: that line."""
+    done = subprocess.run([PYTHON, "-m", "serving", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--qa-verify-model" in errors[0] and "Traceback" not in done.stderr
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    return errors[0]
 
 
 # ---- /rerank: the texts near its query's best are scored again -------------------------------------------
-QUERY = "where is the eiffel tower?"
-TEXTS = [
-    "The Eiffel Tower is in Paris.",
-    "Berlin is the capital of Germany.",
-    "Bananas are yellow and grow in bunches on large plants.",
-    "Paris is in France.",
-    "The tower was built in 1889 for the world's fair, and it is made of wrought iron.",
-    "Rome has many old churches.",
-    "The tower is 330 metres tall.",
-    "Lyon is a city in France.",
-]
+TEXTS = RERANK_TEXTS + ["Rome has many old churches.", "The tower is 330 metres tall.", "Lyon is a city in France."]
 
 
 @pytest.fixture(scope="module")
 def rerankers(tmp_path_factory):
     """Two one-output cross-encoders with different weights (fast and exact), written by transformers."""
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    made = {}
-    for name, seed in (("fast", 0), ("exact", 1)):
-        directory = tmp_path_factory.mktemp("rerank-verify") / name
-        config = transformers.BertConfig(
-            vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-            num_labels=1,
-        )  # fmt: skip
-        torch.manual_seed(seed)
-        model = transformers.BertForSequenceClassification(config).eval()
-        with torch.no_grad():
-            model.classifier.weight.mul_(30)  # spread the scores: an order to test
-        model.save_pretrained(directory)
-        transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(directory)
-        made[name] = directory
-    return made
+    root = tmp_path_factory.mktemp("rerank-verify")
+    return {name: build_cross_encoder(root / name, seed) for name, seed in (("fast", 0), ("exact", 1))}
 
 
 def rerank(pairs, **settings):
     """(logits, pairs verified) of one rerank request's (query, text) pairs through a fresh engine."""
-    engine = Engine(Settings(threads=1, **settings), Metrics())
-    engine.load()
-    timing = Timing()
-
-    async def scenario():
-        engine.start()
-        try:
-            unit, task = engine.unit("rerank"), TASKS["rerank"]
-            return await engine.infer(unit, task, pairs, {"raw_scores": True}, ticket=Ticket(), timing=timing)
-        finally:
-            await engine.stop()
-
-    return asyncio.run(scenario()), timing.verified
+    return run(pairs, "rerank", {"raw_scores": True}, **settings)
 
 
 def test_rerank_scores_again_the_texts_near_the_best_and_the_best_with_them(rerankers):
@@ -246,13 +222,4 @@ def test_the_server_verifies_rerank_and_says_so(rerankers):
         r = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": []}, timeout=5)
         assert r.status_code == 400 and "error" in r.json()  # no texts: refused as without a verify model
         assert httpx.get(server.url + "/ready", timeout=5).status_code == 200
-    done = subprocess.run(
-        [PYTHON, "-m", "serving", "--model", str(rerankers["fast"]), "--rerank-verify-margin", "-1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "verify" in errors[0] and "Traceback" not in done.stderr
+    assert "verify" in refused_at_start("--model", str(rerankers["fast"]), "--rerank-verify-margin", "-1")

@@ -10,34 +10,14 @@ import subprocess
 import httpx
 import numpy as np
 import pytest
-from test_serving_support import PYTHON, REPO, Server, minilm_dir
+from test_serving_support import PYTHON, REPO, RERANK_QUERY, RERANK_TEXTS, Server, build_cross_encoder, minilm_dir
 
-QUERY = "where is the eiffel tower?"
-TEXTS = [
-    "The Eiffel Tower is in Paris.",
-    "Berlin is the capital of Germany.",
-    "Bananas are yellow and grow in bunches on large plants.",
-    "Paris is in France.",
-    "The tower was built in 1889 for the world's fair, and it is made of wrought iron.",
-]
+QUERY, TEXTS = RERANK_QUERY, RERANK_TEXTS
 
 
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    directory = tmp_path_factory.mktemp("rerank") / "cross-encoder"
-    config = transformers.BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=1
-    )
-    torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification(config).eval()
-    with torch.no_grad():
-        model.classifier.weight.mul_(30)  # random heads give near-equal scores: spread them so order is tested
-    model.save_pretrained(directory)
-    transformers.AutoTokenizer.from_pretrained(str(minilm_dir())).save_pretrained(directory)
-    return directory
+    return build_cross_encoder(tmp_path_factory.mktemp("rerank") / "cross-encoder")
 
 
 @pytest.fixture(scope="module")
