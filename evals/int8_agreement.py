@@ -197,15 +197,20 @@ def compare(fp32_dir: Path, candidate_dir: Path, data: Path, limit: int | None, 
             ("rerank (SQuAD held-out top-1 sentence)", paragraph_queries(heldout, qa_limit or limit)),
             ("rerank (SQuAD held-out top-1 of 20 article sentences)", article_queries(heldout, qa_limit or limit)),
         ):
-            same, gaps = [], []
+            same, gaps, moved = [], [], []
             for question, texts in queries:
                 r, c = both(batched(tokenizer, [question] * len(texts), texts, size=64), [names[0]])
                 fp32_scores, scores = np.concatenate(r[names[0]])[:, 0], np.concatenate(c[names[0]])[:, 0]
                 same.append(fp32_scores.argmax() == scores.argmax())
                 gaps.append(top_gaps(fp32_scores[None])[0])
+                moved.append(float(np.abs(scores - fp32_scores).max()))
             figures[what] = {
                 "n": len(queries),
                 "agreement": float(np.mean(same)) if same else 0.0,
+                # how far the candidate moved a text's logit: twice the largest is a --rerank-verify-margin that
+                # puts fp32's best text among those scored again (docs/serving.md, "Fast answers")
+                "largest_logit_change": max(moved, default=0.0),
+                "median_largest_logit_change": float(np.median(moved)) if moved else 0.0,
                 **near_ties(np.array(gaps), np.array(same, dtype=bool)),
             }
     return figures
