@@ -15,7 +15,7 @@ servers' x-verified-items headers). Prints a table, writes JSON (evals/results/q
 Why a verifier: int8 moves the logits a little, which changes the answer only where the best two answers
 were nearly tied (the demo model: 8-10 % of held-out questions whatever the int8 scope; a per-layer
 search found no MatMul whose exclusion fixes it). Those are exactly the questions whose best answer
-leads the second by little, so the server answers them again on fp32 (docs/serving.md, "Fast QA").
+leads the second by little, so the server answers them again on fp32 (docs/serving.md, "Fast answers").
 """
 
 from __future__ import annotations
