@@ -209,12 +209,13 @@ def bertserve_peer(
     task: str,
     model: Path | str | Callable[[], Path],
     threads: int,
-    extra_args: list[str] = (),
+    extra_args: list[str] | Callable[[], list[str]] = (),
     engine: str = "auto",
     precision: str = "fp32",
     root: Path = REPO,
 ) -> Peer:
-    """`python -m serving` of checkout `root` on `model` (a path, or a function that makes it: an export)."""
+    """`python -m serving` of checkout `root` on `model` (a path, or a function that makes it: an export), with
+    `extra_args` (a list, or a function that makes it: flags naming another export)."""
     peer = Peer(name, "bertserve", task, engine, precision, [], bertserve_adapter(task), ready_path="/ready", cwd=root)
 
     def prepare() -> None:
@@ -233,10 +234,10 @@ def bertserve_peer(
             str(threads),
             "--log-level",
             "warning",
-            *extra_args,
+            *(extra_args() if callable(extra_args) else extra_args),
         ]
 
-    if callable(model):
+    if callable(model) or callable(extra_args):
         peer.prepare = prepare
     else:
         prepare()
@@ -419,6 +420,19 @@ def catalog(
             ours("bertserve-ort-fp32", export(source, "fp32")),
             ours("bertserve-default", export(source, None), engine=DEFAULT_ENGINE, precision="default"),
             ours("bertserve-int8-all", export(source, "int8", "all"), precision="int8 (every group)"),
+            *(
+                # every group int8, its near-ties scored again on the fp32 export (docs/serving.md, "Fast answers")
+                [
+                    ours(
+                        "bertserve-int8-verify",
+                        export(source, "int8", "all"),
+                        lambda: ["--rerank-verify-model", str(export(source, "fp32")())],
+                        precision="int8 (every group) + fp32 verify",
+                    )
+                ]
+                if task == "rerank"
+                else []
+            ),
             *theirs(source),
         ]
     raise ValueError(f"no peers for task {task!r}")
