@@ -476,6 +476,9 @@ def test_the_server_generates_each_tasks_declared_options():
             declared += 1
         with_margins = type(task).margins is not Task.margins
         assert (f"{task.name}_verify_model" in Settings.model_fields) == with_margins, task.name
+        if with_margins:
+            field = Settings.model_fields[f"{task.name}_verify_margin"]
+            assert field.default == task.verify_margin.default and task.verify_margin.help in field.description
     assert declared >= 2
     # 77 context tokens per window ([CLS] 20 [SEP] 77 [SEP]), neighbours sharing at most half of them
     assert Settings(qa_max_length=100, qa_max_question_length=20).max_doc_stride == 38
@@ -484,6 +487,30 @@ def test_the_server_generates_each_tasks_declared_options():
         Settings(qa_max_length=60, qa_max_question_length=64)
     with pytest.raises(ValidationError, match="greater than or equal to 16"):
         Settings(qa_max_length=8)
+
+
+def test_a_task_with_margins_must_declare_its_verify_margin_and_only_such_a_task():
+    from dataclasses import dataclass
+
+    from bert.tasks import registry
+    from bert.tasks.base import Task, TaskOption
+
+    @dataclass
+    class Unsure(Task):
+        name = "unsure-without-margin"
+
+        def margins(self, items, features, outputs, facts, **options):
+            return [0.0] * len(items)
+
+    @dataclass
+    class Sure(Task):
+        name = "sure-with-margin"
+        verify_margin = TaskOption("verify_margin", 0.1, "never read")
+
+    for task in (Unsure(), Sure()):
+        with pytest.raises(ValueError, match="verify_margin if and only if it has margins"):
+            registry.register(task)
+        assert task.name not in registry.TASKS
 
 
 def test_an_offline_command_names_a_variable_it_no_longer_reads(capsys):

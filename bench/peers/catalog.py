@@ -414,25 +414,26 @@ def catalog(
     sources = {"embed": embed_model, "rerank": lambda: rerank_model(rerank_source)}
     if task in sources:
         source = sources[task]
+        # rerank: every group int8, its near-ties scored again on the fp32 export (docs/serving.md, "Fast answers")
+        verified = (
+            [
+                ours(
+                    "bertserve-int8-verify",
+                    export(source, "int8", "all"),
+                    lambda: ["--rerank-verify-model", str(export(source, "fp32")())],
+                    precision="int8 (every group) + fp32 verify",
+                )
+            ]
+            if task == "rerank"
+            else []
+        )
         return [
             ours("bertserve-torch-fp32", source, ["--backend", "torch"], "torch"),
             ours("bertserve-torch-bf16", source, BF16, "torch", "bf16"),
             ours("bertserve-ort-fp32", export(source, "fp32")),
             ours("bertserve-default", export(source, None), engine=DEFAULT_ENGINE, precision="default"),
             ours("bertserve-int8-all", export(source, "int8", "all"), precision="int8 (every group)"),
-            *(
-                # every group int8, its near-ties scored again on the fp32 export (docs/serving.md, "Fast answers")
-                [
-                    ours(
-                        "bertserve-int8-verify",
-                        export(source, "int8", "all"),
-                        lambda: ["--rerank-verify-model", str(export(source, "fp32")())],
-                        precision="int8 (every group) + fp32 verify",
-                    )
-                ]
-                if task == "rerank"
-                else []
-            ),
+            *verified,
             *theirs(source),
         ]
     raise ValueError(f"no peers for task {task!r}")

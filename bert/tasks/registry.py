@@ -21,6 +21,8 @@ _NOT_TASKS = {"base", "common", "registry"}
 def register(task: Task) -> Task:
     if task.name in TASKS:
         raise ValueError(f"task {task.name!r} is registered twice")
+    if (type(task).margins is not Task.margins) != (task.verify_margin is not None):
+        raise ValueError(f"task {task.name!r}: a task declares verify_margin if and only if it has margins")
     TASKS[task.name] = task
     return task
 

@@ -87,7 +87,7 @@ def margins(pairs: list, outputs: list) -> list[float]:
     for indices in by_query.values():
         if len(indices) < 2:
             continue
-        ordered = sorted(indices, key=lambda i: -logits[i])
+        ordered = [indices[k] for k in ranked([logits[i] for i in indices])]
         top = logits[ordered[0]]
         found[ordered[0]] = top - logits[ordered[1]]
         for i in ordered[1:]:
