@@ -36,6 +36,8 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 LEGACY_WEIGHTS_NAME = "pytorch_model.bin"
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# Unlabelled inputs of the checkpoint's own domain, which export measures int8 on (training/calibration.py)
+CALIBRATION_FILE = "calibration.jsonl"
 
 # Keys present in some checkpoints that carry no learned state of ours.
 HARMLESS_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")

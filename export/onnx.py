@@ -151,7 +151,9 @@ class OnnxOptions:
         help=(
             "inputs to measure int8 on, besides the shipped samples: one a line, plain text or a JSON request body of "
             'any task ("inputs", "question"/"context", "query"/"texts", zero-shot\'s '
-            '"candidate_labels"); at most 512 of each kind are read'
+            '"candidate_labels"); at most 512 of each kind are read. Default: the checkpoint\'s calibration.jsonl '
+            "where it has one (a checkpoint trained here carries its evaluation inputs); none: the shipped samples "
+            "alone"
         ),
     )
     out: str | None = option(
@@ -280,20 +282,6 @@ def main(argv=None) -> None:
     args.task = registry.canonical(args.task)  # fill-mask, the route's spelling, is fill_mask
     if args.task not in TASK_CHOICES:  # one line, not argparse's usage block
         raise UsageError(f"unknown task {args.task!r} for --task; it takes {', '.join(TASK_CHOICES)}")
-    extra_calibration = None
-    if args.calibration:
-        from .samples import CalibrationError, read_calibration
-
-        try:
-            extra_calibration = read_calibration(args.calibration)
-        except CalibrationError as e:
-            raise UsageError(str(e)) from None
-        if args.int8_distill and not any(extra_calibration.values()):
-            raise UsageError(
-                f"--calibration {args.calibration} holds no inputs to distill on; give text, one input a line, or "
-                "leave --calibration out to distill on the built-in text"
-            )
-
     import onnx
 
     from bert import heads
@@ -310,6 +298,7 @@ def main(argv=None) -> None:
         args.ckpt, args.task, random_init=args.random_init, tokenizer=args.tokenizer, pooling=args.pooling
     )
     config = source.config
+    extra_calibration = read_extra_calibration(args, source)
     shape_range = check_args(args, config)
     if args.precision == "bf16":
         own_task = checkpoint_task(config, source.checkpoint_dir) if source.checkpoint_dir else None
@@ -343,6 +332,12 @@ def main(argv=None) -> None:
         f"task {source.task}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
         f"{params / 1e6:.1f} M parameters; tokenizer from {source.tokenizer_dir}"
     )
+    if extra_calibration is not None and (quantizing or args.int8_distill):
+        progress.note(
+            f"calibration: {args.calibration} ({args.calibration_source}): "
+            + (", ".join(f"{len(v)} {k}" for k, v in extra_calibration.items() if v) or "no inputs")
+            + ", besides the built-in samples"
+        )
 
     wrapper = ExportWrapper(source.model, source.task)
     batches = parity.row_by_row(parity.sample_batches(tokenizer, shape_range["max_seq"]))
@@ -579,6 +574,8 @@ def main(argv=None) -> None:
                     "torch fp32 of the distilled weights (agreement with the checkpoint's own: distillation), "
                     "the shipped sample text (export/samples.py)"
                 )
+            if quantizing:
+                manifest["calibration"] = calibration_record(args)
             if choice:
                 manifest["precision_choice"] = {k: v for k, v in choice.items() if k != "line"}
             write_manifest(tmp, manifest)
@@ -586,10 +583,54 @@ def main(argv=None) -> None:
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
 
 
-def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibration, progress):
-    """Quantization-aware distillation of source.model in place (export/distill.py); returns its record."""
+def read_extra_calibration(args, source) -> dict | None:
+    """The inputs measured on besides the built-in samples: --calibration FILE; else the checkpoint's own
+    calibration.jsonl (training/calibration.py: its evaluation inputs), which `--calibration none` leaves out.
+    Sets args.calibration_source to what was read (None: the built-in samples alone)."""
+    from bert.checkpoint import CALIBRATION_FILE
+
+    from .samples import CalibrationError, read_calibration
+
+    args.calibration_source = None
+    if args.calibration == "none":
+        args.calibration = None
+    elif args.calibration is None and source.checkpoint_dir is not None and not args.random_init:
+        carried = Path(source.checkpoint_dir) / CALIBRATION_FILE
+        if carried.is_file():
+            args.calibration, args.calibration_source = str(carried), "the checkpoint's " + CALIBRATION_FILE
+    elif args.calibration is not None:
+        args.calibration_source = "--calibration"
+    if args.calibration is None:
+        return None
+    try:
+        extra = read_calibration(args.calibration)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from None
+    if args.int8_distill and not any(extra.values()):
+        raise UsageError(
+            f"--calibration {args.calibration} holds no inputs to distill on; give text, one input a line, or "
+            "leave --calibration out to distill on the built-in text"
+        )
+    return extra
+
+
+def calibration_record(args) -> dict:
+    """What the manifest says int8 was measured (and distilled) on."""
     import hashlib
 
+    record = {"built_in": "export/samples.py calibration text", "calibration_file": None}
+    if args.calibration:
+        digest = hashlib.sha256(Path(args.calibration).read_bytes()).hexdigest()
+        record["calibration_file"] = {
+            "path": str(Path(args.calibration).resolve()),
+            "sha256": digest,
+            "from": args.calibration_source,
+        }
+    return record
+
+
+def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibration, progress):
+    """Quantization-aware distillation of source.model in place (export/distill.py); returns its record."""
     import torch
 
     from . import distill, sensitivity
@@ -626,10 +667,7 @@ def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibra
             + "; after "
             + ", ".join(f"{n} {describe_agreement(v)}" for n, v in result.after.items())
         )
-    text = {"built_in": "export/samples.py calibration text", "calibration_file": None}
-    if args.calibration:
-        digest = hashlib.sha256(Path(args.calibration).read_bytes()).hexdigest()
-        text["calibration_file"] = {"path": str(Path(args.calibration).resolve()), "sha256": digest}
+    text = calibration_record(args)
     result.judged = judged
     result.manifest = {
         "distilled": True,

@@ -315,6 +315,28 @@ def test_precision_auto_is_the_default_and_writes_the_faster_faithful_graph(tmp_
     assert not any(p.name.startswith(("fused", "int8")) for p in out.iterdir())
 
 
+def test_a_checkpoint_carrying_calibration_text_is_measured_on_it_unless_told_none(tmp_path):
+    """A checkpoint trained here carries its evaluation inputs (training/calibration.py); the export measures int8
+    on them beside the built-in samples with no --calibration, says so, and records the file in the manifest."""
+    from test_serving_support import build_checkpoint
+
+    from bert.checkpoint import CALIBRATION_FILE
+
+    ckpt = build_checkpoint(tmp_path / "ckpt", task="classify")
+    carried = ["a film of quiet charm .", '["a premise .", "a hypothesis ."]', "the plot never takes off ."]
+    (ckpt / CALIBRATION_FILE).write_text("".join(line + "\n" for line in carried), encoding="utf-8")
+    args = ["--ckpt", str(ckpt), "--max-seq", "64", "--precision", "int8", "--int8-scope", "auto", "--int8-trials", "2"]
+    assert cli([*args, "--out", str(tmp_path / "a")]) == 0
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    record = manifest["calibration"]["calibration_file"]
+    assert record["from"] == "the checkpoint's calibration.jsonl" and record["path"] == str(ckpt / CALIBRATION_FILE)
+    built_in = manifest["quantization"]["calibration"]["sentences"]
+    assert cli([*args, "--calibration", "none", "--out", str(tmp_path / "b")]) == 0
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["calibration"]["calibration_file"] is None
+    assert built_in == manifest["quantization"]["calibration"]["sentences"] + 3  # two texts and one pair
+
+
 def test_bad_int8_flags_exit_2(tmp_path):
     base = ["--ckpt", "tiny", "--random-init", "--out", str(tmp_path / "a")]
     assert cli([*base, "--int8-agreement", "1.5"]) == 2

@@ -35,10 +35,11 @@ onnx = pytest.importorskip("onnx")
 
 from test_families import HEADS, _train_tokenizer, assert_close, hf_config, hf_outputs, inputs, our_outputs  # noqa: E402
 
-from bert.checkpoint import load_for_inference, read_state_dict  # noqa: E402
+from bert.checkpoint import CALIBRATION_FILE, load_for_inference, read_state_dict  # noqa: E402
 from bert.config import BertConfig  # noqa: E402
 from bert.tokenizer import BertTokenizer  # noqa: E402
 from export.onnx import cli as export_cli  # noqa: E402
+from export.samples import read_calibration  # noqa: E402
 
 FAMILIES = ("roberta", "distilbert", "electra")
 EXPORTED = ("roberta", "xlm-roberta", "camembert", "distilbert", "electra")
@@ -362,6 +363,8 @@ TRAIN_DATA = {
     ],
     "rerank": ["--train-data", "rerank-train.tsv", "--eval-data", "rerank-dev.tsv"],
 }
+# the kind of calibration input each task's carried file must hold (export/sensitivity.py CALIBRATION_SETS)
+CARRIED_KIND = {"classify": "sentences", "ner": "sentences", "qa": "pairs", "rerank": "groups"}
 COMMON = [
     "--max-steps",
     "3",
@@ -420,6 +423,12 @@ def test_finetuned_from_family_backbone_loads_in_transformers_with_equal_logits(
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 3 and metrics["task"] == task
     best = out / "best"
+    # the evaluation inputs it carries for export's int8 measure: text only, of the kind the task is judged on
+    carried = read_calibration(best / CALIBRATION_FILE)
+    assert carried[CARRIED_KIND[task]], carried
+    words = " ".join(map(str, carried.values())).split()
+    assert not any(t in ("<s>", "</s>", "[CLS]", "[SEP]") for t in words)
+    assert max(map(len, words)) < 40  # words, not a sentence decoded without its spaces
     written = json.loads((best / "config.json").read_text())
     assert written["model_type"] == model_type
     assert written["architectures"] == [PREFIX[model_type] + TRAIN_ARCHITECTURES[task]]
@@ -478,6 +487,7 @@ def test_embedding_trained_with_a_teacher_loads_in_transformers_and_exports(asse
     ]
     assert run(multitask.main, [*argv, *COMMON]) == 0
     best = out / "best"
+    assert read_calibration(best / CALIBRATION_FILE)["sentences"]  # the classify evaluation sentences, carried
     written = json.loads((best / "config.json").read_text())
     assert written["model_type"] == model_type and written["pooling"]["mode"] == "mean"
     assert_trained(start, best)

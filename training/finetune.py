@@ -341,12 +341,13 @@ def _from_multitask(cfg: FinetuneConfig, labels, overrides):
 
 def main(argv=None) -> int:
     cfg = parse_config(FinetuneConfig, argv, description=__doc__.split("\n")[0])
-    from bert.checkpoint import save_checkpoint
+    from bert.checkpoint import CALIBRATION_FILE, save_checkpoint
+    from training import calibration
     from training.loop import check_resume_plan, finish_run, start_run, train
 
     dist, device, tokenizer = start_run(cfg)
     task = registry.get(cfg.task)
-    data, evaluate, labels, _ = prepare(cfg, tokenizer)
+    data, evaluate, labels, evaluation = prepare(cfg, tokenizer)
     check_resume_plan(cfg, len(data.batches(0)))
     model = build_model(cfg, labels)
     if dist.main:
@@ -357,13 +358,17 @@ def main(argv=None) -> int:
         )
 
     run_settings = dict(cfg.to_dict(), **run_labels(task, labels))
+    carried = calibration.calibration_file(tokenizer, task, evaluation, labels, cfg)
 
     def save_model(m, directory: Path) -> None:
         save_checkpoint(
             m,
             directory,
             tokenizer=tokenizer,
-            extra_files={"finetune_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"},
+            extra_files={
+                "finetune_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n",
+                **({CALIBRATION_FILE: carried} if carried else {}),
+            },
         )
 
     result = train(

@@ -622,18 +622,19 @@ def main(argv=None) -> int:
     cfg = parse_config(MultiTaskConfig, argv, description=__doc__.split("\n")[0])
     import torch
 
-    from bert.checkpoint import load_checkpoint, save_checkpoint
+    from bert.checkpoint import CALIBRATION_FILE, load_checkpoint, save_checkpoint
     from bert.model import BertForMultiTask
+    from training import calibration
     from training.loop import finish_run, start_run, train
 
     dist, device, tokenizer = start_run(cfg)
     pooling = check_embed_teacher(cfg, tokenizer) if cfg.embed_teacher else declared_pooling(cfg)
-    parts, evaluators, task_labels, extra, held_out = {}, {}, {}, {}, {}
+    parts, evaluators, task_labels, extra, held_out, labels_of = {}, {}, {}, {}, {}, {}
     for k, task in enumerate(cfg.tasks()):
         data, evaluate, labels, held_out[task] = prepare(cfg.task_config(task), tokenizer)
         data.seed = cfg.seed + k  # each task its own batch order
         parts[task], evaluators[task], task_labels[task] = data, evaluate, list(labels.names or [])
-        extra[task] = run_labels(registry.get(task), labels)
+        extra[task], labels_of[task] = run_labels(registry.get(task), labels), labels
     embed_targets, agreement = embed_teacher_steps(cfg, pooling, parts, held_out, tokenizer, device, dist)
     data = MultiTaskData(parts, seed=cfg.seed, weights=cfg.weights(), embed_targets=embed_targets)
     model = build_model(cfg, task_labels, tokenizer)
@@ -652,6 +653,13 @@ def main(argv=None) -> int:
     best_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg.save_dtype]
     shard_bytes = int(cfg.max_shard_mb * 1_000_000) or None
 
+    carried = calibration.merged(
+        [
+            calibration.calibration_file(tokenizer, registry.get(t), held_out[t], labels_of[t], cfg.task_config(t))
+            for t in parts
+        ]
+    )
+
     def save_model(m, directory: Path) -> None:
         save_checkpoint(
             m,
@@ -659,7 +667,10 @@ def main(argv=None) -> int:
             tokenizer=tokenizer,
             dtype=None if directory.name == "last" else best_dtype,
             max_shard_bytes=shard_bytes,
-            extra_files={"multitask_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n"},
+            extra_files={
+                "multitask_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n",
+                **({CALIBRATION_FILE: carried} if carried else {}),
+            },
         )
 
     evaluate = make_evaluate(evaluators, agreement)

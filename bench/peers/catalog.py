@@ -142,12 +142,13 @@ def transformers_classifier(source: Path, work: Path) -> Path:
 
     def build(tmp: Path) -> None:
         from bench.baseline_server import task_model  # torch + transformers: only when needed
+        from bert.checkpoint import CALIBRATION_FILE
 
         task_model(str(source), "classify").save_pretrained(tmp)
         config = json.loads((tmp / "config.json").read_text())
         config.pop("task_labels", None)  # a plain one-task model now
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
+        for name in (*TOKENIZER_FILES, CALIBRATION_FILE):  # and the text export measures int8 on, where carried
             if (source / name).is_file():
                 shutil.copyfile(source / name, tmp / name)
 
