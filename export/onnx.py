@@ -605,7 +605,8 @@ def read_extra_calibration(args, source) -> dict | None:
     try:
         extra = read_calibration(args.calibration)
     except CalibrationError as e:
-        raise UsageError(str(e)) from None
+        carried = args.calibration_source != "--calibration"
+        raise UsageError(str(e) + ("; --calibration none leaves the checkpoint's file out" if carried else "")) from None
     if args.int8_distill and not any(extra.values()):
         raise UsageError(
             f"--calibration {args.calibration} holds no inputs to distill on; give text, one input a line, or "

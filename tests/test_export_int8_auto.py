@@ -315,7 +315,7 @@ def test_precision_auto_is_the_default_and_writes_the_faster_faithful_graph(tmp_
     assert not any(p.name.startswith(("fused", "int8")) for p in out.iterdir())
 
 
-def test_a_checkpoint_carrying_calibration_text_is_measured_on_it_unless_told_none(tmp_path):
+def test_a_checkpoint_carrying_calibration_text_is_measured_on_it_unless_told_none(tmp_path, capsys):
     """A checkpoint trained here carries its evaluation inputs (training/calibration.py); the export measures int8
     on them beside the built-in samples with no --calibration, says so, and records the file in the manifest."""
     from test_serving_support import build_checkpoint
@@ -335,6 +335,13 @@ def test_a_checkpoint_carrying_calibration_text_is_measured_on_it_unless_told_no
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert manifest["calibration"]["calibration_file"] is None
     assert built_in == manifest["quantization"]["calibration"]["sentences"] + 3  # two texts and one pair
+
+    # a carried file that cannot be read: one line naming it and the way round it, exit 2, nothing written
+    (ckpt / CALIBRATION_FILE).write_text('a text\n{"inputs": 3}\n', encoding="utf-8")
+    assert cli([*args, "--out", str(tmp_path / "c")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "calibration.jsonl:2" in line and "--calibration none" in line, line
+    assert not (tmp_path / "c").exists()
 
 
 def test_bad_int8_flags_exit_2(tmp_path):
