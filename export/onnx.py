@@ -606,7 +606,9 @@ def read_extra_calibration(args, source) -> dict | None:
         extra = read_calibration(args.calibration)
     except CalibrationError as e:
         carried = args.calibration_source != "--calibration"
-        raise UsageError(str(e) + ("; --calibration none leaves the checkpoint's file out" if carried else "")) from None
+        raise UsageError(
+            str(e) + ("; --calibration none leaves the checkpoint's file out" if carried else "")
+        ) from None
     if args.int8_distill and not any(extra.values()):
         raise UsageError(
             f"--calibration {args.calibration} holds no inputs to distill on; give text, one input a line, or "
