@@ -2,12 +2,12 @@
 512 of the run's evaluation inputs (text only, never a label), which `python -m export.onnx` measures int8 on beside
 its built-in samples when no --calibration is given (docs/export.md, "Calibration text a checkpoint carries").
 
-The built-in samples are general English; a fine-tuned model is sure of its own domain's text and unsure of the
-rest, so on them int8's changes look larger against the model's margins than they are on the inputs it will
-serve, and the default export keeps groups fp32 that its users' text did not need. The evaluation split is that
-domain's text and was not trained on. Inputs are written as the model saw them (decoded from the encoded
-features; pre-split words joined by spaces): one text a line, a pair as [text, text_pair], and a text paired with
-several others (a rerank query with its candidates) also as {"query", "texts"}.
+The built-in samples are general English; a fine-tuned model is sure of its own domain's text and unsure of the rest,
+so on them int8's changes look larger against the model's margins than they are on the inputs it will serve, and the
+default export keeps groups fp32 that its users' text did not need. The evaluation inputs are that domain's text, and
+training does not learn from them (`--eval-data`, or the part a task holds out). Inputs are written as the model saw
+them (decoded from the encoded features; pre-split words joined by spaces): one text a line, a pair as [text,
+text_pair], and a text paired with several others (a rerank query with its candidates) also as {"query", "texts"}.
 """
 
 from __future__ import annotations
