@@ -1,8 +1,10 @@
-"""A checkpoint copy carrying calibration.jsonl as training writes it (training/calibration.py), made from SST-2
-*train* examples, so that agreement measured on SST-2 dev (the demo classifier's evaluation split) stays held out
-(docs/export.md, "Calibration text a checkpoint carries").
+"""A checkpoint copy carrying calibration.jsonl as training writes it (training/calibration.py), made from the
+*training* splits (SST-2 train, CoNLL-2003 train, SQuAD's training articles), so that agreement measured on SST-2
+dev, CoNLL valid and the held-out SQuAD articles (the demo model's evaluation data) stays held out (docs/export.md,
+"Calibration text a checkpoint carries").
 
-    python -m evals.carried_calibration --ckpt serving/demo_model --out DIR [--data ../shared/data] [--pool 4096]
+    python -m evals.carried_calibration --ckpt serving/demo_model --out DIR [--tasks classify[,ner,qa]]
+                                        [--data ../shared/data] [--pool 4096]
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from bert.checkpoint import CALIBRATION_FILE
 from bert.tasks import registry
 from bert.tokenizer import BertTokenizer
-from training.calibration import calibration_file
+from training.calibration import calibration_file, merged
 from training.finetune import FinetuneConfig
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -25,17 +27,28 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ckpt", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tasks", default="classify", help="comma list of classify, ner, qa")
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--pool", type=int, default=4096, help="random SST-2 train examples the file is taken from")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    train_tsv = str(args.data / "SST-2" / "train.tsv")
-    cfg = FinetuneConfig(task="classify", ckpt=str(args.ckpt), train_data=train_tsv, eval_data=train_tsv)
-    task = registry.get("classify")
-    train, _ = task.read_examples(cfg)
-    labels = task.train_labels(cfg, train, train)
-    picked = random.Random(args.seed).sample(train, min(args.pool, len(train)))
-    text = calibration_file(BertTokenizer.from_dir(args.ckpt), task, picked, labels, cfg)
+    tokenizer = BertTokenizer.from_dir(args.ckpt)
+    files = []
+    for name in args.tasks.split(","):
+        train_data, extra = {
+            "classify": (args.data / "SST-2" / "train.tsv", {}),
+            "ner": (args.data / "conll2003" / "train.txt", {}),
+            "qa": (args.data / "squad-train", {"heldout_articles": 10, "max_seq_length": 384}),  # demo.sh's
+        }[name]
+        cfg = FinetuneConfig(
+            task=name, ckpt=str(args.ckpt), train_data=str(train_data), eval_data=str(train_data), **extra
+        )
+        task = registry.get(name)
+        train, _ = task.read_examples(cfg)
+        labels = task.train_labels(cfg, train, [])
+        picked = random.Random(args.seed).sample(train, min(args.pool, len(train)))
+        files.append(calibration_file(tokenizer, task, picked, labels, cfg))
+    text = merged(files) if len(files) > 1 else files[0]
     if args.out.exists():
         shutil.rmtree(args.out)
     shutil.copytree(args.ckpt, args.out)
