@@ -335,7 +335,7 @@ def main(argv=None) -> None:
     if extra_calibration is not None and (quantizing or args.int8_distill):
         progress.note(
             f"calibration: {args.calibration} ({args.calibration_source}): "
-            + (", ".join(f"{len(v)} {k}" for k, v in extra_calibration.items() if v) or "no inputs")
+            + (sensitivity.unused_calibration(extra_calibration, set()) or "no inputs")
             + ", besides the built-in samples"
         )
 
@@ -453,7 +453,9 @@ def main(argv=None) -> None:
             )
             unused = sensitivity.unused_calibration(extra_calibration, set(calibration.batches))
             if unused:
-                progress.note(f"--calibration: {unused} not used (no output of this model is judged on such inputs)")
+                progress.note(
+                    f"{args.calibration}: {unused} not used (no output of this model is judged on such inputs)"
+                )
         if searching:
             with progress(
                 f"choosing what stays fp32 in int8 (target agreement {args.int8_agreement:.1%}, "
