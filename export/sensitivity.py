@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -578,6 +579,7 @@ def search(
     del model
     names = list(judged)
     reference = run_graph(fused_path, calibration, names)
+    started = time.perf_counter()
     trials: list[Trial] = []
     outliers: dict[str, list[int]] = {}  # node -> input channels kept fp32, of the groups step 4 quantised
 
@@ -593,6 +595,12 @@ def search(
         trials.append(trial)
         shown = f"agreement {trial.agreement:.4f}" if trial.agreement is not None else "no agreement measure"
         note(f"int8 trial {len(trials)}: {what}: {shown}, relative error {trial.error:.4f}")
+        if len(trials) == 1 and budget > 1:  # the bound, before the rest of the work
+            took = time.perf_counter() - started
+            note(
+                f"int8 search: {took:.1f} s a trial graph over {sum(calibration.size().values())} calibration "
+                f"inputs; at most {budget} trials, so at most about {took * budget:.0f} s"
+            )
         return trial
 
     def meets(trial: Trial) -> bool:

@@ -4,6 +4,7 @@ calibration inputs; the agreement figures on real models and held-out data are i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +158,13 @@ def test_search_keeps_the_fewest_sensitive_groups_that_meet_the_target(tiny_fuse
     easy = sensitivity.search(tiny_fused, calibration, judged, target=0.01, budget=32, note=notes.append)
     assert easy.kept == [] and notes[0].startswith("int8 trial 1: every group quantised (per-token)")
     assert len(easy.trials) == 1
+    # the bound on the rest, said once the first trial has run: its time, the budget, their product
+    bound = re.fullmatch(
+        r"int8 search: ([\d.]+) s a trial graph over (\d+) calibration inputs; at most 32 trials, "
+        r"so at most about (\d+) s",
+        notes[1],
+    )
+    assert bound and int(bound[2]) == sum(calibration.size().values()), notes[1]
 
     planted = planted_outlier(tiny_fused, tmp_path / "planted.onnx")
     strict = sensitivity.search(planted, calibration, judged, target=0.99, budget=32, note=notes.append)
