@@ -97,6 +97,7 @@ FAST_FILES = frozenset(
         "test_tiers.py",
         "test_tokenizer.py",
         "test_torch_packed.py",
+        "test_training_calibration.py",
         "test_training_cli_errors.py",
         "test_training_data.py",
         "test_training_hostile.py",

@@ -40,7 +40,8 @@ def segments(tokenizer, ids: list[int]) -> list[str]:
 
 
 def calibration_lines(tokenizer, features: list, limit: int = LIMIT) -> list[str]:
-    """JSON lines (export/samples.py read_calibration's format) of the features' inputs, each at most once."""
+    """JSON lines (export/samples.py read_calibration's format) of the features' inputs, each at most once: at most
+    `limit` texts and pairs, spread over them, and ranked groups of at most `limit` texts in all."""
     lines: dict[str, None] = {}
     pairs: dict[str, list[str]] = {}
     for feature in features:
@@ -53,12 +54,15 @@ def calibration_lines(tokenizer, features: list, limit: int = LIMIT) -> list[str
             if texts[1] not in pairs[texts[0]]:
                 pairs[texts[0]].append(texts[1])
     singles_and_pairs = _spread(list(lines), limit)
-    groups = [
-        json.dumps({"query": query, "texts": texts[:GROUP_MAX]}, ensure_ascii=False)
-        for query, texts in pairs.items()
-        if len(texts) > 1
-    ]
-    return singles_and_pairs + _spread(groups, limit)
+    ranked = [(q, t[:GROUP_MAX]) for q, t in pairs.items() if len(t) > 1]
+    fit = max(1, limit * len(ranked) // max(1, sum(len(t) for _, t in ranked)))  # groups of the mean size in `limit`
+    groups, texts_in_groups = [], 0  # a group costs export one sequence a text: `limit` texts in all
+    for query, texts in _spread(ranked, fit):
+        if groups and texts_in_groups + len(texts) > limit:
+            break
+        groups.append(json.dumps({"query": query, "texts": texts}, ensure_ascii=False))
+        texts_in_groups += len(texts)
+    return singles_and_pairs + groups
 
 
 def calibration_file(tokenizer, task, examples: list, labels, cfg, limit: int = LIMIT) -> str | None:
