@@ -27,7 +27,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ckpt", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--tasks", default="classify", help="comma list of classify, ner, qa")
+    p.add_argument("--tasks", default="classify", help="comma list of classify, ner, qa, rerank")
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--pool", type=int, default=4096, help="random SST-2 train examples the file is taken from")
     p.add_argument("--seed", type=int, default=0)
@@ -39,6 +39,8 @@ def main(argv=None) -> None:
             "classify": (args.data / "SST-2" / "train.tsv", {}),
             "ner": (args.data / "conll2003" / "train.txt", {}),
             "qa": (args.data / "squad-train", {"heldout_articles": 10, "max_seq_length": 384}),  # demo.sh's
+            # recipes/rerank_squad.sh's: each question against its paragraph's sentences
+            "rerank": (f"squad:{args.data / 'squad-train'}", {"heldout_articles": 10, "max_seq_length": 96}),
         }[name]
         cfg = FinetuneConfig(
             task=name, ckpt=str(args.ckpt), train_data=str(train_data), eval_data=str(train_data), **extra
