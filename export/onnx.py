@@ -152,7 +152,7 @@ class OnnxOptions:
             "inputs to measure int8 on, besides the shipped samples: one a line, plain text or a JSON request body of "
             'any task ("inputs", "question"/"context", "query"/"texts", zero-shot\'s '
             '"candidate_labels"); at most 512 of each kind are read. Default: the checkpoint\'s calibration.jsonl '
-            "where it has one (a checkpoint trained here carries its evaluation inputs); none: the shipped samples "
+            "where it has one (a checkpoint trained here holds its evaluation inputs); none: the shipped samples "
             "alone"
         ),
     )
@@ -597,9 +597,9 @@ def read_extra_calibration(args, source) -> dict | None:
     if args.calibration == "none":
         args.calibration = None
     elif args.calibration is None and source.checkpoint_dir is not None and not args.random_init:
-        carried = Path(source.checkpoint_dir) / CALIBRATION_FILE
-        if carried.is_file():
-            args.calibration, args.calibration_source = str(carried), "the checkpoint's " + CALIBRATION_FILE
+        own = Path(source.checkpoint_dir) / CALIBRATION_FILE
+        if own.is_file():
+            args.calibration, args.calibration_source = str(own), "the checkpoint's " + CALIBRATION_FILE
     elif args.calibration is not None:
         args.calibration_source = "--calibration"
     if args.calibration is None:
@@ -607,9 +607,9 @@ def read_extra_calibration(args, source) -> dict | None:
     try:
         extra = read_calibration(args.calibration)
     except CalibrationError as e:
-        carried = args.calibration_source != "--calibration"
+        from_checkpoint = args.calibration_source != "--calibration"
         raise UsageError(
-            str(e) + ("; --calibration none leaves the checkpoint's file out" if carried else "")
+            str(e) + ("; --calibration none leaves the checkpoint's file out" if from_checkpoint else "")
         ) from None
     if args.int8_distill and not any(extra.values()):
         raise UsageError(

@@ -323,16 +323,16 @@ def test_precision_auto_is_the_default_and_writes_the_faster_faithful_graph(tmp_
     assert not any(p.name.startswith(("fused", "int8")) for p in out.iterdir())
 
 
-def test_a_checkpoint_carrying_calibration_text_is_measured_on_it_unless_told_none(tmp_path, capsys):
-    """A checkpoint trained here carries its evaluation inputs (training/calibration.py); the export measures int8
+def test_a_checkpoint_holding_calibration_text_is_measured_on_it_unless_told_none(tmp_path, capsys):
+    """A checkpoint trained here holds its evaluation inputs (training/calibration.py); the export measures int8
     on them beside the built-in samples with no --calibration, says so, and records the file in the manifest."""
     from test_serving_support import build_checkpoint
 
     from bert.checkpoint import CALIBRATION_FILE
 
     ckpt = build_checkpoint(tmp_path / "ckpt", task="classify")
-    carried = ["a film of quiet charm .", '["a premise .", "a hypothesis ."]', "the plot never takes off ."]
-    (ckpt / CALIBRATION_FILE).write_text("".join(line + "\n" for line in carried), encoding="utf-8")
+    own = ["a film of quiet charm .", '["a premise .", "a hypothesis ."]', "the plot never takes off ."]
+    (ckpt / CALIBRATION_FILE).write_text("".join(line + "\n" for line in own), encoding="utf-8")
     args = ["--ckpt", str(ckpt), "--max-seq", "64", "--precision", "int8", "--int8-scope", "auto", "--int8-trials", "2"]
     assert cli([*args, "--out", str(tmp_path / "a")]) == 0
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
@@ -344,7 +344,7 @@ def test_a_checkpoint_carrying_calibration_text_is_measured_on_it_unless_told_no
     assert manifest["calibration"]["calibration_file"] is None
     assert built_in == manifest["quantization"]["calibration"]["sentences"] + 3  # two texts and one pair
 
-    # a carried file that cannot be read: one line naming it and the way round it, exit 2, nothing written
+    # a checkpoint's file that cannot be read: one line naming it and the way round it, exit 2, nothing written
     (ckpt / CALIBRATION_FILE).write_text('a text\n{"inputs": 3}\n', encoding="utf-8")
     assert cli([*args, "--out", str(tmp_path / "c")]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]

@@ -363,8 +363,8 @@ TRAIN_DATA = {
     ],
     "rerank": ["--train-data", "rerank-train.tsv", "--eval-data", "rerank-dev.tsv"],
 }
-# the kind of calibration input each task's carried file must hold (export/sensitivity.py CALIBRATION_SETS)
-CARRIED_KIND = {"classify": "sentences", "ner": "sentences", "qa": "pairs", "rerank": "groups"}
+# the kind of calibration input each task's calibration file must hold (export/sensitivity.py CALIBRATION_SETS)
+CALIBRATION_KIND = {"classify": "sentences", "ner": "sentences", "qa": "pairs", "rerank": "groups"}
 COMMON = [
     "--max-steps",
     "3",
@@ -423,10 +423,10 @@ def test_finetuned_from_family_backbone_loads_in_transformers_with_equal_logits(
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 3 and metrics["task"] == task
     best = out / "best"
-    # the evaluation inputs it carries for export's int8 measure: text only, of the kind the task is judged on
-    carried = read_calibration(best / CALIBRATION_FILE)
-    assert carried[CARRIED_KIND[task]], carried
-    words = " ".join(map(str, carried.values())).split()
+    # the evaluation inputs it holds for export's int8 measure: text only, of the kind the task is judged on
+    own = read_calibration(best / CALIBRATION_FILE)
+    assert own[CALIBRATION_KIND[task]], own
+    words = " ".join(map(str, own.values())).split()
     assert not any(t in ("<s>", "</s>", "[CLS]", "[SEP]") for t in words)
     assert max(map(len, words)) < 40  # words, not a sentence decoded without its spaces
     written = json.loads((best / "config.json").read_text())
@@ -487,7 +487,7 @@ def test_embedding_trained_with_a_teacher_loads_in_transformers_and_exports(asse
     ]
     assert run(multitask.main, [*argv, *COMMON]) == 0
     best = out / "best"
-    assert read_calibration(best / CALIBRATION_FILE)["sentences"]  # the classify evaluation sentences, carried
+    assert read_calibration(best / CALIBRATION_FILE)["sentences"]  # the classify evaluation sentences, written
     written = json.loads((best / "config.json").read_text())
     assert written["model_type"] == model_type and written["pooling"]["mode"] == "mean"
     assert_trained(start, best)

@@ -1,4 +1,4 @@
-"""The calibration text a trained checkpoint carries (training/calibration.py): the inputs as the model saw them,
+"""The calibration text a trained checkpoint holds (training/calibration.py): the inputs as the model saw them,
 read back by export's reader, bounded as export's search costs them."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The text a trained checkpoint carries for its export: calibration.jsonl (bert.checkpoint.CALIBRATION_FILE), up to
+"""The text a trained checkpoint holds for its export: calibration.jsonl (bert.checkpoint.CALIBRATION_FILE), up to
 256 of the run's evaluation inputs (text only, never a label), which `python -m export.onnx` measures int8 on beside
-its built-in samples when no --calibration is given (docs/export.md, "Calibration text a checkpoint carries").
+its built-in samples when no --calibration is given (docs/export.md, "A checkpoint's own calibration text").
 
 The built-in samples are general English; a fine-tuned model is sure of its own domain's text and unsure of the rest,
 so on them int8's changes look larger against the model's margins than they are on the inputs it will serve, and the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-LIMIT = 256  # inputs carried: export measures every int8 trial graph on each (at most 512 of a kind are read)
+LIMIT = 256  # inputs written: export measures every int8 trial graph on each (at most 512 of a kind are read)
 GROUP_MAX = 64  # texts of one query (export/sensitivity.py RANKED_GROUP_MAX)
 
 

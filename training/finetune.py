@@ -358,7 +358,7 @@ def main(argv=None) -> int:
         )
 
     run_settings = dict(cfg.to_dict(), **run_labels(task, labels))
-    carried = calibration.calibration_file(tokenizer, task, evaluation, labels, cfg)
+    own_text = calibration.calibration_file(tokenizer, task, evaluation, labels, cfg)
 
     def save_model(m, directory: Path) -> None:
         save_checkpoint(
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
             tokenizer=tokenizer,
             extra_files={
                 "finetune_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n",
-                **({CALIBRATION_FILE: carried} if carried else {}),
+                **({CALIBRATION_FILE: own_text} if own_text else {}),
             },
         )
 

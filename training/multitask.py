@@ -653,7 +653,7 @@ def main(argv=None) -> int:
     best_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[cfg.save_dtype]
     shard_bytes = int(cfg.max_shard_mb * 1_000_000) or None
 
-    carried = calibration.merged(
+    own_text = calibration.merged(
         [
             calibration.calibration_file(tokenizer, registry.get(t), held_out[t], labels_of[t], cfg.task_config(t))
             for t in parts
@@ -669,7 +669,7 @@ def main(argv=None) -> int:
             max_shard_bytes=shard_bytes,
             extra_files={
                 "multitask_config.json": json.dumps(run_settings, indent=2, sort_keys=True) + "\n",
-                **({CALIBRATION_FILE: carried} if carried else {}),
+                **({CALIBRATION_FILE: own_text} if own_text else {}),
             },
         )
 

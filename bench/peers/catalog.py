@@ -148,7 +148,7 @@ def transformers_classifier(source: Path, work: Path) -> Path:
         config = json.loads((tmp / "config.json").read_text())
         config.pop("task_labels", None)  # a plain one-task model now
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for name in (*TOKENIZER_FILES, CALIBRATION_FILE):  # and the text export measures int8 on, where carried
+        for name in (*TOKENIZER_FILES, CALIBRATION_FILE):  # and its own calibration text, where it has one
             if (source / name).is_file():
                 shutil.copyfile(source / name, tmp / name)
 

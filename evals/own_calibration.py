@@ -1,10 +1,10 @@
-"""A checkpoint copy carrying calibration.jsonl as training writes it (training/calibration.py), made from the
+"""A checkpoint copy holding calibration.jsonl as training writes it (training/calibration.py), made from the
 *training* splits (SST-2 train, CoNLL-2003 train, SQuAD's training articles), so that agreement measured on SST-2
 dev, CoNLL valid and the held-out SQuAD articles (the demo model's evaluation data) stays held out (docs/export.md,
-"Calibration text a checkpoint carries").
+"A checkpoint's own calibration text").
 
-    python -m evals.carried_calibration --ckpt serving/demo_model --out DIR [--tasks classify[,ner,qa]]
-                                        [--data ../shared/data] [--pool 4096]
+    python -m evals.own_calibration --ckpt serving/demo_model --out DIR [--tasks classify[,ner,qa,rerank]]
+                                    [--data ../shared/data] [--pool 4096]
 """
 
 from __future__ import annotations
