@@ -334,7 +334,7 @@ def main(argv=None) -> None:
     )
     if extra_calibration is not None and (quantizing or args.int8_distill):
         progress.note(
-            f"calibration: {args.calibration} ({args.calibration_source}): "
+            f"calibration: {args.calibration} ({args.calibration_record['calibration_file']['from']}): "
             + (sensitivity.unused_calibration(extra_calibration, set()) or "no inputs")
             + ", besides the built-in samples"
         )
@@ -577,7 +577,7 @@ def main(argv=None) -> None:
                     "the shipped sample text (export/samples.py)"
                 )
             if quantizing:
-                manifest["calibration"] = calibration_record(args)
+                manifest["calibration"] = args.calibration_record
             if choice:
                 manifest["precision_choice"] = {k: v for k, v in choice.items() if k != "line"}
             write_manifest(tmp, manifest)
@@ -588,50 +588,39 @@ def main(argv=None) -> None:
 def read_extra_calibration(args, source) -> dict | None:
     """The inputs measured on besides the built-in samples: --calibration FILE; else the checkpoint's own
     calibration.jsonl (training/calibration.py: its evaluation inputs), which `--calibration none` leaves out.
-    Sets args.calibration_source to what was read (None: the built-in samples alone)."""
+    Sets args.calibration to the file read (None: the built-in samples alone) and args.calibration_record to what
+    the manifest says int8 was measured (and distilled) on."""
+    import hashlib
+
     from bert.checkpoint import CALIBRATION_FILE
 
     from .samples import CalibrationError, read_calibration
 
-    args.calibration_source = None
-    if args.calibration == "none":
-        args.calibration = None
-    elif args.calibration is None and source.checkpoint_dir is not None and not args.random_init:
+    args.calibration_record = {"built_in": "export/samples.py calibration text", "calibration_file": None}
+    given = args.calibration not in (None, "none")
+    if args.calibration is None and source.checkpoint_dir is not None and not args.random_init:
         own = Path(source.checkpoint_dir) / CALIBRATION_FILE
-        if own.is_file():
-            args.calibration, args.calibration_source = str(own), "the checkpoint's " + CALIBRATION_FILE
-    elif args.calibration is not None:
-        args.calibration_source = "--calibration"
+        args.calibration = str(own) if own.is_file() else None
+    elif not given:
+        args.calibration = None
     if args.calibration is None:
         return None
     try:
         extra = read_calibration(args.calibration)
     except CalibrationError as e:
-        from_checkpoint = args.calibration_source != "--calibration"
-        raise UsageError(
-            str(e) + ("; --calibration none leaves the checkpoint's file out" if from_checkpoint else "")
-        ) from None
+        raise UsageError(str(e) + ("" if given else "; --calibration none leaves the checkpoint's file out")) from None
     if args.int8_distill and not any(extra.values()):
         raise UsageError(
             f"--calibration {args.calibration} holds no inputs to distill on; give text, one input a line, or "
             "leave --calibration out to distill on the built-in text"
         )
+    path = Path(args.calibration)
+    args.calibration_record["calibration_file"] = {
+        "path": str(path.resolve()),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "from": "--calibration" if given else "the checkpoint's " + CALIBRATION_FILE,
+    }
     return extra
-
-
-def calibration_record(args) -> dict:
-    """What the manifest says int8 was measured (and distilled) on."""
-    import hashlib
-
-    record = {"built_in": "export/samples.py calibration text", "calibration_file": None}
-    if args.calibration:
-        digest = hashlib.sha256(Path(args.calibration).read_bytes()).hexdigest()
-        record["calibration_file"] = {
-            "path": str(Path(args.calibration).resolve()),
-            "sha256": digest,
-            "from": args.calibration_source,
-        }
-    return record
 
 
 def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibration, progress):
@@ -672,7 +661,7 @@ def distill_weights(args, source, wrapper, tokenizer, shape_range, extra_calibra
             + "; after "
             + ", ".join(f"{n} {describe_agreement(v)}" for n, v in result.after.items())
         )
-    text = calibration_record(args)
+    text = args.calibration_record
     result.judged = judged
     result.manifest = {
         "distilled": True,

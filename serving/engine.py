@@ -212,7 +212,7 @@ class Engine:
     def _verify_unit(self, task: Task, name: str, flag: str) -> ModelUnit:
         """The exact model that re-answers `task`'s unsure items (those its `margins` finds unsure): it must read
         the served model's token ids as the same words and take its longest sequences."""
-        if type(task).margins is Task.margins:
+        if task.verify_margin is None:  # no margins (the registry holds the two together)
             raise ModelError(f"{flag} {name}: {task.name} has no notion of an unsure answer to verify")
         task = task.name
         served = self.by_task.get(task)

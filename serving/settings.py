@@ -347,13 +347,8 @@ def _task_fields(task) -> dict:
         )
     }
     for o in task.serve_options:
-        bounds = {k: v for k, v in (("ge", o.minimum), ("le", o.maximum)) if v is not None}
-        kind = o.kind or type(o.default)
-        fields[f"{task.name}_{o.name}"] = (
-            kind if o.default is not None else Optional[kind],
-            Field(o.default, description=o.help, **bounds),
-        )
-    if type(task).margins is not Task.margins:
+        fields[f"{task.name}_{o.name}"] = _option_field(o, o.help)
+    if task.verify_margin is not None:  # a task with margins (the registry holds the two together)
         flag = "--" + task.name.replace("_", "-")
         fields[f"{task.name}_verify_model"] = (
             Optional[str],
@@ -365,12 +360,15 @@ def _task_fields(task) -> dict:
             ),
         )
         margin = task.verify_margin
-        bounds = {k: v for k, v in (("ge", margin.minimum), ("le", margin.maximum)) if v is not None}
-        fields[f"{task.name}_verify_margin"] = (
-            float,
-            Field(margin.default, description=f"with {flag}-verify-model: {margin.help}", **bounds),
-        )
+        fields[f"{task.name}_verify_margin"] = _option_field(margin, f"with {flag}-verify-model: {margin.help}")
     return fields
+
+
+def _option_field(o, description: str) -> tuple:
+    """A task's declared option (bert.tasks.base.TaskOption) as a settings field: its type, default and bounds."""
+    bounds = {k: v for k, v in (("ge", o.minimum), ("le", o.maximum)) if v is not None}
+    kind = o.kind or type(o.default)
+    return kind if o.default is not None else Optional[kind], Field(o.default, description=description, **bounds)
 
 
 # Each registered task's options, declared by the task (bert/tasks/<name>.py) and generated here.
