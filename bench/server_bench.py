@@ -163,6 +163,21 @@ def serve(peer: Peer, port: int | None = None, timeout: float = 300.0) -> Iterat
             os.unlink(proc.log_path)
 
 
+@contextlib.contextmanager
+def bertserve(model, *flags: str, port: int | None = None) -> Iterator[str]:
+    """`python -m serving --model MODEL FLAGS` (log level warning), running and ready, as its base URL; stopped on
+    exit."""
+    port = port or free_port()
+    proc = start(
+        [sys.executable, "-m", "serving", "--model", str(model), "--port", str(port), "--log-level", "warning", *flags],
+        port,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
 class RawConnection:
     """One keep-alive HTTP/1.1 connection that POSTs JSON: the load generator's default transport.
 

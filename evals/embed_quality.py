@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 
 from bench.common import REPO, machine, print_table, write_json
-from bench.server_bench import free_port, start, stop
+from bench.server_bench import bertserve
 from evals.common import heldout_squad_articles
 from training.mine_rerank import sentence_spans as sentences_with_offsets
 
@@ -124,27 +124,9 @@ def main(argv=None) -> int:
     articles = retrieval_set(args.heldout_articles)
     rows = [{"model": "word overlap (baseline)", **evaluate_overlap(articles)}]
     for model in models:
-        port = free_port()
-        proc = start(
-            [
-                sys.executable,
-                "-m",
-                "serving",
-                "--model",
-                model,
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                *(["--pooling", args.pooling] if args.pooling else []),
-            ],
-            port,
-        )
-        try:
-            pooling = httpx.get(f"http://127.0.0.1:{port}/info").json()["embedding"]["pooling"]
-            rows.append({"model": model, "pooling": pooling, **evaluate_server(f"http://127.0.0.1:{port}", articles)})
-        finally:
-            stop(proc)
+        with bertserve(model, *(["--pooling", args.pooling] if args.pooling else [])) as url:
+            pooling = httpx.get(f"{url}/info").json()["embedding"]["pooling"]
+            rows.append({"model": model, "pooling": pooling, **evaluate_server(url, articles)})
     print_table(
         rows,
         [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,6 +26,7 @@ from test_serving_support import (
 
 from bert.tasks import TASKS
 from bert.tasks import qa as qa_codec
+from bert.tasks.common import Limits
 from runtime.model_dir import ModelError
 from serving.batcher import Ticket
 from serving.engine import Engine, Timing
@@ -223,3 +225,59 @@ def test_the_server_verifies_rerank_and_says_so(rerankers):
         assert r.status_code == 400 and "error" in r.json()  # no texts: refused as without a verify model
         assert httpx.get(server.url + "/ready", timeout=5).status_code == 200
     assert "verify" in refused_at_start("--model", str(rerankers["fast"]), "--rerank-verify-margin", "-1")
+
+
+# ---- /ner: a text where a token's or word's best two labels are close is labelled again -------------------
+SENTENCES = [
+    "Angela Merkel met Emmanuel Macron in Paris on Tuesday.",
+    "The European Union fined Google in Brussels.",
+    "Kathmandu is the capital of Nepal.",
+    "Wolfgang lives in Berlin and works for Siemens.",
+    "Manchester United beat Arsenal 2-1 at Old Trafford.",
+    "Peter Blackburn",
+    "The Amazon basin covers parts of Brazil, Peru and Colombia.",
+    "Hugging Face Inc. is a company based in New York City.",
+]
+
+
+@pytest.fixture(scope="module")
+def taggers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ner-verify")
+    return {name: build_checkpoint(root / name, task="ner", seed=seed) for name, seed in (("fast", 0), ("exact", 1))}
+
+
+def test_ner_labels_again_exactly_the_texts_whose_margin_is_under_the_verify_margin(taggers):
+    fast, _ = run(SENTENCES, "ner", {"aggregation": "none"}, model=str(taggers["fast"]))
+    exact, _ = run(SENTENCES, "ner", {"aggregation": "none"}, model=str(taggers["exact"]))
+    assert all(f != e for f, e in zip(fast, exact))  # different weights: each text tells who labelled it
+    margins = fast_margins(taggers["fast"])
+    cut = sorted(margins)[len(margins) // 2]
+    mixed, verified = run(
+        SENTENCES,
+        "ner",
+        {"aggregation": "none"},
+        model=str(taggers["fast"]),
+        ner_verify_model=str(taggers["exact"]),
+        ner_verify_margin=cut,
+    )
+    unsure = [m < cut for m in margins]
+    assert 0 < sum(unsure) < len(SENTENCES) and verified == sum(unsure)
+    for answer, was_unsure, f, e in zip(mixed, unsure, fast, exact):
+        assert answer == (e if was_unsure else f)
+    both = dict(model=str(taggers["fast"]), ner_verify_model=str(taggers["exact"]))
+    assert run(SENTENCES, "ner", {"aggregation": "none"}, **both, ner_verify_margin=0) == (fast, 0)
+    assert run(SENTENCES, "ner", {"aggregation": "none"}, **both, ner_verify_margin=1) == (exact, len(SENTENCES))
+
+
+def fast_margins(model) -> list[float]:
+    """ner.margins of each sentence on `model`, run as the runtime runs it (aggregation none: each token's lead)."""
+    from runtime.inference import Inference, run_batch
+    from runtime.loading import load_model
+
+    engine = Engine(Settings(threads=1, model=str(model)), Metrics())
+    loaded = load_model(Path(model), engine.load_options)
+    inference = Inference(loaded, TASKS["ner"])
+    encoded = inference.encode(SENTENCES, Limits(max_length=128, max_sequences=64), {"aggregation": "none"})
+    outputs = run_batch(loaded.backend, encoded.sequences)
+    rows = [outputs.sequence(i) for i in range(len(encoded.sequences))]
+    return inference.margins(encoded, encoded.per_item(rows), {"aggregation": "none"})

@@ -240,3 +240,35 @@ def test_aggregation_is_declared_once_with_the_default_the_server_serves():
     assert set(typing.get_args(field.annotation)) == set(ner.AGGREGATIONS)
     job = next(f for f in dataclasses.fields(BatchOptions) if f.name == "aggregation")
     assert job.default == ner.DEFAULT_AGGREGATION
+
+
+@pytest.mark.parametrize("aggregation", ner.AGGREGATIONS)
+def test_a_text_whose_margin_exceeds_twice_the_change_keeps_its_entities(tokenizer, aggregation):
+    """ner.margins (what --ner-verify-margin is compared with): where no probability of a text moves by more than
+    half its margin, its entities keep their labels and spans; the texts whose entities a perturbation does change
+    all had margins under twice the change."""
+    rng = np.random.default_rng(0)
+    texts = [s for s in SENTENCES for _ in range(8)]
+    features = ner.encode(tokenizer, texts)
+    logits = [rng.normal(0, 2, (len(f), len(LABELS))).astype(np.float32) for f in features]
+    moved = [x + rng.normal(0, 0.15, x.shape).astype(np.float32) for x in logits]
+    margins = ner.margins([[f] for f in features], [[{"ner": x}] for x in logits], aggregation=aggregation)
+    assert all(0 <= m <= 1 for m in margins)
+
+    def spans(f, x):
+        found = ner.decode(f, x, ID2LABEL, aggregation=aggregation, tokenizer_words=True)
+        return [(e.get("entity_group", e.get("entity")), e["start"], e["end"]) for e in found]
+
+    changed = 0
+    for f, x, y, margin in zip(features, logits, moved, margins):
+        change = np.abs(softmax(x) - softmax(y)).max()
+        if spans(f, x) != spans(f, y):
+            changed += 1
+            assert margin <= 2 * change, (f.text, margin, change)
+    assert changed >= 3  # the perturbation is large enough to change some texts
+    assert ner.margins([], []) == []
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
