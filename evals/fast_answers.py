@@ -1,7 +1,8 @@
-"""QA or NER as fast as int8, answering as fp32 does: int8 alone, and int8 whose unsure items fp32 answers again.
+"""QA, NER or classification as fast as int8, answering as fp32 does: int8 alone, and int8 whose unsure items fp32 answers again.
 
     python -m evals.fast_answers                                      # /qa, the demo model, every held-out question
     python -m evals.fast_answers --task ner --margins 0.1,0.2         # /ner, every CoNLL-2003 valid sentence
+    python -m evals.fast_answers --task classify --ckpt CLASSIFIER    # /classify, every SST-2 dev sentence
     python -m evals.fast_answers --limit 300 --margins 0.05,0.1       # a quick look
 
 Exports the checkpoint (default: the demo model) with `python -m export.onnx` to an fp32 and an int8
@@ -9,9 +10,10 @@ Exports the checkpoint (default: the demo model) with `python -m export.onnx` to
 then, one server at a time, starts `python -m serving --model ARTIFACT [--TASK-verify-model FP32
 --TASK-verify-margin M]` with the CPU defaults and sends every item, one per request from --clients concurrent
 clients: for qa each question of the held-out SQuAD articles (the last --heldout-articles of the train parts: the
-demo model never trained on them), for ner each sentence of CoNLL-2003 valid (the demo model trained on train).
-Per variant: items/s, the share of answers equal to the fp32 server's (qa: the same text; ner: the same entity
-spans, and spans found by both over spans found by either), SQuAD EM/F1 for qa, and how many items the fp32
+demo model never trained on them), for ner each sentence of CoNLL-2003 valid (the demo model trained on train),
+for classify each SST-2 dev sentence.
+Per variant: items/s, the share of answers equal to the fp32 server's (qa: the same text; classify: the same
+label; ner: the same entity spans, and spans found by both over spans found by either), SQuAD EM/F1 for qa, and how many items the fp32
 model answered again (the servers' x-verified-items headers). Prints a table, writes JSON
 (evals/results/fast_answers-TASK.json).
 
@@ -78,7 +80,18 @@ def ner_items(args) -> Items:
     )
 
 
-TASKS = {"qa": qa_items, "ner": ner_items}
+def classify_items(args) -> Items:
+    lines = (DATA_DIR / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return Items(
+        "/classify",
+        [line.split("\t")[0] for line in lines][: args.limit or None],
+        lambda text: {"inputs": text},
+        lambda labels: labels[0]["label"],
+        {"inputs": "A warm-up request."},
+    )
+
+
+TASKS = {"classify": classify_items, "qa": qa_items, "ner": ner_items}
 
 
 async def ask_all(url: str, run: Items, clients: int) -> tuple[list, float, int]:
@@ -114,7 +127,7 @@ def figures(task: str, run: Items, answers: list, reference: list) -> dict:
         gold = {e.id: [a["text"] for a in e.answers] for e in run.items}
         scores = M.squad_metrics({e.id: a for e, a in zip(run.items, answers)}, gold)
         row |= {"exact_match": round(scores["exact_match"], 2), "f1": round(scores["f1"], 2)}
-    else:
+    elif task == "ner":
         both = sum(len(a & b) for a, b in zip(answers, reference))
         either = sum(len(a | b) for a, b in zip(answers, reference))
         row |= {"spans_agree_pct": round(100 * both / max(either, 1), 2), "spans": either}
@@ -123,7 +136,7 @@ def figures(task: str, run: Items, answers: list, reference: list) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--task", choices=sorted(TASKS), default="qa", help="the route measured: /qa or /ner")
+    p.add_argument("--task", choices=sorted(TASKS), default="qa", help="the route measured")
     p.add_argument("--ckpt", default=str(REPO / "serving" / "demo_model"), help="checkpoint with the task's head")
     p.add_argument("--margins", default="", help="comma list of --TASK-verify-margin values (default: the server's)")
     p.add_argument("--clients", type=int, default=4, help="concurrent clients, one item per request")
@@ -173,7 +186,9 @@ def main(argv=None) -> int:
         ("speed_vs_fp32", "x fp32"),
         ("agree_with_fp32_pct", "agree %"),
     ]
-    columns += [("f1", "F1"), ("exact_match", "EM")] if args.task == "qa" else [("spans_agree_pct", "spans agree %")]
+    columns += {"qa": [("f1", "F1"), ("exact_match", "EM")], "ner": [("spans_agree_pct", "spans agree %")]}.get(
+        args.task, []
+    )
     print_table(rows, [*columns, ("verified_pct", "verified %")])
     path = write_json(
         args.json or REPO / "evals" / "results" / f"fast_answers-{args.task}.json",

@@ -227,7 +227,7 @@ def test_the_server_verifies_rerank_and_says_so(rerankers):
     assert "verify" in refused_at_start("--model", str(rerankers["fast"]), "--rerank-verify-margin", "-1")
 
 
-# ---- /ner: a text where a token's or word's best two labels are close is labelled again -------------------
+# ---- /ner and /classify: a text whose best label leads its second by little is labelled again ---------------
 SENTENCES = [
     "Angela Merkel met Emmanuel Macron in Paris on Tuesday.",
     "The European Union fined Google in Brussels.",
@@ -241,43 +241,52 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def taggers(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ner-verify")
-    return {name: build_checkpoint(root / name, task="ner", seed=seed) for name, seed in (("fast", 0), ("exact", 1))}
+def labellers(tmp_path_factory):
+    """Per task, two tiny checkpoints with different weights (fast and exact)."""
+    root = tmp_path_factory.mktemp("label-verify")
+    return {
+        task: {
+            name: build_checkpoint(root / f"{task}-{name}", task=task, seed=seed)
+            for name, seed in (("fast", 0), ("exact", 1))
+        }
+        for task in ("ner", "classify")
+    }
 
 
-def test_ner_labels_again_exactly_the_texts_whose_margin_is_under_the_verify_margin(taggers):
-    fast, _ = run(SENTENCES, "ner", {"aggregation": "none"}, model=str(taggers["fast"]))
-    exact, _ = run(SENTENCES, "ner", {"aggregation": "none"}, model=str(taggers["exact"]))
+@pytest.mark.parametrize("task, options", [("ner", {"aggregation": "none"}), ("classify", {"top_k": None})])
+def test_exactly_the_texts_whose_margin_is_under_the_verify_margin_are_labelled_again(labellers, task, options):
+    models = labellers[task]
+    fast, _ = run(SENTENCES, task, options, model=str(models["fast"]))
+    exact, _ = run(SENTENCES, task, options, model=str(models["exact"]))
+    fast, exact = rounded(fast), rounded(exact)  # a batch of other texts (the ones verified) moves scores by ~1e-7
     assert all(f != e for f, e in zip(fast, exact))  # different weights: each text tells who labelled it
-    margins = fast_margins(taggers["fast"])
+    margins = fast_margins(models["fast"], task, options)
     cut = sorted(margins)[len(margins) // 2]
-    mixed, verified = run(
-        SENTENCES,
-        "ner",
-        {"aggregation": "none"},
-        model=str(taggers["fast"]),
-        ner_verify_model=str(taggers["exact"]),
-        ner_verify_margin=cut,
-    )
+    both = {"model": str(models["fast"]), f"{task}_verify_model": str(models["exact"])}
+    mixed, verified = run(SENTENCES, task, options, **both, **{f"{task}_verify_margin": cut})
     unsure = [m < cut for m in margins]
     assert 0 < sum(unsure) < len(SENTENCES) and verified == sum(unsure)
-    for answer, was_unsure, f, e in zip(mixed, unsure, fast, exact):
+    for answer, was_unsure, f, e in zip(rounded(mixed), unsure, fast, exact):
         assert answer == (e if was_unsure else f)
-    both = dict(model=str(taggers["fast"]), ner_verify_model=str(taggers["exact"]))
-    assert run(SENTENCES, "ner", {"aggregation": "none"}, **both, ner_verify_margin=0) == (fast, 0)
-    assert run(SENTENCES, "ner", {"aggregation": "none"}, **both, ner_verify_margin=1) == (exact, len(SENTENCES))
+    for margin, expected, count in ((0, fast, 0), (1, exact, len(SENTENCES))):
+        answers, verified = run(SENTENCES, task, options, **both, **{f"{task}_verify_margin": margin})
+        assert (rounded(answers), verified) == (expected, count)
 
 
-def fast_margins(model) -> list[float]:
-    """ner.margins of each sentence on `model`, run as the runtime runs it (aggregation none: each token's lead)."""
+def rounded(answers: list) -> list:
+    """Answers with their scores to 5 decimals."""
+    return [[dict(a, score=round(a["score"], 5)) for a in answer] for answer in answers]
+
+
+def fast_margins(model, task: str, options: dict) -> list[float]:
+    """The task's margins of each sentence on `model`, run as the runtime runs it."""
     from runtime.inference import Inference, run_batch
     from runtime.loading import load_model
 
     engine = Engine(Settings(threads=1, model=str(model)), Metrics())
     loaded = load_model(Path(model), engine.load_options)
-    inference = Inference(loaded, TASKS["ner"])
-    encoded = inference.encode(SENTENCES, Limits(max_length=128, max_sequences=64), {"aggregation": "none"})
+    inference = Inference(loaded, TASKS[task])
+    encoded = inference.encode(SENTENCES, Limits(max_length=128, max_sequences=64), options)
     outputs = run_batch(loaded.backend, encoded.sequences)
     rows = [outputs.sequence(i) for i in range(len(encoded.sequences))]
-    return inference.margins(encoded, encoded.per_item(rows), {"aggregation": "none"})
+    return inference.margins(encoded, encoded.per_item(rows), options)

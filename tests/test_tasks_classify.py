@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bert.tasks import Features, classify, pad_batch, softmax
+from bert.tasks.common import ModelFacts
 from bert.tokenizer import BertTokenizer, InputTooLong
 
 
@@ -127,3 +128,33 @@ def test_decode_equals_text_classification_pipeline(tokenizer, minilm_dir, num_l
     assert [[r["label"] for r in row] for row in got] == [[r["label"] for r in row] for row in expected]
     for got_row, expected_row in zip(got, expected):  # same float32 arithmetic: bit-identical scores
         assert [r["score"] for r in got_row] == [r["score"] for r in expected_row]
+
+
+@pytest.mark.parametrize(
+    "num_labels, problem_type", [(2, None), (5, None), (1, None), (4, "multi_label_classification")]
+)
+def test_a_text_whose_margin_exceeds_twice_the_change_keeps_its_labels(num_labels, problem_type):
+    """classify.margins (what --classify-verify-margin is compared with), in the probabilities the model was trained
+    for: where none moves by more than half a text's margin its label (each label's yes or no, multi-label) stays;
+    every text a perturbation does change had a margin under twice the change. A regression has nothing to verify."""
+    rng = np.random.default_rng(num_labels)
+    logits = rng.normal(0, 2, (400, num_labels)).astype(np.float32)
+    moved = logits + rng.normal(0, 0.3, logits.shape).astype(np.float32)
+    facts = ModelFacts(labels={i: f"L{i}" for i in range(num_labels)}, problem_type=problem_type)
+    margins = classify.margins([[{"classify": row}] for row in logits], facts)
+    assert len(margins) == len(logits) and all(0 <= m <= 1 for m in margins)
+    multi = problem_type is not None or num_labels == 1
+    probabilities = (lambda x: 1 / (1 + np.exp(-x))) if multi else (lambda x: softmax(x, axis=-1))
+
+    def decision(x):
+        return tuple(x > 0) if multi else x.argmax()
+
+    changed = 0
+    for x, y, margin in zip(logits, moved, margins):
+        if decision(x) != decision(y):
+            changed += 1
+            assert margin <= 2 * np.abs(probabilities(x) - probabilities(y)).max(), (x, y, margin)
+    assert changed >= 5
+    regression = ModelFacts(labels={0: "score"}, problem_type="regression")
+    assert classify.margins([[{"classify": logits[0, :1]}]], regression) == [float("inf")]
+    assert classify.margins([], facts) == []

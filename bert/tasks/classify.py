@@ -182,6 +182,24 @@ def decode_request(
     return decode(logits, facts.labels, top_k=top_k, function=function_to_apply, problem_type=facts.problem_type)
 
 
+def margins(outputs: list, facts: ModelFacts) -> list[float]:
+    """Per text, how sure its label is, in the probabilities the model was trained for (whatever a request's
+    function_to_apply shows): one label chosen among several (softmax), the best label's less the second's; labels
+    each yes or no (multi-label, or one label: sigmoid), the smallest lead of a label's more likely outcome over the
+    other, |2p - 1|; a regression, nothing to be unsure of (inf). A slightly perturbed model (int8) changes a label
+    only where this is small; the engine recomputes those texts on an exact model (--classify-verify-model)."""
+    if not outputs:
+        return []
+    logits = np.array([sequences[0]["classify"] for sequences in outputs], dtype=np.float32)
+    function = choose_function(logits.shape[-1], facts.problem_type)
+    if function == "none":
+        return [math.inf] * len(outputs)
+    if function == "sigmoid":
+        return np.abs(2 * sigmoid(logits) - 1).min(axis=-1).tolist()
+    top = np.sort(softmax(logits, axis=-1), axis=-1)[:, -2:]
+    return (top[:, 1] - top[:, 0]).tolist()
+
+
 # The TSV columns a reader takes (classify's and rerank's): their training options, declared once.
 TSV_OPTIONS = (
     TaskOption("text_column", "0", "TSV column (index or header name) of the text", multitask=False),
@@ -249,6 +267,18 @@ class ClassifyTask(Task):
 
     def decode_request(self, items, features, outputs, facts, **options):
         return decode_request(items, features, outputs, facts, **options)
+
+    def margins(self, items, features, outputs, facts, **_):
+        return margins(outputs, facts)
+
+    verify_margin = TaskOption(
+        "verify_margin",
+        0.2,
+        "recompute a text whose best label's probability leads the second's by less than this (a multi-label "
+        "model: a label within half of it of 0.5; 0-1)",
+        minimum=0,
+        maximum=1,
+    )
 
     def score(self, metrics: dict) -> float:
         return 100.0 * float(metrics["accuracy"])  # a fraction in the task's metrics
