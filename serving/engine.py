@@ -169,12 +169,26 @@ class Engine:
                 self.models.setdefault(task, {})[name] = unit
         self.models = {t: self.models[t] for t in TASKS if t in self.models}
         self.by_task = {t: next(iter(models.values())) for t, models in self.models.items()}
-        for task in TASKS.values():
-            name = getattr(settings, f"{task.name}_verify_model", None)  # a task with margins may have the flag
-            if name is not None:
-                self.verify[task.name] = self._verify_unit(task, name, f"--{task.name.replace('_', '-')}-verify-model")
-                self.verify[task.name].name = f"{task.name}-verify"
-                self.units.append(self.verify[task.name])
+        # a task with margins may have --TASK-verify-model; one exact model given for several tasks is loaded once,
+        # one unit (one batcher) re-answering all of them
+        asked_verify = {
+            task: name
+            for task in TASKS.values()
+            if (name := getattr(settings, f"{task.name}_verify_model", None)) is not None
+        }
+        verify_for: dict[Path, list[str]] = {}
+        for task, name in asked_verify.items():
+            verify_for.setdefault(resolve_model_path(name), []).append(task.name)
+        verify_built: dict[Path, ModelUnit] = {}
+        for task, name in asked_verify.items():
+            unit = self._verify_unit(
+                task, name, f"--{task.name.replace('_', '-')}-verify-model", verify_for, verify_built
+            )
+            self.verify[task.name] = unit
+            if unit not in self.units:
+                self.units.append(unit)
+        for path, unit in verify_built.items():
+            unit.name = "+".join(verify_for[path]) + "-verify"
         for unit in self.units:
             unit.tasks = [t for t, models in self.models.items() if unit in models.values()]
             quality = unit.spec.config.get("embedding_quality")
@@ -209,9 +223,12 @@ class Engine:
         model = load_model(path, self.load_options, explicit)
         return ModelUnit(model.spec, model.backend, model.tokenizer, model.max_length)
 
-    def _verify_unit(self, task: Task, name: str, flag: str) -> ModelUnit:
+    def _verify_unit(
+        self, task: Task, name: str, flag: str, verify_for: dict[Path, list[str]], built: dict[Path, ModelUnit]
+    ) -> ModelUnit:
         """The exact model that re-answers `task`'s unsure items (those its `margins` finds unsure): it must read
-        the served model's token ids as the same words and take its longest sequences."""
+        the served model's token ids as the same words and take its longest sequences. `verify_for`: the tasks
+        each exact model is given for, loaded once (`built`) for all of them."""
         if task.verify_margin is None:  # no margins (the registry holds the two together)
             raise ModelError(f"{flag} {name}: {task.name} has no notion of an unsure answer to verify")
         task = task.name
@@ -230,7 +247,7 @@ class Engine:
                 "(e.g. the fp32 export beside an int8 --model)"
             )
         try:
-            unit = self._build_unit(path, [task])
+            unit = built.get(path) or built.setdefault(path, self._build_unit(path, verify_for[path]))
         except ModelError as e:
             raise ModelError(f"{flag}: {e}") from None
         if unit.tokenizer.get_vocab() != served.tokenizer.get_vocab():

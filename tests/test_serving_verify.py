@@ -273,9 +273,11 @@ def test_exactly_the_texts_whose_margin_is_under_the_verify_margin_are_labelled_
         assert (rounded(answers), verified) == (expected, count)
 
 
-def rounded(answers: list) -> list:
-    """Answers with their scores to 5 decimals."""
-    return [[dict(a, score=round(a["score"], 5)) for a in answer] for answer in answers]
+def rounded(answers):
+    """Answers (lists of them, or one) with their scores to 5 decimals."""
+    if isinstance(answers, list):
+        return [rounded(a) for a in answers]
+    return dict(answers, score=round(answers["score"], 5))
 
 
 def fast_margins(model, task: str, options: dict) -> list[float]:
@@ -290,3 +292,20 @@ def fast_margins(model, task: str, options: dict) -> list[float]:
     outputs = run_batch(loaded.backend, encoded.sequences)
     rows = [outputs.sequence(i) for i in range(len(encoded.sequences))]
     return inference.margins(encoded, encoded.per_item(rows), options)
+
+
+def test_one_exact_model_given_for_several_tasks_is_loaded_once_and_answers_each(tmp_path):
+    fast = build_checkpoint(tmp_path / "fast", seed=0)  # multi-task: classify, ner, qa heads
+    exact = build_checkpoint(tmp_path / "exact", seed=1)
+    both = dict(
+        model=str(fast), classify_verify_model=str(exact), ner_verify_model=str(exact), qa_verify_model=str(exact)
+    )
+    engine = Engine(Settings(threads=1, **both), Metrics())
+    engine.load()
+    assert engine.verify["classify"] is engine.verify["ner"] is engine.verify["qa"]
+    assert engine.verify["qa"].name == "classify+ner+qa-verify" and len(engine._backend_owners()) == 2
+    margins = dict(classify_verify_margin=1, ner_verify_margin=1, qa_verify_margin=1)
+    for task, items, options in (("classify", SENTENCES, {"top_k": None}), ("ner", SENTENCES, {}), ("qa", ITEMS, {})):
+        expected, _ = run(items, task, options, model=str(exact))
+        answers, verified = run(items, task, options, **both, **margins)
+        assert verified == len(items) and rounded(answers) == rounded(expected), task
