@@ -172,18 +172,25 @@ class Engine:
         # a task with margins may have --TASK-verify-model; one exact model given for several tasks is loaded once,
         # one unit (one batcher) re-answering all of them
         asked_verify = {
-            task: name
+            task: (name, f"--{task.name.replace('_', '-')}-verify-model")
             for task in TASKS.values()
             if (name := getattr(settings, f"{task.name}_verify_model", None)) is not None
         }
+        if settings.verify_model is not None:  # every other served task with margins
+            for task in TASKS.values():
+                if task.verify_margin is not None and task.name in self.by_task and task not in asked_verify:
+                    asked_verify[task] = (settings.verify_model, "--verify-model")
+            if not asked_verify:
+                raise ModelError(
+                    f"--verify-model {settings.verify_model}: no served task can tell an unsure answer (those that "
+                    f"can: {', '.join(t.name for t in TASKS.values() if t.verify_margin is not None)})"
+                )
         verify_for: dict[Path, list[str]] = {}
-        for task, name in asked_verify.items():
+        for task, (name, _) in asked_verify.items():
             verify_for.setdefault(resolve_model_path(name), []).append(task.name)
         verify_built: dict[Path, ModelUnit] = {}
-        for task, name in asked_verify.items():
-            unit = self._verify_unit(
-                task, name, f"--{task.name.replace('_', '-')}-verify-model", verify_for, verify_built
-            )
+        for task, (name, flag) in asked_verify.items():
+            unit = self._verify_unit(task, name, flag, verify_for, verify_built)
             self.verify[task.name] = unit
             if unit not in self.units:
                 self.units.append(unit)

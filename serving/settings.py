@@ -39,6 +39,12 @@ class _Settings(BaseSettings):
         "every task it has; "
         "default: the built-in demo model",
     )
+    verify_model: Optional[str] = Field(
+        None,
+        description="an exact model (e.g. the fp32 export beside an int8 --model) for every served task that can "
+        "tell an unsure answer (classify, ner, qa, rerank) and has no --TASK-verify-model of its own: what "
+        '--TASK-verify-model does for each (docs/serving.md, "Fast answers")',
+    )
     backend: str = Field(
         "auto",
         description="auto | torch | onnxruntime | tensorrt (auto: onnxruntime for an artifact dir with "

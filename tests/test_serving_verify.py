@@ -304,8 +304,19 @@ def test_one_exact_model_given_for_several_tasks_is_loaded_once_and_answers_each
     engine.load()
     assert engine.verify["classify"] is engine.verify["ner"] is engine.verify["qa"]
     assert engine.verify["qa"].name == "classify+ner+qa-verify" and len(engine._backend_owners()) == 2
+    umbrella = Engine(Settings(threads=1, model=str(fast), verify_model=str(exact)), Metrics())
+    umbrella.load()  # --verify-model: every served task with margins
+    assert sorted(umbrella.verify) == ["classify", "ner", "qa"] and len(umbrella._backend_owners()) == 2
+    mixed = Engine(Settings(threads=1, model=str(fast), verify_model=str(exact), qa_verify_model=str(fast)), Metrics())
+    with pytest.raises(ModelError, match="--qa-verify-model .* already serves qa"):  # a task's own flag wins
+        mixed.load()
     margins = dict(classify_verify_margin=1, ner_verify_margin=1, qa_verify_margin=1)
     for task, items, options in (("classify", SENTENCES, {"top_k": None}), ("ner", SENTENCES, {}), ("qa", ITEMS, {})):
         expected, _ = run(items, task, options, model=str(exact))
         answers, verified = run(items, task, options, **both, **margins)
         assert verified == len(items) and rounded(answers) == rounded(expected), task
+
+
+def test_verify_model_for_a_server_with_no_task_that_can_be_unsure_is_refused_in_one_line(minilm_dir):
+    line = refused_at_start("--model", str(minilm_dir), "--verify-model", str(minilm_dir))
+    assert "--verify-model" in line and "no served task can tell an unsure answer" in line
