@@ -65,7 +65,17 @@ def job_identity(options: dict, files: list[InputFile], sha256: list[str], model
         },
         "model": {"path": str(model_path), "digest": digest},
         "options": {name: options[name] for name in RESULT_OPTIONS if name != "task"},
+        **({"verify_model": verify_identity(options["verify_model"])} if options.get("verify_model") else {}),
     }
+
+
+def verify_identity(name: str) -> dict:
+    """The verify model's path and digest (a rerun with other exact weights answers its unsure rows otherwise)."""
+    try:
+        path = resolve_model_path(name)
+    except ModelError as e:
+        raise JobError(f"--verify-model: {e}") from None
+    return {"path": str(path), "digest": model_digest(path)}
 
 
 def read_manifest(output: Path) -> dict | None:
@@ -323,6 +333,7 @@ def run(options: dict, log=print) -> int:
         "parts": parts,
         "rows_done": done,
         "errors": sum(p["errors"] for p in parts),
+        "verified": sum(p.get("verified", 0) for p in parts),
         "complete": bool(previous and previous.get("complete") and len(parts) == len(previous["parts"])),
     }
     if manifest["complete"]:
@@ -353,7 +364,9 @@ def run(options: dict, log=print) -> int:
     computing = max(time.monotonic() - progress.started, 1e-9)  # after the model loaded
     rows = manifest["rows_done"] - done
     log(
-        f"done: {manifest['rows_done']} rows in {len(manifest['parts'])} parts, {manifest['errors']} errors; "
+        f"done: {manifest['rows_done']} rows in {len(manifest['parts'])} parts, {manifest['errors']} errors"
+        + (f", {manifest['verified']} answered again by --verify-model" if predictor.verify is not None else "")
+        + "; "
         f"{rows} rows this run in {elapsed:.1f}s, {computing:.1f}s of it after loading the model "
         f"({rows / computing:.1f} rows/s, {progress.tokens / computing:.0f} tokens/s); "
         f"{model.backend.name} {model.backend.precision} ({choice.why}); {output / MANIFEST}"
@@ -436,6 +449,7 @@ class _PartWriter:
         self.tables: list[pa.Table] = []
         self.kept: dict[str, list] = {}
         self.errors = 0
+        self.verified = 0
         self.last_tokens = 0
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="batch-write")
         self.pending: Future | None = None
@@ -450,6 +464,7 @@ class _PartWriter:
         for c in self.keep:
             self.kept.setdefault(c, []).extend(window.keep[c])
         self.errors += result.errors
+        self.verified += result.verified
         self.last_tokens = result.tokens
 
     def finish(self) -> None:
@@ -465,11 +480,11 @@ class _PartWriter:
         results = pa.concat_tables(self.tables)
         columns = {c: _concat(self.kept[c], kind) for c, kind in self.keep.items()}
         table = pa.table({**columns, **{n: results[n] for n in results.column_names}})
-        entry = {"part": self.part, "start": self.start, "errors": self.errors}
+        entry = {"part": self.part, "start": self.start, "errors": self.errors, "verified": self.verified}
         if self.pending is not None:
             self.pending.result()  # parts are recorded in order
         self.pending = self.pool.submit(self._write, table, entry)
-        self.part, self.tables, self.kept, self.errors = None, [], {}, 0
+        self.part, self.tables, self.kept, self.errors, self.verified = None, [], {}, 0, 0
 
     def _write(self, table: pa.Table, entry: dict) -> None:
         name = PART.format(entry["part"])
@@ -487,10 +502,12 @@ class _PartWriter:
                 "file": name,
                 "rows": rows,
                 "errors": entry["errors"],
+                "verified": entry["verified"],
                 "bytes": (self.output / name).stat().st_size,
                 "sha256": file_sha256(self.output / name),
             }
         )
         self.manifest["rows_done"] = rows[1]
         self.manifest["errors"] += entry["errors"]
+        self.manifest["verified"] += entry["verified"]
         write_manifest(self.output, self.manifest)

@@ -45,6 +45,8 @@ RESULT_OPTIONS = (
     "max_row_sequences",
     "window_rows",
     "part_rows",
+    "verify_model",
+    "verify_margin",
 )
 
 
@@ -94,6 +96,20 @@ class _JobOptions:
         None, choices=("cls", "mean", "max"), help="embed: pooling for a model directory that does not say"
     )
     allow_unverified: bool = option(False, help="run an artifact directory whose manifest.json does not match it")
+    verify_model: str | None = option(
+        None,
+        metavar="DIR",
+        help="an exact model (the fp32 export beside an int8 --model) that answers again the rows whose answer "
+        "--model is unsure of, as the server's --TASK-verify-model (classify, ner, qa, rerank: the tasks with margins; "
+        "rerank's rows of one query are judged together within a window)",
+    )
+    verify_margin: float | None = option(
+        None,
+        metavar="X",
+        help="with --verify-model: a row whose margin is under this is answered again (default: the task's, as the "
+        "server's --TASK-verify-margin)",
+        minimum=0,
+    )
     max_input_length: int | None = option(None, help="longest input in tokens (default: the model's)", minimum=1)
     max_batch_tokens: int = option(16384, help="token budget of one batch: padded length x sequences", minimum=1)
     max_batch_size: int | None = option(

@@ -29,7 +29,7 @@ from bert.tasks.common import Limits
 from bert.tasks.registry import canonical
 from runtime.batching import BatchShape
 from runtime.inference import Encoded, Inference, run_planned
-from runtime.loading import LoadedModel, LoadOptions, load_model
+from runtime.loading import LoadedModel, LoadOptions, exact_model_problem, load_model
 from runtime.model_dir import ModelError, read_model_spec, resolve_model_path
 
 # Items encoded by one call of the codec: a row that fails sends only its own chunk through one by one.
@@ -197,6 +197,7 @@ class Result:
     errors: int = 0
     sequences: int = 0
     padded: int = 0
+    verified: int = 0  # rows answered again by the verify model
 
 
 @dataclass
@@ -253,6 +254,7 @@ class Predictor:
         self.runs = concurrent_runs(self.options, self.options["threads"]) if self.model.backend.concurrent_runs else 1
         # made here, not at the first call, so that calls from two threads at once share one pool
         self._pool = ThreadPoolExecutor(self.runs, thread_name_prefix="batch-run") if self.runs > 1 else None
+        self.verify, self.verify_margin = self._verify_model()
         serve_defaults = {o.name: o.default for o in self.inference.task.serve_options}
         self.limit_options = {
             f"{task}_{name}": value
@@ -270,6 +272,32 @@ class Predictor:
         model, self.model = getattr(self, "model", None), None
         if model is not None and self._owns_model:
             model.backend.close()
+        verify, self.verify = getattr(self, "verify", None), None
+        if verify is not None:
+            verify.backend.close()
+
+    def _verify_model(self) -> tuple[LoadedModel | None, float | None]:
+        """--verify-model, loaded in its own precision (an artifact's; a checkpoint's fp32 on a CPU) and checked
+        against the model; the margin."""
+        name, margin = self.options["verify_model"], self.options["verify_margin"]
+        if name is None:
+            if margin is not None:
+                raise JobError("--verify-margin needs --verify-model")
+            return None, None
+        task = TASKS[self.task]
+        if task.verify_margin is None:
+            can = ", ".join(t.name for t in TASKS.values() if t.verify_margin is not None)
+            raise JobError(
+                f"--verify-model: {self.task} has no notion of an unsure answer to verify (those that do: {can})"
+            )
+        exact = load(str(name), {**self.options, "precision": None}, self.options["threads"])
+        problem = exact_model_problem(exact, self.model)
+        if problem is None and resolve_model_path(str(name)) == self.model.spec.path:
+            problem = "it is --model itself; give the exact one (e.g. the fp32 export beside an int8 --model)"
+        if problem:
+            exact.backend.close()
+            raise JobError(f"--verify-model {name}: {problem}")
+        return exact, task.verify_margin.default if margin is None else margin
 
     def _check_open(self) -> None:
         if self.model is None:
@@ -378,6 +406,8 @@ class Predictor:
         return _Prepared(rows, [items[i] for i in kept], [features[i] for i in kept], [where[i] for i in kept], errors)
 
     def _finish(self, prepared: _Prepared, outputs: list, stats: dict) -> Result:
+        if self.verify is not None:
+            stats = {**stats, "verified": self._verify(prepared, outputs)}
         answers: list = [None] * prepared.count
         decoded = self._decode(prepared.items, prepared.features, outputs, prepared.rows, prepared.errors)
         for row, answer in zip(prepared.rows, decoded):
@@ -428,6 +458,37 @@ class Predictor:
                 errors[row] = errors[row] or f"inference failed: {type(error).__name__}: {str(error)[:200]}"
         stats = {"tokens": planned.tokens, "sequences": planned.sequences, "padded": planned.padded}
         return encoded.per_item(planned.outputs), stats
+
+    def _verify(self, prepared: _Prepared, outputs: list) -> int:
+        """The items whose margins are under the verify margin run again on the verify model; their outputs are
+        replaced in place (as the server's engine does). How many ran again."""
+        ok = [i for i, row in enumerate(prepared.rows) if prepared.errors[row] is None]
+        items, features = [prepared.items[i] for i in ok], [prepared.features[i] for i in ok]
+        try:
+            margins = self.inference.margins(Encoded(items, features), [outputs[i] for i in ok], self.codec_options)
+        except Exception:  # noqa: BLE001 - a row its margins fail on is answered again; decoding then judges it
+            margins = []
+            for item, feature, i in zip(items, features, ok):
+                try:
+                    margins += self.inference.margins(Encoded([item], [feature]), [outputs[i]], self.codec_options)
+                except Exception:  # noqa: BLE001
+                    margins.append(-np.inf)
+        unsure = [i for i, margin in zip(ok, margins) if margin < self.verify_margin]
+        if not unsure:
+            return 0
+        again = Encoded([prepared.items[i] for i in unsure], [prepared.features[i] for i in unsure])
+        mapper = self._pool.map if self.runs > 1 else map
+        planned = run_planned(self.verify.backend, again.sequences, self.batches, mapper=mapper)
+        item_of = [i for i, item in zip(unsure, again.features) for _ in item]
+        for batch, error in planned.failures:
+            for k in batch:
+                row = prepared.rows[item_of[k]]
+                prepared.errors[row] = (
+                    prepared.errors[row] or f"verify model failed: {type(error).__name__}: {str(error)[:200]}"
+                )
+        for i, item_outputs in zip(unsure, again.per_item(planned.outputs)):
+            outputs[i] = item_outputs
+        return len(unsure)
 
     def _decode(self, items: list, features: list, outputs: list, rows: list[int], errors: list) -> list:
         ok = [i for i in range(len(items)) if errors[rows[i]] is None]

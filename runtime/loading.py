@@ -65,6 +65,16 @@ class LoadedModel:
         return int(self.spec.config.get("hidden_size", 0)) or None
 
 
+def exact_model_problem(exact: LoadedModel, fast: LoadedModel) -> str | None:
+    """Why `exact` cannot answer again what `fast` is unsure of (None: it can): it must read fast's token ids as
+    the same words and take its longest sequences."""
+    if exact.tokenizer.get_vocab() != fast.tokenizer.get_vocab():
+        return f"its vocabulary is not that of {fast.spec.path}; it would read the same token ids as other words"
+    if exact.max_length < fast.max_length:
+        return f"takes at most {exact.max_length} tokens, {fast.spec.path} {fast.max_length}"
+    return None
+
+
 def load_model(path: Path, settings: LoadOptions, explicit: list[str] = ()) -> LoadedModel:
     """The model in `path` as `settings` say to run it; `explicit`: tasks it must serve (ModelError naming what it
     serves instead)."""

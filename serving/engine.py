@@ -27,7 +27,7 @@ from bert.tasks import TASKS
 from bert.tasks.base import Task
 from bert.tasks.common import Limits
 from runtime.inference import Encoded, Inference
-from runtime.loading import LoadedModel, LoadOptions, load_model
+from runtime.loading import LoadedModel, LoadOptions, exact_model_problem, load_model
 from runtime.model_dir import ModelError, resolve_model_path
 from serving.batcher import Batcher, ComputeGate, SequenceResult, Ticket
 from serving.errors import BackendFailure, NotFound, ServingError, refusal
@@ -257,15 +257,9 @@ class Engine:
             unit = built.get(path) or built.setdefault(path, self._build_unit(path, verify_for[path]))
         except ModelError as e:
             raise ModelError(f"{flag}: {e}") from None
-        if unit.tokenizer.get_vocab() != served.tokenizer.get_vocab():
-            raise ModelError(
-                f"{flag} {name}: its vocabulary is not that of {served.spec.path} (which serves "
-                f"{task}); it would read the same token ids as other words"
-            )
-        if unit.max_length < served.max_length:
-            raise ModelError(
-                f"{flag} {name}: takes at most {unit.max_length} tokens, {served.spec.path} {served.max_length}"
-            )
+        problem = exact_model_problem(unit, served)
+        if problem:
+            raise ModelError(f"{flag} {name} (for {task}): {problem}")
         return unit
 
     def warmup(self) -> None:

@@ -320,3 +320,70 @@ def test_one_exact_model_given_for_several_tasks_is_loaded_once_and_answers_each
 def test_verify_model_for_a_server_with_no_task_that_can_be_unsure_is_refused_in_one_line(minilm_dir):
     line = refused_at_start("--model", str(minilm_dir), "--verify-model", str(minilm_dir))
     assert "--verify-model" in line and "no served task can tell an unsure answer" in line
+
+
+# ---- batch jobs: --verify-model answers again the rows the model is unsure of, as the server does -----------
+def rounded_rows(table) -> list:
+    """A result table's rows with floats to 5 decimals (a batch of other rows moves a score by ~1e-7)."""
+
+    def fix(value):
+        if isinstance(value, float):
+            return round(value, 5)
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        return value
+
+    return [fix(row) for row in table.to_pylist()]
+
+
+@pytest.mark.parametrize("task, options", [("ner", {"aggregation": "none"}), ("classify", {})])
+def test_a_batch_job_answers_again_exactly_the_rows_whose_margin_is_under_the_verify_margin(labellers, task, options):
+    from batch import Predictor
+
+    models = labellers[task]
+    column = {"text": SENTENCES}
+    with Predictor(task, str(models["fast"]), **options) as p:
+        fast = rounded_rows(p.predict(column).table)
+    with Predictor(task, str(models["exact"]), **options) as p:
+        exact = rounded_rows(p.predict(column).table)
+    margins = fast_margins(models["fast"], task, options)
+    cut = sorted(margins)[len(margins) // 2]
+    unsure = [m < cut for m in margins]
+    with Predictor(task, str(models["fast"]), verify_model=str(models["exact"]), verify_margin=cut, **options) as p:
+        result = p.predict(column)
+    assert result.verified == sum(unsure) and 0 < sum(unsure) < len(SENTENCES)
+    for row, was_unsure, f, e in zip(rounded_rows(result.table), unsure, fast, exact):
+        assert f != e and row == (e if was_unsure else f)
+
+
+def test_a_batch_job_records_what_it_answered_again_and_refuses_a_verify_model_that_cannot_do_the_job(
+    labellers, tmp_path, capsys
+):
+    import json
+
+    from batch.__main__ import main
+
+    models = labellers["classify"]
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"text": s}) + "\n" for s in SENTENCES))
+    args = ["--task", "classify", "--model", str(models["fast"]), "--input", str(data)]
+    out = tmp_path / "out"
+    assert main([*args, "--output", str(out), "--verify-model", str(models["exact"]), "--verify-margin", "1"]) == 0
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["verified"] == len(SENTENCES) and manifest["parts"][0]["verified"] == len(SENTENCES)
+    assert manifest["verify_model"]["path"] == str(models["exact"]) and manifest["verify_model"]["digest"]
+    assert "8 answered again by --verify-model" in capsys.readouterr().err
+    # a rerun with another margin would answer other rows again: refused, not mixed into the same parts
+    assert main([*args, "--output", str(out), "--verify-model", str(models["exact"]), "--verify-margin", "0.5"]) == 2
+    assert "--verify-margin 1.0 (now 0.5)" in capsys.readouterr().err
+    for extra, says in (
+        (["--verify-model", str(models["fast"])], "is --model itself"),
+        (["--verify-margin", "0.1"], "--verify-margin needs --verify-model"),
+        (["--task", "embed", "--verify-model", str(models["exact"])], "embed has no notion of an unsure answer"),
+    ):
+        assert main([*args, *extra, "--output", str(tmp_path / "refused")]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
+        assert not (tmp_path / "refused").exists()
