@@ -387,3 +387,26 @@ def test_a_batch_job_records_what_it_answered_again_and_refuses_a_verify_model_t
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err, err
         assert not (tmp_path / "refused").exists()
+
+
+def test_an_exact_model_that_reads_other_words_or_shorter_inputs_is_refused_by_the_server_and_a_batch_job(
+    labellers, tmp_path
+):
+    import shutil
+
+    from batch import JobError, Predictor
+
+    fast = labellers["classify"]["fast"]
+    other = tmp_path / "other-vocabulary"
+    shutil.copytree(labellers["classify"]["exact"], other)
+    (other / "tokenizer.json").unlink()  # read from vocab.txt, two of whose words trade ids
+    vocab = (other / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab[2000], vocab[2001] = vocab[2001], vocab[2000]
+    (other / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    short = build_checkpoint(tmp_path / "short", task="classify", seed=1, max_position_embeddings=64)
+    for exact, says in ((other, "its vocabulary is not that of"), (short, "takes at most 64 tokens")):
+        engine = Engine(Settings(threads=1, model=str(fast), classify_verify_model=str(exact)), Metrics())
+        with pytest.raises(ModelError, match=f"--classify-verify-model .*{says}"):
+            engine.load()
+        with pytest.raises(JobError, match=f"--verify-model .*{says}"):
+            Predictor("classify", str(fast), verify_model=str(exact))
