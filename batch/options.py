@@ -100,7 +100,7 @@ class _JobOptions:
         None,
         metavar="DIR",
         help="an exact model (the fp32 export beside an int8 --model) that answers again the rows whose answer "
-        "--model is unsure of, as the server's --TASK-verify-model (classify, ner, qa, rerank: the tasks with margins; "
+        "--model is unsure of, as the server's --TASK-verify-model (classify, ner, qa, rerank, zero_shot, fill_mask: the tasks with margins; "
         "rerank's rows of one query are judged together within a window)",
     )
     verify_margin: float | None = option(

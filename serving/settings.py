@@ -42,7 +42,7 @@ class _Settings(BaseSettings):
     verify_model: Optional[str] = Field(
         None,
         description="an exact model (e.g. the fp32 export beside an int8 --model) for every served task that can "
-        "tell an unsure answer (classify, ner, qa, rerank) and has no --TASK-verify-model of its own: what "
+        "tell an unsure answer (classify, ner, qa, rerank, zero-shot, fill-mask) and has no --TASK-verify-model of its own: what "
         '--TASK-verify-model does for each (docs/serving.md, "Fast answers")',
     )
     backend: str = Field(

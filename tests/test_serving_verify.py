@@ -250,37 +250,79 @@ def labellers(tmp_path_factory):
             for name, seed in (("fast", 0), ("exact", 1))
         }
         for task in ("ner", "classify")
+    } | {
+        "zero_shot": {name: nli_classifier(root / f"nli-{name}", seed) for name, seed in (("fast", 0), ("exact", 1))},
+        "fill_mask": {name: masked_lm(root / f"mlm-{name}", seed) for name, seed in (("fast", 0), ("exact", 1))},
     }
 
 
-@pytest.mark.parametrize("task, options", [("ner", {"aggregation": "none"}), ("classify", {"top_k": None})])
-def test_exactly_the_texts_whose_margin_is_under_the_verify_margin_are_labelled_again(labellers, task, options):
+def nli_classifier(directory: Path, seed: int) -> Path:
+    from test_task_zero_shot import NLI_LABELS, _tiny_classifier
+
+    return _tiny_classifier(directory, NLI_LABELS, seed)
+
+
+def masked_lm(directory: Path, seed: int) -> Path:
+    """A tiny BertForMaskedLM written by transformers, its prediction head sharpened so that tokens are ranked."""
+    import torch
+    import transformers
+    from test_serving_support import minilm_dir as tokenizer_dir
+
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    torch.manual_seed(seed)
+    model = transformers.BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        model.cls.predictions.transform.dense.weight.mul_(8)
+    model.save_pretrained(directory)
+    transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir())).save_pretrained(directory)
+    return directory
+
+
+MASKED = [" ".join(["[MASK]" if i == 2 else w for i, w in enumerate(s.split())]) for s in SENTENCES[:5]]
+MASKED += ["[MASK] Blackburn", "The Amazon [MASK] covers parts of [MASK].", "Hugging Face is a [MASK] in New York."]
+CASES = [
+    ("ner", SENTENCES, {"aggregation": "none"}),
+    ("classify", SENTENCES, {"top_k": None}),
+    ("zero_shot", SENTENCES, {"candidate_labels": ["politics", "sports", "places"]}),
+    ("zero_shot", SENTENCES, {"candidate_labels": ["politics", "sports", "places"], "multi_label": True}),
+    ("fill_mask", MASKED, {"top_k": 3}),
+]
+
+
+@pytest.mark.parametrize("task, texts, options", CASES)
+def test_exactly_the_texts_whose_margin_is_under_the_verify_margin_are_labelled_again(labellers, task, texts, options):
     models = labellers[task]
-    fast, _ = run(SENTENCES, task, options, model=str(models["fast"]))
-    exact, _ = run(SENTENCES, task, options, model=str(models["exact"]))
+    fast, _ = run(texts, task, options, model=str(models["fast"]))
+    exact, _ = run(texts, task, options, model=str(models["exact"]))
     fast, exact = rounded(fast), rounded(exact)  # a batch of other texts (the ones verified) moves scores by ~1e-7
     assert all(f != e for f, e in zip(fast, exact))  # different weights: each text tells who labelled it
-    margins = fast_margins(models["fast"], task, options)
+    margins = fast_margins(models["fast"], task, options, texts)
     cut = sorted(margins)[len(margins) // 2]
     both = {"model": str(models["fast"]), f"{task}_verify_model": str(models["exact"])}
-    mixed, verified = run(SENTENCES, task, options, **both, **{f"{task}_verify_margin": cut})
+    mixed, verified = run(texts, task, options, **both, **{f"{task}_verify_margin": cut})
     unsure = [m < cut for m in margins]
-    assert 0 < sum(unsure) < len(SENTENCES) and verified == sum(unsure)
+    assert 0 < sum(unsure) < len(texts) and verified == sum(unsure)
     for answer, was_unsure, f, e in zip(rounded(mixed), unsure, fast, exact):
         assert answer == (e if was_unsure else f)
-    for margin, expected, count in ((0, fast, 0), (1, exact, len(SENTENCES))):
-        answers, verified = run(SENTENCES, task, options, **both, **{f"{task}_verify_margin": margin})
+    for margin, expected, count in ((0, fast, 0), (1, exact, len(texts))):
+        answers, verified = run(texts, task, options, **both, **{f"{task}_verify_margin": margin})
         assert (rounded(answers), verified) == (expected, count)
 
 
-def rounded(answers):
-    """Answers (lists of them, or one) with their scores to 5 decimals."""
-    if isinstance(answers, list):
-        return [rounded(a) for a in answers]
-    return dict(answers, score=round(answers["score"], 5))
+def rounded(value):
+    """Answers (or a table's rows) with every float to 5 decimals."""
+    if isinstance(value, float):
+        return round(value, 5)
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    return value
 
 
-def fast_margins(model, task: str, options: dict) -> list[float]:
+def fast_margins(model, task: str, options: dict, texts: list = SENTENCES) -> list[float]:
     """The task's margins of each sentence on `model`, run as the runtime runs it."""
     from runtime.inference import Inference, run_batch
     from runtime.loading import load_model
@@ -288,7 +330,7 @@ def fast_margins(model, task: str, options: dict) -> list[float]:
     engine = Engine(Settings(threads=1, model=str(model)), Metrics())
     loaded = load_model(Path(model), engine.load_options)
     inference = Inference(loaded, TASKS[task])
-    encoded = inference.encode(SENTENCES, Limits(max_length=128, max_sequences=64), options)
+    encoded = inference.encode(texts, Limits(max_length=128, max_sequences=64), options)
     outputs = run_batch(loaded.backend, encoded.sequences)
     rows = [outputs.sequence(i) for i in range(len(encoded.sequences))]
     return inference.margins(encoded, encoded.per_item(rows), options)
@@ -325,17 +367,7 @@ def test_verify_model_for_a_server_with_no_task_that_can_be_unsure_is_refused_in
 # ---- batch jobs: --verify-model answers again the rows the model is unsure of, as the server does -----------
 def rounded_rows(table) -> list:
     """A result table's rows with floats to 5 decimals (a batch of other rows moves a score by ~1e-7)."""
-
-    def fix(value):
-        if isinstance(value, float):
-            return round(value, 5)
-        if isinstance(value, list):
-            return [fix(v) for v in value]
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        return value
-
-    return [fix(row) for row in table.to_pylist()]
+    return rounded(table.to_pylist())
 
 
 @pytest.mark.parametrize("task, options", [("ner", {"aggregation": "none"}), ("classify", {})])

@@ -158,3 +158,27 @@ def test_a_text_whose_margin_exceeds_twice_the_change_keeps_its_labels(num_label
     regression = ModelFacts(labels={0: "score"}, problem_type="regression")
     assert classify.margins([[{"classify": logits[0, :1]}]], regression) == [float("inf")]
     assert classify.margins([], facts) == []
+
+
+@pytest.mark.parametrize("candidates, multi_label", [(4, False), (4, True), (1, False)])
+def test_zero_shot_margins_bound_what_a_perturbation_can_change(candidates, multi_label):
+    """zero_shot's margins (--zero-shot-verify-margin), in the scores it answers: a text whose best candidate (or a
+    candidate's side of 0.5, multi_label) a perturbation changes had a margin under twice the largest score change."""
+    from bert.tasks import TASKS
+    from bert.tasks.zero_shot import scores
+
+    task, rng = TASKS["zero_shot"], np.random.default_rng(candidates + multi_label)
+    facts = ModelFacts(labels={0: "entailment", 1: "neutral", 2: "contradiction"})
+    logits = rng.normal(0, 2, (300, candidates, 3)).astype(np.float32)
+    moved = logits + rng.normal(0, 0.3, logits.shape).astype(np.float32)
+    margins = task.margins(
+        None, None, [[{"zero_shot": row} for row in text] for text in logits], facts, multi_label=multi_label
+    )
+    yes_no = multi_label or candidates == 1
+    changed = 0
+    for x, y, margin in zip(logits, moved, margins):
+        a, b = scores(x, 0, multi_label=multi_label), scores(y, 0, multi_label=multi_label)
+        if (tuple(a > 0.5) != tuple(b > 0.5)) if yes_no else (a.argmax() != b.argmax()):
+            changed += 1
+            assert margin <= 2 * np.abs(a - b).max()
+    assert changed >= 5 and all(0 <= m <= 1 for m in margins)

@@ -22,6 +22,7 @@ from bert.tasks.base import (
     Param,
     Route,
     Task,
+    TaskOption,
     check_inputs,
     described,
     texts_of,
@@ -152,6 +153,29 @@ class FillMaskTask(Task):
             decode(facts.tokenizer, f[0], o[0]["fill_mask_scores"], o[0]["fill_mask_ids"], top_k=top_k)
             for f, o in zip(features, outputs)
         ]
+
+    def margins(self, items, features, outputs, facts: ModelFacts, **_):
+        return margins(facts.tokenizer, features, outputs)
+
+    verify_margin = TaskOption(
+        "verify_margin",
+        0.1,
+        "recompute a text where a mask's best token's probability leads the second's by less than this (0-1)",
+        minimum=0,
+        maximum=1,
+    )
+
+
+def margins(tokenizer, features: list, outputs: list) -> list[float]:
+    """Per text, how sure its best tokens are: the smallest lead, over its masks, of the best candidate's probability
+    over the second's (1.0 for a text without a mask). A slightly perturbed model (int8) changes a mask's best token
+    only where this is small; the engine recomputes those texts on an exact model (--fill-mask-verify-model)."""
+    found = []
+    for f, o in zip(features, outputs):
+        masks = np.flatnonzero(np.asarray(f[0].input_ids) == tokenizer.mask_token_id)
+        scores = np.asarray(o[0]["fill_mask_scores"], dtype=np.float32)[masks]
+        found.append(float((scores[:, 0] - scores[:, 1]).min()) if len(masks) and scores.shape[1] > 1 else 1.0)
+    return found
 
 
 TASK = FillMaskTask()

@@ -26,6 +26,7 @@ from bert.tasks.base import (
     Param,
     Route,
     Task,
+    TaskOption,
     check_inputs,
     check_texts,
     column_of,
@@ -312,6 +313,34 @@ class ZeroShotTask(Task):
             )
             for text, sequences in zip(items, outputs)
         ]
+
+    def margins(self, items, features, outputs, facts: ModelFacts, *, multi_label=False, **_) -> list[float]:
+        """Per text, how sure its labels are, in the scores it answers: one label chosen among the candidates, the best
+        one's lead over the second; each candidate yes or no (multi_label, or one candidate), the smallest lead of a
+        candidate's more likely outcome over the other, |2s - 1|. A slightly perturbed model (int8) changes the order
+        at the top, or a candidate's side of 0.5, only where this is small (--zero-shot-verify-model)."""
+        entailment = entailment_index(facts.labels)
+        if entailment is None:
+            raise RuntimeError(self.unserved_reason({"id2label": facts.labels}))
+        found = []
+        for sequences in outputs:
+            logits = np.stack([o["zero_shot"] for o in sequences])
+            values = scores(logits, entailment, multi_label=multi_label)
+            if multi_label or len(values) == 1:
+                found.append(float(np.abs(2 * values - 1).min()))
+            else:
+                top = np.sort(values)[-2:]
+                found.append(float(top[1] - top[0]))
+        return found
+
+    verify_margin = TaskOption(
+        "verify_margin",
+        0.1,
+        "recompute a text whose best candidate label's score leads the second's by less than this (multi_label: a "
+        "candidate within half of it of 0.5; 0-1)",
+        minimum=0,
+        maximum=1,
+    )
 
 
 TASK = ZeroShotTask()
