@@ -370,22 +370,32 @@ def rounded_rows(table) -> list:
     return rounded(table.to_pylist())
 
 
-@pytest.mark.parametrize("task, options", [("ner", {"aggregation": "none"}), ("classify", {})])
-def test_a_batch_job_answers_again_exactly_the_rows_whose_margin_is_under_the_verify_margin(labellers, task, options):
+@pytest.mark.parametrize(
+    "task, texts, options",
+    [
+        ("ner", SENTENCES, {"aggregation": "none"}),
+        ("classify", SENTENCES, {}),
+        ("zero_shot", SENTENCES, {"candidate_labels": ["politics", "sports", "places"]}),
+        ("fill_mask", MASKED, {"top_k": 3}),
+    ],
+)
+def test_a_batch_job_answers_again_exactly_the_rows_whose_margin_is_under_the_verify_margin(
+    labellers, task, texts, options
+):
     from batch import Predictor
 
     models = labellers[task]
-    column = {"text": SENTENCES}
+    column = {"text": texts}
     with Predictor(task, str(models["fast"]), **options) as p:
         fast = rounded_rows(p.predict(column).table)
     with Predictor(task, str(models["exact"]), **options) as p:
         exact = rounded_rows(p.predict(column).table)
-    margins = fast_margins(models["fast"], task, options)
+    margins = fast_margins(models["fast"], task, options, texts)
     cut = sorted(margins)[len(margins) // 2]
     unsure = [m < cut for m in margins]
     with Predictor(task, str(models["fast"]), verify_model=str(models["exact"]), verify_margin=cut, **options) as p:
         result = p.predict(column)
-    assert result.verified == sum(unsure) and 0 < sum(unsure) < len(SENTENCES)
+    assert result.verified == sum(unsure) and 0 < sum(unsure) < len(texts)
     for row, was_unsure, f, e in zip(rounded_rows(result.table), unsure, fast, exact):
         assert f != e and row == (e if was_unsure else f)
 
