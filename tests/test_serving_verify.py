@@ -253,6 +253,11 @@ def labellers(tmp_path_factory):
     } | {
         "zero_shot": {name: nli_classifier(root / f"nli-{name}", seed) for name, seed in (("fast", 0), ("exact", 1))},
         "fill_mask": {name: masked_lm(root / f"mlm-{name}", seed) for name, seed in (("fast", 0), ("exact", 1))},
+        "qa": {
+            name: build_checkpoint(root / f"qa-{name}", task="qa", seed=seed)
+            for name, seed in (("fast", 0), ("exact", 1))
+        },
+        "rerank": {name: build_cross_encoder(root / f"rr-{name}", seed) for name, seed in (("fast", 0), ("exact", 1))},
     }
 
 
@@ -370,34 +375,46 @@ def rounded_rows(table) -> list:
     return rounded(table.to_pylist())
 
 
-@pytest.mark.parametrize(
-    "task, texts, options",
-    [
-        ("ner", SENTENCES, {"aggregation": "none"}),
-        ("classify", SENTENCES, {}),
-        ("zero_shot", SENTENCES, {"candidate_labels": ["politics", "sports", "places"]}),
-        ("fill_mask", MASKED, {"top_k": 3}),
-    ],
-)
+PAIRS = [(QUERY, t) for t in TEXTS] + [("what is yellow?", t) for t in TEXTS[:5]]
+BATCH_CASES = [
+    ("ner", {"text": SENTENCES}, {"aggregation": "none"}),
+    ("classify", {"text": SENTENCES}, {}),
+    ("zero_shot", {"text": SENTENCES}, {"candidate_labels": ["politics", "sports", "places"]}),
+    ("fill_mask", {"text": MASKED}, {"top_k": 3}),
+    ("qa", {"question": [i["question"] for i in ITEMS], "context": [i["context"] for i in ITEMS]}, {}),
+    ("rerank", {"query": [q for q, _ in PAIRS], "document": [d for _, d in PAIRS]}, {}),
+]
+
+
+@pytest.mark.parametrize("task, columns, options", BATCH_CASES, ids=[c[0] for c in BATCH_CASES])
 def test_a_batch_job_answers_again_exactly_the_rows_whose_margin_is_under_the_verify_margin(
-    labellers, task, texts, options
+    labellers, task, columns, options
 ):
     from batch import Predictor
 
     models = labellers[task]
-    column = {"text": texts}
     with Predictor(task, str(models["fast"]), **options) as p:
-        fast = rounded_rows(p.predict(column).table)
+        fast = rounded_rows(p.predict(columns).table)
+        margins = job_margins(p, columns)
     with Predictor(task, str(models["exact"]), **options) as p:
-        exact = rounded_rows(p.predict(column).table)
-    margins = fast_margins(models["fast"], task, options, texts)
+        exact = rounded_rows(p.predict(columns).table)
     cut = sorted(margins)[len(margins) // 2]
     unsure = [m < cut for m in margins]
     with Predictor(task, str(models["fast"]), verify_model=str(models["exact"]), verify_margin=cut, **options) as p:
-        result = p.predict(column)
-    assert result.verified == sum(unsure) and 0 < sum(unsure) < len(texts)
+        result = p.predict(columns)
+    assert result.verified == sum(unsure) and 0 < sum(unsure) < len(margins) == len(fast)
     for row, was_unsure, f, e in zip(rounded_rows(result.table), unsure, fast, exact):
         assert f != e and row == (e if was_unsure else f)
+
+
+def job_margins(predictor, columns: dict) -> list[float]:
+    """The task's margins of each row, as the predictor encodes and runs the rows (its own windows and limits)."""
+    from runtime.inference import Encoded
+
+    prepared = predictor._prepare(columns, None)
+    outputs, _ = predictor._run(prepared.features, prepared.rows, prepared.errors)
+    encoded = Encoded(prepared.items, prepared.features)
+    return predictor.inference.margins(encoded, outputs, predictor.codec_options)
 
 
 def test_a_batch_job_records_what_it_answered_again_and_refuses_a_verify_model_that_cannot_do_the_job(
