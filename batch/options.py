@@ -47,6 +47,7 @@ RESULT_OPTIONS = (
     "part_rows",
     "verify_model",
     "verify_margin",
+    "ignore_verify_graph",
 )
 
 
@@ -102,6 +103,11 @@ class _JobOptions:
         help="an exact model (the fp32 export beside an int8 --model) that answers again the rows whose answer "
         "--model is unsure of, as the server's --TASK-verify-model (classify, ner, qa, rerank, zero_shot, fill_mask: the tasks with margins; "
         "rerank's rows of one query are judged together within a window)",
+    )
+    ignore_verify_graph: bool = option(
+        False,
+        help="run an int8 artifact exported with --verify-graph without its verify/ fp32 graph (by default the rows "
+        "it is unsure of are answered again on it, as with --verify-model)",
     )
     verify_margin: float | None = option(
         None,

@@ -27,6 +27,7 @@ from bert.precision import cpu_flags
 from bert.tasks import TASKS
 from bert.tasks.common import Limits
 from bert.tasks.registry import canonical
+from runtime.artifact import verify_graph
 from runtime.batching import BatchShape
 from runtime.inference import Encoded, Inference, run_planned
 from runtime.loading import LoadedModel, LoadOptions, exact_model_problem, load_model
@@ -280,11 +281,16 @@ class Predictor:
         """--verify-model, loaded in its own precision (an artifact's; a checkpoint's fp32 on a CPU) and checked
         against the model; the margin."""
         name, margin = self.options["verify_model"], self.options["verify_margin"]
+        task = TASKS[self.task]
+        if name is None and task.verify_margin is not None and not self.options["ignore_verify_graph"]:
+            try:  # an int8 artifact's own fp32 graph (export's --verify-graph)
+                name = verify_graph(self.model.spec, check=not self.options["allow_unverified"])
+            except ModelError as e:
+                raise JobError(str(e)) from None
         if name is None:
             if margin is not None:
-                raise JobError("--verify-margin needs --verify-model")
+                raise JobError("--verify-margin needs --verify-model (or a --model exported with --verify-graph)")
             return None, None
-        task = TASKS[self.task]
         if task.verify_margin is None:
             can = ", ".join(t.name for t in TASKS.values() if t.verify_margin is not None)
             raise JobError(

@@ -24,6 +24,7 @@ from bert.errors import read_json_object
 MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
 PORTABLE_FILE = "model.portable.onnx"
+VERIFY_DIR = "verify"  # --verify-graph: the fp32 artifact beside an int8 model.onnx
 PLAN_FILE = "model.plan"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

@@ -26,7 +26,7 @@ from bert.tasks import TASKS, registry
 from bert.tasks.embed import POOLINGS
 
 from .cli import Progress, ResultError, UsageError, run
-from .manifest import MANIFEST_FILE, MODEL_FILE, PORTABLE_FILE, artifact_files, write_manifest
+from .manifest import MANIFEST_FILE, MODEL_FILE, PORTABLE_FILE, VERIFY_DIR, artifact_files, write_manifest
 from .source import LAYOUTS, pools
 
 PRECISIONS = ("auto", "fp32", "fp16", "int8", "bf16")
@@ -144,6 +144,16 @@ class OnnxOptions:
         help="with --int8-distill: Adam's learning rate, decayed linearly to 0 over each layer's steps",
         above=0,
         maximum=1e-2,
+    )
+    verify_graph: bool = option(
+        False,
+        help=(
+            "where the graph written is int8: also write the fp32 graph, as a whole artifact of its own in verify/ "
+            "(its own config, tokenizer and manifest, whose sha256 this manifest records), so that a server or batch "
+            "job given this artifact answers again on it what the int8 graph is unsure of, as --verify-model would "
+            '(docs/serving.md, "Fast answers"; the tasks with margins: classify, ner, qa, rerank, zero-shot, '
+            "fill-mask). Typically with --int8-scope all: every group int8, its unsure answers exact"
+        ),
     )
     calibration: str | None = option(
         None,
@@ -267,6 +277,8 @@ def check_out(out: Path) -> None:
         manifest = None
     entries = listed_entries(manifest.get("files")) if manifest else {}
     listed = {MANIFEST_FILE, *entries, *(f"{name}.data" for name in entries)}  # an entry covers its .data sidecar
+    if manifest and manifest.get("verify_graph"):
+        listed.add(manifest["verify_graph"].get("dir", VERIFY_DIR))
     others = sorted(p.name for p in out.iterdir() if p.name not in listed)
     if manifest is None or not entries or others:
         held = f" (it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if manifest and others else ""
@@ -311,6 +323,13 @@ def main(argv=None) -> None:
     if tokenizer.vocab_size > config.vocab_size:
         raise UsageError(
             f"tokenizer in {source.tokenizer_dir} has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
+        )
+    if args.verify_graph and args.precision not in ("int8", "auto"):
+        raise UsageError(f"--verify-graph goes with an int8 graph (--precision int8 or auto), not {args.precision}")
+    if args.verify_graph and args.int8_distill:
+        raise UsageError(
+            "--verify-graph with --int8-distill would verify against the distilled weights, not the checkpoint's: "
+            "export the checkpoint with --precision fp32 and serve it as --verify-model"
         )
     if args.int8_distill:
         if args.precision != "int8":
@@ -443,7 +462,7 @@ def main(argv=None) -> None:
         model_path = tmp / MODEL_FILE
         if quantizing:
             fused_path = variants.save(fused, tmp / "fused.onnx")  # the quantiser's input, not published
-            if args.precision == "auto":  # the fp32 candidate, as --precision fp32 writes it
+            if args.precision == "auto" or args.verify_graph:  # the fp32 candidate, as --precision fp32 writes it
                 variants.split_skip_layer_norm(fused.model)
                 fp32_path = variants.save(fused, tmp / "fp32.onnx")
             del fused
@@ -539,6 +558,12 @@ def main(argv=None) -> None:
                 progress.note(choice["line"])
                 quantization = int8_graphs[graph][1] if precision == "int8" else None
                 search = searches.get(graph, search)  # the manifest describes the search of the graph written
+        verify_dir = tmp / VERIFY_DIR if args.verify_graph and precision == "int8" else None
+        if verify_dir is not None:  # the exact graph beside the int8 one, a whole artifact of its own
+            verify_dir.mkdir()
+            variants.move(fp32_path, verify_dir / MODEL_FILE)
+        elif args.verify_graph:
+            progress.note(f"--verify-graph: the graph written is {precision}, so there is nothing to verify")
         if quantizing:
             leftovers = ["fused.onnx", "fp32.onnx", "int8.onnx", *(f"{name}.onnx" for name in searches)]
             for name in dict.fromkeys(leftovers):  # what was not moved to model.onnx
@@ -548,8 +573,11 @@ def main(argv=None) -> None:
             del fused
         if not args.no_verify:
             served = bf16.WEIGHTS_FILE if precision == "bf16" else MODEL_FILE
-            with progress(f"verifying {served} ({precision}) against torch"):
+            also = f" and {VERIFY_DIR}/{MODEL_FILE} (fp32)" if verify_dir is not None else ""
+            with progress(f"verifying {served} ({precision}){also} against torch"):
                 verify("model", tmp if precision == "bf16" else model_path, precision)
+                if verify_dir is not None:
+                    verify(VERIFY_DIR, verify_dir / MODEL_FILE, "fp32")
         if failures:
             raise ResultError(
                 f"parity out of tolerance, so nothing was published at {out} (what was there is "
@@ -580,9 +608,33 @@ def main(argv=None) -> None:
                 manifest["calibration"] = args.calibration_record
             if choice:
                 manifest["precision_choice"] = {k: v for k, v in choice.items() if k != "line"}
+            if verify_dir is not None:
+                manifest["verify_graph"] = write_verify_artifact(
+                    verify_dir, args, source, wrapper, model_class, shape_range, counts, results, failures
+                )
             write_manifest(tmp, manifest)
 
     print(f"artifact: {out}  ({', '.join(sorted(p.name for p in out.iterdir()))})  in {progress.elapsed:.0f} s")
+
+
+def write_verify_artifact(
+    directory: Path, args, source, wrapper, model_class: str, shape_range, counts, results, failures
+) -> dict:
+    """verify/ (its fp32 model.onnx already there) made a whole artifact: config, tokenizer files and a manifest of
+    its own. Returns what the outer manifest records of it: the directory, its precision and its manifest's sha256
+    (what a server checks before it loads it)."""
+    import hashlib
+
+    from bert.checkpoint import save_tokenizer_files
+
+    artifact_config(source.config, source, wrapper, model_class).save(directory)
+    save_tokenizer_files(source.tokenizer_dir, directory)
+    own = {"model": results[VERIFY_DIR]} if VERIFY_DIR in results else {}
+    manifest = build_manifest(args, source, wrapper, shape_range, counts, own, failures, directory)
+    manifest["precision"] = "fp32"
+    manifest["verify_graph_of"] = "the int8 model.onnx of the directory above"
+    written = write_manifest(directory, manifest)
+    return {"dir": VERIFY_DIR, "precision": "fp32", "manifest_sha256": hashlib.sha256(written.read_bytes()).hexdigest()}
 
 
 def read_extra_calibration(args, source) -> dict | None:

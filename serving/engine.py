@@ -26,6 +26,7 @@ from typing import Any
 from bert.tasks import TASKS
 from bert.tasks.base import Task
 from bert.tasks.common import Limits
+from runtime.artifact import verify_graph
 from runtime.inference import Encoded, Inference
 from runtime.loading import LoadedModel, LoadOptions, exact_model_problem, load_model
 from runtime.model_dir import ModelError, resolve_model_path
@@ -185,6 +186,14 @@ class Engine:
                     f"--verify-model {settings.verify_model}: no served task can tell an unsure answer (those that "
                     f"can: {', '.join(t.name for t in TASKS.values() if t.verify_margin is not None)})"
                 )
+        for task in TASKS.values():  # an int8 artifact's own fp32 graph (export's --verify-graph), unless told not
+            if settings.ignore_verify_graph or task.verify_margin is None or task in asked_verify:
+                continue
+            if len(self.models.get(task.name, {})) == 1:
+                served = self.by_task[task.name]
+                graph = verify_graph(served.spec, check=not settings.allow_unverified)
+                if graph is not None:
+                    asked_verify[task] = (str(graph), f"the verify graph of {served.spec.path}:")
         verify_for: dict[Path, list[str]] = {}
         for task, (name, _) in asked_verify.items():
             verify_for.setdefault(resolve_model_path(name), []).append(task.name)

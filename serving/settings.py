@@ -45,6 +45,11 @@ class _Settings(BaseSettings):
         "tell an unsure answer (classify, ner, qa, rerank, zero-shot, fill-mask) and has no --TASK-verify-model of its own: what "
         '--TASK-verify-model does for each (docs/serving.md, "Fast answers")',
     )
+    ignore_verify_graph: bool = Field(
+        False,
+        description="serve an int8 artifact exported with --verify-graph without its verify/ fp32 graph (by "
+        "default the server answers again on it, as --verify-model, what the int8 graph is unsure of)",
+    )
     backend: str = Field(
         "auto",
         description="auto | torch | onnxruntime | tensorrt (auto: onnxruntime for an artifact dir with "

@@ -469,3 +469,73 @@ def test_an_exact_model_that_reads_other_words_or_shorter_inputs_is_refused_by_t
             engine.load()
         with pytest.raises(JobError, match=f"--verify-model .*{says}"):
             Predictor("classify", str(fast), verify_model=str(exact))
+
+
+# ---- an int8 artifact carrying its own fp32 graph (python -m export.onnx --verify-graph) -----------------------
+@pytest.fixture(scope="module")
+def with_verify_graph(tmp_path_factory):
+    from export.onnx import cli
+
+    out = tmp_path_factory.mktemp("verify-graph") / "int8"
+    args = ["--ckpt", "tiny", "--random-init", "--task", "classify", "--max-seq", "64", "--precision", "int8"]
+    assert cli([*args, "--int8-scope", "all", "--verify-graph", "--out", str(out)]) == 0
+    assert cli([*args, "--int8-scope", "all", "--verify-graph", "--out", str(out)]) == 0  # replaces one such
+    return out
+
+
+def test_an_export_with_verify_graph_holds_a_whole_fp32_artifact_its_manifest_records(with_verify_graph, capsys):
+    import hashlib
+    import json
+
+    from export.onnx import cli
+
+    outer = json.loads((with_verify_graph / "manifest.json").read_text())
+    inner = with_verify_graph / "verify" / "manifest.json"
+    record = outer["verify_graph"]
+    assert record == {
+        "dir": "verify",
+        "precision": "fp32",
+        "manifest_sha256": hashlib.sha256(inner.read_bytes()).hexdigest(),
+    }
+    assert json.loads(inner.read_text())["precision"] == "fp32" and outer["precision"] == "int8"
+    assert outer["parity"]["verify"]["passed"] is True
+    args = ["--ckpt", "tiny", "--random-init", "--task", "classify", "--max-seq", "64", "--verify-graph"]
+    for extra, says in (
+        (["--precision", "fp32"], "goes with an int8 graph"),
+        (["--precision", "int8", "--int8-distill"], "distilled weights"),
+    ):
+        assert cli([*args, *extra, "--out", str(with_verify_graph.parent / "refused")]) == 2
+        assert says in capsys.readouterr().err
+
+
+def test_a_server_and_a_batch_job_answer_again_on_the_artifacts_own_verify_graph_unless_told_not(with_verify_graph):
+    from batch import Predictor
+
+    texts = SENTENCES[:4]
+    _, verified = run(texts, "classify", model=str(with_verify_graph), classify_verify_margin=1)
+    assert verified == len(texts)
+    _, verified = run(
+        texts, "classify", model=str(with_verify_graph), classify_verify_margin=1, ignore_verify_graph=True
+    )
+    assert verified == 0
+    with Predictor("classify", str(with_verify_graph), verify_margin=1) as p:
+        assert p.predict({"text": texts}).verified == len(texts)
+    with Predictor("classify", str(with_verify_graph), ignore_verify_graph=True) as p:
+        assert p.predict({"text": texts}).verified == 0
+    with Server("--model", str(with_verify_graph), "--classify-verify-margin", "1") as server:
+        r = httpx.post(server.url + "/classify", json={"inputs": texts}, timeout=30)
+        assert r.status_code == 200 and r.headers["x-verified-items"] == str(len(texts))
+        info = httpx.get(server.url + "/info", timeout=5).json()
+        assert info["verify"]["classify"]["path"] == str(with_verify_graph / "verify")
+
+
+def test_a_verify_graph_that_is_not_the_one_recorded_is_refused_at_start_in_one_line(with_verify_graph, tmp_path):
+    import shutil
+
+    for case in ("manifest", "graph"):
+        copy = tmp_path / case
+        shutil.copytree(with_verify_graph, copy)
+        target = copy / "verify" / ("manifest.json" if case == "manifest" else "model.onnx")
+        target.write_bytes(target.read_bytes() + b" ")
+        line = refused_at_start("--model", str(copy))
+        assert ("is not the verify graph" if case == "manifest" else "does not match its manifest.json") in line, line
