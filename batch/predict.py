@@ -255,7 +255,11 @@ class Predictor:
         self.runs = concurrent_runs(self.options, self.options["threads"]) if self.model.backend.concurrent_runs else 1
         # made here, not at the first call, so that calls from two threads at once share one pool
         self._pool = ThreadPoolExecutor(self.runs, thread_name_prefix="batch-run") if self.runs > 1 else None
-        self.verify, self.verify_margin = self._verify_model()
+        try:
+            self.verify, self.verify_margin = self._verify_model()
+        except JobError:  # what was loaded and started here goes with the refusal
+            self.close()
+            raise
         serve_defaults = {o.name: o.default for o in self.inference.task.serve_options}
         self.limit_options = {
             f"{task}_{name}": value
@@ -296,10 +300,13 @@ class Predictor:
             raise JobError(
                 f"--verify-model: {self.task} has no notion of an unsure answer to verify (those that do: {can})"
             )
+        if resolve_model_path(str(name)) == self.model.spec.path:  # before loading it a second time
+            raise JobError(
+                f"--verify-model {name}: it is --model itself; give the exact one (e.g. the fp32 export beside an "
+                "int8 --model)"
+            )
         exact = load(str(name), {**self.options, "precision": None}, self.options["threads"])
         problem = exact_model_problem(exact, self.model)
-        if problem is None and resolve_model_path(str(name)) == self.model.spec.path:
-            problem = "it is --model itself; give the exact one (e.g. the fp32 export beside an int8 --model)"
         if problem:
             exact.backend.close()
             raise JobError(f"--verify-model {name}: {problem}")
@@ -472,13 +479,8 @@ class Predictor:
         items, features = [prepared.items[i] for i in ok], [prepared.features[i] for i in ok]
         try:
             margins = self.inference.margins(Encoded(items, features), [outputs[i] for i in ok], self.codec_options)
-        except Exception:  # noqa: BLE001 - a row its margins fail on is answered again; decoding then judges it
-            margins = []
-            for item, feature, i in zip(items, features, ok):
-                try:
-                    margins += self.inference.margins(Encoded([item], [feature]), [outputs[i]], self.codec_options)
-                except Exception:  # noqa: BLE001
-                    margins.append(-np.inf)
+        except Exception:  # noqa: BLE001 - margins that fail: every row is answered again, and decoding judges each
+            margins = [-np.inf] * len(ok)
         unsure = [i for i, margin in zip(ok, margins) if margin < self.verify_margin]
         if not unsure:
             return 0

@@ -193,7 +193,7 @@ class Engine:
                 served = self.by_task[task.name]
                 graph = verify_graph(served.spec, check=not settings.allow_unverified)
                 if graph is not None:
-                    asked_verify[task] = (str(graph), f"the verify graph of {served.spec.path}:")
+                    asked_verify[task] = (str(graph), f"the verify graph of {served.spec.path}")
         verify_for: dict[Path, list[str]] = {}
         for task, (name, _) in asked_verify.items():
             verify_for.setdefault(resolve_model_path(name), []).append(task.name)
