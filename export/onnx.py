@@ -149,7 +149,7 @@ class OnnxOptions:
         False,
         help=(
             "where the graph written is int8: also write the fp32 graph, as a whole artifact of its own in verify/ "
-            "(its own config, tokenizer and manifest, whose sha256 this manifest records), so that a server or batch "
+            "(its own config, tokenizer and manifest, whose size and sha256 this manifest records), so that a server or batch "
             "job given this artifact answers again on it what the int8 graph is unsure of, as --verify-model would "
             '(docs/serving.md, "Fast answers"; the tasks with margins: classify, ner, qa, rerank, zero-shot, '
             "fill-mask). Typically with --int8-scope all: every group int8, its unsure answers exact"
@@ -621,11 +621,10 @@ def write_verify_artifact(
     directory: Path, args, source, wrapper, model_class: str, shape_range, counts, results, failures
 ) -> dict:
     """verify/ (its fp32 model.onnx already there) made a whole artifact: config, tokenizer files and a manifest of
-    its own. Returns what the outer manifest records of it: the directory, its precision and its manifest's sha256
-    (what a server checks before it loads it)."""
-    import hashlib
-
+    its own. Returns what the outer manifest records of it: the directory, its precision and its manifest's size
+    and sha256 (what a server checks before it loads it)."""
     from bert.checkpoint import save_tokenizer_files
+    from bert.digest import file_entry
 
     artifact_config(source.config, source, wrapper, model_class).save(directory)
     save_tokenizer_files(source.tokenizer_dir, directory)
@@ -633,8 +632,7 @@ def write_verify_artifact(
     manifest = build_manifest(args, source, wrapper, shape_range, counts, own, failures, directory)
     manifest["precision"] = "fp32"
     manifest["verify_graph_of"] = "the int8 model.onnx of the directory above"
-    written = write_manifest(directory, manifest)
-    return {"dir": VERIFY_DIR, "precision": "fp32", "manifest_sha256": hashlib.sha256(written.read_bytes()).hexdigest()}
+    return {"dir": VERIFY_DIR, "precision": "fp32", "manifest": file_entry(write_manifest(directory, manifest))}
 
 
 def read_extra_calibration(args, source) -> dict | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from bert.digest import listed_entries, mismatches
@@ -29,21 +28,20 @@ UNVERIFIED_HINT = (
 
 def verify_graph(spec: ModelSpec, check: bool = True) -> Path | None:
     """An int8 artifact's own exact graph (python -m export.onnx --verify-graph): a whole fp32 artifact in a
-    directory of its own, whose manifest's sha256 the artifact's manifest records; None where it has none. One
+    directory of its own, whose manifest's size and sha256 the artifact's manifest records; None where it has none. One
     whose manifest is missing or is not the one recorded is refused with one line (`check` False: not checked, as
     --allow-unverified serves a directory as it is); its own files are checked against its manifest when it loads."""
     record = (spec.manifest or {}).get("verify_graph")
     if not isinstance(record, dict):
         return None
     path = spec.path / str(record.get("dir", "verify"))
-    manifest = path / "manifest.json"
-    if check and (
-        not manifest.is_file() or hashlib.sha256(manifest.read_bytes()).hexdigest() != record.get("manifest_sha256")
-    ):
-        raise ModelError(
-            f"{path} is not the verify graph {spec.path / 'manifest.json'} records (its manifest.json is missing or "
-            f"another); {UNVERIFIED_HINT}"
-        )
+    if check:
+        problems = mismatches(path, listed_entries({"manifest": record.get("manifest")}), ["manifest.json"])
+        if problems or not (path / "manifest.json").is_file():
+            raise ModelError(
+                f"{path} is not the verify graph {spec.path / 'manifest.json'} records "
+                f"({'; '.join(problems) or 'it is not listed there'}); {UNVERIFIED_HINT}"
+            )
     return path
 
 

@@ -484,9 +484,9 @@ def with_verify_graph(tmp_path_factory):
 
 
 def test_an_export_with_verify_graph_holds_a_whole_fp32_artifact_its_manifest_records(with_verify_graph, capsys):
-    import hashlib
     import json
 
+    from bert.digest import sha256_files
     from export.onnx import cli
 
     outer = json.loads((with_verify_graph / "manifest.json").read_text())
@@ -495,7 +495,7 @@ def test_an_export_with_verify_graph_holds_a_whole_fp32_artifact_its_manifest_re
     assert record == {
         "dir": "verify",
         "precision": "fp32",
-        "manifest_sha256": hashlib.sha256(inner.read_bytes()).hexdigest(),
+        "manifest": {"path": "manifest.json", "bytes": inner.stat().st_size, "sha256": sha256_files([inner])},
     }
     assert json.loads(inner.read_text())["precision"] == "fp32" and outer["precision"] == "int8"
     assert outer["parity"]["verify"]["passed"] is True
