@@ -556,6 +556,9 @@ def main(argv=None) -> None:
                 graph = choice["graph"]
                 variants.move(int8_graphs[graph][0] if precision == "int8" else fp32_path, model_path)
                 progress.note(choice["line"])
+                hint = None if args.verify_graph else fast_answers_hint(choice, wrapper.tasks)
+                if hint:
+                    progress.note(hint)
                 quantization = int8_graphs[graph][1] if precision == "int8" else None
                 search = searches.get(graph, search)  # the manifest describes the search of the graph written
         verify_dir = tmp / VERIFY_DIR if args.verify_graph and precision == "int8" else None
@@ -858,6 +861,21 @@ def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, 
         "candidates": candidates,
         "line": line,
     }
+
+
+def fast_answers_hint(choice: dict, tasks: list[str]) -> str | None:
+    """A line for an auto export that kept int8's speed out of reach (fp32, or an int8 graph under 1.5x fp32's
+    speed) of a graph serving tasks that can tell an unsure answer: every group int8 with the fp32 graph beside it
+    answers as fp32 on what int8 is unsure of, at most of int8's speed."""
+    unsure = [t for t in tasks if t in TASKS and TASKS[t].verify_margin is not None]
+    chosen = choice["candidates"][choice["graph"]]
+    if not unsure or chosen.get("speed", 1.0) >= 1.5:
+        return None
+    return (
+        f"for {', '.join(unsure)}: --precision int8 --int8-scope all --verify-graph writes every group int8 with this "
+        "fp32 graph beside it, which answers again what int8 is unsure of: about int8's speed, fp32's answers "
+        '(docs/export.md, "int8 with its own fp32 graph")'
+    )
 
 
 def build_manifest(args, source, wrapper, shape_range, counts, results, failures, out: Path) -> dict:

@@ -435,3 +435,19 @@ def test_precision_choice_says_why_an_int8_graph_is_refused(tiny_fused, tmp_path
     low = SimpleNamespace(groups=["g"], quantised={"n": "per-token"}, chosen=SimpleNamespace(agreement=0.9))
     int8 = choose_precision(tiny_fused, {"int8": tiny_fused}, calibration, {"int8": low}, 0.995)["candidates"]["int8"]
     assert int8["refused"] == "below the 99.5% target" and "refused" not in choice["candidates"]["fp32"]
+
+
+def test_an_auto_export_short_of_int8_speed_names_the_verify_graph_for_tasks_that_can_use_it():
+    from export.onnx import fast_answers_hint
+
+    def choice(graph: str, speed: float | None) -> dict:
+        candidates = {"fp32": {"seconds": 1.0, "meets_target": True}}
+        if speed is not None:
+            candidates["int8"] = {"seconds": 1.0 / speed, "meets_target": True, "speed": speed}
+        return {"graph": graph, "candidates": candidates}
+
+    hint = fast_answers_hint(choice("fp32", 1.9), ["classify", "ner", "qa", "embed"])
+    assert "for classify, ner, qa:" in hint and "--int8-scope all --verify-graph" in hint
+    assert "rerank" in fast_answers_hint(choice("int8", 1.09), ["rerank"])  # an int8 graph kept mostly fp32
+    assert fast_answers_hint(choice("int8", 1.8), ["rerank"]) is None  # int8's speed already
+    assert fast_answers_hint(choice("fp32", None), ["embed"]) is None  # vectors: no unsure answer to verify
