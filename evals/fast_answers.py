@@ -4,6 +4,7 @@
     python -m evals.fast_answers --task ner --margins 0.1,0.2         # /ner, every CoNLL-2003 valid sentence
     python -m evals.fast_answers --task classify --ckpt CLASSIFIER    # /classify, every SST-2 dev sentence
     python -m evals.fast_answers --limit 300 --margins 0.05,0.1       # a quick look
+    python -m evals.fast_answers --task ner --artifact artifacts/demo   # and a default export, served as it is
 
 Exports the checkpoint (default: the demo model) with `python -m export.onnx` to an fp32 and an int8
 (`--int8-scope all`) artifact (cached in bench/.peers, keyed by the checkpoint and the exporter's code),
@@ -144,6 +145,13 @@ def main(argv=None) -> int:
     p.add_argument("--doc-stride", type=int, default=128, help="qa: the requests' doc_stride")
     p.add_argument("--limit", type=int, default=0, help="only the first N items (quick checks)")
     p.add_argument("--serving-args", default="", help="more flags for every `python -m serving`")
+    p.add_argument(
+        "--artifact",
+        type=Path,
+        action="append",
+        default=[],
+        help="also serve this export with no flags (e.g. the checkpoint's default export; repeatable)",
+    )
     p.add_argument("--work-dir", type=Path, default=REPO / "bench" / ".peers", help="export cache")
     p.add_argument("--json", default=None, help="default: evals/results/fast_answers-TASK.json")
     args = p.parse_args(argv)
@@ -160,6 +168,7 @@ def main(argv=None) -> int:
     variants += [
         (f"int8 + fp32 verify < {m:g}", int8, [f"{flag}-model", str(fp32), f"{flag}-margin", str(m)]) for m in margins
     ]
+    variants += [(f"{path.name} (no flags)", path, []) for path in args.artifact]
     print(f"{len(run.items)} items to {run.route}, {args.clients} clients; fp32 {fp32}, int8 {int8}", flush=True)
 
     rows, reference = [], None

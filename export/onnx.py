@@ -74,7 +74,9 @@ class OnnxOptions:
             "precision of the served model. auto: makes fp32 and the int8 graph --int8-scope gives (scope auto: the "
             "search's, once with each row's own range and once with auto rows), times them on this machine on the "
             "calibration inputs and writes the fastest one that meets --int8-agreement (the manifest's precision "
-            "says which; for CPUs); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
+            "says which; for CPUs); for a model with classify, ner, qa or rerank heads also every group int8 with "
+            "the fp32 graph beside it in verify/, which answers again what int8 is unsure of (measured as a server "
+            "runs the pair; --no-int8-verified leaves it out); fp32: fused, matches torch to 1e-4; fp16: fused, fp16 weights and "
             "compute with fp32 inputs/outputs and fp32 LayerNorm/Softmax (for GPUs); int8: fused + int8 weights per "
             "channel and activations with one scale per token of each text, so an answer does not depend on its "
             "batch (for CPUs); bf16: the checkpoint's own weights as model.safetensors instead of model.onnx, "
@@ -144,6 +146,14 @@ class OnnxOptions:
         help="with --int8-distill: Adam's learning rate, decayed linearly to 0 over each layer's steps",
         above=0,
         maximum=1e-2,
+    )
+    no_int8_verified: bool = option(
+        False,
+        help=(
+            "with --precision auto: leave out its int8-verified candidate (every group int8 with the fp32 graph "
+            "beside it in verify/, answering again what int8 is unsure of, for the tasks that can tell: classify, "
+            "ner, qa, rerank), so that the artifact holds one graph"
+        ),
     )
     verify_graph: bool = option(
         False,
@@ -300,7 +310,7 @@ def main(argv=None) -> None:
     from bert.checkpoint import save_tokenizer_files
     from bert.tokenizer import BertTokenizer
 
-    from . import bf16, parity, pertoken, sensitivity, variants
+    from . import bf16, parity, pertoken, sensitivity, variants, verified
     from .source import check_source, checkpoint_task, load_model
     from .wrapper import INPUT_NAMES, ExportWrapper, dummy_inputs, dynamic_axes, prepare_for_export
 
@@ -359,6 +369,7 @@ def main(argv=None) -> None:
         )
 
     wrapper = ExportWrapper(source.model, source.task)
+    served_tasks = [TASKS[t] for t in wrapper.tasks if t in TASKS]
     batches = parity.row_by_row(parity.sample_batches(tokenizer, shape_range["max_seq"]))
     token_level = {n: "sequence" in dims for n, (_, dims, _) in wrapper.spec.items()}
     # what parity's agreement figure compares: the argmax over labels, over positions (a span head), or none
@@ -547,28 +558,69 @@ def main(argv=None) -> None:
                         "distilled int8 on held-out text: "
                         + ", ".join(f"{n} {describe_agreement(v)}" for n, v in distillation.graph_agreement.items())
                     )
+        paired = None  # --precision auto: every group int8 with the fp32 graph answering again what it is unsure of
+        pairing = args.precision == "auto" and not (args.verify_graph or args.no_int8_verified)
+        if pairing and any(verified.verifiable(t) for t in served_tasks):
+            progress.total += 1
+            with progress(
+                "measuring every group int8 with fp32 answering again what it is unsure of ("
+                + ", ".join(t.name for t in served_tasks if verified.verifiable(t))
+                + ")"
+            ):
+                paired = measure_paired(
+                    progress.note,
+                    fused_path,
+                    fp32_path,
+                    tmp,
+                    calibration,
+                    judged,
+                    wrapper,
+                    served_tasks,
+                    extra_calibration,
+                    shape_range,
+                    lambda d: (
+                        artifact_config(config, source, wrapper, model_class).save(d),
+                        save_tokenizer_files(source.tokenizer_dir, d),
+                    ),
+                )
+                if paired is not None:
+                    progress.note(paired.line)
         if args.precision == "auto":
             with progress("timing the candidates on this machine"):
                 choice = choose_precision(
-                    fp32_path, {k: p for k, (p, _) in int8_graphs.items()}, calibration, searches, args.int8_agreement
+                    fp32_path,
+                    {k: p for k, (p, _) in int8_graphs.items()},
+                    calibration,
+                    searches,
+                    args.int8_agreement,
+                    paired,
                 )
                 precision = choice["chosen"]
                 graph = choice["graph"]
+                if graph == PAIRED:
+                    int8_graphs[graph] = (paired.path, paired.quantization)
                 variants.move(int8_graphs[graph][0] if precision == "int8" else fp32_path, model_path)
                 progress.note(choice["line"])
-                hint = None if args.verify_graph else fast_answers_hint(choice, wrapper.tasks)
+                hint = None if args.verify_graph or paired else fast_answers_hint(choice, wrapper.tasks)
                 if hint:
                     progress.note(hint)
                 quantization = int8_graphs[graph][1] if precision == "int8" else None
-                search = searches.get(graph, search)  # the manifest describes the search of the graph written
-        verify_dir = tmp / VERIFY_DIR if args.verify_graph and precision == "int8" else None
+                search = None if graph == PAIRED else searches.get(graph, search)  # the search of the graph written
+        with_verify = args.verify_graph or (choice is not None and choice["graph"] == PAIRED)
+        verify_dir = tmp / VERIFY_DIR if with_verify and precision == "int8" else None
         if verify_dir is not None:  # the exact graph beside the int8 one, a whole artifact of its own
             verify_dir.mkdir()
             variants.move(fp32_path, verify_dir / MODEL_FILE)
         elif args.verify_graph:
             progress.note(f"--verify-graph: the graph written is {precision}, so there is nothing to verify")
         if quantizing:
-            leftovers = ["fused.onnx", "fp32.onnx", "int8.onnx", *(f"{name}.onnx" for name in searches)]
+            leftovers = [
+                "fused.onnx",
+                "fp32.onnx",
+                "int8.onnx",
+                f"{PAIRED}.onnx",
+                *(f"{name}.onnx" for name in searches),
+            ]
             for name in dict.fromkeys(leftovers):  # what was not moved to model.onnx
                 for leftover in (tmp / name, variants.data_file(tmp / name)):
                     leftover.unlink(missing_ok=True)
@@ -806,16 +858,74 @@ def int8_graph_name(rows: str) -> str:
     return "int8" if rows == SEARCH_ROWS else f"int8-{rows}-rows"
 
 
-def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, searches, target: float) -> dict:
+PAIRED = "int8-verified"  # --precision auto's candidate of every group int8 with the fp32 graph beside it
+
+
+@dataclass
+class Paired:
+    """Every group int8 (`path`, as --int8-scope all writes it) with the fp32 graph answering again what it is
+    unsure of: how it answered on the calibration inputs (export/verified.py)."""
+
+    path: Path
+    quantization: dict
+    verified: object  # export.verified.Verified
+    line: str
+
+
+def measure_paired(
+    note, fused_path, fp32_path, tmp, calibration, judged, wrapper, served_tasks, extra, shape_range, write_config
+) -> Paired | None:
+    """Writes the every-group-int8 graph beside fp32's and measures the pair as the server runs it: each verifiable
+    task's calibration items through both graphs (export/verified.py); the outputs of other tasks (an embedding)
+    judged on the int8 graph alone, as the search judges them. None, with a note saying why, where the runtime
+    cannot run the pair here: the export goes on with the other candidates."""
+    import shutil
+
+    from . import sensitivity, variants, verified
+
+    path = tmp / f"{PAIRED}.onnx"
+    quantization = variants.quantize_int8(fused_path, path, "all")
+    dirs = (tmp / ".paired-int8", tmp / ".paired-fp32")
+    try:
+        fast = verified.candidate_dir(dirs[0], path, write_config)
+        exact = verified.candidate_dir(dirs[1], fp32_path, write_config)
+        found = verified.measure(fast, exact, [t.name for t in served_tasks], extra, min(shape_range["max_seq"], 256))
+    except Exception as e:  # noqa: BLE001 - a candidate that cannot be measured is left out, not the export
+        note(f"{PAIRED}: not measured ({type(e).__name__}: {str(e).splitlines()[0][:300]}); left out")
+        return None
+    finally:
+        for directory in dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+    others = {name: how for name, how in judged.items() if wrapper.spec[name][2] not in found.tasks}
+    if others:
+        names = list(wrapper.output_names)
+        reference = sensitivity.run_graph(fp32_path, calibration, names)
+        alone = sensitivity.run_graph(path, calibration, names)
+        found.unverified_agreement, _, _ = sensitivity.judge(reference, alone, calibration, others)
+    line = f"{PAIRED}: " + "; ".join(
+        f"{name} {t['answered_again']} of {t['items']} answered again, "
+        + ("agreement n/a" if t["agreement"] is None else f"agreement {t['agreement']:.4f}")
+        for name, t in found.tasks.items()
+    )
+    if found.unverified_agreement is not None:
+        line += f"; {', '.join(sorted(others))} (int8 alone) agreement {found.unverified_agreement:.4f}"
+    return Paired(path, quantization, found, line)
+
+
+def choose_precision(
+    fp32_path: Path, int8_paths: dict[str, Path], calibration, searches, target: float, paired: Paired | None = None
+) -> dict:
     """Time fp32 and the int8 graphs (each a search's, `searches`: graph name -> Search, per-row activation scales)
     on the calibration inputs here; the fastest one meeting the agreement target wins, fp32 unless an int8 graph
-    is faster."""
+    is faster. `paired`: every group int8 with fp32 answering again what it is unsure of, its time that of the
+    int8 graph plus fp32's over the share of tokens answered again."""
     import numpy as np
 
     from .sensitivity import time_graphs
 
     agreements = {name: found.chosen.agreement for name, found in (searches or {}).items()}
-    passes = time_graphs({"fp32": fp32_path, **int8_paths}, calibration, every_pass=True)
+    graphs = {"fp32": fp32_path, **int8_paths, **({PAIRED: paired.path} if paired else {})}
+    passes = time_graphs(graphs, calibration, every_pass=True)
     timings = {name: float(np.median(seconds)) for name, seconds in passes.items()}
     candidates = {"fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True}}
     for name in int8_paths:
@@ -834,7 +944,27 @@ def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, 
             "speed": speed,
             **({"refused": refused} if refused else {}),
         }
-    faithful = [n for n in int8_paths if candidates[n]["meets_target"] and candidates[n]["speed"] > 1]
+    if paired is not None:
+        share = paired.verified.again_share
+        agreement = paired.verified.agreement
+        refused = (
+            "nothing measured"
+            if agreement is None
+            else None
+            if agreement >= target
+            else f"below the {target:.1%} target"
+        )
+        candidates[PAIRED] = {
+            "seconds": timings[PAIRED] + share * timings["fp32"],
+            "agreement": agreement,
+            "meets_target": refused is None,
+            "speed": float(np.median([f / (i + share * f) for f, i in zip(passes["fp32"], passes[PAIRED])])),
+            "answered_again_token_share": round(share, 4),
+            "measured": paired.verified.describe(),
+            **({"refused": refused} if refused else {}),
+        }
+    named = [*int8_paths, *([PAIRED] if paired else [])]
+    faithful = [n for n in named if candidates[n]["meets_target"] and candidates[n]["speed"] > 1]
     graph = max(faithful, key=lambda n: candidates[n]["speed"]) if faithful else "fp32"
     chosen = "fp32" if graph == "fp32" else "int8"
     inputs = sum(calibration.size().values())
@@ -848,7 +978,7 @@ def choose_precision(fp32_path: Path, int8_paths: dict[str, Path], calibration, 
         )
 
     times = ", ".join(f"{name} {c['seconds'] * 1e3:.1f} ms" for name, c in candidates.items())
-    line = f"precision auto: {graph} ({times} for {inputs} calibration inputs; {'; '.join(map(why, int8_paths))})"
+    line = f"precision auto: {graph} ({times} for {inputs} calibration inputs; {'; '.join(map(why, named))})"
     return {
         "requested": "auto",
         "chosen": chosen,

@@ -29,6 +29,22 @@ BARS = {
 RERANKER = os.environ.get("BERTSERVE_TEST_RERANKER")
 
 
+def pair_figures(default: Path, data_dir: Path) -> dict:
+    """The default export's int8 graph with its fp32 graph answering again what int8 is unsure of, as a server
+    serves the directory: each decision (a label, a sentence's entity spans, an answer) against fp32's."""
+    from evals.int8_agreement import conll, squad_heldout, sst2
+    from export import verified
+
+    rows = {"classify": sst2(data_dir, 200), "ner": conll(data_dir, 300), "qa": squad_heldout(data_dir, 100)}
+    keys = {
+        "classify": "classify (SST-2 dev labels)",
+        "ner": "ner (CoNLL-2003 valid entity spans)",
+        "qa": "qa (SQuAD held-out answers)",
+    }
+    found = verified.measure(default, default / "verify", list(rows), None, 256, rows=rows)
+    return {keys[task]: {**figures, "pair": True} for task, figures in found.tasks.items()}
+
+
 def exports(source, tmp_path):
     from export.onnx import cli
 
@@ -49,6 +65,8 @@ def test_default_export_agrees_with_fp32_on_heldout_data(model, tmp_path, data_d
     fp32, default = exports(source, tmp_path)
     figures = compare(fp32, default, data_dir, 200, ner_limit=300, qa_limit=100)
     assert figures
+    if (default / "verify").is_dir():  # the pair (export/verified.py): its answers are the server's, not the graph's
+        figures |= pair_figures(default, data_dir)
     for what, figure in figures.items():
         record_property(what, figure["agreement"])
         print(f"{model} {what}: {figure}")

@@ -133,6 +133,8 @@ def describe_default_export(artifact: Path) -> str:
         + (f" (timed at export: {timed})" if timed else "")
         + (f"; agreement with fp32 {quantization['agreement']:.4f}" if quantization.get("agreement") else "")
         + (f"; kept fp32: {', '.join(kept) or 'nothing'}" if kept is not None else "")
+        + (f"; with its fp32 graph in {manifest['verify_graph']['dir']}/" if manifest.get("verify_graph") else "")
+        + (f" ({choice['graph']})" if choice.get("graph") not in (None, manifest["precision"]) else "")
     )
 
 

@@ -448,6 +448,12 @@ class Task:
     # A task with `margins` declares its --<task>-verify-margin here: default, bounds and what the unit is.
     verify_margin: ClassVar[TaskOption | None] = None
 
+    def decisions(self, items: list, answers: list) -> list | None:
+        """What a user reads off these answers, each comparable with ==: a label, a text's entity spans, an answer,
+        a query's top text (None: not declared). Export's --precision auto compares an int8 graph whose unsure
+        items fp32 answers again with fp32 by them (export/verified.py)."""
+        return None
+
     # ---- training hooks (torch imported inside) -------------------------------------------------------
     # python -m training.finetune / multitask / evaluate call these and never name a task. `cfg` is a
     # training.finetune.FinetuneConfig (multitask builds one per task; evaluate one from its own options): the

@@ -271,6 +271,9 @@ class ClassifyTask(Task):
     def margins(self, items, features, outputs, facts, **_):
         return margins(outputs, facts)
 
+    def decisions(self, items, answers):
+        return [labels[0]["label"] for labels in answers]  # the best label (the answers hold the top 1)
+
     verify_margin = TaskOption(
         "verify_margin",
         0.2,

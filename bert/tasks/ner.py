@@ -620,6 +620,9 @@ class NerTask(Task):
     def decode_request(self, items, features, outputs, facts, **options):
         return decode_request(items, features, outputs, facts, **options)
 
+    def decisions(self, items, answers):
+        return [frozenset((e["start"], e["end"], e.get("entity_group", e.get("entity"))) for e in a) for a in answers]
+
     def margins(self, items, features, outputs, facts, **options):
         return margins(features, outputs, **options)
 

@@ -623,6 +623,9 @@ class QATask(Task):
     def decode_request(self, items, features, outputs, facts, **options):
         return decode_request(items, features, outputs, facts, **options)
 
+    def decisions(self, items, answers):
+        return [a[0]["answer"] for a in answers]  # the best answer's text
+
     def margins(self, items, features, outputs, facts, **options):
         return margins(items, features, outputs, facts, **options)
 

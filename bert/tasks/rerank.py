@@ -625,6 +625,13 @@ class RerankTask(Task):
     def margins(self, items, features, outputs, facts, **_):
         return margins(items, outputs)
 
+    def decisions(self, items, answers):
+        """Per query (the items' first text), the text it puts first."""
+        by_query: dict[str, list[int]] = {}
+        for i, pair in enumerate(items):
+            by_query.setdefault(pair[0], []).append(i)
+        return [items[max(indices, key=lambda i: answers[i])][1] for indices in by_query.values()]
+
     verify_margin = TaskOption(
         "verify_margin",
         0.3,
