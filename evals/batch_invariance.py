@@ -163,7 +163,8 @@ def plain(value):
         value = value.model_dump()
     if isinstance(value, list):
         items = [plain(v) for v in value]
-        if items and all(isinstance(v, dict) and "index" in v and "score" in v for v in items):
+        # a ranking's entries carry their text's index (an entity's "index" is its token's, None once aggregated)
+        if items and all(isinstance(v, dict) and isinstance(v.get("index"), int) and "score" in v for v in items):
             return {"order": [v["index"] for v in items], "by_text": sorted(items, key=lambda v: v["index"])}
         return items
     if isinstance(value, dict):

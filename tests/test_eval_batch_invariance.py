@@ -88,3 +88,16 @@ def test_not_an_export_or_no_server_is_one_line_and_exit_2(tmp_path, capsys):
     assert batch_invariance.main(["--model", str(tmp_path), "--url", f"http://127.0.0.1:{port}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no server answers there" in err[0]
+
+
+def test_a_ranking_is_compared_by_text_and_entities_as_they_are():
+    from evals.batch_invariance import plain
+
+    ranked = [{"index": 1, "score": 0.9}, {"index": 0, "score": 0.2}]
+    assert plain(ranked) == {"order": [1, 0], "by_text": [ranked[1], ranked[0]]}
+    # aggregated entities carry "index": None (a token's index only without aggregation): a list, not a ranking
+    entities = [
+        {"entity_group": "PER", "index": None, "score": 0.9},
+        {"entity_group": "LOC", "index": None, "score": 0.8},
+    ]
+    assert plain(entities) == entities
