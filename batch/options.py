@@ -6,7 +6,6 @@ from dataclasses import dataclass, make_dataclass
 
 from bert.options import option
 from bert.tasks import TASKS
-from bert.tasks.base import REQUIRED
 
 
 def task_options() -> dict[str, tuple]:
@@ -15,10 +14,9 @@ def task_options() -> dict[str, tuple]:
     found: dict[str, tuple] = {}
     owners: dict[str, list[str]] = {}
     for task in TASKS.values():
-        for param in {p.name: p for route in task.routes for p in route.fields if p.job}.values():
-            default = param.default if param.job_default is REQUIRED else param.job_default
+        for param in task.job_fields().values():
             help = param.job_help or param.help
-            declared = (param.job_kind or param.kind, default, help, param.minimum, param.maximum)
+            declared = (param.job_kind or param.kind, param.job_value, help, param.minimum, param.maximum)
             if found.setdefault(param.name, declared) != declared:
                 raise ValueError(f"the job option {param.name!r} is declared twice, differently ({task.name})")
             owners.setdefault(param.name, []).append(task.name)

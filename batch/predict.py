@@ -475,16 +475,18 @@ class Predictor:
     def _verify(self, prepared: _Prepared, outputs: list) -> int:
         """The items whose margins are under the verify margin run again on the verify model; their outputs are
         replaced in place (as the server's engine does). How many ran again."""
+        encoded = Encoded(prepared.items, prepared.features)
         ok = [i for i, row in enumerate(prepared.rows) if prepared.errors[row] is None]
-        items, features = [prepared.items[i] for i in ok], [prepared.features[i] for i in ok]
         try:
-            margins = self.inference.margins(Encoded(items, features), [outputs[i] for i in ok], self.codec_options)
+            found = self.inference.unsure(
+                encoded.subset(ok), [outputs[i] for i in ok], self.codec_options, self.verify_margin
+            )
+            unsure = [ok[k] for k in found]
         except Exception:  # noqa: BLE001 - margins that fail: every row is answered again, and decoding judges each
-            margins = [-np.inf] * len(ok)
-        unsure = [i for i, margin in zip(ok, margins) if margin < self.verify_margin]
+            unsure = ok
         if not unsure:
             return 0
-        again = Encoded([prepared.items[i] for i in unsure], [prepared.features[i] for i in unsure])
+        again = encoded.subset(unsure)
         mapper = self._pool.map if self.runs > 1 else map
         planned = run_planned(self.verify.backend, again.sequences, self.batches, mapper=mapper)
         item_of = [i for i, item in zip(unsure, again.features) for _ in item]

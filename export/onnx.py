@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bert import options
 from bert.atomic import publish_dir
@@ -28,6 +29,9 @@ from bert.tasks.embed import POOLINGS
 from .cli import Progress, ResultError, UsageError, run
 from .manifest import MANIFEST_FILE, MODEL_FILE, PORTABLE_FILE, VERIFY_DIR, artifact_files, write_manifest
 from .source import LAYOUTS, pools
+
+if TYPE_CHECKING:
+    from .verified import Verified
 
 PRECISIONS = ("auto", "fp32", "fp16", "int8", "bf16")
 TASK_CHOICES = ("auto", *registry.names(), *LAYOUTS)
@@ -868,7 +872,7 @@ class Paired:
 
     path: Path
     quantization: dict
-    verified: object  # export.verified.Verified
+    verified: Verified
     line: str
 
 
@@ -898,7 +902,7 @@ def measure_paired(
             shutil.rmtree(directory, ignore_errors=True)
     others = {name: how for name, how in judged.items() if wrapper.spec[name][2] not in found.tasks}
     if others:
-        names = list(wrapper.output_names)
+        names = list(others)  # the outputs judged here alone
         reference = sensitivity.run_graph(fp32_path, calibration, names)
         alone = sensitivity.run_graph(path, calibration, names)
         found.unverified_agreement, _, _ = sensitivity.judge(reference, alone, calibration, others)

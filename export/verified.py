@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bert.tasks import TASKS
-from bert.tasks.base import REQUIRED, Task
+from bert.tasks.base import Task
 
 
 @dataclass
@@ -47,23 +47,13 @@ def verifiable(task: Task) -> bool:
     return task.verify_margin is not None and type(task).decisions is not Task.decisions and task.job is not None
 
 
-def job_defaults(task: Task) -> dict:
-    """The batch job's options at their defaults (what `to_item` and the codec read)."""
-    values = {"truncate": True}  # a --calibration line longer than the graph takes is measured on its start
-    for route in task.routes:
-        for param in route.fields:
-            if param.job:
-                values[param.name] = param.job_default if param.job_default is not REQUIRED else param.default
-    return values
-
-
 def calibration_items(task: Task, extra: dict | None, rows: list | None = None) -> list:
     """The task's calibration rows (export/sensitivity.py's sets), or `rows` (texts, or tuples of texts as the
     task's batch job reads them), as its requests' items."""
     from .sensitivity import CALIBRATION_SETS
 
     extra = extra or {"sentences": [], "pairs": [], "groups": []}
-    options = job_defaults(task)
+    options = task.job_defaults(truncate=True)  # a --calibration line longer than the graph: its start
     if rows is None:
         rows = [row for block in CALIBRATION_SETS[task.calibration].items(extra) for row in block]
     rows = [(row,) if isinstance(row, str) else tuple(row) for row in rows]
@@ -120,13 +110,12 @@ def measure(
                 qa_max_length=min(max_length, 384),
                 qa_max_question_length=64,
             )
-            options = task.job_options(job_defaults(task))
+            options = task.job_options(task.job_defaults(truncate=True))
             inference = Inference(fast, task)
             encoded = inference.encode(items, limits, options)
 
             quick, reference = (_outputs(model, encoded) for model in (fast, exact))
-            margins = inference.margins(encoded, quick, options)
-            unsure = {i for i, m in enumerate(margins) if m < task.verify_margin.default}
+            unsure = set(inference.unsure(encoded, quick, options, task.verify_margin.default))
             answered = [reference[i] if i in unsure else quick[i] for i in range(len(items))]
             want = task.decisions(items, inference.decode(encoded, reference, options))
             got = task.decisions(items, inference.decode(encoded, answered, options))

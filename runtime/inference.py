@@ -35,6 +35,10 @@ class Encoded:
         """Every item's sequences in order: what runs."""
         return [f for item in self.features for f in item]
 
+    def subset(self, indices: list[int]) -> Encoded:
+        """Those items (in that order) with their sequences."""
+        return Encoded([self.items[i] for i in indices], [self.features[i] for i in indices])
+
     def per_item(self, outputs: list) -> list[list]:
         """Outputs in the order of `sequences` -> one list per item (what the codec decodes)."""
         grouped, at = [], 0
@@ -66,6 +70,12 @@ class Inference:
     def margins(self, encoded: Encoded, outputs: list[list], options: dict) -> list[float] | None:
         """How sure each item's answer is (None: the task has no such notion)."""
         return self.task.margins(encoded.items, encoded.features, outputs, self.facts, **options)
+
+    def unsure(self, encoded: Encoded, outputs: list[list], options: dict, margin: float) -> list[int]:
+        """The items whose margins are under `margin`: those an exact model answers again (server, batch jobs,
+        export's measure of an int8 graph with its fp32 graph)."""
+        margins = self.margins(encoded, outputs, options)
+        return [] if margins is None else [i for i, m in enumerate(margins) if m < margin]
 
 
 def run_batch(backend: Backend, sequences: list[Features]) -> BatchOutputs:

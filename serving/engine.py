@@ -541,17 +541,15 @@ class Engine:
         """The items whose answers are unsure (the task's margins under --TASK-verify-margin) run again on the
         exact model; their outputs are replaced in place."""
 
-        def margin_of():
-            return inference.margins(encoded, outputs, options)
-
-        margins = self._codec_here(margin_of) if lane is None else await self._codec(margin_of, lane)
-        if margins is None:
-            return
         task = inference.task.name
-        unsure = [i for i, m in enumerate(margins) if m < self.verify_margin(task)]
+
+        def unsure_items():
+            return inference.unsure(encoded, outputs, options, self.verify_margin(task))
+
+        unsure = self._codec_here(unsure_items) if lane is None else await self._codec(unsure_items, lane)
         if not unsure:
             return
-        again = Encoded([encoded.items[i] for i in unsure], [encoded.features[i] for i in unsure])
+        again = encoded.subset(unsure)
         results = await self._infer(self.verify[task], again.sequences, ticket, timing)
         for i, item_outputs in zip(unsure, again.per_item([r.outputs for r in results])):
             outputs[i] = item_outputs

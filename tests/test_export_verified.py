@@ -50,7 +50,7 @@ def _alone(directory: Path, items: list, task) -> tuple[list, list, list]:
 
     model = load_model(directory, LoadOptions(allow_unverified=True))
     inference = Inference(model, task)
-    options = task.job_options(verified.job_defaults(task))
+    options = task.job_options(task.job_defaults(truncate=True))
     limits = Limits(max_length=64, max_sequences=1 << 20, qa_max_length=64, qa_max_question_length=64)
     encoded = inference.encode(items, limits, options)
     outputs = verified._outputs(model, encoded)

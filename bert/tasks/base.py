@@ -142,6 +142,11 @@ class Param:
     job_help: str = ""  # the batch job's help where a request's speaks of the server
 
     @property
+    def job_value(self) -> Any:
+        """The batch job option's default (`job_default`, else the request's)."""
+        return self.default if self.job_default is REQUIRED else self.job_default
+
+    @property
     def choices(self) -> tuple | None:
         """The values a `Literal` kind (or an Optional one) allows, None: any of its type."""
         kind = self.job_kind or self.kind
@@ -413,8 +418,15 @@ class Task:
         """A batch job's options -> the codec's options."""
         if self.job is not None and self.job.options is not None:
             return self.job.options(options)
-        fields = {p.name for route in self.routes for p in route.fields if p.job}
-        return {"truncate": options["truncate"], **{name: options[name] for name in sorted(fields)}}
+        return {"truncate": options["truncate"], **{name: options[name] for name in sorted(self.job_fields())}}
+
+    def job_fields(self) -> dict[str, Param]:
+        """The request fields a batch job offers as its options (`Param.job`), by name."""
+        return {p.name: p for route in self.routes for p in route.fields if p.job}
+
+    def job_defaults(self, truncate: bool = False) -> dict:
+        """A batch job's options at their defaults (what `job.to_item` and `job_options` read)."""
+        return {"truncate": truncate, **{name: p.job_value for name, p in self.job_fields().items()}}
 
     def job_problems(self, options: dict) -> list[str]:
         """What is wrong with a batch job's options for this task (one message each), found before any row is read;
