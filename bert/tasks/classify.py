@@ -35,6 +35,7 @@ from bert.tasks.common import (
     PathLike,
     bounded_text,
     check_length,
+    decision_leads,
     open_text,
     sigmoid,
     softmax,
@@ -195,9 +196,8 @@ def margins(outputs: list, facts: ModelFacts) -> list[float]:
     if function == "none":
         return [math.inf] * len(outputs)
     if function == "sigmoid":
-        return np.abs(2 * sigmoid(logits) - 1).min(axis=-1).tolist()
-    top = np.sort(softmax(logits, axis=-1), axis=-1)[:, -2:]
-    return (top[:, 1] - top[:, 0]).tolist()
+        return decision_leads(sigmoid(logits), independent=True).tolist()
+    return decision_leads(softmax(logits, axis=-1)).tolist()
 
 
 # The TSV columns a reader takes (classify's and rerank's): their training options, declared once.

@@ -71,6 +71,19 @@ def sigmoid(x) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def decision_leads(probabilities, independent: bool = False) -> np.ndarray:
+    """How far each row's decision over the last axis is from another (what --TASK-verify-margin is compared
+    with): one choice among them, the best probability's lead over the second's (1.0 with a single choice); each a
+    yes or no (`independent`: sigmoid scores), the smallest lead of a score's more likely side, |2p - 1|."""
+    p = np.asarray(probabilities, dtype=np.float32)
+    if independent:
+        return np.abs(2 * p - 1).min(axis=-1)
+    if p.shape[-1] < 2:
+        return np.ones(p.shape[:-1], dtype=np.float32)
+    top = np.partition(p, -2, axis=-1)[..., -2:]
+    return top[..., 1] - top[..., 0]
+
+
 def check_length(index: int, length: int, limit: int) -> None:
     """Refuse an input the model cannot take whole (the caller may ask to truncate instead)."""
     if length > limit:

@@ -39,6 +39,7 @@ from bert.tasks.common import (
     PathLike,
     bounded_text,
     check_length,
+    decision_leads,
     open_text,
     softmax,
     whole_span,
@@ -309,10 +310,7 @@ def _word_entities(records: list[dict], aggregation: str, id2label: dict) -> lis
 
 def _lead(scores: np.ndarray) -> float:
     """The best label's probability less the second best's."""
-    if len(scores) < 2:
-        return 1.0
-    top = np.partition(scores, -2)[-2:]
-    return float(top[1] - top[0])
+    return float(decision_leads(scores))
 
 
 def _word_lead(pieces: list[dict], aggregation: str) -> float:

@@ -35,7 +35,7 @@ from bert.tasks.base import (
     text_chars,
     texts_param,
 )
-from bert.tasks.common import Features, Limits, ModelFacts, TooMuchWork, bounded_text, softmax
+from bert.tasks.common import Features, Limits, ModelFacts, TooMuchWork, bounded_text, decision_leads, softmax
 from bert.tokenizer import InputTooLong
 
 DEFAULT_TEMPLATE = "This example is {}."
@@ -326,11 +326,7 @@ class ZeroShotTask(Task):
         for sequences in outputs:
             logits = np.stack([o["zero_shot"] for o in sequences])
             values = scores(logits, entailment, multi_label=multi_label)
-            if multi_label or len(values) == 1:
-                found.append(float(np.abs(2 * values - 1).min()))
-            else:
-                top = np.sort(values)[-2:]
-                found.append(float(top[1] - top[0]))
+            found.append(float(decision_leads(values, independent=multi_label or len(values) == 1)))
         return found
 
     verify_margin = TaskOption(
