@@ -144,3 +144,38 @@ def test_an_auto_export_measures_the_pair_and_writes_it_with_its_fp32_graph_when
     spec = read_model_spec(chosen)
     verify_artifact(spec)
     assert verify_graph(spec) == chosen / "verify"
+
+
+def test_a_pair_that_cannot_be_measured_is_left_out_with_a_note_and_no_files(ner_graphs, tmp_path):
+    """An fp32 graph the runtime cannot load (a truncated file here): the candidate is left out, the export's note
+    says why, and the measuring directories are gone; the int8 graph was written where export looks for it."""
+    import shutil
+
+    _, root = ner_graphs
+    broken = tmp_path / "fp32.onnx"
+    broken.write_bytes((root / "fp32" / "model.onnx").read_bytes()[:4096])
+
+    def write_config(directory: Path) -> None:
+        for p in (root / "fp32").iterdir():
+            if p.is_file() and p.suffix != ".onnx" and not p.name.endswith(".data") and p.name != "manifest.json":
+                shutil.copy(p, directory / p.name)
+
+    notes: list[str] = []
+    work = tmp_path / "work"
+    work.mkdir()
+    found = onnx_export.measure_paired(
+        notes.append,
+        root / "fp32" / "model.onnx",
+        broken,
+        work,
+        None,
+        {},
+        None,
+        [TASKS["ner"]],
+        None,
+        {"max_seq": 64},
+        write_config,
+    )
+    assert found is None
+    assert len(notes) == 1 and notes[0].startswith(f"{PAIRED}: not measured (") and notes[0].endswith("left out")
+    assert sorted(p.name for p in work.iterdir()) == [f"{PAIRED}.onnx"]
