@@ -522,35 +522,38 @@ class Engine:
         timing.tokens += sum(len(f) for f in sequences)
         timing.items += len(items)
         outputs = encoded.per_item([r.outputs for r in results])
-        if task.name in self.verify:
-            await self._verify(inference, encoded, outputs, options, lane, ticket, timing)
 
         def decode():
             return inference.decode(encoded, outputs, options)
 
-        if phases is None:
-            return self._codec_here(decode) if lane is None else await self._codec(decode, lane)
+        def unsure_else_decode():
+            # the items the exact model answers again; where there are none (most requests), the answers in the
+            # same codec step
+            unsure = inference.unsure(encoded, outputs, options, self.verify_margin(task.name))
+            return (unsure, None) if unsure else (unsure, decode())
+
+        async def step(fn):
+            return self._codec_here(fn) if lane is None else await self._codec(fn, lane)
+
         begun = time.monotonic()
-        answers = self._codec_here(decode) if lane is None else await self._codec(decode, lane)
-        phases.append(("decode", begun, time.monotonic()))
+        if task.name in self.verify:
+            unsure, answers = await step(unsure_else_decode)
+            if unsure:
+                await self._verify(task, encoded.subset(unsure), unsure, outputs, ticket, timing)
+                begun = time.monotonic()
+                answers = await step(decode)
+        else:
+            answers = await step(decode)
+        if phases is not None:
+            phases.append(("decode", begun, time.monotonic()))
         return answers
 
     async def _verify(
-        self, inference: Inference, encoded: Encoded, outputs: list, options: dict, lane, ticket: Ticket, timing: Timing
+        self, task: Task, again: Encoded, unsure: list[int], outputs: list, ticket: Ticket, timing: Timing
     ) -> None:
-        """The items whose answers are unsure (the task's margins under --TASK-verify-margin) run again on the
-        exact model; their outputs are replaced in place."""
-
-        task = inference.task.name
-
-        def unsure_items():
-            return inference.unsure(encoded, outputs, options, self.verify_margin(task))
-
-        unsure = self._codec_here(unsure_items) if lane is None else await self._codec(unsure_items, lane)
-        if not unsure:
-            return
-        again = encoded.subset(unsure)
-        results = await self._infer(self.verify[task], again.sequences, ticket, timing)
+        """The unsure items (`again`, items `unsure` of the request: their margins under --TASK-verify-margin) run
+        again on the exact model; their outputs are replaced in place."""
+        results = await self._infer(self.verify[task.name], again.sequences, ticket, timing)
         for i, item_outputs in zip(unsure, again.per_item([r.outputs for r in results])):
             outputs[i] = item_outputs
         timing.verified += len(unsure)
