@@ -931,42 +931,39 @@ def choose_precision(
     graphs = {"fp32": fp32_path, **int8_paths, **({PAIRED: paired.path} if paired else {})}
     passes = time_graphs(graphs, calibration, every_pass=True)
     timings = {name: float(np.median(seconds)) for name, seconds in passes.items()}
+    below = f"below the {target:.1%} target"
+
+    def candidate(seconds: float, agreement, refused: str | None, speed: float, **measured) -> dict:
+        return {
+            "seconds": seconds,
+            "agreement": agreement,
+            "meets_target": refused is None,
+            "speed": speed,
+            **measured,
+            **({"refused": refused} if refused else {}),
+        }
+
     candidates = {"fp32": {"seconds": timings["fp32"], "agreement": 1.0, "meets_target": True}}
     for name in int8_paths:
         agreement = agreements.get(name)
-        refused = None if agreement is None or agreement >= target else f"below the {target:.1%} target"
+        refused = below if agreement is not None and agreement < target else None
         found = (searches or {}).get(name)
         if found is not None and found.groups and not found.quantised:
             refused = "every group kept fp32: nothing quantised"  # the int8 graph is fp32 under another name
         # int8's speed is the median of the passes' ratios: the passes of a turn ran back to back, so a busy moment
         # of a shared machine weighs on all alike, where the medians may come from different moments
         speed = float(np.median([f / i for f, i in zip(passes["fp32"], passes[name])]))
-        candidates[name] = {
-            "seconds": timings[name],
-            "agreement": agreement,
-            "meets_target": refused is None,
-            "speed": speed,
-            **({"refused": refused} if refused else {}),
-        }
+        candidates[name] = candidate(timings[name], agreement, refused, speed)
     if paired is not None:
-        share = paired.verified.again_share
-        agreement = paired.verified.agreement
-        refused = (
-            "nothing measured"
-            if agreement is None
-            else None
-            if agreement >= target
-            else f"below the {target:.1%} target"
+        share, agreement = paired.verified.again_share, paired.verified.agreement
+        candidates[PAIRED] = candidate(
+            timings[PAIRED] + share * timings["fp32"],
+            agreement,
+            "nothing measured" if agreement is None else below if agreement < target else None,
+            float(np.median([f / (i + share * f) for f, i in zip(passes["fp32"], passes[PAIRED])])),
+            answered_again_token_share=round(share, 4),
+            measured=paired.verified.describe(),
         )
-        candidates[PAIRED] = {
-            "seconds": timings[PAIRED] + share * timings["fp32"],
-            "agreement": agreement,
-            "meets_target": refused is None,
-            "speed": float(np.median([f / (i + share * f) for f, i in zip(passes["fp32"], passes[PAIRED])])),
-            "answered_again_token_share": round(share, 4),
-            "measured": paired.verified.describe(),
-            **({"refused": refused} if refused else {}),
-        }
     named = [*int8_paths, *([PAIRED] if paired else [])]
     faithful = [n for n in named if candidates[n]["meets_target"] and candidates[n]["speed"] > 1]
     graph = max(faithful, key=lambda n: candidates[n]["speed"]) if faithful else "fp32"

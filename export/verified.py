@@ -98,18 +98,20 @@ def measure(
     settings = LoadOptions(allow_unverified=True, inference_workers=1)
     fast, exact = load_model(fast_dir, settings), load_model(exact_dir, settings)
     found = Verified()
+    limits = Limits(
+        max_length=min(max_length, fast.max_length),
+        max_sequences=1 << 20,
+        qa_max_length=min(max_length, 384),
+        qa_max_question_length=64,
+    )
     try:
         for name in tasks:
             task = TASKS[name]
-            items = calibration_items(task, extra, (rows or {}).get(name))
-            if not verifiable(task) or not items or name not in fast.backend.tasks:
+            if not verifiable(task) or name not in fast.backend.tasks:  # before its items: it may have no job
                 continue
-            limits = Limits(
-                max_length=min(max_length, fast.max_length),
-                max_sequences=1 << 20,
-                qa_max_length=min(max_length, 384),
-                qa_max_question_length=64,
-            )
+            items = calibration_items(task, extra, (rows or {}).get(name))
+            if not items:
+                continue
             options = task.job_options(task.job_defaults(truncate=True))
             inference = Inference(fast, task)
             encoded = inference.encode(items, limits, options)

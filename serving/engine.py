@@ -539,7 +539,7 @@ class Engine:
         if task.name in self.verify:
             unsure, answers = await step(unsure_else_decode)
             if unsure:
-                await self._verify(task, encoded.subset(unsure), unsure, outputs, ticket, timing)
+                await self._verify(task, encoded, unsure, outputs, ticket, timing)
                 begun = time.monotonic()
                 answers = await step(decode)
         else:
@@ -549,10 +549,11 @@ class Engine:
         return answers
 
     async def _verify(
-        self, task: Task, again: Encoded, unsure: list[int], outputs: list, ticket: Ticket, timing: Timing
+        self, task: Task, encoded: Encoded, unsure: list[int], outputs: list, ticket: Ticket, timing: Timing
     ) -> None:
-        """The unsure items (`again`, items `unsure` of the request: their margins under --TASK-verify-margin) run
-        again on the exact model; their outputs are replaced in place."""
+        """The request's `unsure` items (their margins under --TASK-verify-margin) run again on the exact model;
+        their outputs are replaced in place."""
+        again = encoded.subset(unsure)
         results = await self._infer(self.verify[task.name], again.sequences, ticket, timing)
         for i, item_outputs in zip(unsure, again.per_item([r.outputs for r in results])):
             outputs[i] = item_outputs
