@@ -72,6 +72,7 @@ FAST_FILES = frozenset(
         "test_demo_model.py",
         "test_deploy_files.py",
         "test_eval_int8_agreement.py",
+        "test_eval_margin_reach.py",
         "test_export_triton.py",
         "test_import_cycles.py",
         "test_model.py",

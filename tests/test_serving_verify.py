@@ -5,6 +5,7 @@ engine runs in-process (torch backend), one real server checks the HTTP side and
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from pathlib import Path
 
@@ -539,3 +540,19 @@ def test_a_verify_graph_that_is_not_the_one_recorded_is_refused_at_start_in_one_
         target.write_bytes(target.read_bytes() + b" ")
         line = refused_at_start("--model", str(copy))
         assert ("is not the verify graph" if case == "manifest" else "does not match its manifest.json") in line, line
+
+
+def test_margin_reach_measures_an_artifact_with_its_verify_graph_as_the_server_would(with_verify_graph, tmp_path):
+    """evals.margin_reach on held-out SST-2 dev sentences: every target's share answered again is what the margin
+    it names sends, and the task's default margin is reported beside it."""
+    from bert.tasks import TASKS
+    from evals.margin_reach import main
+
+    out = tmp_path / "reach.json"
+    assert main(["--artifact", str(with_verify_graph), "--task", "classify", "--limit", "40", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["items"] == 40 and [r["target_pct"] for r in figures["targets"]] == [99.0, 99.5, 99.9, 100.0]
+    assert figures["margins"][0]["margin"] == TASKS["classify"].verify_margin.default
+    shares = [r["answered_again_pct"] for r in figures["targets"]]
+    assert all(s is not None for s in shares) and shares == sorted(shares)
+    assert set(figures["model_seconds"]) == {"int8", "fp32"}
