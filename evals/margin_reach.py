@@ -26,28 +26,46 @@ from bench.common import DATA_DIR, REPO, machine, print_table, write_json
 TARGETS = (99.0, 99.5, 99.9, 100.0)
 
 
-def reach(changed, margins, targets=TARGETS) -> list[dict]:
-    """Per agreement target (percent of items whose decision is fp32's): the smallest share of items answered
-    again, those with the smallest margins (an item is answered again when its margin is under the margin
-    used, so items of equal margin go together), and the least margin that sends them (`margin`: any value
-    above `largest_sent`). None where no margin reaches the target (a changed item whose margin is infinite:
-    nothing competed with its answer)."""
+def _parts(changed, parts):
+    """Per item: what agrees and what is counted with int8's answer, and what is counted (all agreeing) once fp32
+    answers it again. By default an item is one decision: (0 or 1, 1, 1)."""
+    if parts is not None:
+        return tuple(np.asarray(x, dtype=np.float64) for x in parts)
     changed = np.asarray(changed, dtype=bool)
+    ones = np.ones(len(changed))
+    return (~changed).astype(np.float64), ones, ones
+
+
+def reach(changed, margins, targets=TARGETS, parts=None) -> list[dict]:
+    """Per agreement target (percent of items whose decision is fp32's; with `parts`, of what they count, e.g. a
+    sentence's entity spans: (agreeing, counted) with int8's answer and counted with fp32's, per item): the
+    smallest share of items answered again, those with the smallest margins (an item is answered again when its
+    margin is under the margin used, so items of equal margin go together), and the least margin that sends them
+    (`margin`: any value above `largest_sent`). None where no margin reaches the target (a changed item whose
+    margin is infinite: nothing competed with its answer)."""
     margins = np.asarray(margins, dtype=np.float64)
-    n = len(changed)
+    agree, total, again = _parts(changed, parts)
+    n = len(margins)
     values = np.unique(margins)  # sorted distinct margins
     order = np.argsort(margins, kind="stable")
-    sorted_margins, sorted_changed = margins[order], changed[order]
-    upto = np.searchsorted(sorted_margins, values, side="right")  # items with margin <= each value
-    caught = np.concatenate([[0], np.cumsum(sorted_changed)])[upto]
+    sent = np.searchsorted(margins[order], values, side="right")  # items with margin <= each value
+
+    def cumulative(x):
+        return np.concatenate([[0.0], np.cumsum(x[order])])
+
+    a, t, g = cumulative(agree), cumulative(total), cumulative(again)
+
+    def agreement(k):  # the first k items in margin order answered again
+        counted = g[k] + t[-1] - t[k]
+        return np.where(counted > 0, 100 * (g[k] + a[-1] - a[k]) / np.maximum(counted, 1e-300), 100.0)
+
+    reached = agreement(sent)
     rows = []
     for target in targets:
-        need = int(changed.sum()) - math.floor((1 - target / 100) * n + 1e-9)  # changes that must be caught
-        if need <= 0:
+        if agreement(0) >= target - 1e-9:
             rows.append({"target_pct": target, "answered_again_pct": 0.0, "margin": 0.0, "largest_sent": None})
             continue
-        finite = np.isfinite(values)
-        hit = np.nonzero((caught >= need) & finite)[0]
+        hit = np.nonzero((reached >= target - 1e-9) & np.isfinite(values))[0]
         if not len(hit):
             rows.append({"target_pct": target, "answered_again_pct": None, "margin": None, "largest_sent": None})
             continue
@@ -56,7 +74,7 @@ def reach(changed, margins, targets=TARGETS) -> list[dict]:
         rows.append(
             {
                 "target_pct": target,
-                "answered_again_pct": round(100 * int(upto[i]) / n, 2),
+                "answered_again_pct": round(100 * int(sent[i]) / n, 2),
                 "margin": float(np.nextafter(largest, math.inf)),
                 "largest_sent": largest,
             }
@@ -64,15 +82,16 @@ def reach(changed, margins, targets=TARGETS) -> list[dict]:
     return rows
 
 
-def at_margin(changed, margins, margin: float) -> dict:
+def at_margin(changed, margins, margin: float, parts=None) -> dict:
     """What one margin gives: the share answered again and the agreement after it."""
-    changed = np.asarray(changed, dtype=bool)
+    agree, total, again = _parts(changed, parts)
     sent = np.asarray(margins, dtype=np.float64) < margin
-    n = len(changed)
+    counted = float(np.where(sent, again, total).sum())
+    agreeing = float(np.where(sent, again, agree).sum())
     return {
         "margin": margin,
         "answered_again_pct": round(100 * float(sent.mean()), 2),
-        "agree_pct": round(100 * (n - int((changed & ~sent).sum())) / n, 2),
+        "agree_pct": round(100 * agreeing / counted, 2) if counted else 100.0,
     }
 
 
@@ -150,30 +169,45 @@ def main(argv=None) -> int:
     exact_decisions, _, exact_s = answer_all(exact, task, items)
     changed = np.array([a != b for a, b in zip(fast_decisions, exact_decisions)])
     ratio = exact_s / fast_s
-    rows = reach(changed, margins)
-    for row in rows:
-        share = row["answered_again_pct"]
-        row["best_case_x_int8"] = None if share is None else round(1 / (1 + share / 100 * ratio), 3)
-    default = task.verify_margin.default
-    chosen = [at_margin(changed, margins, m) for m in [default, *extra]]
+    measures = {"decisions": None}  # what agreement counts: whole decisions, and a set's members (NER's spans)
+    if fast_decisions and all(isinstance(d, (set, frozenset)) for d in [*fast_decisions, *exact_decisions]):
+        measures["members"] = (
+            [len(a & b) for a, b in zip(fast_decisions, exact_decisions)],
+            [len(a | b) for a, b in zip(fast_decisions, exact_decisions)],
+            [len(b) for b in exact_decisions],
+        )
     print(
         f"{args.task}: {len(items)} held-out items; int8 changes {int(changed.sum())} "
         f"({100 * changed.mean():.2f} %); model time int8 {fast_s:.1f} s, fp32 {exact_s:.1f} s ({ratio:.2f}x)"
     )
-    print_table(
-        [
-            {
-                "agreement": f"{r['target_pct']} %",
-                "again": "unreachable" if r["answered_again_pct"] is None else f"{r['answered_again_pct']} %",
-                "margin": "-" if r["margin"] is None else f"{r['margin']:.4g}",
-                "best": "-" if r["best_case_x_int8"] is None else f"{r['best_case_x_int8']:.3f}",
-            }
-            for r in rows
-        ],
-        [("agreement", "agreement"), ("again", "answered again"), ("margin", "margin"), ("best", "best case x int8")],
-    )
-    for c in chosen:
-        print(f"margin {c['margin']}: {c['answered_again_pct']} % answered again, {c['agree_pct']} % agree")
+    figures = {}
+    for measure, parts in measures.items():
+        rows = reach(changed, margins, parts=parts)
+        for row in rows:
+            share = row["answered_again_pct"]
+            row["best_case_x_int8"] = None if share is None else round(1 / (1 + share / 100 * ratio), 3)
+        chosen = [at_margin(changed, margins, m, parts) for m in [task.verify_margin.default, *extra]]
+        figures[measure] = {"targets": rows, "margins": chosen}
+        print(f"agreement of {measure} with fp32's:")
+        print_table(
+            [
+                {
+                    "agreement": f"{r['target_pct']} %",
+                    "again": "unreachable" if r["answered_again_pct"] is None else f"{r['answered_again_pct']} %",
+                    "margin": "-" if r["margin"] is None else f"{r['margin']:.4g}",
+                    "best": "-" if r["best_case_x_int8"] is None else f"{r['best_case_x_int8']:.3f}",
+                }
+                for r in rows
+            ],
+            [
+                ("agreement", "agreement"),
+                ("again", "answered again"),
+                ("margin", "margin"),
+                ("best", "best case x int8"),
+            ],
+        )
+        for c in chosen:
+            print(f"margin {c['margin']}: {c['answered_again_pct']} % answered again, {c['agree_pct']} % agree")
     out = args.json or REPO / "evals" / "results" / f"margin_reach-{args.task}.json"
     write_json(
         out,
@@ -186,8 +220,7 @@ def main(argv=None) -> int:
             "items": len(items),
             "int8_changed": int(changed.sum()),
             "model_seconds": {"int8": round(fast_s, 3), "fp32": round(exact_s, 3)},
-            "targets": rows,
-            "margins": chosen,
+            **figures,
         },
     )
     print(f"wrote {out}")

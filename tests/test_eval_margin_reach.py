@@ -43,3 +43,19 @@ def test_a_directory_without_an_exact_model_is_refused_in_one_line(tmp_path, cap
     with pytest.raises(SystemExit):
         main(["--artifact", str(tmp_path), "--margins", "0.1,a"])
     assert "--margins '0.1,a': not a comma list of numbers" in capsys.readouterr().err
+
+
+def test_a_decision_that_is_a_set_counts_its_members_and_an_item_answered_again_counts_fp32s():
+    # three sentences: int8 found spans {a, b} where fp32 found {a}; {c} as fp32; nothing where fp32 found {d}
+    fast, exact = [{"a", "b"}, {"c"}, set()], [{"a"}, {"c"}, {"d"}]
+    parts = (
+        [len(f & e) for f, e in zip(fast, exact)],
+        [len(f | e) for f, e in zip(fast, exact)],
+        [len(e) for e in exact],
+    )
+    changed, margins = [f != e for f, e in zip(fast, exact)], [0.1, 0.05, 0.3]
+    assert at_margin(changed, margins, 0.0, parts)["agree_pct"] == 50.0  # 2 of 4 spans
+    assert at_margin(changed, margins, 0.2, parts) == {"margin": 0.2, "answered_again_pct": 66.67, "agree_pct": 66.67}
+    rows = reach(changed, margins, (60.0, 100.0), parts)
+    assert [r["answered_again_pct"] for r in rows] == [66.67, 100.0]
+    assert [r["largest_sent"] for r in rows] == [0.1, 0.3]

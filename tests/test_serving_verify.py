@@ -551,8 +551,10 @@ def test_margin_reach_measures_an_artifact_with_its_verify_graph_as_the_server_w
     out = tmp_path / "reach.json"
     assert main(["--artifact", str(with_verify_graph), "--task", "classify", "--limit", "40", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
-    assert figures["items"] == 40 and [r["target_pct"] for r in figures["targets"]] == [99.0, 99.5, 99.9, 100.0]
-    assert figures["margins"][0]["margin"] == TASKS["classify"].verify_margin.default
-    shares = [r["answered_again_pct"] for r in figures["targets"]]
+    decisions = figures["decisions"]
+    assert figures["items"] == 40 and [r["target_pct"] for r in decisions["targets"]] == [99.0, 99.5, 99.9, 100.0]
+    assert decisions["margins"][0]["margin"] == TASKS["classify"].verify_margin.default
+    assert "members" not in figures  # a label is one decision, not a set of them
+    shares = [r["answered_again_pct"] for r in decisions["targets"]]
     assert all(s is not None for s in shares) and shares == sorted(shares)
     assert set(figures["model_seconds"]) == {"int8", "fp32"}
