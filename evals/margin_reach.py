@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, REPO, machine, print_table, write_json
+from bench.common import REPO, machine, print_table, write_json
 
 TARGETS = (99.0, 99.5, 99.9, 100.0)
 
@@ -96,37 +96,25 @@ def at_margin(changed, margins, margin: float, parts=None) -> dict:
 
 
 def held_out(task: str, limit: int) -> list:
-    """The task's held-out items as its codec takes them."""
-    if task == "qa":
-        from evals.common import heldout_squad_articles
-        from training.data.readers import squad_examples
+    """The task's held-out items (evals.fast_answers' sets) as its codec takes them: a request body's `inputs`, or
+    the body itself (a question with its context)."""
+    from evals.fast_answers import TASKS as HELD_OUT
 
-        items = [{"question": e.question, "context": e.context} for e in squad_examples(heldout_squad_articles(10))]
-    elif task == "ner":
-        from bert.tasks.ner import read_conll
-
-        items = [t for s in read_conll(DATA_DIR / "conll2003" / "valid.txt") if (t := " ".join(s.words)).strip()]
-    else:
-        lines = (DATA_DIR / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
-        items = [line.split("\t")[0] for line in lines]
-    return items[: limit or None]
+    run = HELD_OUT[task](argparse.Namespace(limit=limit, heldout_articles=10, doc_stride=128))
+    bodies = [run.body(item) for item in run.items]
+    return [body.get("inputs", body) for body in bodies]
 
 
 def answer_all(model, task, items):
     """(decisions, margins, seconds of model time) of `items` on a loaded model, in the runtime's batches."""
     from bert.tasks.common import Limits
-    from runtime.batching import BatchShape
-    from runtime.inference import Inference, run_planned
+    from runtime.inference import Inference, run_encoded
 
     inference = Inference(model, task)
-    limits = Limits(max_length=model.max_length, max_sequences=len(items) * 64 + 64)
-    encoded = inference.encode(items, limits, {})
+    encoded = inference.encode(items, Limits(max_length=model.max_length, max_sequences=1 << 20), {})
     started = time.perf_counter()
-    planned = run_planned(model.backend, encoded.sequences, BatchShape())
+    outputs = run_encoded(model.backend, encoded)
     seconds = time.perf_counter() - started
-    if planned.failures:
-        raise RuntimeError(f"a batch failed: {planned.failures[0][1]}")
-    outputs = encoded.per_item(planned.outputs)
     answers = inference.decode(encoded, outputs, {})
     return task.decisions(items, answers), inference.margins(encoded, outputs, {}), seconds
 

@@ -92,7 +92,7 @@ def measure(
     """The pair's answers against the exact graph's, for each of `tasks` that is verifiable: on its calibration
     inputs, or on `rows[task]` where given (held-out data, evals)."""
     from bert.tasks.common import Limits
-    from runtime.inference import Inference
+    from runtime.inference import Inference, run_encoded
     from runtime.loading import LoadOptions, load_model
 
     settings = LoadOptions(allow_unverified=True, inference_workers=1)
@@ -116,7 +116,7 @@ def measure(
             inference = Inference(fast, task)
             encoded = inference.encode(items, limits, options)
 
-            quick, reference = (_outputs(model, encoded) for model in (fast, exact))
+            quick, reference = (run_encoded(model.backend, encoded) for model in (fast, exact))
             unsure = set(inference.unsure(encoded, quick, options, task.verify_margin.default))
             answered = [reference[i] if i in unsure else quick[i] for i in range(len(items))]
             want = task.decisions(items, inference.decode(encoded, reference, options))
@@ -135,14 +135,3 @@ def measure(
         fast.backend.close()
         exact.backend.close()
     return found
-
-
-def _outputs(model, encoded) -> list[list]:
-    """`encoded`'s sequences run on `model` in token-budget batches: per item its sequences' outputs."""
-    from runtime.batching import BatchShape
-    from runtime.inference import run_planned
-
-    planned = run_planned(model.backend, encoded.sequences, BatchShape())
-    if planned.failures:
-        raise planned.failures[0][1]
-    return encoded.per_item(planned.outputs)

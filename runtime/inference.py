@@ -132,3 +132,12 @@ def run_planned(
         for row, k in enumerate(batch):
             planned.outputs[k] = result.sequence(row)
     return planned
+
+
+def run_encoded(backend: Backend, encoded: Encoded, shape: BatchShape | None = None) -> list[list]:
+    """Every sequence of `encoded` run in `shape`'s length-sorted batches (run_planned), all in this thread: per
+    item its sequences' outputs, as `Inference.decode` takes them. A failed batch raises its error."""
+    planned = run_planned(backend, encoded.sequences, shape or BatchShape())
+    if planned.failures:
+        raise planned.failures[0][1]
+    return encoded.per_item(planned.outputs)

@@ -45,7 +45,7 @@ def ner_graphs(tmp_path_factory):
 def _alone(directory: Path, items: list, task) -> tuple[list, list, list]:
     """(outputs, margins, decisions) of `items` on one graph, through the runtime."""
     from bert.tasks.common import Limits
-    from runtime.inference import Inference
+    from runtime.inference import Inference, run_encoded
     from runtime.loading import LoadOptions, load_model
 
     model = load_model(directory, LoadOptions(allow_unverified=True))
@@ -53,7 +53,7 @@ def _alone(directory: Path, items: list, task) -> tuple[list, list, list]:
     options = task.job_options(task.job_defaults(truncate=True))
     limits = Limits(max_length=64, max_sequences=1 << 20, qa_max_length=64, qa_max_question_length=64)
     encoded = inference.encode(items, limits, options)
-    outputs = verified._outputs(model, encoded)
+    outputs = run_encoded(model.backend, encoded)
     margins = inference.margins(encoded, outputs, options)
     return outputs, margins, task.decisions(items, inference.decode(encoded, outputs, options))
 
