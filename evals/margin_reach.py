@@ -152,7 +152,10 @@ def main(argv=None) -> int:
     for name, model in (("--artifact", fast), ("exact model", exact)):
         if args.task not in model.backend.tasks:
             p.error(f"{name} {model.spec.path} does not serve {args.task} (it serves {', '.join(model.backend.tasks)})")
-    items = held_out(args.task, args.limit)
+    try:
+        items = held_out(args.task, args.limit)
+    except OSError as e:  # the held-out data is not where bench.common looks (BERTSERVE_TEST_DATA)
+        p.error(f"cannot read the held-out data: {e}")
     fast_decisions, margins, fast_s = answer_all(fast, task, items)
     exact_decisions, _, exact_s = answer_all(exact, task, items)
     changed = np.array([a != b for a, b in zip(fast_decisions, exact_decisions)])

@@ -558,3 +558,14 @@ def test_margin_reach_measures_an_artifact_with_its_verify_graph_as_the_server_w
     shares = [r["answered_again_pct"] for r in decisions["targets"]]
     assert all(s is not None for s in shares) and shares == sorted(shares)
     assert set(figures["model_seconds"]) == {"int8", "fp32"}
+
+
+def test_margin_reach_without_its_held_out_data_is_one_line_and_exit_2(with_verify_graph, monkeypatch, capsys):
+    import evals.fast_answers
+    from evals.margin_reach import main
+
+    monkeypatch.setattr(evals.fast_answers, "DATA_DIR", with_verify_graph / "no-data")
+    with pytest.raises(SystemExit) as e:
+        main(["--artifact", str(with_verify_graph), "--task", "classify"])
+    assert e.value.code == 2
+    assert "margin_reach: error: cannot read the held-out data: " in capsys.readouterr().err
