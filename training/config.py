@@ -8,7 +8,9 @@ are refused before any data is read.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,9 +189,27 @@ def run(main, argv=None) -> int:
     from bert.tasks.common import DataError
 
     # DataError: a data file that is not the format it claims to be (its message names the file and line)
-    return run_cli(
+    code = run_cli(
         main, argv, lambda e: EXIT_BAD_INPUT if isinstance(e, (ConfigError, UnknownTask, DataError)) else None
     )
+    if argv is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _leave_as_a_torchrun_worker(code)
+    return code
+
+
+def _leave_as_a_torchrun_worker(code: int) -> None:
+    """A torchrun worker whose run is over (files written, the process group left) ends here, without the
+    interpreter's teardown: there gloo's native threads can abort a finished process (SIGABRT / SIGSEGV), and
+    torchrun then reports the whole run failed and stops the other workers."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def model_config(preset_or_path: str, **overrides):
