@@ -46,13 +46,13 @@ log = logging.getLogger("bertserve")
 
 class Ticket:
     """Shared by the sequences of one request: lets the batcher skip a caller that has gone, and counts how many
-    of them batches have taken (a request of many sequences waits its turn behind requests of fewer)."""
+    of them wait in a queue (the request with the fewest left goes first: Batcher._take)."""
 
-    __slots__ = ("cancelled", "taken")
+    __slots__ = ("cancelled", "queued")
 
     def __init__(self) -> None:
         self.cancelled = False
-        self.taken = 0
+        self.queued = 0
 
 
 @dataclass(eq=False)
@@ -230,6 +230,9 @@ class Batcher:
         self._threads: list[threading.Thread] = []
         self._depth_reported = 0
         self._at_gate = False  # one worker at a time waits for the gate, so one waiting means one batch to run
+        # Seconds of this batcher's time a sequence takes (a moving average over its batches, its workers together):
+        # what a request's remaining sequences cost in the order _take gives (0 until a batch has run: oldest first).
+        self._sequence_s = 0.0
 
     # ---- public (on the event loop) ----------------------------------------------------------
     def start(self) -> None:
@@ -267,6 +270,7 @@ class Batcher:
         with self._changed:
             if self._stopping:
                 raise BackendFailure("the server is stopping")
+            ticket.queued += len(entries)
             # A worker waits on a queue that was empty, or (with max_wait_ms) for the batch to fill; on a queue
             # that already held work with no wait to fill, a waiting worker only waits for its turn at the gate
             # (_take_batch wakes it), so waking it again costs a thread switch and changes nothing.
@@ -294,6 +298,7 @@ class Batcher:
                 started = time.monotonic()
                 result = self._run(batch)
                 elapsed = time.monotonic() - started
+                self._sequence_s += 0.2 * (elapsed / (len(batch) * self.workers) - self._sequence_s)
             except RuntimeError:  # the loop has closed: nobody is waiting any more
                 return
             finally:
@@ -371,21 +376,27 @@ class Batcher:
             return []
         gone = [e for e in self.queue if e.ticket.cancelled]
         self.queue = [e for e in self.queue if not e.ticket.cancelled]
+        for entry in gone:
+            entry.ticket.queued -= 1
         self._set_depth()
         return gone
 
     def _take(self, small: bool = False) -> list[Entry]:
         """The anchor plus the sequences nearest to it in length that fit the budget (contended_budget when
-        `small`). The anchor is the oldest sequence of the requests of which batches have taken the fewest: with
-        requests of one sequence each that is the oldest, and a request of many sequences (the windows of a long
-        text, a /rerank's pairs) shares the batches with the requests that arrive behind it instead of holding
-        them until its last sequence has run."""
+        `small`). The anchor is the sequence whose request would finish first if it had the device from when it
+        came: the least of (when it was queued + its request's queued sequences x the time a sequence takes). With
+        requests of one sequence each that is the oldest; a one-sequence request runs in the next batches, not
+        behind the remaining windows of a long text or a /rerank's pairs queued before it; of requests of equal
+        size the one furthest along goes on, so that they finish one after another rather than all together at
+        the end (docs/serving.md, "How a request flows"); and no request waits for ever: every later request's turn is
+        after the time it came."""
         max_tokens, max_requests = (
             self.contended_budget() if small else (self.max_batch_tokens, self.max_batch_requests)
         )
-        anchor = self.queue[0]  # the oldest: the anchor unless its request has had batches already
-        if anchor.ticket.taken:
-            anchor = min(self.queue, key=lambda e: (e.ticket.taken, e.enqueued))
+        anchor = self.queue[0]  # the oldest: the anchor when it is its request's last queued sequence
+        if anchor.ticket.queued > 1:
+            cost = self._sequence_s
+            anchor = min(self.queue, key=lambda e: e.enqueued + e.ticket.queued * cost)
         window = self.queue[: max(4 * self.max_batch_requests, 64)]  # bounded search keeps order roughly FIFO
         others = sorted(
             (e for e in window if e is not anchor), key=lambda e: (abs(e.length - anchor.length), e.enqueued)
@@ -400,7 +411,7 @@ class Batcher:
         )
         chosen = [candidates[i] for i in picked]
         for entry in chosen:
-            entry.ticket.taken += 1
+            entry.ticket.queued -= 1
         taken = set(map(id, chosen))
         self.queue = [e for e in self.queue if id(e) not in taken]
         self._set_depth()

@@ -36,6 +36,12 @@ class RecordingBackend(Backend):
         }
 
 
+class SlowBackend(RecordingBackend):
+    def run(self, batch):
+        time.sleep(0.02)  # a batch takes a while, as a model's does
+        return super().run(batch)
+
+
 def seq(length: int, token: int = 5) -> Features:
     return Features([token] * length, [0] * length)
 
@@ -400,11 +406,6 @@ def test_a_request_of_many_sequences_takes_turns_with_the_requests_behind_it():
     """A long text's 40 windows queued first, then a one-sequence request: the short one runs in one of the next
     batches, not after every window (the windows' request has had batches; the short one none)."""
 
-    class SlowBackend(RecordingBackend):
-        def run(self, batch):
-            time.sleep(0.02)  # a batch takes a while, as a model's does
-            return super().run(batch)
-
     backend = SlowBackend()
     order = []
 
@@ -421,6 +422,53 @@ def test_a_request_of_many_sequences_takes_turns_with_the_requests_behind_it():
     run(scenario, backend, max_wait_ms=0, max_batch_requests=4, workers=1)
     assert len(order) == 41 and sum(rows for rows, _ in backend.shapes) == 41
     assert order.index("short") <= 16, order  # at most a few batches of windows ran before it (was: all 40)
+
+
+def test_requests_of_equal_size_finish_one_after_another():
+    """Four /rerank-like requests of 8 sequences queued together, batches of 4: the first request is answered after
+    two batches, the last after eight (was: all four after the fifth to the eighth batch, every request waiting for
+    the others, so that under 32 clients a request's time ranged from 1 to 7 s instead of 1.2-1.4 s)."""
+    backend = SlowBackend()
+    done = []
+
+    async def scenario(batcher):
+        requests = [batcher.submit([seq(10, 5 + r) for _ in range(8)], Ticket()) for r in range(4)]
+
+        async def whole(r, futures):
+            await asyncio.gather(*futures)
+            done.append((r, len(backend.shapes)))
+
+        await asyncio.gather(*(whole(r, f) for r, f in enumerate(requests)))
+
+    run(scenario, backend, max_wait_ms=0, max_batch_requests=4, workers=1)
+    assert [r for r, _ in done] == [0, 1, 2, 3]
+    assert [batches for _, batches in done] == [2, 4, 6, 8], done
+
+
+def test_a_long_request_is_not_starved_by_a_stream_of_short_ones():
+    """A text of 40 windows, then short requests that keep the queue full for 1.5 s: the windows are answered while
+    the stream goes on (a request's turn comes by when it came, less what is left of it), not after it stops."""
+    backend = SlowBackend()
+    finished = {}
+
+    async def scenario(batcher):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        windows = batcher.submit([seq(12, 5) for _ in range(40)], Ticket())
+
+        async def feeder():
+            while loop.time() - started < 1.5:
+                await batcher.submit([seq(3, 9)], Ticket())[0]
+
+        async def long_request():
+            await asyncio.gather(*windows)
+            finished["windows"] = loop.time() - started
+
+        await asyncio.gather(long_request(), *(feeder() for _ in range(8)))
+        finished["stream"] = loop.time() - started
+
+    run(scenario, backend, max_wait_ms=0, max_batch_requests=4, workers=1)
+    assert finished["windows"] < 1.4 < finished["stream"], finished
 
 
 def test_long_rows_batch_by_their_attention_scores_not_by_tokens_alone():
