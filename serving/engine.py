@@ -284,6 +284,9 @@ class Engine:
             owners.setdefault(id(unit.backend), unit)
         return list(owners.values())
 
+    def max_batch_tokens(self, unit: ModelUnit) -> int:
+        return self.settings.effective_max_batch_tokens(unit.backend.cpu_batch_tokens)
+
     def max_batch_requests(self, unit: ModelUnit) -> int:
         wanted = self.settings.effective_max_batch_requests(unit.backend.cpu_batch_requests)
         return min(x for x in (wanted, unit.backend.max_batch_size) if x)
@@ -295,7 +298,7 @@ class Engine:
         for unit in self.units:
             unit.batcher = Batcher(
                 unit.backend,
-                max_batch_tokens=self.settings.max_batch_tokens,
+                max_batch_tokens=self.max_batch_tokens(unit),
                 max_batch_requests=self.max_batch_requests(unit),
                 max_wait_ms=self.settings.max_wait_ms,
                 workers=self.settings.effective_inference_workers if unit.backend.concurrent_runs else 1,

@@ -263,6 +263,13 @@ class _Settings(BaseSettings):
         # --inference-workers).
         return self.inference_workers or (1 if self.device == "cuda" else 2)
 
+    def effective_max_batch_tokens(self, cpu_default: int | None = None) -> int:
+        """The flag when given, else on a CPU the backend's own `cpu_default` where it has one (the torch backend's
+        3,072: docs/serving.md, "Batch size on a CPU, per backend"), else the flag's default."""
+        if "max_batch_tokens" in self.model_fields_set or self.device == "cuda" or cpu_default is None:
+            return self.max_batch_tokens
+        return min(self.max_batch_tokens, cpu_default)
+
     def effective_max_batch_requests(self, cpu_default: int = 4) -> int:
         """The flag, else 32 on a GPU (the batch is the point) and on a CPU the backend's own `cpu_default`
         (onnxruntime's 4: a batch buys it little per sequence and costs padding; figures: docs/serving.md,

@@ -209,6 +209,12 @@ def test_batch_request_cap_defaults_by_device():
     assert Settings().effective_max_batch_requests(32) == 32  # the torch backend's: it pays per batch
     assert Settings(device="cuda").effective_max_batch_requests() == 32
     assert Settings(max_batch_requests=16).effective_max_batch_requests(32) == 16
+    # tokens: the torch backend's own budget on a CPU, unless the flag is given (even at its default)
+    assert Settings().effective_max_batch_tokens() == Settings().effective_max_batch_tokens(None) == 16384
+    assert Settings().effective_max_batch_tokens(3072) == 3072
+    assert Settings(device="cuda").effective_max_batch_tokens(3072) == 16384
+    assert Settings(max_batch_tokens=16384).effective_max_batch_tokens(3072) == 16384
+    assert Settings(max_batch_tokens=1000).effective_max_batch_tokens(3072) == 1000
 
 
 def test_one_multitask_model_mixes_tasks_in_a_batch(tmp_path):

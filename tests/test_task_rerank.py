@@ -56,6 +56,8 @@ def test_rerank_equals_cross_encoder(backend, tolerance, cross_encoder, artifact
         assert "rerank" in info["tasks"], info
         # a CPU batch's cap is the backend's own: torch pays per batch, onnxruntime mostly pays padding
         assert info["max_batch_requests"] == {"torch": 32, "onnx": 4}[backend], info
+        # and its padded tokens: 32 short pairs, not 32 long windows, for torch
+        assert info["max_batch_tokens"] == {"torch": 3072, "onnx": 16384}[backend], info
         tei = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS, "return_text": True}).json()
         raw = httpx.post(server.url + "/rerank", json={"query": QUERY, "texts": TEXTS, "raw_scores": True}).json()
         v1 = httpx.post(

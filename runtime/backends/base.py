@@ -96,6 +96,10 @@ class Backend:
     # cost little per batch, so a bigger batch of short texts mostly adds padding; the torch backend pays its
     # per-operator cost once per batch and sets more (figures: docs/serving.md, --max-batch-requests).
     cpu_batch_requests = 4
+    # A batch's padded tokens on a CPU when --max-batch-tokens is not given (None: the flag's default). The torch
+    # backend's 32 sequences are for short texts; 32 long windows make one batch that every request queued behind
+    # it waits for, and run slower than small batches of them (docs/serving.md, "Batch size on a CPU, per backend").
+    cpu_batch_tokens: int | None = None
 
     def __init__(self, spec: ModelSpec):
         self.spec = spec

@@ -45,6 +45,7 @@ class TorchBackend(Backend):
     name = "torch"
     concurrent_runs = True  # inference under no_grad keeps no state between calls (the packed runner locks)
     cpu_batch_requests = 32  # each operator's Python and dispatch cost is paid once per batch
+    cpu_batch_tokens = 3072  # 32 texts of up to 96 tokens, 6 windows of 512
 
     def __init__(
         self,

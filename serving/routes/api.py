@@ -294,7 +294,7 @@ async def info(request: Request):
         precision=engine.precision,
         device=settings.device,
         max_batch_requests=min(engine.max_batch_requests(u) for u in engine.units),
-        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_tokens=min(engine.max_batch_tokens(u) for u in engine.units),
         max_input_length=engine.max_input_length,
         max_client_batch_size=settings.max_client_batch_size,
         max_concurrent_requests=settings.max_concurrent_requests,
