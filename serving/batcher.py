@@ -46,7 +46,7 @@ log = logging.getLogger("bertserve")
 
 class Ticket:
     """Shared by the sequences of one request: lets the batcher skip a caller that has gone, and counts how many
-    of them wait in a queue (the request with the fewest left goes first: Batcher._take)."""
+    of them wait in a queue (what is left of a request sets its turn: Batcher._take)."""
 
     __slots__ = ("cancelled", "queued")
 
@@ -388,8 +388,8 @@ class Batcher:
         requests of one sequence each that is the oldest; a one-sequence request runs in the next batches, not
         behind the remaining windows of a long text or a /rerank's pairs queued before it; of requests of equal
         size the one furthest along goes on, so that they finish one after another rather than all together at
-        the end (docs/serving.md, "How a request flows"); and no request waits for ever: every later request's turn is
-        after the time it came."""
+        the end (docs/serving.md, "How a request flows"); and no request waits for ever: every later request's
+        turn is after the time it came."""
         max_tokens, max_requests = (
             self.contended_budget() if small else (self.max_batch_tokens, self.max_batch_requests)
         )
